@@ -1,0 +1,258 @@
+"""Every FreeToken setting, read from the environment in this one module.
+
+Each setting has a FREETOKEN_* name, optional OLLAMA_* aliases (so an Ollama user's
+environment keeps working), a parser, a default and a one-line description. A bad value
+fails loudly at start-up with the variable's name; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+__all__ = ["Config", "ConfigError", "Host", "SETTINGS", "current", "load", "parse_duration"]
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        # Clients cannot connect to the wildcard address; they use loopback instead.
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def parse_host(value: str) -> Host:
+    """Accepts `host`, `host:port`, `:port`, `scheme://host:port[/path]` like Ollama."""
+    value = value.strip()
+    scheme, port = "http", 11434
+    m = re.match(r"^(https?)://(.*)$", value)
+    if m:
+        scheme, value = m.group(1), m.group(2)
+        port = 443 if scheme == "https" else 80
+    value = value.split("/", 1)[0]
+    host = value
+    m = re.match(r"^\[([^\]]*)\](?::(\d+))?$", value) or re.match(r"^([^:]*)(?::(\d+))?$", value)
+    if not m:
+        raise ValueError(f"cannot parse host {value!r}")
+    host = m.group(1) or "127.0.0.1"
+    if m.group(2):
+        port = int(m.group(2))
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range")
+    return Host(scheme, host, port)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number (seconds) or a Go duration string ("5m", "1h30m", "-1").
+
+    A negative result means "forever", as in Ollama's keep_alive.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(body) or not body:
+        raise ValueError(f"invalid duration {value!r}")
+    return sign * total
+
+
+def parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+def parse_size(value: str) -> int:
+    """Bytes from `123`, `8GiB`, `512MB`, `1.5G` (binary units for G/M/K)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*", value, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"expected a size like 8GiB, got {value!r}")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        v = value.strip().lower()
+        if v not in names:
+            raise ValueError(f"expected one of {', '.join(names)}, got {value!r}")
+        return v
+
+    return parse
+
+
+def _nonneg_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"expected a number >= 0, got {value!r}")
+    return n
+
+
+def _pos_int(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise ValueError(f"expected a number > 0, got {value!r}")
+    return n
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    field: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+def _default_models() -> Path:
+    return Path(platformdirs.user_data_dir("freetoken")) / "models"
+
+
+def _default_cache() -> Path:
+    return Path(platformdirs.user_cache_dir("freetoken"))
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", "FREETOKEN_HOST", parse_host, "127.0.0.1:11434",
+            "address the server binds and clients call", ("OLLAMA_HOST",)),
+    Setting("models", "FREETOKEN_MODELS", _path, None,
+            "model store directory (manifests/ and blobs/)", ("OLLAMA_MODELS",)),
+    Setting("cache_dir", "FREETOKEN_CACHE_DIR", _path, None,
+            "per-machine cache: bandwidth profiles, compiled kernels"),
+    Setting("keep_alive", "FREETOKEN_KEEP_ALIVE", parse_duration, "5m",
+            "how long an idle model stays loaded; negative keeps it forever", ("OLLAMA_KEEP_ALIVE",)),
+    Setting("context_length", "FREETOKEN_CONTEXT_LENGTH", _nonneg_int, "0",
+            "default num_ctx; 0 picks 4096 (capped by the model)", ("OLLAMA_CONTEXT_LENGTH",)),
+    Setting("num_parallel", "FREETOKEN_NUM_PARALLEL", _pos_int, "4",
+            "sequences one model decodes together", ("OLLAMA_NUM_PARALLEL",)),
+    Setting("max_loaded_models", "FREETOKEN_MAX_LOADED_MODELS", _nonneg_int, "0",
+            "models kept loaded at once; 0 means 3", ("OLLAMA_MAX_LOADED_MODELS",)),
+    Setting("max_queue", "FREETOKEN_MAX_QUEUE", _pos_int, "512",
+            "requests waiting per server before 503", ("OLLAMA_MAX_QUEUE",)),
+    Setting("load_timeout", "FREETOKEN_LOAD_TIMEOUT", parse_duration, "5m",
+            "how long a model may take to load", ("OLLAMA_LOAD_TIMEOUT",)),
+    Setting("origins", "FREETOKEN_ORIGINS", _csv, "",
+            "extra CORS origins", ("OLLAMA_ORIGINS",)),
+    Setting("noprune", "FREETOKEN_NOPRUNE", parse_bool, "0",
+            "keep unreferenced blobs at start-up", ("OLLAMA_NOPRUNE",)),
+    Setting("debug", "FREETOKEN_DEBUG", parse_bool, "0",
+            "verbose logging", ("OLLAMA_DEBUG",)),
+    Setting("device", "FREETOKEN_DEVICE", _choice("auto", "cpu", "cuda"), "auto",
+            "where dense weights and the KV cache live"),
+    Setting("dtype", "FREETOKEN_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto",
+            "compute dtype; auto keeps the checkpoint's (float32 stays float32 on the CPU)"),
+    Setting("kv_page_size", "FREETOKEN_KV_PAGE_SIZE", _pos_int, "16",
+            "tokens per KV-cache page"),
+    Setting("prefill_chunk", "FREETOKEN_PREFILL_CHUNK", _pos_int, "2048",
+            "most prompt tokens one step prefills"),
+    Setting("cpu_threads", "FREETOKEN_CPU_THREADS", _nonneg_int, "0",
+            "threads for CPU compute; 0 means one per physical core"),
+    Setting("moe_policy", "FREETOKEN_MOE_POLICY",
+            _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"), "adaptive",
+            "how routed experts that miss the GPU cache are served"),
+    Setting("vram_budget", "FREETOKEN_VRAM_BUDGET", parse_size, "0",
+            "total VRAM the engine may use (0: all free memory)"),
+    Setting("registry", "FREETOKEN_REGISTRY", str, "",
+            "default registry host for pull and push"),
+    Setting("registry_token", "FREETOKEN_REGISTRY_TOKEN", str, "",
+            "bearer token sent to the registry for writes"),
+    Setting("runner_python", "FREETOKEN_RUNNER_PYTHON", str, "",
+            "python executable for runner processes (default: the server's)"),
+)
+
+
+Config = dataclasses.make_dataclass(
+    "Config",
+    [(s.field, Any) for s in SETTINGS],
+    frozen=True,
+    slots=True,
+    namespace={"__doc__": "Parsed settings; one attribute per entry of SETTINGS."},
+)
+
+
+def _raw(setting: Setting, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    for name in (setting.env, *setting.aliases):
+        if name in environ:
+            return name, environ[name]
+    return None
+
+
+def load(environ: Mapping[str, str] | None = None) -> Any:
+    """Parse every setting; raises ConfigError naming the first bad variable."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        found = _raw(s, env)
+        name, text = found if found else (s.env, s.default)
+        if text is None:
+            values[s.field] = None
+            continue
+        try:
+            values[s.field] = s.parse(text)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{name}={text!r}: {e}") from None
+    if values["models"] is None:
+        values["models"] = _default_models()
+    if values["cache_dir"] is None:
+        values["cache_dir"] = _default_cache()
+    return Config(**values)
+
+
+@functools.cache
+def current() -> Any:
+    """The settings of this process, parsed once."""
+    return load()
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, current value, description) for `freetoken serve --help`-style listings."""
+    cfg = current()
+    return [(s.env, str(getattr(cfg, s.field)), s.description) for s in SETTINGS]

@@ -1,0 +1,200 @@
+"""Random-weight models in the Hugging Face directory layout, for the demo, tests and benchmarks.
+
+No weights can be downloaded on the machines FreeToken is developed on, so every model it is
+built and measured against is generated here: a byte-level BPE tokenizer trained on the
+Python standard library's docstrings, our own ChatML chat template, and seeded random
+weights in the real architecture's checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pydoc
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CHAT_TEMPLATE", "SPECIAL_TOKENS", "qwen3_moe_config", "train_tokenizer",
+    "write_qwen3_moe", "write_tokenizer_files",
+]
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
+    "<tool_call>", "</tool_call>", "<think>", "</think>",
+]
+
+# ChatML with tools in the system turn and tool calls as <tool_call>{json}</tool_call>; the
+# same conventions as the Qwen3 family, written for FreeToken.
+CHAT_TEMPLATE = (
+    "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}"
+    "{%- if tools or sys is not none -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if sys is not none -%}{{- sys -}}{%- if tools -%}{{- '\\n\\n' -}}{%- endif -%}{%- endif -%}"
+    "{%- if tools -%}"
+    "{{- 'You can call these tools. Answer with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\\n<tools>\\n' -}}"
+    "{%- for t in tools -%}{{- t | tojson -}}{{- '\\n' -}}{%- endfor -%}"
+    "{{- '</tools>' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'system' and loop.first -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' + (m.content or '') -}}"
+    "{%- for c in (m.tool_calls or []) -%}"
+    "{{- '<tool_call>{\"name\": ' -}}{{- c.function.name | tojson -}}"
+    "{{- ', \"arguments\": ' -}}{{- c.function.arguments | tojson -}}{{- '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_CORPUS_MODULES = [
+    "collections", "json", "re", "os", "pathlib", "functools", "itertools", "string",
+    "textwrap", "argparse", "logging", "dataclasses", "typing", "enum", "heapq", "csv",
+    "datetime", "decimal", "fractions", "statistics", "random", "shutil", "tempfile",
+]
+
+
+def _corpus() -> list[str]:
+    chunks: list[str] = []
+    for name in _CORPUS_MODULES:
+        mod = __import__(name)
+        for obj in [mod, *vars(mod).values()]:
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str) and len(doc) > 40:
+                chunks.append(pydoc.getdoc(obj))
+    chunks.append("Hello! How are you? Why is the sky blue? café naïve 日本語 — 🙂")
+    return chunks
+
+
+def train_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on stdlib docstrings (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok
+
+
+def write_tokenizer_files(out: Path, vocab_size: int = 512) -> int:
+    """Writes tokenizer.json and tokenizer_config.json; returns the vocabulary size."""
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(vocab_size)
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
+        "added_tokens_decoder": {
+            str(tok.token_to_id(t)): {"content": t, "special": True} for t in SPECIAL_TOKENS
+        },
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return tok.get_vocab_size()
+
+
+def qwen3_moe_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
+    """A Hub-style Qwen3-MoE config.json (the spelling real checkpoints use)."""
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    tdtype = getattr(torch, dtype)
+
+    def mat(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) / math.sqrt(shape[-1])).to(tdtype)
+
+    def norm(n: int) -> torch.Tensor:
+        return (1.0 + 0.1 * torch.randn(n, generator=g)).to(tdtype)
+
+    h, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    nq, nkv, inter, e = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["moe_intermediate_size"], cfg["num_experts"]
+    t: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": mat(v, h),
+        "model.norm.weight": norm(h),
+        "lm_head.weight": mat(v, h),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(h)
+        t[p + "post_attention_layernorm.weight"] = norm(h)
+        t[p + "self_attn.q_proj.weight"] = mat(nq * hd, h)
+        t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, h)
+        t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, h)
+        t[p + "self_attn.o_proj.weight"] = mat(h, nq * hd)
+        t[p + "self_attn.q_norm.weight"] = norm(hd)
+        t[p + "self_attn.k_norm.weight"] = norm(hd)
+        t[p + "mlp.gate.weight"] = mat(e, h)
+        for x in range(e):
+            q = f"{p}mlp.experts.{x}."
+            t[q + "gate_proj.weight"] = mat(inter, h)
+            t[q + "up_proj.weight"] = mat(inter, h)
+            t[q + "down_proj.weight"] = mat(h, inter)
+    return t
+
+
+def write_qwen3_moe(out: Path, *, seed: int = 0, vocab_size: int = 512, dtype: str = "float32",
+                    **overrides: Any) -> Path:
+    """A complete random Qwen3-MoE directory: config, weights, tokenizer, generation config."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer_files(out, vocab_size)
+    cfg = qwen3_moe_config(vocab, torch_dtype=dtype, **overrides)
+    tok = json.loads((out / "tokenizer.json").read_text())
+    eos = next(a["id"] for a in tok["added_tokens"] if a["content"] == "<|im_end|>")
+    cfg["eos_token_id"] = eos
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    gen = {"eos_token_id": [eos], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    save_file(_random_tensors(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
