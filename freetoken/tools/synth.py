@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
 
 _CORPUS_MODULES = [
     "collections", "json", "re", "os", "pathlib", "functools", "itertools", "string",
-    "textwrap", "argparse", "logging", "dataclasses", "typing", "enum", "heapq", "csv",
+    "textwrap", "argparse", "logging", "dataclasses", "enum", "heapq", "csv",
     "datetime", "decimal", "fractions", "statistics", "random", "shutil", "tempfile",
 ]
 

@@ -1,0 +1,1 @@
+"""Chat templates and (later) tool-call and reasoning parsers; imports no torch."""

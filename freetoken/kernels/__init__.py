@@ -1,0 +1,1 @@
+"""Compute kernels: plain-torch references, CPU (C++) and GPU (Triton) implementations."""

@@ -1,0 +1,1 @@
+"""Shared building blocks for model files: norms, rotary embeddings, attention, MoE."""

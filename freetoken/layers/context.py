@@ -1,0 +1,63 @@
+"""Per-step batch metadata that attention layers read, set once per forward.
+
+A step runs a flat batch of T tokens drawn from several sequences (prefill chunks and
+decode tokens alike). Layers find where each token's K/V goes and which cached K/V each
+sequence attends to here, instead of through every forward signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["KVStore", "SeqSpan", "StepContext", "current", "step_context"]
+
+
+class KVStore:
+    """The paged KV pool as flat slot arrays: k[layer] / v[layer] are [num_slots, kv_heads, head_dim]."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+
+@dataclass(slots=True)
+class SeqSpan:
+    q_start: int  # first token of this sequence in the step's flat batch
+    q_len: int  # tokens of this sequence in the step
+    ctx_len: int  # tokens of context after this step (cached + new)
+    ctx_slots: torch.Tensor  # [ctx_len] slot of every context token, in order
+
+
+@dataclass(slots=True)
+class StepContext:
+    positions: torch.Tensor  # [T]
+    slots: torch.Tensor  # [T] where each new token's K/V is written
+    seqs: list[SeqSpan]
+    kv: KVStore
+    logits_index: torch.Tensor  # [B] tokens whose logits the step needs
+    extra: dict = field(default_factory=dict)
+
+
+_current: StepContext | None = None
+
+
+@contextlib.contextmanager
+def step_context(ctx: StepContext) -> Iterator[StepContext]:
+    global _current
+    # NOTE: a nested forward would silently read the outer step's slots; refuse it.
+    if _current is not None:
+        raise RuntimeError("step_context is already set: forwards must not nest")
+    _current = ctx
+    try:
+        yield ctx
+    finally:
+        _current = None
+
+
+def current() -> StepContext:
+    if _current is None:
+        raise RuntimeError("no step context: run the model through the engine")
+    return _current

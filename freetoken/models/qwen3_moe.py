@@ -1,0 +1,143 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B, ...): GQA with per-head q/k RMSNorm, RoPE,
+softmax top-k routing over SwiGLU experts, optional dense MLP layers.
+
+Shapes: T = tokens in the step, H = hidden, E = experts, k = experts per token.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from freetoken.layers.attention import Attention
+from freetoken.layers.mlp import GatedMLP
+from freetoken.layers.moe import SparseMoeBlock
+from freetoken.layers.norm import RMSNorm
+from freetoken.layers.rope import RotaryEmbedding
+from freetoken.models import num_experts, rope_theta
+from freetoken.models.base import ExpertKey
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    moe_intermediate_size: int
+    num_experts: int
+    num_experts_per_tok: int
+    intermediate_size: int = 0
+    head_dim: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "ModelArgs":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in cfg.items() if k in names and v is not None}
+        kw["num_experts"] = num_experts(cfg)  # num_experts or num_local_experts
+        kw["rope_theta"] = rope_theta(cfg)  # top-level or rope_parameters
+        kw["mlp_only_layers"] = tuple(cfg.get("mlp_only_layers") or ())
+        if not kw.get("head_dim"):
+            kw["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+        return cls(**kw)
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: ModelArgs, i: int):
+        super().__init__()
+        self.self_attn = Attention(i, a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
+                                   a.head_dim, qk_norm=True, bias=a.attention_bias, eps=a.rms_norm_eps)
+        if a.is_moe_layer(i):
+            self.mlp = SparseMoeBlock(i, a.hidden_size, a.moe_intermediate_size, a.num_experts,
+                                      a.num_experts_per_tok, a.norm_topk_prob)
+        else:
+            self.mlp = GatedMLP(a.hidden_size, a.intermediate_size)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(a, i) for i in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.rotary = RotaryEmbedding(a.head_dim, a.rope_theta)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, H]
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope)
+        return self.norm(x)
+
+
+_EXPERT = re.compile(
+    r"model\.layers\.(\d+)\.mlp\.experts\."
+    r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$")
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Qwen3MoeModel(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "Model":
+        return cls(ModelArgs.from_dict(config))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, H] (logits are computed only where needed)."""
+        return self.model(input_ids, positions)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.args.num_hidden_layers) if self.args.is_moe_layer(i)]
+
+    def tie_weights(self) -> None:
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def expert_key(name: str) -> ExpertKey | None:
+        """Where a checkpoint tensor goes in the expert banks, or None for a dense weight.
+
+        Both layouts are read: per-expert `experts.{e}.{gate,up,down}_proj.weight` (the Hub's)
+        and fused `experts.gate_up_proj [E, 2I, H]` / `experts.down_proj [E, H, I]`.
+        """
+        m = _EXPERT.fullmatch(name)
+        if not m:
+            return None
+        layer = int(m.group(1))
+        if m.group(4):
+            return ExpertKey(layer, "gate_up" if m.group(4) == "gate_up_proj" else "down")
+        part = m.group(3)
+        bank = "down" if part == "down_proj" else "gate_up"
+        half = {"gate_proj": 0, "up_proj": 1}.get(part)
+        return ExpertKey(layer, bank, expert=int(m.group(2)), half=half)

@@ -1,0 +1,1 @@
+"""Expert backends behind the MoE block's experts op (placement, caching, offload)."""

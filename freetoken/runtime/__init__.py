@@ -1,0 +1,1 @@
+"""The runner: engine step loop, KV cache, sampling, detokenization (imports torch)."""

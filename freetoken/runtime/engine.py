@@ -1,0 +1,174 @@
+"""The engine: schedule a step, run the model on it, sample, detokenize, finish.
+
+`step()` is plan -> execute -> postprocess. All state changes happen on the thread that
+calls it; requests arrive and leave through `add` / `abort`, which only queue work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from freetoken.layers.context import SeqSpan, StepContext, step_context
+from freetoken.runtime import sampling
+from freetoken.runtime.detok import Detokenizer, StopMatcher
+from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.scheduler import Plan, Scheduler
+from freetoken.runtime.sequence import Sequence, Status
+from freetoken.runtime.tokenizer import Tokenizer
+
+# Called on the engine thread with (sequence, text delta, finished).
+OutputFn = Callable[[Sequence, str, bool], None]
+
+
+@dataclass(eq=False)
+class Request:
+    seq: Sequence
+    on_output: OutputFn
+    detok: Detokenizer
+    stops: StopMatcher
+    generator: torch.Generator | None
+    t_submit: int = field(default_factory=time.perf_counter_ns)
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, kv: KVCache, device: torch.device,
+                 num_ctx: int, max_running: int, prefill_chunk: int):
+        self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
+        self.num_ctx = num_ctx
+        self.scheduler = Scheduler(kv, max_running, prefill_chunk)
+        self.requests: dict[int, Request] = {}
+        self._inbox: list[tuple[str, Request | int]] = []
+        self._lock = threading.Condition()
+        self.steps = 0
+
+    # --- called from other threads -------------------------------------------------
+    def submit(self, seq: Sequence, on_output: OutputFn) -> None:
+        req = Request(seq, on_output, Detokenizer(self.tokenizer.decode), StopMatcher(seq.params.stop),
+                      sampling.make_generator(seq.params))
+        with self._lock:
+            self._inbox.append(("add", req))
+            self._lock.notify()
+
+    def abort(self, seq_id: int) -> None:
+        with self._lock:
+            self._inbox.append(("abort", seq_id))
+            self._lock.notify()
+
+    def wait_for_work(self, timeout: float | None = None) -> None:
+        with self._lock:
+            if not self._inbox and not self.scheduler.has_work:
+                self._lock.wait(timeout)
+
+    # --- engine thread --------------------------------------------------------------
+    def step(self) -> int:
+        """Runs one step; returns how many tokens it fed to the model."""
+        self._drain_inbox()
+        plan = self.scheduler.schedule()
+        if not plan:
+            return 0
+        t0 = time.perf_counter_ns()
+        logits = self._execute(plan)
+        t1 = time.perf_counter_ns()
+        self._postprocess(plan, logits, t0, t1)
+        self.steps += 1
+        return sum(n for _, n in plan)
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        for kind, item in inbox:
+            if kind == "add":
+                self.requests[item.seq.id] = item
+                self.scheduler.add(item.seq)
+            elif item in self.requests:
+                self._finish(self.requests[item], "abort", emit=False)
+
+    @torch.inference_mode()
+    def _execute(self, plan: Plan) -> torch.Tensor:
+        ids: list[int] = []
+        positions: list[int] = []
+        spans: list[SeqSpan] = []
+        slots: list[torch.Tensor] = []
+        sample_rows: list[int] = []
+        for seq, n in plan:
+            start = seq.num_cached
+            ids += seq.tokens[start:start + n]
+            positions += range(start, start + n)
+            ctx_slots = self.kv.slots_of(seq.pages, 0, start + n, self.device)
+            spans.append(SeqSpan(q_start=len(ids) - n, q_len=n, ctx_len=start + n, ctx_slots=ctx_slots))
+            slots.append(ctx_slots[start:])
+            if start + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+        dev = self.device
+        ctx = StepContext(
+            positions=torch.tensor(positions, device=dev), slots=torch.cat(slots), seqs=spans, kv=self.kv,
+            logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev))
+        with step_context(ctx):
+            hidden = self.model(torch.tensor(ids, device=dev), ctx.positions)
+            if not sample_rows:
+                return torch.empty(0)
+            return self.model.logits(hidden[ctx.logits_index]).float().cpu()
+
+    def _postprocess(self, plan: Plan, logits: torch.Tensor, t0: int, t1: int) -> None:
+        row = 0
+        for seq, n in plan:
+            seq.num_cached += n
+            if seq.num_cached < seq.num_tokens:
+                continue  # prefill chunk that did not reach the end of the prompt
+            req = self.requests[seq.id]
+            token = sampling.sample(logits[row], seq.tokens, seq.params, self.num_ctx, req.generator)
+            row += 1
+            if not seq.output_ids:
+                seq.prefill_ns = t1 - req.t_submit
+                seq.first_token_ns = t1
+            seq.decode_ns = t1 - seq.first_token_ns
+            self._accept(req, token)
+
+    def _accept(self, req: Request, token: int) -> None:
+        seq = req.seq
+        if token in seq.stop_ids:
+            self._finish(req, "stop")
+            return
+        seq.output_ids.append(token)
+        text, stopped = req.stops.push(req.detok.push(token))
+        if stopped:
+            req.on_output(seq, text, False) if text else None
+            self._finish(req, "stop", emit=False)
+            return
+        if len(seq.output_ids) >= seq.max_new_tokens:
+            req.on_output(seq, text, False) if text else None
+            self._finish(req, "length")
+            return
+        if text:
+            req.on_output(seq, text, False)
+
+    def _finish(self, req: Request, reason: str, emit: bool = True) -> None:
+        seq = req.seq
+        tail = req.stops.push(req.detok.flush())[0] + req.stops.flush() if emit else ""
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.scheduler.remove(seq)
+        del self.requests[seq.id]
+        req.on_output(seq, tail, True)
+
+    def fail_all(self, message: str) -> None:
+        """Ends every request with an error (after a failed step) and frees their pages."""
+        for req in list(self.requests.values()):
+            req.seq.error = message
+            self._finish(req, "error", emit=False)
+
+    def stats(self) -> dict:
+        pool = self.kv.pool
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_pages_total": pool.num_pages,
+            "kv_pages_free": pool.num_free,
+            "kv_page_size": self.kv.page_size,
+            "kv_bytes": self.kv.bytes,
+            "steps": self.steps,
+        }

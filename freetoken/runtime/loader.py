@@ -1,0 +1,114 @@
+"""Builds a model from a directory of files through the one loader contract.
+
+Model construction happens on the meta device, so no memory is spent initialising
+weights that the checkpoint overwrites; dense weights then land on the compute device and
+expert banks are handed to an expert backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from freetoken import models
+from freetoken.layers.moe import Experts
+from freetoken.moe.resident import ResidentExperts
+from freetoken.weights import ModelWeights, WeightsError, safetensors_dir
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Loaded:
+    model: nn.Module
+    config: dict[str, Any]
+    device: torch.device
+    dtype: torch.dtype
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> torch.dtype:
+    if setting != "auto":
+        return _DTYPES[setting]
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtype = _DTYPES.get(stored, torch.bfloat16)
+    # fp16 checkpoints overflow in MoE activations more often than bf16 on GPUs.
+    return torch.bfloat16 if (device.type == "cuda" and dtype == torch.float16) else dtype
+
+
+def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype) -> ModelWeights:
+    if "config.json" not in files:
+        raise WeightsError("the model has no config.json")
+    return safetensors_dir.read(files, model_cls.expert_key, dtype)
+
+
+def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device,
+                dtype: torch.dtype) -> None:
+    params = dict(model.named_parameters())
+    missing = [n for n in params if n not in dense and not n.endswith("lm_head.weight")]
+    if missing:
+        raise WeightsError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+    unexpected = [n for n in dense if n not in params]
+    if unexpected:
+        raise WeightsError(f"checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}")
+    for name, p in params.items():
+        t = dense.get(name)
+        if t is None:
+            continue
+        if tuple(t.shape) != tuple(p.shape):
+            raise WeightsError(f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}")
+        p.data = t.to(device=device, dtype=dtype)
+
+
+def install_experts(model: nn.Module, banks: dict, device: torch.device) -> None:
+    """The default placement: every expert resident on the compute device."""
+    on_device = {}
+    for (layer, bank), t in banks.items():
+        on_device.setdefault(layer, {})[bank] = t.to(device)
+    backend = ResidentExperts({l: (b["gate_up"], b["down"]) for l, b in on_device.items()})
+    for m in model.modules():
+        if isinstance(m, Experts):
+            if m.layer not in backend.banks:
+                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
+            m.backend = backend
+
+
+def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto") -> Loaded:
+    config = json.loads(Path(files["config.json"]).read_text())
+    cls = models.load_class(config)
+    device = pick_device(device_setting)
+    dtype = pick_dtype(dtype_setting, config, device)
+    weights = read_weights(files, cls, dtype)
+    with torch.device("meta"):
+        model = cls.from_config(config)
+    model.to_empty(device=device)
+    _load_dense(model, weights.dense, device, dtype)
+    if "lm_head.weight" not in weights.dense:
+        if not config.get("tie_word_embeddings"):
+            raise WeightsError("checkpoint has no lm_head.weight and embeddings are not tied")
+        model.tie_weights()
+    # buffers (rope frequencies) were created on meta; compute them for real
+    model.apply(_reset_buffers)
+    install_experts(model, weights.banks, device)
+    model.eval()
+    log.info("loaded %s (%s) on %s as %s", models.arch_for(config).model_type, weights.source, device, dtype)
+    return Loaded(model=model, config=config, device=device, dtype=dtype)
+
+
+def _reset_buffers(m: nn.Module) -> None:
+    reset = getattr(m, "reset_buffers", None)
+    if callable(reset):
+        reset()

@@ -1,0 +1,112 @@
+"""From a completion request to prompt token ids: render the template, tokenize, truncate.
+
+Truncation follows Ollama: a chat that does not fit in num_ctx loses its oldest
+non-system messages first (the last message always stays); what still does not fit is cut
+at the token level, keeping the first `num_keep` tokens. With `truncate: false` an
+over-long input is an error instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from freetoken.chat import template as chat_template
+from freetoken.runtime.tokenizer import Tokenizer
+
+
+class PromptError(ValueError):
+    """The request cannot be turned into a prompt (the API answers 400)."""
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    text: str
+    truncated: bool = False
+
+
+def _messages_for_generate(req: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    if req.get("system"):
+        msgs.append({"role": "system", "content": req["system"]})
+    msgs.append({"role": "user", "content": req.get("prompt") or ""})
+    return msgs
+
+
+def _clean(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise PromptError("each message needs a role")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise PromptError("message content must be a string")
+        if m.get("images"):
+            raise PromptError("this model does not support images")
+        out.append({**m, "role": m["role"].lower(), "content": content or ""})
+    return out
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Tokenizer, template: str | None):
+        self.tokenizer = tokenizer
+        self.template = template or tokenizer.chat_template
+
+    def render(self, messages: list[dict[str, Any]], req: dict[str, Any]) -> str:
+        source = req.get("template") or self.template
+        if not source:
+            # No template at all: plain concatenation, so base models still complete text.
+            return "".join(m["content"] for m in messages)
+        think = req.get("think")
+        return chat_template.render(
+            source, messages, tools=req.get("tools"), add_generation_prompt=True,
+            think=None if think is None else bool(think),
+            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+
+    def build(self, req: dict[str, Any], num_ctx: int) -> Prompt:
+        truncate = req.get("truncate", True) is not False
+        num_keep = int((req.get("options") or {}).get("num_keep", 4))
+        if req.get("kind") == "generate":
+            prefix = list(req.get("context") or [])
+            if req.get("raw"):
+                text = req.get("prompt") or ""
+            else:
+                text = self.render(_messages_for_generate(req), req)
+            ids = prefix + self.tokenizer.encode(text)
+            return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
+        messages = _clean(req.get("messages") or [])
+        text = self.render(messages, req)
+        ids = self.tokenizer.encode(text)
+        if len(ids) >= num_ctx and truncate:
+            text, ids = self._drop_messages(messages, req, num_ctx)
+        return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
+
+    def _drop_messages(self, messages: list[dict[str, Any]], req: dict[str, Any],
+                       num_ctx: int) -> tuple[str, list[int]]:
+        kept = list(messages)
+        while True:
+            droppable = [i for i, m in enumerate(kept[:-1]) if m["role"] != "system"]
+            if not droppable:
+                break
+            del kept[droppable[0]]
+            text = self.render(kept, req)
+            ids = self.tokenizer.encode(text)
+            if len(ids) < num_ctx:
+                return text, ids
+        text = self.render(kept, req)
+        return text, self.tokenizer.encode(text)
+
+    @staticmethod
+    def _fit_tokens(p: Prompt, num_ctx: int, num_keep: int, truncate: bool) -> Prompt:
+        # At least one position must stay free for the first generated token.
+        limit = num_ctx - 1
+        if len(p.ids) <= limit:
+            return p
+        if not truncate:
+            raise PromptError(f"the input length ({len(p.ids)} tokens) exceeds the context length "
+                              f"({num_ctx} tokens)")
+        keep = max(0, min(num_keep, limit))
+        p.ids = p.ids[:keep] + p.ids[len(p.ids) - (limit - keep):]
+        p.truncated = True
+        return p

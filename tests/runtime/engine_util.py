@@ -1,0 +1,54 @@
+"""Helpers to drive the engine directly in tests (no HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from freetoken.layers.context import SeqSpan, StepContext, step_context
+from freetoken.runtime import loader
+from freetoken.runtime.engine import Engine
+from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import Sequence
+from freetoken.runtime.tokenizer import Tokenizer
+
+
+def files_of(path: Path) -> dict[str, Path]:
+    return {p.name: p for p in path.iterdir() if p.is_file()}
+
+
+def make_engine(path: Path, *, pages: int = 64, page_size: int = 16, num_ctx: int = 512,
+                max_running: int = 4, chunk: int = 2048) -> Engine:
+    files = files_of(path)
+    loaded = loader.load(files, "cpu", "auto")
+    a = loaded.model.args
+    kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim,
+                 loaded.dtype, loaded.device)
+    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk)
+
+
+def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """Logits at every position of one uncached forward over `ids`."""
+    kv = engine.kv
+    pages = kv.pool.alloc(kv.pages_for(len(ids)))
+    try:
+        slots = kv.slots_of(pages, 0, len(ids), engine.device)
+        ctx = StepContext(torch.arange(len(ids)), slots, [SeqSpan(0, len(ids), len(ids), slots)], kv,
+                          torch.arange(len(ids)))
+        with torch.inference_mode(), step_context(ctx):
+            return engine.model.logits(engine.model(torch.tensor(ids), ctx.positions)).float()
+    finally:
+        kv.pool.release(pages)
+
+
+def generate(engine: Engine, prompts: list[list[int]], n: int, **params) -> list[Sequence]:
+    """Runs sequences to completion together; returns them (output in .output_ids)."""
+    p = SamplingParams(**{"temperature": 0.0, **params})
+    seqs = [Sequence(list(ids), p, n, frozenset()) for ids in prompts]
+    for s in seqs:
+        engine.submit(s, lambda *_: None)
+    while not all(s.is_finished for s in seqs):
+        engine.step()
+    return seqs
