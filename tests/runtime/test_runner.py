@@ -1,0 +1,100 @@
+"""The real runner process over its Unix socket."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.runtime.engine_util import files_of
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runner")
+    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(tiny_model[0]).items()},
+            "num_ctx": 256, "num_parallel": 2}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    sock = tmp / "r.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
+                             "--spec", str(tmp / "spec.json")])
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=30)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if client.get("/health").json()["status"] == "ok":
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail("runner did not become ready")
+    yield client
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def _events(client, body):
+    with client.stream("POST", "/completion", json=body) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def test_generate_streams_content_then_done(runner):
+    ev = _events(runner, {"kind": "generate", "prompt": "Hello", "raw": True,
+                          "options": {"temperature": 0, "num_predict": 12}})
+    assert ev[-1]["done"] and ev[-1]["done_reason"] == "length"
+    assert ev[-1]["eval_count"] == 12 and ev[-1]["prompt_eval_count"] > 0
+    assert all("content" in e for e in ev[:-1])
+
+
+def test_greedy_is_deterministic_and_stop_strings_cut(runner):
+    body = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}],
+            "options": {"temperature": 0, "num_predict": 30}}
+    text = "".join(e.get("content", "") for e in _events(runner, body))
+    assert text == "".join(e.get("content", "") for e in _events(runner, body))
+    stop = text[5:8]
+    ev = _events(runner, {**body, "options": {**body["options"], "stop": [stop]}})
+    cut = "".join(e.get("content", "") for e in ev)
+    assert cut == text[:text.find(stop)]
+    assert ev[-1]["done_reason"] == "stop"
+
+
+def test_bad_requests_get_400(runner):
+    r = runner.post("/completion", json={"kind": "chat", "messages": [], "options": {"top_k": "x"}})
+    assert r.status_code == 400 and "top_k" in r.json()["error"]
+    r = runner.post("/completion", json={"kind": "generate", "prompt": "x " * 400, "raw": True, "truncate": False})
+    assert r.status_code == 400 and "exceeds the context length" in r.json()["error"]
+    r = runner.post("/completion", content=b"{nope")
+    assert r.status_code == 400
+
+
+def test_closing_the_stream_cancels_and_frees_pages(runner):
+    body = {"kind": "generate", "prompt": "go", "raw": True, "options": {"temperature": 0.9, "num_predict": 200}}
+    with runner.stream("POST", "/completion", json=body) as r:
+        for _ in r.iter_lines():
+            break
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        s = runner.get("/stats").json()
+        if s["running"] == 0 and s["waiting"] == 0 and s["kv_pages_free"] == s["kv_pages_total"]:
+            break
+        time.sleep(0.05)
+    assert s["kv_pages_free"] == s["kv_pages_total"]
+
+
+def test_concurrent_requests_all_finish(runner):
+    import concurrent.futures as cf
+
+    body = {"kind": "generate", "prompt": "abc", "raw": True, "options": {"temperature": 0, "num_predict": 16}}
+    with cf.ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(lambda _: _events(runner, body), range(4)))
+    texts = {"".join(e.get("content", "") for e in ev) for ev in results}
+    assert len(texts) == 1  # same greedy output whatever the batching
+    assert all(ev[-1]["eval_count"] == 16 for ev in results)
