@@ -93,6 +93,16 @@ class Qwen3MoeModel(nn.Module):
         return self.norm(x)
 
 
+# GGUF tensor names (llama.cpp's qwen3moe) -> this model's names; experts map to banks.
+GGUF_DENSE = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+GGUF_EXPERTS = {"ffn_gate_exps": ("gate_up", 0), "ffn_up_exps": ("gate_up", 1), "ffn_down_exps": ("down", None)}
+
 _EXPERT = re.compile(
     r"model\.layers\.(\d+)\.mlp\.experts\."
     r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$")
@@ -141,3 +151,35 @@ class Model(nn.Module):
         bank = "down" if part == "down_proj" else "gate_up"
         half = {"gate_proj": 0, "up_proj": 1}.get(part)
         return ExpertKey(layer, bank, expert=int(m.group(2)), half=half)
+
+    @staticmethod
+    def gguf_key(name: str) -> str | ExpertKey:
+        """This model's name for a GGUF tensor, or the bank it belongs to."""
+        parts = name.split(".")
+        if parts[0] != "blk":
+            return f"{GGUF_DENSE[parts[0]]}.{parts[-1]}"
+        layer, kind = int(parts[1]), parts[2]
+        if kind in GGUF_EXPERTS:
+            bank, half = GGUF_EXPERTS[kind]
+            return ExpertKey(layer, bank, expert=None, half=half)
+        return f"model.layers.{layer}.{GGUF_DENSE[kind]}.{parts[-1]}"
+
+    @staticmethod
+    def config_from_gguf(kv: dict[str, Any], arch: str) -> dict[str, Any]:
+        """A Hub-style config.json from GGUF metadata."""
+        g = lambda key, default=None: kv.get(f"{arch}.{key}", default)  # noqa: E731
+        heads = int(g("attention.head_count"))
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": int(g("embedding_length")), "num_hidden_layers": int(g("block_count")),
+            "intermediate_size": int(g("feed_forward_length", 0)),
+            "moe_intermediate_size": int(g("expert_feed_forward_length")),
+            "num_attention_heads": heads, "num_key_value_heads": int(g("attention.head_count_kv", heads)),
+            "head_dim": int(g("attention.key_length", int(g("embedding_length")) // heads)),
+            "num_experts": int(g("expert_count")), "num_experts_per_tok": int(g("expert_used_count")),
+            # llama.cpp always renormalises the top-k weights of qwen3moe
+            "norm_topk_prob": True,
+            "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(g("rope.freq_base", 10000.0)),
+            "max_position_embeddings": int(g("context_length", 4096)),
+        }

@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from freetoken import models
+from freetoken import ftw
+from freetoken.ftw import reader as ftw_reader
 from freetoken.layers.moe import Experts
 from freetoken.moe.resident import ResidentExperts
-from freetoken.weights import ModelWeights, WeightsError, safetensors_dir
+from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,34 @@ def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> to
 
 
 def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype) -> ModelWeights:
+    """Dense tensors and expert banks from whichever source the files hold."""
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
+    if ftw.INDEX in files:
+        return ftw_reader.read(files)
+    gguf = gguf_path(files)
+    if gguf is not None:
+        return gguf_file.read(gguf, dtype)
     return safetensors_dir.read(files, model_cls.expert_key, dtype)
+
+
+def gguf_path(files: dict[str, Path]) -> Path | None:
+    found = [p for n, p in files.items() if n.endswith(".gguf")]
+    return Path(found[0]) if len(found) == 1 and ftw.INDEX not in files else None
+
+
+def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]:
+    """For a bare GGUF, derive config.json and tokenizer files into `scratch` (the slow path)."""
+    gguf = gguf_path(files)
+    if gguf is None or "config.json" in files:
+        return files
+    from freetoken.weights.gguf_file import _open, config_of, metadata, write_tokenizer_files
+
+    reader = _open(gguf)
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "config.json").write_text(json.dumps(config_of(reader, metadata(reader))))
+    names = write_tokenizer_files(gguf, scratch)
+    return {**files, "config.json": scratch / "config.json", **{n: scratch / n for n in names}}
 
 
 def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device,
@@ -73,11 +100,11 @@ def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.
         p.data = t.to(device=device, dtype=dtype)
 
 
-def install_experts(model: nn.Module, banks: dict, device: torch.device) -> None:
+def install_experts(model: nn.Module, banks: dict, device: torch.device, dtype: torch.dtype) -> None:
     """The default placement: every expert resident on the compute device."""
     on_device = {}
     for (layer, bank), t in banks.items():
-        on_device.setdefault(layer, {})[bank] = t.to(device)
+        on_device.setdefault(layer, {})[bank] = t.to(device=device, dtype=dtype)
     backend = ResidentExperts({l: (b["gate_up"], b["down"]) for l, b in on_device.items()})
     for m in model.modules():
         if isinstance(m, Experts):
@@ -87,6 +114,8 @@ def install_experts(model: nn.Module, banks: dict, device: torch.device) -> None
 
 
 def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto") -> Loaded:
+    if "config.json" not in files:
+        raise WeightsError("the model has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
     cls = models.load_class(config)
     device = pick_device(device_setting)
@@ -102,7 +131,7 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
         model.tie_weights()
     # buffers (rope frequencies) were created on meta; compute them for real
     model.apply(_reset_buffers)
-    install_experts(model, weights.banks, device)
+    install_experts(model, weights.banks, device, dtype)
     model.eval()
     log.info("loaded %s (%s) on %s as %s", models.arch_for(config).model_type, weights.source, device, dtype)
     return Loaded(model=model, config=config, device=device, dtype=dtype)

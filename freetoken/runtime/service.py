@@ -7,6 +7,7 @@ output back with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import logging
 import time
 import traceback
@@ -55,6 +56,8 @@ class ModelService:
     def __init__(self, spec: dict[str, Any], cfg: Any):
         self.spec, self.cfg = spec, cfg
         self.files = {name: Path(p) for name, p in spec["files"].items()}
+        self._scratch = tempfile.TemporaryDirectory(prefix="freetoken-runner-")
+        self.files = loader.with_gguf_metadata(self.files, Path(self._scratch.name))
         self.num_ctx = int(spec.get("num_ctx") or 4096)
         self.num_parallel = int(spec.get("num_parallel") or cfg.num_parallel)
         self.status, self.error = "loading", None

@@ -1,13 +1,16 @@
 """A Hugging Face checkpoint directory (config.json + *.safetensors) as ModelWeights.
 
 This is the slow path: expert pieces scattered over the checkpoint are gathered into
-[E, ...] banks at load time. FTW stores the banks ready-made.
+[E, ...] banks at load time, one (layer, bank) at a time. FTW stores the banks ready-made;
+the converter walks the same `Checkpoint` to write them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -34,52 +37,73 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
     return [Path(files[n]) for n in found]
 
 
-class _BankBuilder:
-    def __init__(self, experts: int, dtype: torch.dtype | None):
-        self.experts, self.dtype = experts, dtype
-        self.banks: dict[BankKey, torch.Tensor] = {}
-        self.filled: dict[BankKey, int] = {}
+class Checkpoint:
+    """Open safetensors files, with tensor names sorted into dense weights and expert pieces."""
 
-    def add(self, key: ExpertKey, t: torch.Tensor) -> None:
-        bk = (key.layer, key.bank)
-        dtype = self.dtype or t.dtype
-        if key.expert is None:
-            if t.shape[0] != self.experts:
-                raise WeightsError(f"bank {bk} has {t.shape[0]} experts, config says {self.experts}")
-            self.banks[bk] = t.to(dtype).contiguous()
-            self.filled[bk] = self.experts * 2
-            return
-        rows = t.shape[0] * (2 if key.half is not None else 1)
-        bank = self.banks.get(bk)
-        if bank is None:
-            bank = self.banks[bk] = torch.empty((self.experts, rows, t.shape[1]), dtype=dtype)
-        if key.half is None:
-            bank[key.expert].copy_(t)
-            self.filled[bk] = self.filled.get(bk, 0) + 2
-        else:
-            n = t.shape[0]
-            bank[key.expert, key.half * n:(key.half + 1) * n].copy_(t)
-            self.filled[bk] = self.filled.get(bk, 0) + 1
+    def __init__(self, files: dict[str, Path], expert_key: Callable[[str], ExpertKey | None],
+                 dtype: torch.dtype | None = None):
+        self.config = json.loads(Path(files["config.json"]).read_text())
+        self.experts = num_experts(self.config)
+        self.dtype = dtype
+        self._stack = ExitStack()
+        self.handles: dict[str, object] = {}
+        self.dense: list[str] = []
+        self.pieces: dict[BankKey, list[tuple[str, ExpertKey]]] = defaultdict(list)
+        for path in safetensors_files(files):
+            f = self._stack.enter_context(safe_open(str(path), framework="pt"))
+            for name in f.keys():
+                self.handles[name] = f
+                key = expert_key(name)
+                if key is None:
+                    self.dense.append(name)
+                else:
+                    self.pieces[(key.layer, key.bank)].append((name, key))
 
-    def check(self) -> None:
-        for bk, n in self.filled.items():
-            if n != self.experts * 2:
-                raise WeightsError(f"experts of layer {bk[0]} bank {bk[1]} are incomplete in the checkpoint")
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def tensor(self, name: str) -> torch.Tensor:
+        t = self.handles[name].get_tensor(name)
+        return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+
+    def bank_keys(self) -> list[BankKey]:
+        return sorted(self.pieces)
+
+    def bank(self, key: BankKey) -> torch.Tensor:
+        """The [E, ...] bank assembled from its per-expert (or already fused) pieces."""
+        bank: torch.Tensor | None = None
+        filled = 0
+        for name, k in self.pieces[key]:
+            t = self.tensor(name)
+            if k.expert is None:
+                if t.shape[0] != self.experts:
+                    raise WeightsError(f"{name}: {t.shape[0]} experts, config says {self.experts}")
+                return t.contiguous()
+            rows = t.shape[0] * (2 if k.half is not None else 1)
+            if bank is None:
+                bank = torch.empty((self.experts, rows, t.shape[1]), dtype=t.dtype)
+            lo = 0 if k.half is None else k.half * t.shape[0]
+            bank[k.expert, lo:lo + t.shape[0]].copy_(t)
+            filled += 1 if k.half is not None else 2
+        if bank is None or filled != self.experts * 2:
+            raise WeightsError(f"experts of layer {key[0]} bank {key[1]} are incomplete in the checkpoint")
+        return bank
+
+    def dense_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.dense:
+            yield name, self.tensor(name)
 
 
 def read(files: dict[str, Path], expert_key: Callable[[str], ExpertKey | None],
          dtype: torch.dtype | None = None) -> ModelWeights:
-    config = json.loads(Path(files["config.json"]).read_text())
-    builder = _BankBuilder(num_experts(config), dtype)
-    dense: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(files):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                key = expert_key(name)
-                if key is None:
-                    dense[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
-                else:
-                    builder.add(key, t)
-    builder.check()
-    return ModelWeights(config=config, dense=dense, banks=builder.banks, source="safetensors")
+    with Checkpoint(files, expert_key, dtype) as ck:
+        weights = ModelWeights(config=ck.config, source="safetensors")
+        weights.dense = dict(ck.dense_items())
+        weights.banks = {key: ck.bank(key) for key in ck.bank_keys()}
+    return weights

@@ -1,0 +1,131 @@
+"""Converts a Hugging Face directory or a GGUF file to FTW.
+
+    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress]
+
+Banks are assembled and written one (layer, bank) at a time, so memory stays near one
+layer's experts whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from freetoken import models
+from freetoken.ftw import DEFAULT_SHARD_LIMIT, FtwError, round_up
+from freetoken.ftw.writer import Writer
+from freetoken.weights import safetensors_dir
+
+log = logging.getLogger(__name__)
+
+CONVERTER_VERSION = "1"
+Progress = Callable[[int, int], None]
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ftw")
+_SKIP = {"model.safetensors.index.json", "ftw.json"}
+
+
+def files_of_dir(path: Path) -> dict[str, Path]:
+    if not path.is_dir():
+        raise FtwError(f"{path}: not a directory")
+    return {p.name: p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
+
+
+def metadata_files(files: dict[str, Path]) -> dict[str, Path]:
+    return {n: p for n, p in files.items() if n not in _SKIP and not n.endswith(_WEIGHT_SUFFIXES)
+            and not n.startswith("ftw-")}
+
+
+def fingerprint(files: dict[str, Path]) -> str:
+    h = hashlib.sha256(CONVERTER_VERSION.encode())
+    for name in sorted(files):
+        h.update(f"{name}\0{Path(files[name]).stat().st_size}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def convert_hf(files: dict[str, Path], out: Path, *, shard_limit: int = DEFAULT_SHARD_LIMIT,
+               progress: Progress | None = None) -> Path:
+    if "config.json" not in files:
+        raise FtwError("the source has no config.json")
+    config = json.loads(Path(files["config.json"]).read_text())
+    cls = models.load_class(config)
+    sources = safetensors_dir.safetensors_files(files)
+    total = sum(p.stat().st_size for p in sources)
+    writer = Writer(out, shard_limit)
+    try:
+        with safetensors_dir.Checkpoint(files, cls.expert_key) as ck:
+            for name, t in ck.dense_items():
+                writer.add_dense(name, t)
+                _report(progress, writer, total)
+            for layer, bank in ck.bank_keys():
+                writer.add_bank(layer, bank, ck.bank((layer, bank)))
+                _report(progress, writer, total)
+        meta = {"model_type": config.get("model_type"),
+                "source": {"format": "safetensors", "fingerprint": fingerprint(files),
+                           "files": sorted(p.name for p in sources)}}
+        return writer.close(meta, metadata_files(files))
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _report(progress: Progress | None, writer: Writer, total: int) -> None:
+    if progress is not None:
+        progress(min(writer.bytes_written, total), total)
+
+
+def convert(src: Path, out: Path, **kw) -> Path:
+    src = Path(src)
+    if src.is_file() and src.suffix == ".gguf":
+        from freetoken.ftw.gguf_convert import convert_gguf
+
+        return convert_gguf(src, out, **kw)
+    return convert_hf(files_of_dir(src), out, **kw)
+
+
+def _progress_printer(json_lines: bool) -> Progress:
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def report(done: int, total: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] < 0.2 and done < total:
+            return
+        last[0] = now
+        rate = done / max(now - t0, 1e-9) / 1e9
+        if json_lines:
+            print(json.dumps({"status": "converting model", "completed": done, "total": total}), flush=True)
+        else:
+            print(f"\rconverting {done / 1e9:.2f}/{total / 1e9:.2f} GB ({rate:.2f} GB/s)", end="",
+                  file=sys.stderr, flush=True)
+
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="freetoken convert", description="Convert a model to FTW.")
+    ap.add_argument("src", type=Path, help="a Hugging Face directory or a .gguf file")
+    ap.add_argument("out", type=Path, help="the FTW directory to write")
+    ap.add_argument("--shard-gib", type=float, default=DEFAULT_SHARD_LIMIT / 2**30)
+    ap.add_argument("--json-progress", action="store_true", help="progress as JSON lines on stdout")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    limit = round_up(int(args.shard_gib * 2**30))
+    try:
+        out = convert(args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress))
+    except (FtwError, ValueError, OSError) as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        raise SystemExit(1)
+    if args.json_progress:
+        print(json.dumps({"status": "success", "path": str(out)}), flush=True)
+    else:
+        print(f"\nwrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Host memory for weights: lazy page-aligned anonymous mappings, pinned after they are filled.
+
+Registering an empty lazy mapping with CUDA would fault in and zero every page only for
+the read to overwrite it; filling first and registering afterwards skips that pass.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import queue
+import threading
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}") from None
+
+
+class HostBuffer:
+    """A page-aligned anonymous mapping; pages are allocated when first written."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.view = memoryview(self.mm)[:nbytes]
+        self.pinned = False
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+
+    def tensor(self, dtype: str, shape: list[int], nbytes: int) -> torch.Tensor:
+        raw = torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+        t = raw.view(torch_dtype(dtype)).reshape(shape)
+        t._ft_host_buffer = self  # keeps the mapping alive as long as the tensor
+        return t
+
+    def pin(self) -> None:
+        if self.pinned or not self.nbytes:
+            return
+        err = torch.cuda.cudart().cudaHostRegister(self.address, len(self.mm), 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
+        self.pinned = True
+
+
+class Pinner:
+    """Pins filled buffers on one background thread (registration is serialised by the driver)."""
+
+    def __init__(self):
+        self.q: queue.Queue[HostBuffer | None] = queue.Queue()
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="pin", daemon=True)
+        self.thread.start()
+
+    def submit(self, buf: HostBuffer) -> None:
+        self.q.put(buf)
+
+    def _run(self) -> None:
+        while (buf := self.q.get()) is not None:
+            t0 = time.perf_counter()
+            try:
+                buf.pin()
+            except BaseException as e:  # reported by finish(); reading goes on
+                self.error = e
+            self.seconds += time.perf_counter() - t0
+
+    def finish(self) -> float:
+        """Waits for every pin; returns the seconds spent pinning."""
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.seconds

@@ -1,0 +1,139 @@
+"""GGUF files written with the `gguf` package from a transformers model (the reference).
+
+Names come from gguf's own tensor-name map, not from FreeToken's, so the converter is
+checked against an independent mapping.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+QK_K = 256
+
+
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """Q4_K blocks (144 bytes per 256 weights) for a float array whose rows are multiples of 256.
+
+    gguf's Python quantizers stop at Q8_0; this follows the Q4_K block format (fp16 d and
+    dmin, 6-bit sub-block scales and mins packed into 12 bytes, 4-bit weights) so that
+    gguf's own dequantizer can serve as the reference.
+    """
+    rows = a.reshape(-1, QK_K).astype(np.float32)
+    sub = rows.reshape(-1, 8, 32)
+    mn = np.minimum(sub.min(axis=2), 0.0)  # [B, 8]
+    mx = sub.max(axis=2)
+    scale = (mx - mn) / 15.0
+    m = -mn
+    d = scale.max(axis=1) / 63.0
+    dmin = m.max(axis=1) / 63.0
+    d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.clip(np.rint(np.where(d[:, None] > 0, scale / d[:, None], 0)), 0, 63).astype(np.uint8)
+        mq = np.clip(np.rint(np.where(dmin[:, None] > 0, m / dmin[:, None], 0)), 0, 63).astype(np.uint8)
+        eff_d = d[:, None] * sc  # [B, 8]
+        eff_m = dmin[:, None] * mq
+        q = np.where(eff_d[:, :, None] > 0, np.rint((sub + eff_m[:, :, None]) / eff_d[:, :, None]), 0)
+    q = np.clip(q, 0, 15).astype(np.uint8).reshape(-1, QK_K)
+    scales = np.zeros((rows.shape[0], 12), np.uint8)
+    scales[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = (mq[:, 0:4] & 63) | ((mq[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mq[:, 4:8] & 0xF) << 4)
+    qs = np.zeros((rows.shape[0], 128), np.uint8)
+    for c in range(4):
+        qs[:, c * 32:(c + 1) * 32] = q[:, 64 * c:64 * c + 32] | (q[:, 64 * c + 32:64 * c + 64] << 4)
+    blocks = np.concatenate([d16.view(np.uint8).reshape(-1, 2), dmin16.view(np.uint8).reshape(-1, 2),
+                             scales, qs], axis=1)
+    return blocks.reshape(*a.shape[:-1], a.shape[-1] // QK_K * 144)
+
+
+def _tokenizer_kv(w, tok_dir: Path) -> None:
+    tj = json.loads((tok_dir / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    for added in tj["added_tokens"]:
+        vocab[added["content"]] = added["id"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    special = {a["content"] for a in tj["added_tokens"] if a.get("special")}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_eos_token_id(vocab[cfg["eos_token"]])
+    w.add_chat_template(cfg["chat_template"])
+
+
+def write_gguf(model, tok_dir: Path, out: Path, qtype: str = "F32") -> Path:
+    """The model's weights as a qwen3moe GGUF; expert (and large) tensors in `qtype`."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+
+    c = model.config
+    w = gguf.GGUFWriter(str(out), "qwen3moe")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_expert_count(c.num_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    _tokenizer_kv(w, tok_dir)
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, c.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        arr = t.detach().float().numpy()
+        if name.endswith("mlp.experts.gate_up_proj"):
+            layer = name.split(".")[2]
+            gate, up = np.split(arr, 2, axis=1)
+            _add(w, f"blk.{layer}.ffn_gate_exps.weight", gate, qtype)
+            _add(w, f"blk.{layer}.ffn_up_exps.weight", up, qtype)
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            _add(w, f"blk.{name.split('.')[2]}.ffn_down_exps.weight", arr, qtype)
+            continue
+        gname = name_map.get_name(name, try_suffixes=(".weight",))
+        _add(w, gname, arr, qtype if arr.ndim == 2 and arr.shape[-1] % 256 == 0 else "F32")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+
+    if qtype == "F32" or arr.ndim == 1:
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+    elif qtype == "Q8_0":
+        q = gguf.quants.quantize(arr, QT.Q8_0)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q8_0)
+    elif qtype == "Q4_K":
+        q = quantize_q4_k(arr)
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q4_K)
+    else:
+        raise ValueError(qtype)
+
+
+def dequantized_state(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a GGUF file dequantized by gguf itself, by GGUF name."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape))
+        out[t.name] = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))).reshape(shape)
+    return out

@@ -1,0 +1,69 @@
+"""Converters: HF directory and GGUF files to FTW, checked against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.ftw.convert import convert
+from tests import fixtures
+from tests.fixtures_gguf import dequantized_state, write_gguf
+from tests.runtime.engine_util import files_of, full_logits, generate, make_engine
+
+PROMPT = [5, 17, 99, 3, 250, 11, 7, 300]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("fixture", ["tiny_model", "tiny_model_sharded"])
+def test_hf_to_ftw_gives_identical_logits(fixture, request, tmp_path):
+    path, _ = request.getfixturevalue(fixture)
+    out = convert(path, tmp_path / "ftw", shard_limit=64 * 4096)
+    direct = full_logits(make_engine(path), PROMPT)
+    via_ftw = full_logits(make_engine(out), PROMPT)
+    assert torch.equal(direct, via_ftw)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(files_of(out))
+
+
+@pytest.fixture(scope="module")
+def k_quant_model(tmp_path_factory):
+    # K-quants need rows that are multiples of 256
+    path = tmp_path_factory.mktemp("tiny-256")
+    return path, fixtures.hf_qwen3_moe(path, seed=4, hidden_size=256, moe_intermediate_size=256,
+                                       intermediate_size=256, num_experts=4)
+
+
+def test_gguf_f32_matches_transformers(tiny_model, tmp_path):
+    path, hf = tiny_model
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", "F32")
+    out = convert(gguf, tmp_path / "ftw")
+    engine = make_engine(out)
+    assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= 1e-5
+    (seq,) = generate(engine, [PROMPT], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
+
+
+@pytest.mark.parametrize("qtype,tol", [("Q8_0", 0.05), ("Q4_K", 0.5)])
+def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, qtype, tol):
+    path, hf = k_quant_model
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype)
+    out = convert(gguf, tmp_path / "ftw")
+    engine = make_engine(out)
+    # the weights are exactly gguf's own dequantization
+    ref = dequantized_state(gguf)
+    bank = engine.model.model.layers[0].mlp.experts.backend.banks[0][0]
+    assert torch.equal(bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1))
+    # and the logits stay near the unquantized model's
+    assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= tol
+
+
+def test_bare_gguf_loads_without_conversion(tiny_model, tmp_path):
+    from freetoken.runtime import loader
+
+    path, hf = tiny_model
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", "F32")
+    files = loader.with_gguf_metadata({"m.gguf": gguf}, tmp_path / "meta")
+    loaded = loader.load(files, "cpu")
+    assert loaded.config["num_experts"] == hf.config.num_experts
