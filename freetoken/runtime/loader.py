@@ -51,12 +51,13 @@ def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> to
     return torch.bfloat16 if (device.type == "cuda" and dtype == torch.float16) else dtype
 
 
-def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype) -> ModelWeights:
+def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
+                 progress: ftw_reader.Progress | None = None) -> ModelWeights:
     """Dense tensors and expert banks from whichever source the files hold."""
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
     if ftw.INDEX in files:
-        return ftw_reader.read(files)
+        return ftw_reader.read(files, progress=progress)
     gguf = gguf_path(files)
     if gguf is not None:
         return gguf_file.read(gguf, dtype)
@@ -113,14 +114,15 @@ def install_experts(model: nn.Module, banks: dict, device: torch.device, dtype: 
             m.backend = backend
 
 
-def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto") -> Loaded:
+def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto",
+         progress: ftw_reader.Progress | None = None) -> Loaded:
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
     cls = models.load_class(config)
     device = pick_device(device_setting)
     dtype = pick_dtype(dtype_setting, config, device)
-    weights = read_weights(files, cls, dtype)
+    weights = read_weights(files, cls, dtype, progress)
     with torch.device("meta"):
         model = cls.from_config(config)
     model.to_empty(device=device)

@@ -65,6 +65,7 @@ class ModelService:
         self.builder: PromptBuilder | None = None
         self.load_ns = 0
         self.total_bytes = sum(p.stat().st_size for p in self.files.values() if p.exists())
+        self.loaded_bytes = 0
 
     # --- engine thread ---------------------------------------------------------------
     def load_and_run(self) -> None:
@@ -81,7 +82,7 @@ class ModelService:
         t0 = time.perf_counter_ns()
         if self.cfg.cpu_threads:
             torch.set_num_threads(self.cfg.cpu_threads)
-        loaded = loader.load(self.files, self.cfg.device, self.cfg.dtype)
+        loaded = loader.load(self.files, self.cfg.device, self.cfg.dtype, progress=self._progress)
         tokenizer = Tokenizer(self.files)
         model = loaded.model
         a = model.args
@@ -94,6 +95,9 @@ class ModelService:
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
         self.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
+
+    def _progress(self, done: int, total: int) -> None:
+        self.loaded_bytes, self.total_bytes = done, total
 
     def _run(self) -> None:
         engine = self.engine
@@ -114,7 +118,7 @@ class ModelService:
                                              "device": str(self.engine.device)}}
         if self.status == "error":
             return {"status": "error", "error": self.error}
-        return {"status": "loading", "progress": {"completed": 0, "total": self.total_bytes}}
+        return {"status": "loading", "progress": {"completed": self.loaded_bytes, "total": self.total_bytes}}
 
     def stats(self) -> dict[str, Any]:
         return {"status": self.status, **(self.engine.stats() if self.engine else {})}

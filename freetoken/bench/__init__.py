@@ -1,0 +1,1 @@
+"""`freetoken bench`: benchmarks as commands, each printing ratios measured in one run."""

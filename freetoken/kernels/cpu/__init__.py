@@ -1,0 +1,75 @@
+"""The CPU expert kernel: a torch C++ extension compiled on first use (cached per machine).
+
+Where no compiler is available the plain-torch reference runs instead, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from freetoken.kernels import reference
+
+log = logging.getLogger(__name__)
+
+TIERS = ("scalar", "avx2", "avx512", "avx512-bf16")
+_lock = threading.Lock()
+_ext = None
+_failed = False
+
+
+def _build_dir() -> Path:
+    from freetoken import config
+
+    d = config.current().cache_dir / "kernels" / f"torch-{torch.__version__}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def extension():
+    """The compiled module, or None where it cannot be built."""
+    global _ext, _failed
+    if _ext is not None or _failed:
+        return _ext
+    with _lock:
+        if _ext is None and not _failed:
+            from torch.utils.cpp_extension import load
+
+            src = Path(__file__).with_name("moe_experts.cpp")
+            log.info("compiling the CPU expert kernel (first use on this machine; about a minute)")
+            try:
+                _ext = load(name="freetoken_cpu_moe", sources=[str(src)], build_directory=str(_build_dir()),
+                            extra_cflags=["-O3", "-fopenmp", "-std=c++17"], extra_ldflags=["-fopenmp"],
+                            verbose=False)
+            except Exception as e:  # no compiler, no headers: keep serving with plain torch
+                _failed = True
+                log.warning("CPU expert kernel unavailable (%s); using plain torch", str(e).splitlines()[0])
+    return _ext
+
+
+def tier() -> str:
+    ext = extension()
+    return TIERS[ext.cpu_tier()] if ext is not None else "torch"
+
+
+def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, tok: torch.Tensor,
+                exp: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None,
+                isa: str | None = None) -> torch.Tensor:
+    """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
+
+    x: [T, H]; banks gate_up [E, 2I, H], down [E, H, I] in bf16 or fp32 (host memory).
+    """
+    xf = x.float().contiguous()
+    out = torch.zeros_like(xf) if out is None else out
+    ext = extension()
+    if ext is None or isa == "torch":
+        for t, e, w in zip(tok.tolist(), exp.tolist(), weights.tolist()):
+            out[t] += w * reference.expert_ffn(xf[t:t + 1], gate_up[e].float(), down[e].float())[0]
+        return out
+    level = -1 if isa is None else TIERS.index(isa)
+    ext.moe_experts(xf, gate_up, down, tok.to(torch.int64).contiguous(), exp.to(torch.int64).contiguous(),
+                    weights.float().contiguous(), out, level)
+    return out
