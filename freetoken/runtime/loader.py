@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ from torch import nn
 from freetoken import models
 from freetoken import ftw
 from freetoken.ftw import reader as ftw_reader
-from freetoken.layers.moe import Experts
-from freetoken.moe.resident import ResidentExperts
+from freetoken.moe import setup
+from freetoken.moe.setup import Placement
 from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ class Loaded:
     config: dict[str, Any]
     device: torch.device
     dtype: torch.dtype
+    banks: dict = field(default_factory=dict)
 
 
 def pick_device(setting: str) -> torch.device:
@@ -101,19 +102,6 @@ def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.
         p.data = t.to(device=device, dtype=dtype)
 
 
-def install_experts(model: nn.Module, banks: dict, device: torch.device, dtype: torch.dtype) -> None:
-    """The default placement: every expert resident on the compute device."""
-    on_device = {}
-    for (layer, bank), t in banks.items():
-        on_device.setdefault(layer, {})[bank] = t.to(device=device, dtype=dtype)
-    backend = ResidentExperts({l: (b["gate_up"], b["down"]) for l, b in on_device.items()})
-    for m in model.modules():
-        if isinstance(m, Experts):
-            if m.layer not in backend.banks:
-                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
-            m.backend = backend
-
-
 def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto",
          progress: ftw_reader.Progress | None = None) -> Loaded:
     if "config.json" not in files:
@@ -133,10 +121,16 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
         model.tie_weights()
     # buffers (rope frequencies) were created on meta; compute them for real
     model.apply(_reset_buffers)
-    install_experts(model, weights.banks, device, dtype)
     model.eval()
     log.info("loaded %s (%s) on %s as %s", models.arch_for(config).model_type, weights.source, device, dtype)
-    return Loaded(model=model, config=config, device=device, dtype=dtype)
+    return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
+
+
+def place_experts(loaded: Loaded, placement: Placement):
+    """Installs the experts op backend; call after the KV cache is allocated (it sizes the slot pool)."""
+    backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
+    loaded.banks = {}  # the backend's host banks own them now
+    return backend
 
 
 def _reset_buffers(m: nn.Module) -> None:

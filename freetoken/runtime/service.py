@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from freetoken import options as opts
+from freetoken.config import parse_size
 from freetoken.chat import template as chat_template
 from freetoken.runtime import loader
 from freetoken.runtime.engine import Engine
@@ -90,11 +91,19 @@ class ModelService:
         pages = (-(-self.num_ctx // page)) * self.num_parallel
         kv = KVCache(a.num_hidden_layers, pages, page, a.num_key_value_heads, a.head_dim,
                      loaded.dtype, loaded.device)
+        self.experts = loader.place_experts(loaded, self._placement())
         self.engine = Engine(model, tokenizer, kv, loaded.device, self.num_ctx, self.num_parallel,
                              self.cfg.prefill_chunk)
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
         self.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
+
+    def _placement(self) -> loader.Placement:
+        opts_ = self.spec.get("options") or {}
+        budget = opts_.get("vram_budget")
+        return loader.Placement(policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
+                                vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
+                                cache_dir=self.cfg.cache_dir)
 
     def _progress(self, done: int, total: int) -> None:
         self.loaded_bytes, self.total_bytes = done, total
@@ -121,7 +130,10 @@ class ModelService:
         return {"status": "loading", "progress": {"completed": self.loaded_bytes, "total": self.total_bytes}}
 
     def stats(self) -> dict[str, Any]:
-        return {"status": self.status, **(self.engine.stats() if self.engine else {})}
+        out = {"status": self.status, **(self.engine.stats() if self.engine else {})}
+        if self.engine is not None:
+            out["experts"] = self.experts.stats()
+        return out
 
     def capabilities(self, req: dict[str, Any]) -> list[str]:
         return chat_template.capabilities(req.get("template") or self.builder.template)

@@ -53,7 +53,7 @@ def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, q
     engine = make_engine(out)
     # the weights are exactly gguf's own dequantization
     ref = dequantized_state(gguf)
-    bank = engine.model.model.layers[0].mlp.experts.backend.banks[0][0]
+    bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0][0]
     assert torch.equal(bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1))
     # and the logits stay near the unquantized model's
     assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= tol

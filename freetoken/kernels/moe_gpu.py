@@ -1,0 +1,57 @@
+"""Routed experts over the GPU slot pool: Triton for small batches, grouped matmuls otherwise.
+
+Both compute Σ_j weights[t, j] · expert[slots[t, j]](x[t]) over the routes whose slot is
+>= 0; routes with slot -1 contribute nothing here (the CPU computes them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.kernels import reference
+
+SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
+
+
+def experts_from_slots(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
+                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """x [T, H]; slots/weights [T, k]; gate_up [S, 2I, H]; down [S, H, I] -> [T, H] in x's dtype."""
+    T, k = slots.shape
+    if x.is_cuda and T <= SMALL_BATCH:
+        return _triton_small(x, slots, weights, gate_up, down)
+    return _grouped(x, slots, weights, gate_up, down)
+
+
+def _grouped(x, slots, weights, gate_up, down) -> torch.Tensor:
+    active = slots >= 0
+    if not bool(active.any()):
+        return torch.zeros_like(x)
+    # a masked route points at slot 0 with weight 0, so it adds nothing
+    safe = torch.where(active, slots, torch.zeros_like(slots))
+    w = torch.where(active, weights, torch.zeros_like(weights))
+    return reference.moe_experts(x, safe, w, gate_up, down)
+
+
+def _triton_small(x, slots, weights, gate_up, down) -> torch.Tensor:
+    from freetoken.kernels.triton import moe_decode
+
+    T, k = slots.shape
+    S, two_i, H = gate_up.shape
+    I = two_i // 2
+    assert x.shape == (T, H) and down.shape == (S, H, I), "shapes disagree"
+    assert gate_up.is_contiguous() and down.is_contiguous() and x.is_contiguous()
+    flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
+    flat_w = weights.reshape(-1).float().contiguous()
+    h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
+    out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
+    bi, bh = 16, 256
+    moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](x, gate_up, flat_slots, h, H, I, K=k,
+                                                            BLOCK_I=bi, BLOCK_H=bh)
+    bo, bk = 32, 256
+    moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](h, down, flat_slots, flat_w, out, H, I,
+                                                         BLOCK_H=bo, BLOCK_I=bk)
+    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,1 @@
+"""Triton kernels (GPU only; imported lazily by their launchers)."""

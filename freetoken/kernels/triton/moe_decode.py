@@ -1,0 +1,57 @@
+"""Routed experts for small batches, reading experts from the GPU slot pool.
+
+One program per (route, row tile). Routes whose slot is negative are served elsewhere
+(the CPU) and are skipped. Shapes: x [T, H], slots/weights [T*k], gate_up [S, 2I, H],
+down [S, H, I], h [T*k, I] (fp32), out [T*k, H] (fp32, weighted per route).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gate_up_kernel(x_ptr, gu_ptr, slot_ptr, h_ptr, H, I, K: tl.constexpr,
+                   BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr):
+    r = tl.program_id(0)
+    slot = tl.load(slot_ptr + r)
+    if slot < 0:
+        return
+    t = r // K
+    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < I
+    base = gu_ptr + slot.to(tl.int64) * (2 * I * H)
+    acc_g = tl.zeros([BLOCK_I], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_I], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        mask_h = offs_h < H
+        xv = tl.load(x_ptr + t * H + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+        m = mask_i[:, None] & mask_h[None, :]
+        wg = tl.load(base + offs_i[:, None] * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
+        wu = tl.load(base + (offs_i[:, None] + I) * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
+        acc_g += tl.sum(wg * xv[None, :], axis=1)
+        acc_u += tl.sum(wu * xv[None, :], axis=1)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    tl.store(h_ptr + r * I + offs_i, h, mask=mask_i)
+
+
+@triton.jit
+def down_kernel(h_ptr, dn_ptr, slot_ptr, w_ptr, out_ptr, H, I,
+                BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr):
+    r = tl.program_id(0)
+    slot = tl.load(slot_ptr + r)
+    if slot < 0:
+        return
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    base = dn_ptr + slot.to(tl.int64) * (H * I)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for i0 in range(0, I, BLOCK_I):
+        offs_i = i0 + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < I
+        hv = tl.load(h_ptr + r * I + offs_i, mask=mask_i, other=0.0)
+        wd = tl.load(base + offs_h[:, None] * I + offs_i[None, :], mask=mask_h[:, None] & mask_i[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(wd * hv[None, :], axis=1)
+    wr = tl.load(w_ptr + r).to(tl.float32)
+    tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)

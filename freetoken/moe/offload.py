@@ -1,0 +1,182 @@
+"""The offload backend of the experts op: GPU cache hits, PCIe fetches and CPU execution.
+
+Per MoE layer and step, over the union of the batch's experts:
+  hits    run on the GPU from their slots;
+  misses  are split: q are fetched over PCIe into slots and run on the GPU, the other m−q
+          run in place on the CPU from the host banks, at the same time.
+The two partial outputs are added; every route is computed exactly once.
+
+Policies: resident (every expert in a slot), lru-pcie (q = m), cpu-misses (q = 0),
+static-layers (whole layers on the CPU, the rest fixed on the GPU, like --n-cpu-moe),
+adaptive (q from costs fitted online). On a machine without a GPU every expert runs on the
+CPU through the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from freetoken.kernels import cpu as cpu_kernel
+from freetoken.kernels import moe_gpu
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.dispatch import Split
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers")
+PREFILL_TOKENS = 32  # above this the CPU would be compute-bound: misses are fetched
+
+
+class OffloadExperts:
+    def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
+                 device: torch.device):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown MoE policy {policy!r} (choose from {', '.join(POLICIES)})")
+        self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
+        self.cuda = device.type == "cuda"
+        self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
+        self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+        self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
+        if cache is not None:
+            self._place()
+
+    # --- placement -------------------------------------------------------------------
+    def _place(self) -> None:
+        L, E = len(self.banks.layers), self.banks.num_experts
+        if self.policy == "resident":
+            if self.cache.capacity < L * E:
+                raise ValueError(f"the resident policy needs {L * E} expert slots "
+                                 f"({L * E * self.cache.expert_bytes / 2**30:.1f} GiB); the budget gives "
+                                 f"{self.cache.capacity}")
+            gpu_layers = self.banks.layers
+        elif self.policy == "static-layers":
+            fit = min(L, self.cache.capacity // E)
+            gpu_layers = self.banks.layers[L - fit:]
+            self.cpu_layers = set(self.banks.layers[:L - fit])
+        else:
+            return
+        for layer in gpu_layers:
+            experts = np.arange(E)
+            self._copy_in(layer, experts, self.cache.fix(layer, experts))
+
+    def _copy_in(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
+        gu, dn = self.banks.banks[layer]
+        for bank, src in (("gate_up", gu), ("down", dn)):
+            dst = self.cache.slots[bank]
+            for e, s in zip(experts.tolist(), slots.tolist()):
+                dst[s].copy_(src[e], non_blocking=self.cuda)
+
+    # --- the op ----------------------------------------------------------------------
+    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.cache is None or layer in self.cpu_layers:
+            return self._all_on_cpu(layer, x, ids, weights)
+        ids_h = ids.to("cpu", non_blocking=False).numpy()  # the one host round trip of the layer
+        T = ids_h.shape[0]
+        experts, counts = np.unique(ids_h, return_counts=True)
+        slots = self.cache.lookup(layer, experts)
+        miss = slots < 0
+        m = int(miss.sum())
+        q = self._choose(m, T)
+        order = np.flatnonzero(miss)[np.argsort(-counts[miss], kind="stable")]  # most-shared first
+        fetch, on_cpu = order[:q], order[q:]
+        if q:
+            slots[fetch] = self.cache.allocate(layer, experts[fetch], slots[~miss])
+            self._fetch(layer, experts[fetch], slots[fetch], q)
+        cpu_job = self._start_cpu(layer, x, ids_h, weights, experts[on_cpu]) if len(on_cpu) else None
+        slot_map = np.full(self.banks.num_experts, -1, dtype=np.int64)
+        slot_map[experts] = slots  # CPU experts keep -1
+        route_slots = torch.from_numpy(slot_map[ids_h]).to(self.device, non_blocking=self.cuda)
+        if self._copy_stream is not None and q:
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots["gate_up"],
+                                         self.cache.slots["down"])
+        self.cache.touch(slots)
+        self._account(m, q, len(on_cpu), T)
+        if cpu_job is not None:
+            out = out + cpu_job.result().to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
+        return out
+
+    def _choose(self, m: int, T: int) -> int:
+        if m == 0:
+            return 0
+        if self.policy in ("lru-pcie", "resident", "static-layers") or T > PREFILL_TOKENS:
+            return m
+        if self.policy == "cpu-misses":
+            return 0
+        return self.split.choose(m)
+
+    def _fetch(self, layer: int, experts: np.ndarray, slots: np.ndarray, q: int) -> None:
+        if self._copy_stream is None:
+            t0 = time.perf_counter()
+            self._copy_in(layer, experts, slots)
+            self.split.pcie.observe(q, time.perf_counter() - t0)
+            return
+        # slots being overwritten may still be read by work already queued on the compute stream
+        self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self._copy_stream):
+            start.record()
+            self._copy_in(layer, experts, slots)
+            end.record()
+        self._pending.append((q, start, end))
+        self._collect_timings()
+
+    def _collect_timings(self) -> None:
+        """Feeds finished fetch timings to the cost model without waiting for any."""
+        keep = []
+        for q, start, end in self._pending:
+            if end.query():
+                self.split.pcie.observe(q, start.elapsed_time(end) / 1e3)
+            else:
+                keep.append((q, start, end))
+        self._pending = keep[-64:]
+
+    def _start_cpu(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
+                   cpu_experts: np.ndarray) -> Future:
+        sel = np.isin(ids_h, cpu_experts)
+        tok, col = np.nonzero(sel)
+        x_h = x.float().cpu()
+        w_h = weights.float().cpu()[torch.from_numpy(tok), torch.from_numpy(col)]
+        gu, dn = self.banks.banks[layer]
+        exp = torch.from_numpy(ids_h[tok, col].astype(np.int64))
+        n = len(cpu_experts)
+
+        def run() -> torch.Tensor:
+            t0 = time.perf_counter()
+            out = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h)
+            self.split.cpu.observe(n, time.perf_counter() - t0)
+            return out
+
+        return self._pool.submit(run)
+
+    def _all_on_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        T, k = ids.shape
+        gu, dn = self.banks.banks[layer]
+        out = cpu_kernel.moe_experts(x.float().cpu(), gu, dn, torch.arange(T).repeat_interleave(k),
+                                     ids.reshape(-1).cpu(), weights.reshape(-1).float().cpu())
+        self._account(len(torch.unique(ids)), 0, T * k, T)
+        return out.to(device=x.device, dtype=x.dtype)
+
+    def _account(self, m: int, q: int, cpu_routes: int, T: int) -> None:
+        s = self.steps
+        s["m"] += m
+        s["q"] += q
+        s["cpu_routes"] += cpu_routes
+        s["layers"] += 1
+
+    def stats(self) -> dict:
+        out = {"policy": self.policy, **self.steps,
+               "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
+               "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
+               "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
+        if self.cache is not None:
+            out["cache"] = self.cache.stats()
+        return out

@@ -1,0 +1,64 @@
+"""Measured bandwidths of this machine: B_P (host->GPU expert gather) and B_H (CPU expert kernel).
+
+`freetoken bench bw` measures them and stores one profile per CPU and GPU in the cache
+directory; the runner starts its split from the stored profile and corrects it online.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+# Used until `freetoken bench bw` has run: modest values that online timing quickly replaces.
+DEFAULT_PCIE_GBPS = 20.0
+DEFAULT_CPU_GBPS = 20.0
+
+
+def machine_key() -> str:
+    import torch
+
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = "nogpu"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu = f"{props.name}-{getattr(props, 'uuid', '')}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{cpu}--{gpu}")[:200]
+
+
+def path(cache_dir: Path) -> Path:
+    return Path(cache_dir) / "bw" / f"{machine_key()}.json"
+
+
+def load(cache_dir: Path) -> dict[str, Any] | None:
+    p = path(cache_dir)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def save(cache_dir: Path, profile: dict[str, Any]) -> Path:
+    p = path(cache_dir)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile, indent=2))
+    tmp.replace(p)
+    return p
+
+
+def bandwidths(cache_dir: Path) -> tuple[float, float, bool]:
+    """(B_P, B_H) in bytes/s and whether they were measured on this machine."""
+    prof = load(cache_dir)
+    if prof and prof.get("cpu_expert_gbps"):
+        return (float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9, float(prof["cpu_expert_gbps"]) * 1e9, True)
+    return DEFAULT_PCIE_GBPS * 1e9, DEFAULT_CPU_GBPS * 1e9, False

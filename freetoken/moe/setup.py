@@ -1,0 +1,70 @@
+"""Placing a model's experts: host banks, the GPU slot budget, and the experts op backend."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from freetoken.layers.moe import Experts
+from freetoken.moe import profile
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.dispatch import Split
+from freetoken.moe.offload import POLICIES, OffloadExperts
+from freetoken.weights import BankKey, WeightsError
+
+log = logging.getLogger(__name__)
+
+ACTIVATION_RESERVE = 768 << 20  # workspace for prefill chunks and the allocator's slack
+
+
+@dataclass
+class Placement:
+    policy: str
+    vram_budget: int  # bytes; 0 = the free memory of the device
+    cache_dir: object = None
+    cpu_cache_slots: int = 0  # tests: a slot pool in host memory on machines without a GPU
+
+
+def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
+    """How many experts fit in what the budget leaves after weights and KV are allocated."""
+    used = torch.cuda.memory_allocated(device)
+    if budget <= 0:
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = used + int(free * 0.92)
+    room = budget - used - ACTIVATION_RESERVE
+    slots = min(room // expert_bytes, num_layers * num_experts)
+    if slots < num_experts:
+        raise WeightsError(f"the VRAM budget of {budget / 2**30:.1f} GiB leaves room for {max(slots, 0)} experts; "
+                           f"at least {num_experts} (one layer's) are needed")
+    return int(slots)
+
+
+def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch.dtype,
+            placement: Placement) -> OffloadExperts:
+    if placement.policy not in POLICIES:
+        raise ValueError(f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})")
+    host = HostBanks(banks, dtype, pin=device.type == "cuda")
+    cache = None
+    if device.type == "cuda":
+        slots = cache_slots(placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device)
+        cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
+    elif placement.cpu_cache_slots:
+        cache = ExpertCache(max(host.layers) + 1, host.num_experts, placement.cpu_cache_slots, host.rows, dtype,
+                            device)
+    b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (
+        profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
+    backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
+                             device)
+    for m in model.modules():
+        if isinstance(m, Experts):
+            if m.layer not in host.banks:
+                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
+            m.backend = backend
+    log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
+             cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
+             "measured" if measured else "defaults until `freetoken bench bw` runs")
+    return backend

@@ -1,0 +1,66 @@
+"""Every policy gives the logits of the fully resident model (CPU emulation of the slot pool)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import fixtures
+from tests.runtime.engine_util import full_logits, generate, make_engine
+
+PROMPT = [5, 17, 99, 3, 250, 11, 7, 300, 42, 128]
+CASES = [("resident", 16), ("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9),
+         ("adaptive", 0)]
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    path, hf = tiny_model
+    return full_logits(make_engine(path, policy="resident", cpu_cache_slots=16), PROMPT)
+
+
+@pytest.mark.parametrize("policy,slots", CASES)
+def test_policy_logits_match_resident(tiny_model, reference, policy, slots):
+    path, _ = tiny_model
+    engine = make_engine(path, policy=policy, cpu_cache_slots=slots)
+    assert _rel(full_logits(engine, PROMPT), reference) <= 1e-5
+
+
+@pytest.mark.parametrize("policy,slots", CASES)
+def test_policy_greedy_decode_matches_transformers(tiny_model, policy, slots):
+    path, hf = tiny_model
+    engine = make_engine(path, policy=policy, cpu_cache_slots=slots)
+    (seq,) = generate(engine, [PROMPT], 24)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 24)
+    stats = engine.model.model.layers[0].mlp.experts.backend.stats()
+    if policy == "cpu-misses":
+        assert stats["q"] == 0 and stats["cpu_routes"] > 0
+    if policy == "lru-pcie":
+        assert stats["q"] == stats["m"] and stats["cpu_routes"] == 0
+    if policy == "static-layers":
+        assert stats["cpu_layers"] == [0]  # 8 slots hold one of the two layers
+    if policy == "resident":
+        assert stats["cache"]["misses"] == 0
+
+
+def test_adaptive_uses_both_paths_on_a_small_cache(tiny_model):
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", cpu_cache_slots=9)
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    from freetoken.moe.dispatch import PathCost
+
+    backend.split.pcie, backend.split.cpu = PathCost(1e-3), PathCost(1e-3)  # equal: split misses evenly
+    (seq,) = generate(engine, [PROMPT], 24)
+    s = backend.stats()
+    assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 24)
+
+
+def test_resident_needs_room_for_every_expert(tiny_model):
+    path, _ = tiny_model
+    with pytest.raises(ValueError, match="resident policy needs 16 expert slots"):
+        make_engine(path, policy="resident", cpu_cache_slots=9)
