@@ -172,6 +172,9 @@ class OffloadExperts:
         s["cpu_routes"] += cpu_routes
         s["layers"] += 1
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
     def stats(self) -> dict:
         out = {"policy": self.policy, **self.steps,
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,

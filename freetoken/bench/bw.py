@@ -1,0 +1,161 @@
+"""`freetoken bench bw`: the two bandwidths the split is built on, measured on real paths.
+
+B_P: host->GPU expert gather from pinned banks into cache slots (the fetch path).
+B_H: the CPU expert kernel on experts read from DRAM (banks far larger than the caches).
+Each alone and both at once (they share the host's DRAM). The result is stored as this
+machine's profile; runners start their split from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+
+import numpy as np
+import torch
+
+from freetoken.bench import common
+from freetoken.ftw.hostmem import HostBuffer
+from freetoken.kernels import cpu as cpu_kernel
+from freetoken.moe import profile
+
+E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
+
+
+def _bank(shape: tuple[int, ...], pin: bool, seed: int) -> torch.Tensor:
+    n = int(np.prod(shape))
+    buf = HostBuffer(n * 2)
+    t = buf.tensor("bfloat16", list(shape), n * 2)
+    g = torch.Generator().manual_seed(seed)
+    t.copy_(torch.randn(shape, generator=g).mul_(0.02).to(torch.bfloat16))
+    if pin:
+        buf.pin()
+    return t
+
+
+class Banks:
+    """Enough layers of host banks that a run never reads the same expert from the CPU caches."""
+
+    def __init__(self, layers: int, pin: bool):
+        self.layers = [(_bank((E, 2 * I, H), pin, 2 * i), _bank((E, H, I), pin, 2 * i + 1)) for i in range(layers)]
+        self.expert_bytes = (2 * I * H + H * I) * 2
+
+
+def measure_pcie(banks: Banks, seconds: float, stop: threading.Event | None = None) -> float:
+    dev = torch.device("cuda")
+    slots = (torch.empty((64, 2 * I, H), dtype=torch.bfloat16, device=dev),
+             torch.empty((64, H, I), dtype=torch.bfloat16, device=dev))
+    stream = torch.cuda.Stream()
+    rng = np.random.default_rng(0)
+    moved, t_end = 0, time.perf_counter() + seconds
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record()
+        while time.perf_counter() < t_end and not (stop and stop.is_set()):
+            gu, dn = banks.layers[rng.integers(len(banks.layers))]
+            for j, e in enumerate(rng.choice(E, K, replace=False)):
+                slots[0][j].copy_(gu[e], non_blocking=True)
+                slots[1][j].copy_(dn[e], non_blocking=True)
+            moved += K * banks.expert_bytes
+            stream.synchronize()
+        end.record()
+    end.synchronize()
+    return moved / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def measure_cpu(banks: Banks, seconds: float, isa: str | None = None, stop: threading.Event | None = None) -> float:
+    rng = np.random.default_rng(1)
+    x = torch.randn(1, H)
+    tok = torch.zeros(K, dtype=torch.long)
+    w = torch.full((K,), 1.0 / K)
+    moved, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
+        gu, dn = banks.layers[rng.integers(len(banks.layers))]
+        exp = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64))
+        cpu_kernel.moe_experts(x, gu, dn, tok, exp, w, isa=isa)
+        moved += K * banks.expert_bytes
+    return moved / (time.perf_counter() - t0) / 1e9
+
+
+def measure_torch_cpu(banks: Banks, seconds: float) -> float:
+    """Plain torch on the same work, for the ratio against a simple implementation."""
+    from freetoken.kernels import reference
+
+    rng = np.random.default_rng(2)
+    x = torch.randn(1, H).to(torch.bfloat16)
+    moved, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        gu, dn = banks.layers[rng.integers(len(banks.layers))]
+        ids = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64)).view(1, K)
+        reference.moe_experts(x, ids, torch.full((1, K), 1.0 / K, dtype=torch.bfloat16), gu, dn)
+        moved += K * banks.expert_bytes
+    return moved / (time.perf_counter() - t0) / 1e9
+
+
+def measure_dram(seconds: float) -> float:
+    a = torch.empty(1 << 29, dtype=torch.float32).fill_(1.0)  # 2 GiB
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a.sum()
+        n += a.numel() * 4
+    return n / (time.perf_counter() - t0) / 1e9
+
+
+def concurrent(banks: Banks, seconds: float) -> tuple[float, float]:
+    out: dict[str, float] = {}
+    t = threading.Thread(target=lambda: out.__setitem__("cpu", measure_cpu(banks, seconds)))
+    t.start()
+    out["pcie"] = measure_pcie(banks, seconds)
+    t.join()
+    return out["pcie"], out["cpu"]
+
+
+def run(seconds: float = 3.0, gib: float = 8.0) -> dict:
+    cuda = torch.cuda.is_available()
+    layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
+    banks = Banks(layers, pin=cuda)
+    measure_cpu(banks, 0.5)  # warm-up: compiles the kernel, spins up threads
+    result = {"cpu_kernel": cpu_kernel.tier(), "threads": torch.get_num_threads(),
+              "cpu_expert_gbps": measure_cpu(banks, seconds), "torch_cpu_expert_gbps": measure_torch_cpu(banks, seconds / 2),
+              "dram_read_gbps": measure_dram(seconds / 2), "bank_gib": layers * E * banks.expert_bytes / 2**30}
+    if cuda:
+        measure_pcie(banks, 0.5)
+        result["pcie_gbps"] = measure_pcie(banks, seconds)
+        result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="freetoken bench bw", description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--gib", type=float, default=8.0, help="host bank size to read from")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args(argv)
+    from freetoken import config
+
+    r = run(args.seconds, args.gib)
+    head = common.header("bw")
+    if not args.no_save:
+        r["profile"] = str(profile.save(config.current().cache_dir, {**r, "date": head["date"]}))
+    if args.json:
+        print(json.dumps({**head, **r}))
+        return
+    rows = [{"path": "CPU expert kernel (B_H)", "gbps": r["cpu_expert_gbps"], "note": r["cpu_kernel"]},
+            {"path": "plain torch CPU experts", "gbps": r["torch_cpu_expert_gbps"],
+             "note": f"kernel is {r['cpu_expert_gbps'] / r['torch_cpu_expert_gbps']:.2f}x"},
+            {"path": "DRAM read (torch sum)", "gbps": r["dram_read_gbps"],
+             "note": f"kernel reaches {r['cpu_expert_gbps'] / r['dram_read_gbps']:.0%}"}]
+    if "pcie_gbps" in r:
+        rows += [{"path": "PCIe expert gather (B_P)", "gbps": r["pcie_gbps"]},
+                 {"path": "B_P while the CPU runs", "gbps": r["pcie_concurrent_gbps"]},
+                 {"path": "B_H while PCIe runs", "gbps": r["cpu_concurrent_gbps"],
+                  "note": f"sum {r['pcie_concurrent_gbps'] + r['cpu_concurrent_gbps']:.1f} GB/s together"}]
+    common.emit(rows, [("path", "path"), ("gbps", "GB/s"), ("note", "")], False, head)
+
+
+if __name__ == "__main__":
+    main()

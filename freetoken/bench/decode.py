@@ -1,0 +1,185 @@
+"""`freetoken bench decode`: bs=1 decode tok/s per expert policy and VRAM budget, against the bound
+
+    T >= T_dense + (misses per token) * S / (B_P + B_H)
+
+T_dense is the measured step time with every expert resident; S is one expert's bytes;
+B_P and B_H are measured in the same run (`bench bw`'s paths). Policies are measured
+alternately in one run on one machine. Caps emulate consumer GPUs: the whole engine
+(weights, KV cache, expert slots) must fit in the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from freetoken.bench import bw, common, routing, synthmodel
+from freetoken.layers.context import SeqSpan, StepContext, step_context
+from freetoken.layers.moe import Experts
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.dispatch import Split
+from freetoken.moe.offload import OffloadExperts
+from freetoken.moe.setup import ACTIVATION_RESERVE
+from freetoken.runtime.kv_cache import KVCache
+
+PROMPT = 16
+
+
+class Bench:
+    def __init__(self, name: str, device: torch.device, ctx_tokens: int):
+        self.sm = synthmodel.build(name, device)
+        c = self.sm.config
+        self.kv = KVCache(c["num_hidden_layers"], -(-ctx_tokens // 16), 16, c["num_key_value_heads"], c["head_dim"],
+                          self.sm.dtype, device)
+        self.host = HostBanks(self.sm.banks, self.sm.dtype, pin=device.type == "cuda")
+        self.sm.banks = {}
+        self.backend: OffloadExperts | None = None
+
+    def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
+        if self.backend is not None:
+            self.backend.close()
+        self.backend = None
+        for m in self.sm.model.modules():
+            if isinstance(m, Experts):
+                m.backend = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        c, S = self.sm.config, self.host.expert_bytes
+        L, E = c["num_hidden_layers"], c["num_experts"]
+        if cap_gib is None:
+            slots = L * E
+        else:
+            room = int(cap_gib * 2**30) - torch.cuda.memory_allocated() - ACTIVATION_RESERVE
+            slots = int(min(max(room // S, 0), L * E))
+        cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
+        self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device)
+        for m in self.sm.model.modules():
+            if isinstance(m, Experts):
+                m.backend = self.backend
+        return self.backend
+
+    @torch.inference_mode()
+    def decode(self, mode: str, tokens: int, warmup: int, seed: int) -> tuple[float, dict]:
+        model, kv, dev = self.sm.model, self.kv, self.sm.device
+        rng = np.random.default_rng(seed)
+        V = self.sm.config["vocab_size"]
+        pages = kv.pool.alloc(kv.pages_for(PROMPT + warmup + tokens + 1))
+        try:
+            ids = rng.integers(V, size=PROMPT).tolist()
+            nxt = self._step(ids, 0, pages)
+            t0, before = 0.0, None
+            for i in range(warmup + tokens):
+                if i == warmup:
+                    torch.cuda.synchronize()
+                    t0, before = time.perf_counter(), dict(self.backend.steps)
+                tok = int(rng.integers(V)) if mode == "random-tokens" else nxt
+                nxt = self._step([tok], PROMPT + i, pages)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        finally:
+            kv.pool.release(pages)
+        delta = {k: self.backend.steps[k] - before[k] for k in before}
+        return dt / tokens, delta
+
+    def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
+        n = len(ids)
+        ctx_slots = self.kv.slots_of(pages, 0, start + n, self.sm.device)
+        positions = torch.arange(start, start + n, device=self.sm.device)
+        ctx = StepContext(positions, ctx_slots[start:], [SeqSpan(0, n, start + n, ctx_slots)], self.kv,
+                          torch.tensor([n - 1], device=self.sm.device))
+        with step_context(ctx):
+            h = self.sm.model(torch.tensor(ids, device=self.sm.device), positions)
+            return int(self.sm.model.logits(h[-1:]).argmax())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
+    ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB")
+    ap.add_argument("--policies", default="lru-pcie,cpu-misses,static-layers,adaptive")
+    ap.add_argument("--routing", default="random-tokens,trace")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bw-seconds", type=float, default=2.0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench decode measures GPU offload and needs a CUDA device")
+    dev = torch.device("cuda")
+    head = common.header("decode")
+    t0 = time.perf_counter()
+    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32)
+    print(f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
+          f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, S = {bench.host.expert_bytes / 1e6:.2f} MB")
+    banks = bw.Banks(2, pin=True)
+    b_p, b_h = bw.measure_pcie(banks, args.bw_seconds), bw.measure_cpu(banks, args.bw_seconds)
+    p_c, h_c = bw.concurrent(banks, args.bw_seconds)
+    del banks
+    print(f"B_P {b_p:.1f} GB/s, B_H {b_h:.1f} GB/s alone; {p_c:.1f} + {h_c:.1f} GB/s together")
+    rows = []
+    for mode in args.routing.split(","):
+        rows += run_mode(bench, args, mode, (b_p, b_h, p_c, h_c), head)
+    cols = [("routing", "routing"), ("cap", "GiB"), ("policy", "policy"), ("tok_s", "tok/s"), ("spread", "±"),
+            ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"), ("ratio_concurrent_bound", "/bound(conc)"),
+            ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("q_share", "q/m"), ("vs_best_fixed", "/best fixed")]
+    common.emit(rows, cols, args.json, head)
+
+
+def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, float], head: dict) -> list[dict]:
+    b_p, b_h, p_c, h_c = bws
+    S = bench.host.expert_bytes
+    if mode == "trace":
+        c = bench.sm.config
+        tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"])
+        routing.install_trace(bench.sm.model, tr)
+        print(f"trace parameters: {tr.params()}")
+    bench.install("resident", None, Split.from_bandwidths(S, b_p * 1e9, b_h * 1e9))
+    bench.decode(mode, 8, 4, 0)
+    t_dense = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
+    rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
+             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0}]
+    for cap in [float(c) for c in args.caps.split(",")]:
+        results: dict[str, list[tuple[float, dict]]] = {}
+        for r in range(args.repeats):
+            for policy in args.policies.split(","):  # alternate policies within each repeat
+                backend = bench.install(policy, cap, Split.from_bandwidths(S, b_p * 1e9, b_h * 1e9))
+                bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
+                results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
+                slots = backend.cache.capacity
+        rows += summarize(mode, cap, results, t_dense, S, bws, slots, bench)
+    return rows
+
+
+def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
+    b_p, b_h, p_c, h_c = bws
+    rows = []
+    for policy, runs in results.items():
+        times = sorted(t for t, _ in runs)
+        t = statistics.median(times)
+        d = runs[len(runs) // 2][1]
+        tokens_seen = d["layers"] / max(1, len(bench.host.layers))
+        miss = d["m"] / max(tokens_seen, 1)
+        bound = t_dense + miss * S / ((b_p + b_h) * 1e9)
+        bound_c = t_dense + miss * S / ((p_c + h_c) * 1e9)
+        k = bench.sm.config["num_experts_per_tok"] * len(bench.host.layers)
+        rows.append({"routing": mode, "cap": cap, "policy": policy, "tok_s": 1 / t,
+                     "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
+                     "bound_tok_s": 1 / bound, "ratio_to_bound": bound / t, "ratio_concurrent_bound": bound_c / t,
+                     "hit_rate": 1 - miss / k, "misses_per_token": miss, "q_share": d["q"] / max(d["m"], 1),
+                     "vram_budget_gib": cap, "slots": slots, "b_p_gbps": b_p, "b_h_gbps": b_h,
+                     "t_dense_ms": t_dense * 1e3})
+    fixed = [r["tok_s"] for r in rows if r["policy"] in ("lru-pcie", "cpu-misses")]
+    for r in rows:
+        r["vs_best_fixed"] = r["tok_s"] / max(fixed) if fixed else None
+    return rows
+
+
+if __name__ == "__main__":
+    main()
