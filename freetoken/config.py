@@ -206,6 +206,10 @@ SETTINGS: tuple[Setting, ...] = (
             "bearer token sent to the registry for writes"),
     Setting("runner_python", "FREETOKEN_RUNNER_PYTHON", str, "",
             "python executable for runner processes (default: the server's)"),
+    Setting("nohistory", "FREETOKEN_NOHISTORY", parse_bool, "0",
+            "do not save the input history of interactive `run`", ("OLLAMA_NOHISTORY",)),
+    Setting("history_file", "FREETOKEN_HISTORY_FILE", _path, None,
+            "input history of interactive `run` (default: `history` in the user data directory)"),
 )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,10 @@ from typing import Any
 def machine() -> dict[str, Any]:
     import torch
 
+    from freetoken.moe.profile import cpu_model
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"gpu": gpu, "cpu": cpu, "threads": torch.get_num_threads(), "cores": os.cpu_count()}
+    return {"gpu": gpu, "cpu": cpu_model(), "threads": torch.get_num_threads(), "cores": os.cpu_count()}
 
 
 def commit() -> str:

@@ -32,7 +32,8 @@ PROMPT = 16
 
 
 class Bench:
-    def __init__(self, name: str, device: torch.device, ctx_tokens: int):
+    def __init__(self, name: str, device: torch.device, ctx_tokens: int, fractions: bool = False):
+        self.fractions = fractions
         self.sm = synthmodel.build(name, device)
         c = self.sm.config
         self.kv = KVCache(c["num_hidden_layers"], -(-ctx_tokens // 16), 16, c["num_key_value_heads"], c["head_dim"],
@@ -49,19 +50,23 @@ class Bench:
             if isinstance(m, Experts):
                 m.backend = None
         gc.collect()
-        torch.cuda.empty_cache()
         c, S = self.sm.config, self.host.expert_bytes
         L, E = c["num_hidden_layers"], c["num_experts"]
         if cap_gib is None:
             slots = L * E
+        elif cap_gib < 1.0 and self.fractions:
+            slots = int(cap_gib * L * E)  # a fraction of all experts, not GiB
         else:
-            room = int(cap_gib * 2**30) - torch.cuda.memory_allocated() - ACTIVATION_RESERVE
+            _sync(self.sm.device, empty=True)
+            used = torch.cuda.memory_allocated() if self.sm.device.type == "cuda" else 0
+            room = int(cap_gib * 2**30) - used - ACTIVATION_RESERVE
             slots = int(min(max(room // S, 0), L * E))
         cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
         self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device)
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = self.backend
+        self.backend.warm()
         return self.backend
 
     @torch.inference_mode()
@@ -76,11 +81,11 @@ class Bench:
             t0, before = 0.0, None
             for i in range(warmup + tokens):
                 if i == warmup:
-                    torch.cuda.synchronize()
+                    _sync(dev)
                     t0, before = time.perf_counter(), dict(self.backend.steps)
                 tok = int(rng.integers(V)) if mode == "random-tokens" else nxt
                 nxt = self._step([tok], PROMPT + i, pages)
-            torch.cuda.synchronize()
+            _sync(dev)
             dt = time.perf_counter() - t0
         finally:
             kv.pool.release(pages)
@@ -98,6 +103,25 @@ class Bench:
             return int(self.sm.model.logits(h[-1:]).argmax())
 
 
+def _sync(device: torch.device, empty: bool = False) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        if empty:
+            torch.cuda.empty_cache()
+
+
+def measure_bandwidths(seconds: float, cuda: bool) -> tuple[float, float, float, float]:
+    """(B_P, B_H, B_P together, B_H together) in GB/s, measured now on the same paths as `bench bw`."""
+    banks = bw.Banks(2, pin=cuda)
+    bw.measure_cpu(banks, 0.3)
+    b_h = bw.measure_cpu(banks, seconds)
+    if not cuda:
+        return 0.0, b_h, 0.0, b_h
+    b_p = bw.measure_pcie(banks, seconds)
+    p_c, h_c = bw.concurrent(banks, seconds)
+    return b_p, b_h, p_c, h_c
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
@@ -108,20 +132,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
+    ap.add_argument("--fractions", action="store_true",
+                    help="read --caps below 1 as fractions of all experts instead of GiB")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench decode measures GPU offload and needs a CUDA device")
-    dev = torch.device("cuda")
+    cuda = torch.cuda.is_available()
+    if not cuda and args.model != "tiny":
+        raise SystemExit("bench decode needs a CUDA device for full-size models")
+    dev = torch.device("cuda" if cuda else "cpu")
     head = common.header("decode")
     t0 = time.perf_counter()
-    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32)
+    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32, args.fractions)
     print(f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
           f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, S = {bench.host.expert_bytes / 1e6:.2f} MB")
-    banks = bw.Banks(2, pin=True)
-    b_p, b_h = bw.measure_pcie(banks, args.bw_seconds), bw.measure_cpu(banks, args.bw_seconds)
-    p_c, h_c = bw.concurrent(banks, args.bw_seconds)
-    del banks
+    b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda)
     print(f"B_P {b_p:.1f} GB/s, B_H {b_h:.1f} GB/s alone; {p_c:.1f} + {h_c:.1f} GB/s together")
     rows = []
     for mode in args.routing.split(","):
@@ -140,7 +164,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"])
         routing.install_trace(bench.sm.model, tr)
         print(f"trace parameters: {tr.params()}")
-    bench.install("resident", None, Split.from_bandwidths(S, b_p * 1e9, b_h * 1e9))
+    bench.install("resident", None, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
     bench.decode(mode, 8, 4, 0)
     t_dense = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
     rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
@@ -149,7 +173,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         results: dict[str, list[tuple[float, dict]]] = {}
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
-                backend = bench.install(policy, cap, Split.from_bandwidths(S, b_p * 1e9, b_h * 1e9))
+                backend = bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
                 bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
                 slots = backend.cache.capacity

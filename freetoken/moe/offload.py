@@ -74,6 +74,23 @@ class OffloadExperts:
             for e, s in zip(experts.tolist(), slots.tolist()):
                 dst[s].copy_(src[e], non_blocking=self.cuda)
 
+    def warm(self, seed: int = 0) -> None:
+        """Fills every free slot, spread evenly over the layers (benchmarks start from a full cache)."""
+        if self.cache is None:
+            return
+        rng = np.random.default_rng(seed)
+        layers = [l for l in self.banks.layers if l not in self.cpu_layers]
+        free = int((self.cache.owner < 0).sum())
+        per = min(self.banks.num_experts, free // max(1, len(layers)))
+        for layer in layers:
+            have = self.cache.slot_of[layer] >= 0
+            candidates = rng.permutation(np.flatnonzero(~have))[:max(0, per - int(have.sum()))]
+            if len(candidates):
+                slots = self.cache.allocate(layer, candidates, np.empty(0, dtype=np.int64))
+                self._copy_in(layer, candidates, slots)
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
     # --- the op ----------------------------------------------------------------------
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.cache is None or layer in self.cpu_layers:

@@ -17,17 +17,20 @@ DEFAULT_PCIE_GBPS = 20.0
 DEFAULT_CPU_GBPS = 20.0
 
 
-def machine_key() -> str:
-    import torch
-
-    cpu = platform.processor() or "cpu"
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or "cpu"
+
+
+def machine_key() -> str:
+    import torch
+
+    cpu = cpu_model()
     gpu = "nogpu"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -26,7 +26,7 @@ class Placement:
     policy: str
     vram_budget: int  # bytes; 0 = the free memory of the device
     cache_dir: object = None
-    cpu_cache_slots: int = 0  # tests: a slot pool in host memory on machines without a GPU
+    slots: int = 0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
 
 
 def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
@@ -49,12 +49,11 @@ def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.
         raise ValueError(f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})")
     host = HostBanks(banks, dtype, pin=device.type == "cuda")
     cache = None
-    if device.type == "cuda":
+    slots = placement.slots
+    if device.type == "cuda" and not slots:
         slots = cache_slots(placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device)
+    if slots:
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
-    elif placement.cpu_cache_slots:
-        cache = ExpertCache(max(host.layers) + 1, host.num_experts, placement.cpu_cache_slots, host.rows, dtype,
-                            device)
     b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (
         profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
     backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),

@@ -67,6 +67,7 @@ class ModelService:
         self.load_ns = 0
         self.total_bytes = sum(p.stat().st_size for p in self.files.values() if p.exists())
         self.loaded_bytes = 0
+        self.sizes: dict[str, int] = {}
 
     # --- engine thread ---------------------------------------------------------------
     def load_and_run(self) -> None:
@@ -96,6 +97,10 @@ class ModelService:
                              self.cfg.prefill_chunk)
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
         self.load_ns = time.perf_counter_ns() - t0
+        dense = sum(p.numel() * p.element_size() for p in model.parameters())
+        on_gpu = loaded.device.type == "cuda"
+        self.sizes = {"size": dense + self.experts.banks.total_bytes + kv.bytes,
+                      "size_vram": torch.cuda.memory_allocated(loaded.device) if on_gpu else 0}
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
 
     def _placement(self) -> loader.Placement:
@@ -124,7 +129,7 @@ class ModelService:
     def health(self) -> dict[str, Any]:
         if self.status == "ok":
             return {"status": "ok", "info": {"load_duration": self.load_ns, "num_ctx": self.num_ctx,
-                                             "device": str(self.engine.device)}}
+                                             "device": str(self.engine.device), **self.sizes}}
         if self.status == "error":
             return {"status": "error", "error": self.error}
         return {"status": "loading", "progress": {"completed": self.loaded_bytes, "total": self.total_bytes}}

@@ -20,20 +20,20 @@ def _rel(a, b):
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     path, hf = tiny_model
-    return full_logits(make_engine(path, policy="resident", cpu_cache_slots=16), PROMPT)
+    return full_logits(make_engine(path, policy="resident", slots=16), PROMPT)
 
 
 @pytest.mark.parametrize("policy,slots", CASES)
 def test_policy_logits_match_resident(tiny_model, reference, policy, slots):
     path, _ = tiny_model
-    engine = make_engine(path, policy=policy, cpu_cache_slots=slots)
+    engine = make_engine(path, policy=policy, slots=slots)
     assert _rel(full_logits(engine, PROMPT), reference) <= 1e-5
 
 
 @pytest.mark.parametrize("policy,slots", CASES)
 def test_policy_greedy_decode_matches_transformers(tiny_model, policy, slots):
     path, hf = tiny_model
-    engine = make_engine(path, policy=policy, cpu_cache_slots=slots)
+    engine = make_engine(path, policy=policy, slots=slots)
     (seq,) = generate(engine, [PROMPT], 24)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 24)
     stats = engine.model.model.layers[0].mlp.experts.backend.stats()
@@ -49,7 +49,7 @@ def test_policy_greedy_decode_matches_transformers(tiny_model, policy, slots):
 
 def test_adaptive_uses_both_paths_on_a_small_cache(tiny_model):
     path, hf = tiny_model
-    engine = make_engine(path, policy="adaptive", cpu_cache_slots=9)
+    engine = make_engine(path, policy="adaptive", slots=9)
     backend = engine.model.model.layers[0].mlp.experts.backend
     from freetoken.moe.dispatch import PathCost
 
@@ -63,4 +63,4 @@ def test_adaptive_uses_both_paths_on_a_small_cache(tiny_model):
 def test_resident_needs_room_for_every_expert(tiny_model):
     path, _ = tiny_model
     with pytest.raises(ValueError, match="resident policy needs 16 expert slots"):
-        make_engine(path, policy="resident", cpu_cache_slots=9)
+        make_engine(path, policy="resident", slots=9)

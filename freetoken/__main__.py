@@ -1,0 +1,3 @@
+from freetoken.cli.main import main
+
+raise SystemExit(main())

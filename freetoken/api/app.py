@@ -1,0 +1,75 @@
+"""The Starlette application: every route in one list, plus the app factory."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from freetoken import config
+from freetoken.api import completion, ollama
+from freetoken.api.state import Services
+from freetoken.server.residency import Residency
+from freetoken.store import Store
+
+__all__ = ["create_app", "routes"]
+
+routes = [
+    Route("/", ollama.root, methods=["GET"]),
+    Route("/api/version", ollama.version, methods=["GET"]),
+    Route("/api/tags", ollama.tags, methods=["GET"]),
+    Route("/api/show", ollama.show, methods=["POST"]),
+    Route("/api/ps", ollama.ps, methods=["GET"]),
+    Route("/api/generate", completion.generate, methods=["POST"]),
+    Route("/api/chat", completion.chat, methods=["POST"]),
+    Route("/api/create", ollama.create, methods=["POST"]),
+    Route("/api/blobs/{digest}", ollama.blob_exists, methods=["HEAD"]),
+    Route("/api/blobs/{digest}", ollama.blob_upload, methods=["POST"]),
+    Route("/api/copy", ollama.copy, methods=["POST"]),
+    Route("/api/delete", ollama.delete, methods=["DELETE"]),
+    Route("/api/pull", ollama.pull, methods=["POST"]),
+    Route("/api/push", ollama.push, methods=["POST"]),
+]
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse("404 page not found", status_code=404)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    headers = getattr(exc, "headers", None)
+    return PlainTextResponse("405 method not allowed", status_code=405, headers=headers)
+
+
+def create_app(
+    cfg: Any = None, store: Store | None = None, residency: Residency | None = None
+) -> Starlette:
+    """The app for `cfg` (default: this process's settings); stopping it stops the runners."""
+    cfg = cfg or config.current()
+    svc = Services(cfg=cfg, store=store or Store(cfg.models), residency=residency or Residency(cfg))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await svc.residency.shutdown()
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: _not_found, 405: _method_not_allowed, HTTPException: _http_error},
+    )
+    app.state.services = svc
+    return app

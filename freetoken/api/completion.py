@@ -1,0 +1,219 @@
+"""POST /api/generate and /api/chat.
+
+A request is checked, its options merged (request > Modelfile PARAMETERs > defaults), the
+model leased from the residency, and the runner's events turned into Ollama's chunks. The
+lease is released when the response ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken import options as opts
+from freetoken.api.errors import APIError, handler
+from freetoken.api.state import Services, resolve, services
+from freetoken.api.stream import NDJSONResponse
+from freetoken.api.types import (
+    ChatRequest,
+    GenerateRequest,
+    chat_chunk,
+    generate_chunk,
+    metrics,
+    now,
+    parse_json,
+    reduce_chat,
+    reduce_generate,
+)
+from freetoken.server.residency import default_num_ctx
+from freetoken.server.runner import RunnerSpec
+from freetoken.store import ModelView
+
+__all__ = ["chat", "generate"]
+
+
+@dataclass
+class _Plan:
+    """A request resolved against its model: the runner to use and the options to send."""
+
+    view: ModelView
+    capabilities: list[str]
+    options: dict[str, Any]
+    spec: RunnerSpec
+
+
+def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> _Plan:
+    store = svc.store
+    merged = opts.merge(view.params, request_options)
+    num_ctx = default_num_ctx(
+        merged.get("num_ctx"), store.context_length(view), svc.cfg.context_length
+    )
+    merged["num_ctx"] = num_ctx
+    load = {k: merged[k] for k in sorted(opts.LOAD_OPTIONS - {"num_ctx"}) if k in merged}
+    spec = RunnerSpec(view.display, store.runner_files(view), num_ctx, svc.cfg.num_parallel, load)
+    return _Plan(view, store.capabilities(view), merged, spec)
+
+
+async def _prepare(svc: Services, req: GenerateRequest | ChatRequest) -> _Plan:
+    view = await resolve(svc, req.model)
+    plan = await run_in_threadpool(_plan, svc, view, req.options)
+    if req.think not in (None, False) and "thinking" not in plan.capabilities:
+        raise APIError(400, f'"{req.model}" does not support thinking')
+    if getattr(req, "suffix", None) and "insert" not in plan.capabilities:
+        raise APIError(400, f"{view.name} does not support insert")
+    return plan
+
+
+async def _load_or_unload(svc: Services, plan: _Plan, keep_alive: float | None) -> str:
+    """An empty prompt loads the model; with keep_alive 0 it unloads it instead."""
+    if keep_alive == 0:
+        await svc.residency.unload(plan.view)
+        return "unload"
+    lease = await svc.residency.acquire(plan.view, plan.spec, keep_alive)
+    lease.release()
+    return "load"
+
+
+async def _events(
+    svc: Services, plan: _Plan, keep_alive: float | None, body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """The runner's events; the done event gains `total_ns` and `load_ns`."""
+    start = time.monotonic_ns()
+    lease = await svc.residency.acquire(plan.view, plan.spec, keep_alive)
+    try:
+        async with aclosing(lease.runner.completion(body)) as events:
+            async for event in events:
+                if event.get("done"):
+                    event = {
+                        **event,
+                        "total_ns": time.monotonic_ns() - start,
+                        "load_ns": int(lease.load_duration * 1e9),
+                    }
+                yield event
+    finally:
+        lease.release()
+
+
+def _final(model: str, key: str, value: Any, event: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": model,
+        "created_at": now(),
+        key: value,
+        "done": True,
+        "done_reason": event.get("done_reason") or "stop",
+    }
+
+
+async def _generate_chunks(
+    req: GenerateRequest, events: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    async with aclosing(events) as stream:
+        async for event in stream:
+            if not event.get("done"):
+                yield generate_chunk(req.model, event)
+                continue
+            final = _final(req.model, "response", "", event)
+            if not req.raw and event.get("context") is not None:
+                final["context"] = event["context"]
+            yield final | metrics(event, event["total_ns"], event["load_ns"])
+
+
+async def _chat_chunks(
+    req: ChatRequest, events: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    async with aclosing(events) as stream:
+        async for event in stream:
+            if not event.get("done"):
+                yield chat_chunk(req.model, event)
+                continue
+            final = _final(req.model, "message", {"role": "assistant", "content": ""}, event)
+            yield final | metrics(event, event["total_ns"], event["load_ns"])
+
+
+@handler
+async def generate(request: Request) -> Response:
+    svc = services(request)
+    req = GenerateRequest.parse(parse_json(await request.body()))
+    plan = await _prepare(svc, req)
+    if not req.prompt and not req.suffix:
+        reason = await _load_or_unload(svc, plan, req.keep_alive)
+        return JSONResponse(
+            {
+                "model": req.model,
+                "created_at": now(),
+                "response": "",
+                "done": True,
+                "done_reason": reason,
+            }
+        )
+    view = plan.view
+    body = {
+        "kind": "generate",
+        "messages": None,
+        "prompt": req.prompt,
+        "suffix": req.suffix,
+        "system": None if req.raw else (req.system if req.system is not None else view.system),
+        "raw": req.raw,
+        "template": None if req.raw else (req.template or view.template),
+        "tools": None,
+        "think": req.think,
+        "format": req.format,
+        "context": req.context,
+        "truncate": True if req.truncate is None else req.truncate,
+        "options": plan.options,
+    }
+    chunks = _generate_chunks(req, _events(svc, plan, req.keep_alive, body))
+    return NDJSONResponse(chunks, stream=req.stream, reduce=reduce_generate)
+
+
+def chat_messages(view: ModelView, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Modelfile's MESSAGEs, then the request's; the Modelfile SYSTEM goes first unless
+    the request starts with its own system message."""
+    out = [dict(m) for m in view.messages] + messages
+    if view.system and not (messages and messages[0]["role"] == "system"):
+        out.insert(0, {"role": "system", "content": view.system})
+    return out
+
+
+@handler
+async def chat(request: Request) -> Response:
+    svc = services(request)
+    req = ChatRequest.parse(parse_json(await request.body()))
+    plan = await _prepare(svc, req)
+    if req.tools and "tools" not in plan.capabilities:
+        raise APIError(400, f"{plan.view.name} does not support tools")
+    if not req.messages:
+        reason = await _load_or_unload(svc, plan, req.keep_alive)
+        return JSONResponse(
+            {
+                "model": req.model,
+                "created_at": now(),
+                "message": {"role": "assistant", "content": ""},
+                "done": True,
+                "done_reason": reason,
+            }
+        )
+    body = {
+        "kind": "chat",
+        "messages": chat_messages(plan.view, req.messages),
+        "prompt": None,
+        "suffix": None,
+        "system": None,
+        "raw": False,
+        "template": plan.view.template,
+        "tools": req.tools,
+        "think": req.think,
+        "format": req.format,
+        "context": None,
+        "truncate": True if req.truncate is None else req.truncate,
+        "options": plan.options,
+    }
+    chunks = _chat_chunks(req, _events(svc, plan, req.keep_alive, body))
+    return NDJSONResponse(chunks, stream=req.stream, reduce=reduce_chat)

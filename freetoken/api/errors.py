@@ -1,0 +1,72 @@
+"""Errors as Ollama sends them: `{"error": "<message>"}` with an HTTP status.
+
+Handlers raise; `handler` turns what they raise into the response, so no exception from bad
+input reaches the server loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.options import OptionError
+from freetoken.server.residency import ServerBusy
+from freetoken.server.runner import RunnerError, RunnerRequestError
+from freetoken.store import CreateError, DigestMismatch, InvalidName, ModelNotFound
+
+__all__ = ["APIError", "as_api_error", "error_response", "handler"]
+
+log = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    """An error with the status and message the client should get."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def as_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ModelNotFound):
+        return APIError(404, str(exc))
+    if isinstance(exc, (InvalidName, OptionError, CreateError, DigestMismatch)):
+        return APIError(400, str(exc))
+    if isinstance(exc, ServerBusy):
+        return APIError(503, str(exc))
+    if isinstance(exc, RunnerRequestError):
+        return APIError(exc.status, str(exc))
+    if isinstance(exc, RunnerError):
+        return APIError(500, str(exc))
+    if isinstance(exc, ClientDisconnect):
+        return APIError(499, "request canceled")
+    log.exception("unexpected error", exc_info=exc)
+    return APIError(500, str(exc) or type(exc).__name__)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def handler(fn: Handler) -> Handler:
+    """Wraps a route handler so that whatever it raises becomes an error response."""
+
+    @functools.wraps(fn)
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except Exception as e:
+            err = as_api_error(e)
+            return error_response(err.status, err.message)
+
+    return wrapped

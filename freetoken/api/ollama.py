@@ -1,0 +1,182 @@
+"""Ollama's model-management routes: version, tags, show, ps, create, blobs, copy, delete.
+
+/api/generate and /api/chat live in `completion.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from freetoken import OLLAMA_VERSION
+from freetoken.api.errors import APIError, handler
+from freetoken.api.state import resolve, services
+from freetoken.api.stream import NDJSONResponse
+from freetoken.api.types import field_of, parse_json
+from freetoken.store import CreateSpec, InvalidName, ModelNotFound, Name
+from freetoken.store.names import parse_digest
+
+__all__ = [
+    "blob_exists",
+    "blob_upload",
+    "copy",
+    "create",
+    "delete",
+    "ps",
+    "pull",
+    "push",
+    "root",
+    "show",
+    "tags",
+    "version",
+]
+
+_UPLOAD_BUFFER = 8 << 20
+
+
+async def root(request: Request) -> Response:
+    return PlainTextResponse("Ollama is running")
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": OLLAMA_VERSION})
+
+
+@handler
+async def tags(request: Request) -> Response:
+    models = await run_in_threadpool(services(request).store.list_models)
+    return JSONResponse({"models": models})
+
+
+@handler
+async def ps(request: Request) -> Response:
+    return JSONResponse({"models": services(request).residency.ps()})
+
+
+def _model_name(body: dict[str, Any]) -> str:
+    # Older clients (and OpenClaw) send `name` instead of `model`.
+    name = field_of(body, "model", str) or field_of(body, "name", str)
+    if not name:
+        raise APIError(400, "model is required")
+    return name
+
+
+@handler
+async def show(request: Request) -> Response:
+    svc = services(request)
+    view = await resolve(svc, _model_name(parse_json(await request.body())))
+    return JSONResponse(await run_in_threadpool(svc.store.show, view))
+
+
+def _create_spec(body: dict[str, Any]) -> CreateSpec:
+    name = _model_name(body)
+    if body.get("quantize"):
+        raise APIError(400, "quantize is not supported yet")
+    if body.get("adapters"):
+        raise APIError(400, "adapters are not supported yet")
+    files = field_of(body, "files", dict)
+    if files and not all(isinstance(v, str) for v in files.values()):
+        raise APIError(400, 'invalid value for "files": expected digests as strings')
+    messages = field_of(body, "messages", list)
+    license_ = field_of(body, "license", (str, list))
+    return CreateSpec(
+        name=name,
+        from_=field_of(body, "from", str),
+        files=files,
+        template=field_of(body, "template", str),
+        system=field_of(body, "system", str),
+        parameters=field_of(body, "parameters", dict),
+        messages=messages,
+        license=license_,
+    )
+
+
+@handler
+async def create(request: Request) -> Response:
+    svc = services(request)
+    body = parse_json(await request.body())
+    spec = _create_spec(body)
+    # Checked before the response starts, so a bad request gets its status code.
+    plan = await run_in_threadpool(svc.store.plan_create, spec)
+    progress = iterate_in_threadpool(plan.run())
+    return NDJSONResponse(progress, stream=field_of(body, "stream", bool, True))
+
+
+def _digest(request: Request) -> str:
+    try:
+        return parse_digest(request.path_params["digest"])
+    except InvalidName as e:
+        raise APIError(400, str(e)) from None
+
+
+@handler
+async def blob_exists(request: Request) -> Response:
+    digest = _digest(request)
+    if not services(request).store.blobs.has(digest):
+        raise APIError(404, f'blob "{digest}" not found')
+    return Response(status_code=200)
+
+
+@handler
+async def blob_upload(request: Request) -> Response:
+    blobs = services(request).store.blobs
+    digest = _digest(request)
+    if blobs.has(digest):
+        return Response(status_code=200)
+    writer = await run_in_threadpool(blobs.writer, digest)
+    with writer:
+        buffered: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            buffered.append(chunk)
+            size += len(chunk)
+            if size >= _UPLOAD_BUFFER:
+                await anyio.to_thread.run_sync(writer.write, b"".join(buffered))
+                buffered, size = [], 0
+        await anyio.to_thread.run_sync(writer.write, b"".join(buffered))
+        _, created = await run_in_threadpool(writer.commit)
+    return Response(status_code=201 if created else 200)
+
+
+@handler
+async def copy(request: Request) -> Response:
+    svc = services(request)
+    body = parse_json(await request.body())
+    source = field_of(body, "source", str)
+    destination = field_of(body, "destination", str)
+    if not source or not destination:
+        raise APIError(400, "source and destination are required")
+    try:
+        Name.parse(destination)
+    except InvalidName:
+        raise APIError(400, f'destination "{destination}" is invalid') from None
+    try:
+        await run_in_threadpool(svc.store.copy, source, destination)
+    except (ModelNotFound, InvalidName):
+        raise APIError(404, f'model "{source}" not found') from None
+    return Response(status_code=200)
+
+
+@handler
+async def delete(request: Request) -> Response:
+    svc = services(request)
+    name = _model_name(parse_json(await request.body()))
+    view = await resolve(svc, name)
+    await svc.residency.unload(view)
+    try:
+        await run_in_threadpool(svc.store.delete, name)
+    except ModelNotFound:  # deleted by a concurrent request
+        raise APIError(404, f"model '{name}' not found") from None
+    return Response(status_code=200)
+
+
+async def pull(request: Request) -> Response:
+    return JSONResponse({"error": "pulling from a registry is not supported yet"}, status_code=501)
+
+
+async def push(request: Request) -> Response:
+    return JSONResponse({"error": "pushing to a registry is not supported yet"}, status_code=501)

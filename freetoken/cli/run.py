@@ -1,0 +1,79 @@
+"""`freetoken run`: make sure the model exists (pulling it if not), then answer one prompt
+through /api/generate or open the interactive chat over /api/chat."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from freetoken import config
+from freetoken.cli.client import Client
+from freetoken.cli.commands import transfer
+from freetoken.cli.errors import CommandError, ServerError
+from freetoken.cli.interactive import History, Repl
+from freetoken.cli.session import Session, parse_think, stream_reply
+
+__all__ = ["cmd_run", "ensure_model", "session_from_args"]
+
+
+def ensure_model(client: Client, model: str, insecure: bool = False) -> dict[str, Any]:
+    """The model's /api/show answer; a model the store lacks is pulled first, as Ollama does."""
+    try:
+        return client.call("POST", "/api/show", {"model": model}) or {}
+    except ServerError as e:
+        if e.status != 404:
+            raise
+    transfer(client, "/api/pull", model, insecure)
+    return client.call("POST", "/api/show", {"model": model}) or {}
+
+
+def session_from_args(args: argparse.Namespace) -> Session:
+    if args.format not in (None, "", "json"):
+        raise CommandError(f"invalid format {args.format!r}: only 'json' is supported")
+    if args.keepalive is not None:
+        try:
+            config.parse_duration(args.keepalive)
+        except ValueError as e:
+            raise CommandError(f"invalid --keepalive: {e}") from None
+    return Session(model=args.model, format=args.format or None, think=parse_think(args.think),
+                   hide_thinking=args.hidethinking, verbose=args.verbose,
+                   wordwrap=not args.nowordwrap, keep_alive=args.keepalive)
+
+
+def _history() -> History:
+    cfg = config.current()
+    if cfg.nohistory:
+        return History(None)
+    path = cfg.history_file
+    if path is None:
+        import platformdirs
+        path = Path(platformdirs.user_data_dir("freetoken")) / "history"
+    return History(path)
+
+
+def cmd_run(args: argparse.Namespace, client: Client, stdin: TextIO | None = None,
+            out: TextIO | None = None, err: TextIO | None = None) -> int:
+    stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
+    session = session_from_args(args)
+    ensure_model(client, args.model, args.insecure)
+    interactive = stdin.isatty()
+    # Piped input is the prompt (followed by any prompt words), as with `ollama run`.
+    parts = [] if interactive else [stdin.read()]
+    parts.append(" ".join(args.prompt))
+    prompt = " ".join(p for p in parts if p)
+    if prompt or not interactive:
+        stream_reply(client, "/api/generate", session.generate_body(prompt), session, out, err)
+        return 0
+    # Load the model before the first prompt so the first answer starts quickly.
+    preload: dict[str, Any] = {"model": session.model}
+    if session.keep_alive is not None:
+        preload["keep_alive"] = session.keep_alive
+    for _ in client.stream("/api/generate", preload):
+        pass
+    history = _history()
+    try:
+        return Repl(client, session, out=out, err=err, history=history).run()
+    finally:
+        history.save()

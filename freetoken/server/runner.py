@@ -1,0 +1,262 @@
+"""One runner process per loaded model, spoken to over HTTP on a Unix socket.
+
+The protocol is in docs/architecture.md. The server never shares memory with a runner, so a
+runner that dies (a CUDA fault, the OOM killer) costs the requests it was serving an error
+and nothing else: `completion` raises `RunnerError`, and whoever owns the runner drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+_TAIL_LINES = 40
+_STOP_GRACE_S = 5.0
+# How long to wait for the exit status after the socket breaks, to report it.
+_EXIT_WAIT_S = 2.0
+
+
+class RunnerError(RuntimeError):
+    """The runner could not load the model, or died while serving."""
+
+
+class RunnerRequestError(RunnerError):
+    """The runner refused a request (a 4xx answer), e.g. a prompt too long with truncate off."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """The runner's SPEC.json."""
+
+    name: str
+    files: dict[str, str]
+    num_ctx: int
+    num_parallel: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        obj = json.loads(body)
+        if isinstance(obj, dict) and obj.get("error"):
+            return str(obj["error"])
+    except ValueError:
+        pass
+    return body.decode(errors="replace").strip() or "runner error"
+
+
+class Runner:
+    """A started runner process. Use `Runner.start`; then `completion`, and `stop` at the end."""
+
+    def __init__(self, spec: RunnerSpec, proc: asyncio.subprocess.Process, workdir: Path):
+        self.spec = spec
+        self.proc = proc
+        self.workdir = workdir
+        self.socket = workdir / "runner.sock"
+        self.info: dict[str, Any] = {}
+        self.started_at = time.monotonic()
+        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
+            base_url="http://runner",
+            timeout=httpx.Timeout(10.0, read=None),
+        )
+        self._reader = asyncio.create_task(self._read_output())
+        self.exited = asyncio.create_task(self._wait_exit())
+
+    @classmethod
+    async def start(
+        cls,
+        spec: RunnerSpec,
+        *,
+        python: str = "",
+        load_timeout: float = 300.0,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Runner:
+        """Starts the process and waits until it reports the model loaded."""
+        workdir = Path(tempfile.mkdtemp(prefix="freetoken-runner-"))
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(asdict(spec)))
+        # --parent-pid: the runner exits when this process is gone, however it went.
+        cmd = [python or sys.executable, "-m", "freetoken.runtime.runner"]
+        cmd += ["--socket", str(workdir / "runner.sock"), "--spec", str(spec_path)]
+        cmd += ["--parent-pid", str(os.getpid())]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # Its own session: a Ctrl-C at the server's terminal is the server's to handle.
+            start_new_session=True,
+        )
+        runner = cls(spec, proc, workdir)
+        log.info("runner for %s started (pid %d)", spec.name, proc.pid)
+        try:
+            await runner._wait_ready(load_timeout, on_progress)
+        except BaseException:
+            await runner.stop()
+            raise
+        return runner
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def output_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    async def _read_output(self) -> None:
+        # Read in chunks, not lines: an overlong line must not stop the reading, or the
+        # runner would block on a full pipe.
+        assert self.proc.stdout is not None
+        pending = b""
+        while chunk := await self.proc.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            if len(pending) > 1 << 16:
+                lines, pending = [*lines, pending], b""
+            for raw in lines:
+                self._output_line(raw)
+        if pending:
+            self._output_line(pending)
+
+    def _output_line(self, raw: bytes) -> None:
+        line = raw.decode(errors="replace").rstrip()
+        self._tail.append(line)
+        log.debug("runner %d: %s", self.proc.pid, line)
+
+    async def _wait_exit(self) -> int:
+        code = await self.proc.wait()
+        # A grandchild may hold the pipe open; the last lines matter only for messages.
+        await asyncio.wait({self._reader}, timeout=1.0)
+        return code
+
+    def _died(self, doing: str) -> RunnerError:
+        code = self.proc.returncode
+        last = next((x for x in reversed(self._tail) if x.strip()), "")
+        why = f"exit status {code}" if code is not None else "connection lost"
+        msg = f"model runner {doing} ({why})"
+        if last:
+            msg += f": {last}"
+        log.error("%s\n%s", msg, self.output_tail())
+        return RunnerError(msg)
+
+    async def _wait_ready(
+        self, stall_timeout: float, on_progress: Callable[[int, int], None] | None
+    ) -> None:
+        # The timeout counts time without progress, so a large model that keeps reading
+        # weights is not killed for being large.
+        last_progress, deadline = None, time.monotonic() + stall_timeout
+        while True:
+            if self.exited.done():
+                raise self._died("exited while loading the model")
+            if time.monotonic() > deadline:
+                raise RunnerError(
+                    f"timed out waiting for the model runner to load "
+                    f"(no progress for {stall_timeout:g}s)"
+                )
+            health = await self._health()
+            status = health.get("status")
+            if status == "ok":
+                self.info = health.get("info") or {}
+                return
+            if status == "error":
+                raise RunnerError(f"error loading model: {health.get('error') or 'unknown error'}")
+            progress = health.get("progress") or {}
+            key = (progress.get("completed"), progress.get("total"))
+            if status == "loading" and key != last_progress:
+                last_progress, deadline = key, time.monotonic() + stall_timeout
+                if on_progress and isinstance(key[0], int) and isinstance(key[1], int):
+                    on_progress(key[0], key[1])
+            await asyncio.wait({self.exited}, timeout=_POLL_S)
+
+    async def _health(self) -> dict[str, Any]:
+        try:
+            r = await self._client.get("/health", timeout=5.0)
+            data = r.json()
+            return data if isinstance(data, dict) else {}
+        except (httpx.TransportError, ValueError):
+            return {}  # not listening yet
+
+    async def stats(self) -> dict[str, Any]:
+        r = await self._client.get("/stats")
+        return r.json()
+
+    async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Streams the runner's events for one request; raises RunnerError on any failure.
+
+        Closing the iterator early closes the connection, which cancels the request in the
+        runner.
+        """
+        if not self.alive:
+            raise self._died("is not running")
+        try:
+            async with self._client.stream("POST", "/completion", json=body) as r:
+                if r.status_code != 200:
+                    text = _error_text(await r.aread())
+                    if 400 <= r.status_code < 500:
+                        raise RunnerRequestError(r.status_code, text)
+                    raise RunnerError(text)
+                async for line in r.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("error"):
+                        raise RunnerError(str(event["error"]))
+                    yield event
+                    if event.get("done"):
+                        return
+        except (httpx.TransportError, ValueError) as e:
+            await asyncio.wait({self.exited}, timeout=_EXIT_WAIT_S)
+            if self.alive:
+                raise RunnerError(f"lost the connection to the model runner: {e}") from None
+            raise self._died("has unexpectedly stopped") from None
+        await asyncio.wait({self.exited}, timeout=_EXIT_WAIT_S)
+        raise self._died("has unexpectedly stopped")
+
+    async def stop(self, grace: float = _STOP_GRACE_S) -> None:
+        """Terminates the process (SIGTERM, then SIGKILL after `grace` seconds)."""
+        try:
+            if self.alive:
+                self.proc.terminate()
+                done, _ = await asyncio.wait({self.exited}, timeout=grace)
+                if not done and self.alive:
+                    self.proc.kill()
+        except ProcessLookupError:
+            pass
+        await asyncio.gather(self.exited, return_exceptions=True)
+        await asyncio.wait({self._reader}, timeout=1.0)
+        self._reader.cancel()
+        await self._client.aclose()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        log.info(
+            "runner for %s stopped (pid %d, exit status %s)",
+            self.spec.name,
+            self.proc.pid,
+            self.proc.returncode,
+        )

@@ -1,0 +1,169 @@
+"""Content-addressed blobs: `<store>/blobs/sha256-<hex>`.
+
+Bytes go to a temporary file in the blobs directory and are hashed as they are written; the
+file is fsynced and renamed to its digest's name only once the digest checks out. A reader
+therefore sees a blob either whole or not at all, and anything else in the directory is a
+leftover that `prune` may remove.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from freetoken.store.names import parse_digest
+
+__all__ = ["BlobStore", "BlobWriter", "DigestMismatch", "digest_of_file"]
+
+_BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
+_TEMP_PREFIX = "partial-"
+_CHUNK = 1 << 20
+
+
+class DigestMismatch(ValueError):
+    """The bytes written do not hash to the digest they were sent under."""
+
+    def __init__(self, expected: str, got: str):
+        super().__init__(f'digest mismatch, expected "{expected}", got "{got}"')
+        self.expected = expected
+        self.got = got
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename is only durable once the directory entry is on disk.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def digest_of_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+class BlobWriter:
+    """One blob being written; `commit` verifies and publishes it, `abort` discards it."""
+
+    def __init__(self, store: BlobStore, expected: str | None):
+        self._store = store
+        self._expected = parse_digest(expected) if expected else None
+        self._hash = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(dir=store.root, prefix=_TEMP_PREFIX)
+        self._file = os.fdopen(fd, "wb")
+        self._tmp = Path(tmp)
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+        self.size += len(data)
+
+    def commit(self) -> tuple[str, bool]:
+        """Publishes the blob; returns (digest, created) where created is False if it existed."""
+        digest = "sha256:" + self._hash.hexdigest()
+        try:
+            if self._expected and digest != self._expected:
+                raise DigestMismatch(self._expected, digest)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            target = self._store.path(digest)
+            if target.exists():
+                self._tmp.unlink()
+                return digest, False
+            os.replace(self._tmp, target)
+            _fsync_dir(self._store.root)
+            return digest, True
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Without a commit the temporary file must not outlive the writer.
+        if self._tmp.exists():
+            self.abort()
+
+
+class BlobStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: str) -> Path:
+        """Where a digest's blob lives (whether or not it exists); raises InvalidName."""
+        return self.root / parse_digest(digest).replace(":", "-")
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        return self.path(digest).stat().st_size
+
+    def read_bytes(self, digest: str) -> bytes:
+        return self.path(digest).read_bytes()
+
+    def writer(self, expected: str | None = None) -> BlobWriter:
+        self.ensure()
+        return BlobWriter(self, expected)
+
+    def put_stream(self, chunks: Iterable[bytes], expected: str | None = None) -> tuple[str, bool]:
+        with self.writer(expected) as w:
+            for chunk in chunks:
+                w.write(chunk)
+            return w.commit()
+
+    def put_bytes(self, data: bytes) -> str:
+        return self.put_stream([data])[0]
+
+    def put_file(
+        self, path: Path, progress: Callable[[int], None] | None = None
+    ) -> tuple[str, bool]:
+        """Copies a file into the store in one pass (hash while copying)."""
+
+        def chunks() -> Iterable[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+                    if progress:
+                        progress(len(chunk))
+
+        return self.put_stream(chunks())
+
+    def digests(self) -> set[str]:
+        if not self.root.is_dir():
+            return set()
+        return {"sha256:" + p.name[7:] for p in self.root.iterdir() if _BLOB_NAME.fullmatch(p.name)}
+
+    def remove(self, digest: str) -> None:
+        self.path(digest).unlink(missing_ok=True)
+
+    def prune(self, keep: set[str]) -> list[str]:
+        """Removes every file that is not a blob in `keep` (leftovers included); returns names."""
+        if not self.root.is_dir():
+            return []
+        keep_names = {parse_digest(d).replace(":", "-") for d in keep}
+        removed = []
+        for p in self.root.iterdir():
+            if p.is_file() and p.name not in keep_names:
+                p.unlink(missing_ok=True)
+                removed.append(p.name)
+        return removed

@@ -1,0 +1,295 @@
+"""Creating a model: from uploaded blobs, from another model, or from a directory on this machine.
+
+`plan_create` checks everything that can be checked before a byte moves (names, parameters,
+the model directory's files and its architecture), so a bad request fails with a clear error
+instead of a half-finished stream. `CreatePlan.run` then copies files into blobs, writes
+the small layers and finally the manifest, yielding Ollama-style progress objects.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from freetoken import models as archs
+from freetoken import options as opts
+from freetoken.store import manifest as mf
+from freetoken.store.blobs import BlobStore
+from freetoken.store.names import InvalidName, Name, parse_digest
+
+if TYPE_CHECKING:
+    from freetoken.store.models import ModelView, Store
+
+__all__ = ["CreateError", "CreatePlan", "CreateSpec", "is_path", "plan_create"]
+
+# Files of a model directory worth keeping: configs, weights, tokenizer data, templates.
+_KEEP_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+_INDEX = "model.safetensors.index.json"
+_FTW_INDEX = "ftw.json"  # docs/ftw.md: the index names its `ftw-NNNNN.bin` shards
+_ROLES = {"system", "user", "assistant", "tool"}
+_PROGRESS_EVERY = 64 << 20
+_DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+class CreateError(ValueError):
+    """The create request cannot produce a model; the message says why."""
+
+
+@dataclass
+class CreateSpec:
+    """What /api/create asks for (the Modelfile is parsed on the client)."""
+
+    name: str
+    from_: str | None = None
+    files: dict[str, str] | None = None
+    template: str | None = None
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    license: str | list[str] | None = None
+
+
+def is_path(text: str) -> bool:
+    """A FROM value that names a directory on the server rather than a model."""
+    return text.startswith(("/", "./", "../", "~")) or text in (".", "..")
+
+
+def _check_parameters(params: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        if key in opts.IGNORED:
+            continue
+        if key not in opts.OPTION_TYPES:
+            raise CreateError(f"unknown parameter '{key}'")
+        try:
+            out[key] = opts.coerce(key, value, from_text=isinstance(value, str))
+        except opts.OptionError as e:
+            raise CreateError(str(e)) from None
+    return out
+
+
+def _check_messages(messages: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if messages is None:
+        return None
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or str(m.get("role", "")).lower() not in _ROLES:
+            raise CreateError(f"invalid message {m!r}: role must be one of {sorted(_ROLES)}")
+        out.append({"role": m["role"].lower(), "content": str(m.get("content") or "")})
+    return out
+
+
+def _file_type(config: dict[str, Any]) -> str:
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        return str(quant["quant_method"]).upper()
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    return _DTYPE_NAMES.get(dtype, dtype.upper())
+
+
+def _model_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """The manifest's config blob for an HF directory with this config.json."""
+    try:
+        arch = archs.arch_for(config)
+        size = archs.format_parameter_size(archs.parameter_count(config))
+    except archs.UnsupportedModel as e:
+        raise CreateError(f"{where}: {e}") from None
+    except (KeyError, TypeError, ValueError) as e:
+        raise CreateError(f"{where}: config.json is missing or has a bad {e}") from None
+    return {
+        "model_format": "safetensors",
+        "model_family": arch.family,
+        "model_families": [arch.family],
+        "model_type": size,
+        "file_type": _file_type(config),
+        "architecture": _GOARCH.get(platform.machine().lower(), platform.machine().lower()),
+        "os": platform.system().lower(),
+    }
+
+
+def _keep(name: str) -> bool:
+    if name.startswith("."):
+        return False
+    return name.endswith(_KEEP_SUFFIXES) or (name.startswith("ftw-") and name.endswith(".bin"))
+
+
+def _shards(read_json: Any, index: str) -> set[str]:
+    data = read_json(index)
+    if not isinstance(data, dict):
+        return set()
+    if index == _FTW_INDEX:
+        return {s.get("file") for s in data.get("shards") or [] if isinstance(s, dict)}
+    return set((data.get("weight_map") or {}).values())
+
+
+def _check_files(names: set[str], read_json: Any, where: str) -> dict[str, Any]:
+    """Checks a model directory's file set; returns its manifest config blob."""
+    if any(n.endswith(".gguf") for n in names):
+        raise CreateError(f"{where}: importing GGUF files is not supported yet")
+    if "config.json" not in names:
+        raise CreateError(f"{where} has no config.json (not a Hugging Face model directory)")
+    if not any(n.endswith(".safetensors") for n in names) and _FTW_INDEX not in names:
+        raise CreateError(f"{where} has no weights (*.safetensors or {_FTW_INDEX})")
+    if "tokenizer.json" not in names:
+        raise CreateError(f"{where} has no tokenizer.json")
+    for index in (_INDEX, _FTW_INDEX):
+        missing = sorted(_shards(read_json, index) - names) if index in names else []
+        if missing:
+            raise CreateError(f"{where}: {index} names {missing[0]}, which is missing")
+    config = read_json("config.json")
+    if not isinstance(config, dict):
+        raise CreateError(f"{where}: config.json is not a JSON object")
+    out = _model_config(config, where)
+    if _FTW_INDEX in names:
+        out["model_format"] = "ftw"
+    return out
+
+
+@dataclass
+class CreatePlan:
+    """A checked create request; `run` does the work."""
+
+    store: Store
+    name: Name
+    model_config: dict[str, Any]
+    base_layers: list[mf.Layer] = field(default_factory=list)
+    copy_from: Path | None = None  # a directory to read into blobs
+    copy_names: list[str] = field(default_factory=list)
+    upload_files: dict[str, str] = field(default_factory=dict)  # name -> digest, already stored
+    extra: dict[str, Any] = field(default_factory=dict)  # the small layers: media type -> value
+
+    def run(self) -> Iterator[dict[str, Any]]:
+        blobs = self.store.blobs
+        blobs.ensure()
+        layers = list(self.base_layers)
+        for name, digest in sorted(self.upload_files.items()):
+            yield {"status": f"using existing layer {digest}"}
+            layers.append(mf.Layer(mf.FILE, digest, blobs.size(digest), name))
+        for name in self.copy_names:
+            assert self.copy_from is not None
+            layer = yield from _copy_file(blobs, self.copy_from / name, name)
+            layers.append(layer)
+        for media_type, value in self.extra.items():
+            for text in value if media_type == mf.LICENSE else [value]:
+                layer = yield from _small_layer(blobs, media_type, text)
+                layers.append(layer)
+        config = yield from _small_layer(blobs, mf.CONFIG, json.dumps(self.model_config))
+        yield {"status": "writing manifest"}
+        self.store.write_manifest(self.name, mf.Manifest(config, tuple(layers)))
+        yield {"status": "success"}
+
+
+def _copy_file(blobs: BlobStore, path: Path, name: str) -> Iterator[dict[str, Any]]:
+    total = path.stat().st_size
+    status = f"copying file {name}"
+    yield {"status": status, "total": total, "completed": 0}
+    done = reported = 0
+    with blobs.writer() as w, open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            w.write(chunk)
+            done += len(chunk)
+            if done - reported >= _PROGRESS_EVERY:
+                reported = done
+                yield {"status": status, "total": total, "completed": done}
+        digest, created = w.commit()
+    yield {"status": status, "digest": digest, "total": total, "completed": total}
+    yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
+    return mf.Layer(mf.FILE, digest, total, name)
+
+
+def _small_layer(blobs: BlobStore, media_type: str, text: str) -> Iterator[dict[str, Any]]:
+    data = text.encode()
+    digest, created = blobs.put_stream([data])
+    yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
+    return mf.Layer(media_type, digest, len(data))
+
+
+def _extra_layers(spec: CreateSpec, base: ModelView | None) -> dict[str, Any]:
+    """The small layers this request sets; parameters merge over the base model's."""
+    out: dict[str, Any] = {}
+    if spec.template is not None:
+        out[mf.TEMPLATE] = spec.template
+    if spec.system is not None:
+        out[mf.SYSTEM] = spec.system
+    params = _check_parameters(spec.parameters)
+    if params:
+        out[mf.PARAMS] = json.dumps({**(base.params if base else {}), **params})
+    messages = _check_messages(spec.messages)
+    if messages is not None:
+        out[mf.MESSAGES] = json.dumps(messages)
+    if spec.license is not None:
+        out[mf.LICENSE] = [spec.license] if isinstance(spec.license, str) else list(spec.license)
+    return out
+
+
+def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
+    where = "the uploaded files"
+    checked: dict[str, str] = {}
+    for name, digest in files.items():
+        parts = Path(name).parts
+        if not name or Path(name).is_absolute() or ".." in parts or name.startswith("~"):
+            raise CreateError(f"invalid file name {name!r}: paths must be relative")
+        try:
+            digest = parse_digest(str(digest))
+        except InvalidName as e:
+            raise CreateError(str(e)) from None
+        if not store.blobs.has(digest):
+            raise CreateError(f'blob "{digest}" not found (upload it to /api/blobs first)')
+        checked[name] = digest
+
+    def read(name: str) -> Any:
+        try:
+            return store.read_json(checked[name])
+        except (OSError, ValueError) as e:
+            raise CreateError(f"{where}: cannot read {name}: {e}") from None
+
+    plan.model_config = _check_files(set(checked), read, where)
+    plan.upload_files = checked
+
+
+def _from_directory(plan: CreatePlan, text: str) -> None:
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise CreateError(f"directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise CreateError(f"{str(path)!r} is not a directory (FROM a path needs a model directory)")
+    where = f"directory {str(path)!r}"
+    names = sorted(p.name for p in path.iterdir() if p.is_file() and _keep(p.name))
+
+    def read(name: str) -> Any:
+        try:
+            return json.loads((path / name).read_text())
+        except (OSError, ValueError) as e:
+            raise CreateError(f"{where}: cannot read {name}: {e}") from None
+
+    plan.model_config = _check_files(set(names) | _gguf_names(path), read, where)
+    plan.copy_from, plan.copy_names = path, names
+
+
+def _gguf_names(path: Path) -> set[str]:
+    return {p.name for p in path.glob("*.gguf")}
+
+
+def plan_create(store: Store, spec: CreateSpec) -> CreatePlan:
+    name = Name.parse(spec.name)
+    plan = CreatePlan(store=store, name=name, model_config={})
+    base = None
+    if spec.files:
+        _from_files(store, plan, spec.files)
+    elif spec.from_ and is_path(spec.from_):
+        _from_directory(plan, spec.from_)
+    elif spec.from_:
+        base = store.resolve(spec.from_)
+        plan.model_config = {**base.info, "parent_model": base.display}
+    else:
+        raise CreateError("neither 'from' or 'files' was specified")
+    plan.extra = _extra_layers(spec, base)
+    if base is not None:
+        replaced = set(plan.extra)
+        plan.base_layers = [x for x in base.manifest.layers if x.media_type not in replaced]
+    return plan

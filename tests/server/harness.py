@@ -1,0 +1,102 @@
+"""A real FreeToken server on loopback, and the real tiny model it serves.
+
+The server runs in a background thread of the test process (uvicorn on a free port), so a
+test can reach its residency and runners; the runners are real `freetoken.runtime.runner`
+processes loading a real random-weight Qwen3-MoE.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from freetoken import config
+from freetoken.api import create_app
+from freetoken.api.state import Services
+from freetoken.store import CreateSpec, Store
+
+_TINY: Path | None = None
+# Small enough to load in about a second on a CPU; the architecture is the real one.
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
+
+
+def tiny_model_dir() -> Path:
+    """A Hugging Face directory (weights, tokenizer, ChatML template), made once per session."""
+    global _TINY
+    if _TINY is None:
+        from freetoken.tools import synth
+
+        root = Path(tempfile.mkdtemp(prefix="freetoken-tiny-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        _TINY = synth.write_qwen3_moe(root / "tiny", **TINY)
+    return _TINY
+
+
+def make_config(models: Path, **env: str) -> Any:
+    """Settings from an explicit environment: nothing leaks in from the test machine's."""
+    return config.load({"FREETOKEN_MODELS": str(models), "FREETOKEN_DEVICE": "cpu", **env})
+
+
+def add_model(store: Store, name: str, **fields: Any) -> None:
+    plan = store.plan_create(CreateSpec(name=name, from_=str(tiny_model_dir()), **fields))
+    for _ in plan.run():
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """`with LiveServer(cfg) as srv:` serves the API at `srv.url` until the block ends."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.app = create_app(cfg)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def services(self) -> Services:
+        return self.app.state.services
+
+    def runner_pid(self, name: str) -> int | None:
+        runner = self.services.residency.runners().get(name)
+        return runner.pid if runner else None
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)

@@ -1,0 +1,106 @@
+"""Residency through the real server: reloads, eviction, keep_alive, the queue cap."""
+
+import os
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import ollama
+
+from freetoken.server.residency import BUSY_MESSAGE, default_num_ctx
+from freetoken.store import Store
+
+from .harness import LiveServer, add_model, make_config
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def serve(tmp_path, names=("a",), **env) -> LiveServer:
+    store = Store(tmp_path / "models")
+    for name in names:
+        add_model(store, name)
+    return LiveServer(make_config(store.root, **env))
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not alive
+        return f.read().split()[2] != "Z"
+
+
+def test_default_num_ctx():
+    assert default_num_ctx(None, None, 0) == 4096
+    assert default_num_ctx(None, 512, 0) == 512  # never past the trained context
+    assert default_num_ctx(None, None, 8192) == 8192
+    assert default_num_ctx(2048, 40960, 8192) == 2048
+
+
+def test_reload_eviction_and_expiry(tmp_path):
+    # One scenario, three runner starts: a runner is the expensive part of these tests.
+    env = {"FREETOKEN_MAX_LOADED_MODELS": "1", "FREETOKEN_CONTEXT_LENGTH": "128"}
+    with serve(tmp_path, ("a", "b"), **env) as srv:
+        c = ollama.Client(host=srv.url)
+        c.chat("a", messages=HI, options={"num_predict": 1}, keep_alive=-1)
+        first = srv.runner_pid("a:latest")
+        [ps] = c.ps().models
+        assert ps.context_length == 128
+        assert ps.expires_at > datetime.now(timezone.utc) + timedelta(days=3650)
+
+        # A bigger num_ctx than the loaded runner's reloads it; a smaller one reuses it.
+        c.chat("a", messages=HI, options={"num_predict": 1, "num_ctx": 256}, keep_alive=-1)
+        second = srv.runner_pid("a:latest")
+        assert second != first and c.ps().models[0].context_length == 256
+        c.chat("a", messages=HI, options={"num_predict": 1, "num_ctx": 64}, keep_alive=-1)
+        assert srv.runner_pid("a:latest") == second
+        assert not alive(first)
+
+        # Past max_loaded_models the least recently used idle model makes room.
+        c.generate("b", prompt="x", options={"num_predict": 1}, keep_alive="1s")
+        assert [m.model for m in c.ps().models] == ["b:latest"]
+        assert not alive(second)
+        [ps] = c.ps().models
+        assert ps.expires_at < datetime.now(timezone.utc) + timedelta(seconds=2)
+        b = srv.runner_pid("b:latest")
+        wait_for(lambda: c.ps().models == [], timeout=5)
+        wait_for(lambda: not alive(b))
+
+
+def test_queue_cap_and_load_timeout(tmp_path):
+    # A "python" that never starts a runner: the first request waits on its load, holding
+    # the only queue slot, until the load times out.
+    hung = tmp_path / "python"
+    hung.write_text("#!/bin/sh\necho still loading\nexec sleep 30\n")
+    hung.chmod(0o755)
+    env = {
+        "FREETOKEN_MAX_QUEUE": "1",
+        "FREETOKEN_LOAD_TIMEOUT": "1s",
+        "FREETOKEN_RUNNER_PYTHON": str(hung),
+    }
+    with serve(tmp_path, **env) as srv:
+        first: list[httpx.Response] = []
+        t = threading.Thread(
+            target=lambda: first.append(
+                httpx.post(f"{srv.url}/api/chat", json={"model": "a", "messages": HI}, timeout=30)
+            )
+        )
+        t.start()
+        wait_for(lambda: srv.services.residency.pending == 1)
+        r = httpx.post(f"{srv.url}/api/generate", json={"model": "a", "prompt": "x"}, timeout=30)
+        assert r.status_code == 503 and r.json() == {"error": BUSY_MESSAGE}
+        t.join()
+        assert first[0].status_code == 500
+        assert "timed out waiting for the model runner to load" in first[0].json()["error"]
+        assert srv.services.residency.ps() == [] and srv.services.residency.pending == 0

@@ -1,0 +1,101 @@
+"""The runner client against the real runner process."""
+
+import asyncio
+import json
+
+import pytest
+
+from freetoken.server.runner import Runner, RunnerError, RunnerRequestError, RunnerSpec
+from freetoken.store import Store
+
+from .harness import add_model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    store = Store(tmp_path_factory.mktemp("models"))
+    add_model(store, "tiny")
+    return store.runner_files(store.resolve("tiny"))
+
+
+def spec(files: dict[str, str], **kw) -> RunnerSpec:
+    return RunnerSpec(
+        name="tiny:latest", files=files, num_ctx=kw.pop("num_ctx", 256), num_parallel=2, **kw
+    )
+
+
+def test_load_complete_cancel_crash(files):
+    async def scenario():
+        progress = []
+        runner = await Runner.start(spec(files), on_progress=lambda d, t: progress.append((d, t)))
+        try:
+            assert runner.alive and runner.info["num_ctx"] == 256
+            body = {
+                "kind": "chat",
+                "messages": [{"role": "user", "content": "hi"}],
+                "options": {"num_predict": 3, "num_ctx": 256},
+            }
+            events = [e async for e in runner.completion(body)]
+            assert events[-1]["done"] and events[-1]["eval_count"] <= 3
+            assert all("content" in e for e in events[:-1])
+            bad = {**body, "options": {"temperature": "hot"}}
+            with pytest.raises(RunnerRequestError) as e:
+                [x async for x in runner.completion(bad)]
+            assert e.value.status == 400 and "temperature" in str(e.value)
+            # Leaving a stream early closes the connection; the runner drops the sequence.
+            long = {**body, "options": {"num_predict": 100000, "num_ctx": 256}}
+            stream = runner.completion(long)
+            await anext(stream)
+            await stream.aclose()
+            for _ in range(100):
+                if (await runner.stats())["running"] == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await runner.stats())["running"] == 0
+            # A runner that dies mid-stream ends the stream with an error naming the signal.
+            got = []
+            with pytest.raises(RunnerError, match="unexpectedly stopped.*exit status -9"):
+                async for event in runner.completion(long):
+                    got.append(event)
+                    if len(got) == 1:
+                        runner.proc.kill()
+            assert got and not runner.alive
+            with pytest.raises(RunnerError, match="is not running"):
+                await anext(runner.completion(body))
+        finally:
+            await runner.stop()
+        assert not runner.workdir.exists()
+
+    asyncio.run(scenario())
+
+
+def test_load_error_is_the_runners_message(files, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps({**json.loads(open(files["config.json"]).read()), "model_type": "llama"})
+    )
+
+    async def scenario():
+        with pytest.raises(RunnerError, match="error loading model: .*llama"):
+            await Runner.start(spec({**files, "config.json": str(config)}))
+
+    asyncio.run(scenario())
+
+
+def test_process_dying_while_loading_reports_exit_status_and_output(files, tmp_path):
+    # A "python" that prints a line and exits stands in for a runner killed during load.
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'out of memory while loading' >&2\nexit 3\n")
+    fake.chmod(0o755)
+
+    async def scenario():
+        with pytest.raises(RunnerError) as e:
+            await Runner.start(spec(files), python=str(fake))
+        assert "exit status 3" in str(e.value) and "out of memory while loading" in str(e.value)
+
+    asyncio.run(scenario())
+
+
+def test_spec_file_matches_the_protocol(files):
+    s = spec(files, options={"moe_policy": "adaptive"})
+    assert set(vars(s)) == {"name", "files", "num_ctx", "num_parallel", "options"}
