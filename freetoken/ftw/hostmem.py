@@ -57,6 +57,15 @@ class HostBuffer:
             raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
         self.pinned = True
 
+    def __del__(self) -> None:
+        # A mapping freed while still registered would make CUDA refuse the next mapping that
+        # the kernel places at the same address ("already registered").
+        if getattr(self, "pinned", False):
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self.address)
+            except Exception:  # interpreter shutdown: CUDA may already be gone
+                pass
+
 
 class Pinner:
     """Pins filled buffers on one background thread (registration is serialised by the driver)."""

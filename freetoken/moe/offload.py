@@ -101,7 +101,9 @@ class OffloadExperts:
         slots = self.cache.lookup(layer, experts)
         miss = slots < 0
         m = int(miss.sum())
-        q = self._choose(m, T)
+        # never fetch more than the pool can hold next to this step's hits and fixed experts
+        room = self.cache.capacity - int((~miss).sum()) - int(self.cache.fixed.sum())
+        q = min(self._choose(m, T), max(room, 0))
         order = np.flatnonzero(miss)[np.argsort(-counts[miss], kind="stable")]  # most-shared first
         fetch, on_cpu = order[:q], order[q:]
         if q:

@@ -36,11 +36,12 @@ def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
     kv = engine.kv
     pages = kv.pool.alloc(kv.pages_for(len(ids)))
     try:
-        slots = kv.slots_of(pages, 0, len(ids), engine.device)
-        ctx = StepContext(torch.arange(len(ids)), slots, [SeqSpan(0, len(ids), len(ids), slots)], kv,
-                          torch.arange(len(ids)))
+        dev = engine.device
+        slots = kv.slots_of(pages, 0, len(ids), dev)
+        ctx = StepContext(torch.arange(len(ids), device=dev), slots, [SeqSpan(0, len(ids), len(ids), slots)], kv,
+                          torch.arange(len(ids), device=dev))
         with torch.inference_mode(), step_context(ctx):
-            return engine.model.logits(engine.model(torch.tensor(ids), ctx.positions)).float()
+            return engine.model.logits(engine.model(torch.tensor(ids, device=dev), ctx.positions)).float().cpu()
     finally:
         kv.pool.release(pages)
 
