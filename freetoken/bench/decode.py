@@ -82,14 +82,15 @@ class Bench:
             for i in range(warmup + tokens):
                 if i == warmup:
                     _sync(dev)
-                    t0, before = time.perf_counter(), dict(self.backend.steps)
+                    t0, before = time.perf_counter(), {**self.backend.steps, **self.backend.timers}
                 tok = int(rng.integers(V)) if mode == "random-tokens" else nxt
                 nxt = self._step([tok], PROMPT + i, pages)
             _sync(dev)
             dt = time.perf_counter() - t0
         finally:
             kv.pool.release(pages)
-        delta = {k: self.backend.steps[k] - before[k] for k in before}
+        now = {**self.backend.steps, **self.backend.timers}
+        delta = {k: now[k] - before[k] for k in before}
         return dt / tokens, delta
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bw-seconds", type=float, default=2.0)
     ap.add_argument("--fractions", action="store_true",
                     help="read --caps below 1 as fractions of all experts instead of GiB")
+    ap.add_argument("--profile", action="store_true", help="print a torch profile of resident decode steps")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for mode in args.routing.split(","):
         rows += run_mode(bench, args, mode, (b_p, b_h, p_c, h_c), head)
-    cols = [("routing", "routing"), ("cap", "GiB"), ("policy", "policy"), ("tok_s", "tok/s"), ("spread", "±"),
+    cols = [("routing", "routing"), ("cap", "GiB"), ("policy", "policy"), ("slots", "slots"), ("tok_s", "tok/s"),
+            ("spread", "±"), ("host_ms_per_token", "host ms"), ("sync_ms_per_token", "sync ms"),
             ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"), ("ratio_concurrent_bound", "/bound(conc)"),
             ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("q_share", "q/m"), ("vs_best_fixed", "/best fixed")]
     common.emit(rows, cols, args.json, head)
@@ -159,26 +162,43 @@ def main(argv: list[str] | None = None) -> None:
 def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, float], head: dict) -> list[dict]:
     b_p, b_h, p_c, h_c = bws
     S = bench.host.expert_bytes
-    if mode == "trace":
+    if mode in ("trace", "uniform"):
         c = bench.sm.config
-        tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"])
+        kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
+        tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
         routing.install_trace(bench.sm.model, tr)
-        print(f"trace parameters: {tr.params()}")
+        print(f"{mode} routing parameters: {tr.params()}")
     bench.install("resident", None, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
     bench.decode(mode, 8, 4, 0)
-    t_dense = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
+    runs = [bench.decode(mode, args.tokens, args.warmup, r) for r in range(args.repeats)]
+    t_dense = statistics.median(t for t, _ in runs)
+    d = runs[0][1]
+    n = max(d["layers"] / len(bench.host.layers), 1)
     rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
-             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0}]
+             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
+             "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
+    if args.profile:
+        profile_steps(bench, mode)
     for cap in [float(c) for c in args.caps.split(",")]:
         results: dict[str, list[tuple[float, dict]]] = {}
+        slots: dict[str, int] = {}
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
-                backend = bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
+                bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
                 bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
-                slots = backend.cache.capacity
+                slots[policy] = bench.backend.cache.capacity
         rows += summarize(mode, cap, results, t_dense, S, bws, slots, bench)
     return rows
+
+
+def profile_steps(bench: Bench, mode: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.sm.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        bench.decode(mode, 8, 2, 7)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
@@ -197,8 +217,10 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
                      "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
                      "bound_tok_s": 1 / bound, "ratio_to_bound": bound / t, "ratio_concurrent_bound": bound_c / t,
                      "hit_rate": 1 - miss / k, "misses_per_token": miss, "q_share": d["q"] / max(d["m"], 1),
-                     "vram_budget_gib": cap, "slots": slots, "b_p_gbps": b_p, "b_h_gbps": b_h,
-                     "t_dense_ms": t_dense * 1e3})
+                     "vram_budget_gib": cap, "slots": slots[policy], "b_p_gbps": b_p, "b_h_gbps": b_h,
+                     "t_dense_ms": t_dense * 1e3, "sync_ms_per_token": d["sync_s"] / tokens_seen * 1e3,
+                     "host_ms_per_token": d["host_s"] / tokens_seen * 1e3,
+                     "cpu_wait_ms_per_token": d["cpu_wait_s"] / tokens_seen * 1e3})
     fixed = [r["tok_s"] for r in rows if r["policy"] in ("lru-pcie", "cpu-misses")]
     for r in rows:
         r["vs_best_fixed"] = r["tok_s"] / max(fixed) if fixed else None

@@ -5,7 +5,9 @@ generated:     the model's own greedy tokens from a fixed prompt;
 trace:         a replayed synthetic trace with locality: per layer, each of the top-k
                experts is kept from the previous token's set with probability `reuse`,
                else drawn from a Zipf(`zipf`) law over a fixed random permutation of the
-               experts (published Qwen3-30B-A3B traces: ~45% reuse by the next token).
+               experts (published Qwen3-30B-A3B traces: ~45% reuse by the next token);
+uniform:       every step draws k distinct experts uniformly (no locality: the worst case for
+               any cache, hit rate = cached fraction).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from freetoken.layers.moe import TopKRouter
 
-MODES = ("random-tokens", "generated", "trace")
+MODES = ("random-tokens", "generated", "trace", "uniform")
 
 
 class Trace:
@@ -24,7 +26,7 @@ class Trace:
         self.E, self.k, self.reuse, self.zipf = num_experts, k, reuse, zipf
         self.rng = np.random.default_rng(seed)
         ranks = np.arange(1, num_experts + 1, dtype=np.float64)
-        p = ranks ** -zipf
+        p = ranks ** -zipf if zipf > 0 else np.ones(num_experts)
         self.p = p / p.sum()
         self.perm = [self.rng.permutation(num_experts) for _ in range(num_layers)]
         self.prev: dict[int, np.ndarray] = {}

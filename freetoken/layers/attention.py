@@ -47,17 +47,17 @@ class Attention(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int) -> torch.Tensor:
         """q: [n, H, D] for the last n positions of a context of ctx_len; k/v: [ctx_len, KVH, D]."""
         n = q.shape[0]
-        groups = self.n_heads // self.n_kv_heads
-        qh = q.transpose(0, 1)  # [H, n, D]
-        kh = k.to(q.dtype).transpose(0, 1).repeat_interleave(groups, dim=0)  # [H, S, D]
-        vh = v.to(q.dtype).transpose(0, 1).repeat_interleave(groups, dim=0)
-        if n == 1:
-            o = F.scaled_dot_product_attention(qh, kh, vh, scale=self.scale)
-        elif n == ctx_len:
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
-        else:
+        # 4-D inputs with enable_gqa let SDPA pick a fused kernel and skip repeating K/V per head
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+        kh = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
+        vh = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
+        mask, causal = None, False
+        if n == ctx_len and n > 1:
+            causal = True
+        elif n > 1:
             # query i sits at position ctx_len - n + i and sees keys up to it
             qpos = torch.arange(ctx_len - n, ctx_len, device=q.device)[:, None]
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=self.scale)
-        return o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        return o[0].transpose(0, 1)

@@ -41,10 +41,13 @@ class OffloadExperts:
         self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
         self.cuda = device.type == "cuda"
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
+        self._fixed_layers: set[int] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
+        # where the host's time goes: waiting for the GPU, waiting for the CPU part, in total
+        self.timers = {"sync_s": 0.0, "cpu_wait_s": 0.0, "host_s": 0.0}
         if cache is not None:
             self._place()
 
@@ -66,6 +69,9 @@ class OffloadExperts:
         for layer in gpu_layers:
             experts = np.arange(E)
             self._copy_in(layer, experts, self.cache.fix(layer, experts))
+        # layers whose experts are all fixed in slots route on the device: no host round trip
+        self._fixed_layers = set(gpu_layers)
+        self._fixed_slots = torch.from_numpy(self.cache.slot_of.copy()).to(self.device)
 
     def _copy_in(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
         gu, dn = self.banks.banks[layer]
@@ -95,7 +101,14 @@ class OffloadExperts:
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.cache is None or layer in self.cpu_layers:
             return self._all_on_cpu(layer, x, ids, weights)
+        if layer in self._fixed_layers:
+            self.cache.hits[layer] += ids.numel()
+            self.steps["layers"] += 1
+            return moe_gpu.experts_from_slots(x, self._fixed_slots[layer][ids], weights, self.cache.slots["gate_up"],
+                                              self.cache.slots["down"])
+        t_enter = time.perf_counter()
         ids_h = ids.to("cpu", non_blocking=False).numpy()  # the one host round trip of the layer
+        self.timers["sync_s"] += time.perf_counter() - t_enter
         T = ids_h.shape[0]
         experts, counts = np.unique(ids_h, return_counts=True)
         slots = self.cache.lookup(layer, experts)
@@ -120,7 +133,11 @@ class OffloadExperts:
         self.cache.touch(slots)
         self._account(m, q, len(on_cpu), T)
         if cpu_job is not None:
-            out = out + cpu_job.result().to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
+            t_wait = time.perf_counter()
+            partial = cpu_job.result()
+            self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
+            out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
+        self.timers["host_s"] += time.perf_counter() - t_enter
         return out
 
     def _choose(self, m: int, T: int) -> int:
@@ -195,7 +212,7 @@ class OffloadExperts:
         self._pool.shutdown(wait=True)
 
     def stats(self) -> dict:
-        out = {"policy": self.policy, **self.steps,
+        out = {"policy": self.policy, **self.steps, **self.timers,
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
