@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import time
 
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             ("spread", "±"), ("host_ms_per_token", "host ms"), ("sync_ms_per_token", "sync ms"),
             ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"), ("ratio_concurrent_bound", "/bound(conc)"),
             ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("q_share", "q/m"), ("vs_best_fixed", "/best fixed")]
-    common.emit(rows, cols, args.json, head)
+    common.emit(rows, cols, False, head)
 
 
 def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, float], head: dict) -> list[dict]:
@@ -188,7 +189,10 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
                 slots[policy] = bench.backend.cache.capacity
-        rows += summarize(mode, cap, results, t_dense, S, bws, slots, bench)
+        done = summarize(mode, cap, results, t_dense, S, bws, slots, bench)
+        for r in done:  # as soon as measured: a run cut short still leaves its figures
+            print(json.dumps({**head, **r}), flush=True)
+        rows += done
     return rows
 
 
