@@ -162,7 +162,9 @@ class ModelService:
         params = SamplingParams.from_options(options)
         room = num_ctx - len(prompt.ids)
         max_new = room if params.num_predict < 0 else min(room, params.num_predict)
-        seq = Sequence(prompt.ids, params, max_new, self.engine.tokenizer.eos_ids)
+        tok = self.engine.tokenizer
+        # a stop string that is a whole (control) token stops on the token: it decodes to no text
+        seq = Sequence(prompt.ids, params, max_new, tok.eos_ids | tok.special_ids(params.stop))
         handle = Handle(seq, asyncio.Queue(), len(prompt.ids), req.get("kind", "chat"))
 
         def on_output(s: Sequence, text: str, finished: bool) -> None:

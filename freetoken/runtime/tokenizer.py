@@ -59,7 +59,14 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)
+        # Control tokens (<|im_start|> ...) are not text; markup tokens that are not marked
+        # special (<think>, <tool_call>) still decode, so output parsers can see them.
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
+        """Ids of tokens whose whole text is one of `texts` (a stop string that is one token)."""
+        ids = (self.tok.token_to_id(t) for t in texts)
+        return frozenset(i for i in ids if i is not None)
 
 
 def _read_json(path: Path | None) -> dict:

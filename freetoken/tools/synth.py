@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CHAT_TEMPLATE", "SPECIAL_TOKENS", "qwen3_moe_config", "train_tokenizer",
+    "CHAT_TEMPLATE", "MARKUP_TOKENS", "SPECIAL_TOKENS", "qwen3_moe_config", "train_tokenizer",
     "write_qwen3_moe", "write_tokenizer_files",
 ]
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<tool_call>", "</tool_call>", "<think>", "</think>",
-]
+# Control tokens (never shown as text) and, as in Qwen3's tokenizer, markup tokens that are
+# single tokens but ordinary text, so parsers can see them in the output.
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 
 # ChatML with tools in the system turn and tool calls as <tool_call>{json}</tool_call>; the
 # same conventions as the Qwen3 family, written for FreeToken.
@@ -75,7 +75,7 @@ def _corpus() -> list[str]:
 
 def train_tokenizer(vocab_size: int = 512):
     """A byte-level BPE `tokenizers.Tokenizer` trained on stdlib docstrings (deterministic)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -89,6 +89,7 @@ def train_tokenizer(vocab_size: int = 512):
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return tok
 
 
@@ -105,7 +106,8 @@ def write_tokenizer_files(out: Path, vocab_size: int = 512) -> int:
         "model_max_length": 4096,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(tok.token_to_id(t)): {"content": t, "special": True} for t in SPECIAL_TOKENS
+            str(tok.token_to_id(t)): {"content": t, "special": t in SPECIAL_TOKENS}
+            for t in SPECIAL_TOKENS + MARKUP_TOKENS
         },
     }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))

@@ -20,6 +20,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     store = Store(root)
     add_model(store, "tiny", system=SYSTEM, parameters={"stop": ["<|im_end|>"]})
     add_model(store, "capped", parameters={"num_predict": 3})
+    add_model(store, "endless", endless=True)
     with LiveServer(make_config(root)) as srv:
         yield srv
 

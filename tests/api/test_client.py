@@ -195,35 +195,35 @@ def test_disconnect_cancels_generation_in_the_runner(http, server):
 
 
 def test_runner_crash_mid_request_then_next_request_works(client, server):
-    stream = client.generate("tiny", prompt="go", stream=True, options={"num_predict": 100000})
+    stream = client.generate("endless", prompt="go", stream=True, options={"num_predict": 100000})
     next(stream)
-    os.kill(server.runner_pid("tiny:latest"), signal.SIGKILL)
+    os.kill(server.runner_pid("endless:latest"), signal.SIGKILL)
     with pytest.raises(ollama.ResponseError, match="model runner has unexpectedly stopped"):
         for _ in stream:
             pass
     assert httpx.get(server.url).text == "Ollama is running"
     out = client.chat(
-        "tiny", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
+        "endless", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
     )
     assert out.done and out.message.role == "assistant"
 
 
 def test_load_unload_and_ps(client, http):
-    r = http.post("/api/generate", json={"model": "tiny"}).json()
+    r = http.post("/api/generate", json={"model": "endless"}).json()
     assert (r["done"], r["done_reason"], r["response"]) == (True, "load", "")
-    r = http.post("/api/chat", json={"model": "tiny", "messages": [], "keep_alive": -1}).json()
+    r = http.post("/api/chat", json={"model": "endless", "messages": [], "keep_alive": -1}).json()
     assert r["done_reason"] == "load" and r["message"] == {"role": "assistant", "content": ""}
-    [entry] = [m for m in client.ps().models if m.model == "tiny:latest"]
+    [entry] = [m for m in client.ps().models if m.model == "endless:latest"]
     assert entry.context_length == 4096 and entry.size > 0 and entry.details.family == "qwen3moe"
     assert entry.expires_at > datetime(2200, 1, 1, tzinfo=timezone.utc)  # keep_alive -1: forever
     # An unload asked for while a request streams waits for that request to finish.
-    stream = client.generate("tiny", prompt="go", stream=True, options={"num_predict": 30})
+    stream = client.generate("endless", prompt="go", stream=True, options={"num_predict": 300})
     next(stream)
-    r = http.post("/api/generate", json={"model": "tiny", "keep_alive": 0}).json()
+    r = http.post("/api/generate", json={"model": "endless", "keep_alive": 0}).json()
     assert r["done_reason"] == "unload"
-    assert "tiny:latest" in {m.model for m in client.ps().models}
+    assert "endless:latest" in {m.model for m in client.ps().models}
     assert list(stream)[-1].done
     deadline = time.monotonic() + 5
-    while "tiny:latest" in {m.model for m in client.ps().models}:
+    while "endless:latest" in {m.model for m in client.ps().models}:
         assert time.monotonic() < deadline
         time.sleep(0.05)

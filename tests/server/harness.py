@@ -50,13 +50,35 @@ def tiny_model_dir() -> Path:
     return _TINY
 
 
+_ENDLESS: Path | None = None
+
+
+def endless_model_dir() -> Path:
+    """The tiny model with no end-of-sequence token: it generates until num_predict, so tests
+    that act while a stream is running never race its natural end."""
+    global _ENDLESS
+    if _ENDLESS is None:
+        import json
+
+        src = tiny_model_dir()
+        _ENDLESS = src.parent / "endless"
+        shutil.copytree(src, _ENDLESS, dirs_exist_ok=True)
+        (_ENDLESS / "generation_config.json").write_text("{}")
+        for name, key in (("config.json", "eos_token_id"), ("tokenizer_config.json", "eos_token")):
+            cfg = json.loads((_ENDLESS / name).read_text())
+            cfg[key] = None
+            (_ENDLESS / name).write_text(json.dumps(cfg))
+    return _ENDLESS
+
+
 def make_config(models: Path, **env: str) -> Any:
     """Settings from an explicit environment: nothing leaks in from the test machine's."""
     return config.load({"FREETOKEN_MODELS": str(models), "FREETOKEN_DEVICE": "cpu", **env})
 
 
-def add_model(store: Store, name: str, **fields: Any) -> None:
-    plan = store.plan_create(CreateSpec(name=name, from_=str(tiny_model_dir()), **fields))
+def add_model(store: Store, name: str, endless: bool = False, **fields: Any) -> None:
+    src = endless_model_dir() if endless else tiny_model_dir()
+    plan = store.plan_create(CreateSpec(name=name, from_=str(src), **fields))
     for _ in plan.run():
         pass
 
