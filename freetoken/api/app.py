@@ -26,6 +26,7 @@ routes = [
     Route("/api/tags", ollama.tags, methods=["GET"]),
     Route("/api/show", ollama.show, methods=["POST"]),
     Route("/api/ps", ollama.ps, methods=["GET"]),
+    Route("/api/loading", ollama.loading, methods=["GET"]),
     Route("/api/generate", completion.generate, methods=["POST"]),
     Route("/api/chat", completion.chat, methods=["POST"]),
     Route("/api/create", ollama.create, methods=["POST"]),

@@ -57,6 +57,12 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": services(request).residency.ps()})
 
 
+@handler
+async def loading(request: Request) -> Response:
+    """FreeToken's own: byte progress of models being loaded (the CLI shows it)."""
+    return JSONResponse({"models": services(request).residency.loading()})
+
+
 def _model_name(body: dict[str, Any]) -> str:
     # Older clients (and OpenClaw) send `name` instead of `model`.
     name = field_of(body, "model", str) or field_of(body, "name", str)

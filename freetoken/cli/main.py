@@ -85,7 +85,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("destination")
     sub.add_parser("rm", help="remove models").add_argument("models", nargs="+", metavar="model")
     sub.add_parser("help", help="help about a command").add_argument("topic", nargs="?")
+    # Local work that needs no server; each module parses its own options.
+    for verb, text in _LOCAL.items():
+        sub.add_parser(verb, help=text[1], add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+# verb -> (module with main(argv), help)
+_LOCAL = {
+    "convert": ("freetoken.ftw.convert", "convert a Hugging Face directory or a GGUF file to FTW"),
+    "bench": ("freetoken.bench.main", "measure this machine: bw, load, decode"),
+}
+
+
+def _local(command: str, rest: list[str]) -> int:
+    import importlib
+
+    try:
+        importlib.import_module(_LOCAL[command][0]).main(rest)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
 
 
 def _normalize(argv: list[str]) -> list[str]:
@@ -114,8 +134,11 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 
 
 def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _LOCAL:
+        return _local(argv[0], argv[1:])
     parser = build_parser()
-    args = parse(parser, list(sys.argv[1:] if argv is None else argv))
+    args = parse(parser, argv)
     command = "version" if args.version else _ALIASES.get(args.command, args.command)
     if command is None:
         parser.print_help()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,6 +54,45 @@ def _history() -> History:
     return History(path)
 
 
+def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
+    """Loads the model, showing the server's byte progress (GB and GB/s) while it reads."""
+    preload: dict[str, Any] = {"model": session.model}
+    if session.keep_alive is not None:
+        preload["keep_alive"] = session.keep_alive
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            for _ in client.stream("/api/generate", preload):
+                pass
+        except BaseException as e:  # re-raised on the calling thread
+            failure.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    shown = False
+    show = err.isatty()  # progress is for people, not for logs
+    while not done.wait(0.25):
+        if not show:
+            continue
+        try:
+            rows = (client.call("GET", "/api/loading") or {}).get("models", [])
+        except ServerError:
+            continue
+        for r in rows:
+            if r.get("total"):
+                err.write(f"\rloading {r['name']}: {r['completed'] / 1e9:.2f}/{r['total'] / 1e9:.2f} GB "
+                          f"({r['gbps']:.2f} GB/s)")
+                err.flush()
+                shown = True
+    if shown:
+        err.write("\r\033[K")
+    if failure:
+        raise failure[0]
+
+
 def cmd_run(args: argparse.Namespace, client: Client, stdin: TextIO | None = None,
             out: TextIO | None = None, err: TextIO | None = None) -> int:
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
@@ -63,15 +103,11 @@ def cmd_run(args: argparse.Namespace, client: Client, stdin: TextIO | None = Non
     parts = [] if interactive else [stdin.read()]
     parts.append(" ".join(args.prompt))
     prompt = " ".join(p for p in parts if p)
+    # Load first, with visible progress, so the answer's timing is the answer's alone.
+    load_with_progress(client, session, err)
     if prompt or not interactive:
         stream_reply(client, "/api/generate", session.generate_body(prompt), session, out, err)
         return 0
-    # Load the model before the first prompt so the first answer starts quickly.
-    preload: dict[str, Any] = {"model": session.model}
-    if session.keep_alive is not None:
-        preload["keep_alive"] = session.keep_alive
-    for _ in client.stream("/api/generate", preload):
-        pass
     history = _history()
     try:
         return Repl(client, session, out=out, err=err, history=history).run()

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = "1"
 Progress = Callable[[int, int], None]
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ftw")
 _SKIP = {"model.safetensors.index.json", "ftw.json"}
 
 
@@ -36,9 +35,12 @@ def files_of_dir(path: Path) -> dict[str, Path]:
     return {p.name: p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
+_METADATA_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+
+
 def metadata_files(files: dict[str, Path]) -> dict[str, Path]:
-    return {n: p for n, p in files.items() if n not in _SKIP and not n.endswith(_WEIGHT_SUFFIXES)
-            and not n.startswith("ftw-")}
+    """The configs, tokenizer data and templates carried along with the weights."""
+    return {n: p for n, p in files.items() if n not in _SKIP and n.endswith(_METADATA_SUFFIXES)}
 
 
 def fingerprint(files: dict[str, Path]) -> str:

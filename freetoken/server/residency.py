@@ -63,6 +63,8 @@ class _Entry:
     retiring: bool = False  # takes no new leases (being replaced by a bigger runner)
     drop_when_idle: bool = False  # an unload request came while it was busy
     stopping: asyncio.Task[None] | None = None
+    load_progress: tuple[int, int] = (0, 0)  # bytes read, bytes to read
+    load_started: float = field(default_factory=time.monotonic)
 
     @property
     def loaded(self) -> bool:
@@ -210,8 +212,16 @@ class Residency:
     async def _load(self, entry: _Entry) -> None:
         log.info("loading %s (num_ctx %d)", entry.view.display, entry.spec.num_ctx)
 
+        last_logged = [0.0]
+
         def progress(done: int, total: int) -> None:
-            log.debug("loading %s: %d/%d bytes", entry.view.display, done, total)
+            entry.load_progress = (done, total)
+            now = time.monotonic()
+            if now - last_logged[0] >= 2.0 or done == total:
+                last_logged[0] = now
+                rate = done / max(now - entry.load_started, 1e-9) / 1e9
+                log.info("loading %s: %.2f/%.2f GB (%.2f GB/s)", entry.view.display, done / 1e9,
+                         total / 1e9, rate)
 
         try:
             runner = await self._start_runner(
@@ -313,6 +323,18 @@ class Residency:
         await self._changed.wait()
 
     # -- reporting -----------------------------------------------------------------------
+
+    def loading(self) -> list[dict[str, Any]]:
+        """Models whose runner is still reading weights, with byte progress and speed."""
+        out = []
+        for e in self._models.values():
+            if e.ready.done():
+                continue
+            done, total = e.load_progress
+            elapsed = max(time.monotonic() - e.load_started, 1e-9)
+            out.append({"name": e.view.display, "completed": done, "total": total,
+                        "gbps": done / elapsed / 1e9, "seconds": elapsed})
+        return out
 
     def ps(self) -> list[dict[str, Any]]:
         """/api/ps entries, the longest remaining time first."""

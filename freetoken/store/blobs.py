@@ -148,6 +148,23 @@ class BlobStore:
 
         return self.put_stream(chunks())
 
+    def adopt(self, path: Path) -> tuple[str, int, bool]:
+        """Moves a finished file on the same filesystem into the store under its digest.
+
+        Returns (digest, size, created). Large converted weights are renamed, not copied.
+        """
+        digest = digest_of_file(path)
+        size = path.stat().st_size
+        target = self.path(digest)
+        if target.exists():
+            path.unlink()
+            return digest, size, False
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(path, target)
+        _fsync_dir(self.root)
+        return digest, size, True
+
     def digests(self) -> set[str]:
         if not self.root.is_dir():
             return set()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from freetoken import models as archs
 from freetoken import options as opts
+from freetoken.store import convert
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
 from freetoken.store.names import InvalidName, Name, parse_digest
@@ -128,9 +129,15 @@ def _shards(read_json: Any, index: str) -> set[str]:
 
 
 def _check_files(names: set[str], read_json: Any, where: str) -> dict[str, Any]:
-    """Checks a model directory's file set; returns its manifest config blob."""
-    if any(n.endswith(".gguf") for n in names):
-        raise CreateError(f"{where}: importing GGUF files is not supported yet")
+    """Checks a model directory's file set; returns its manifest config blob.
+
+    A single GGUF file is accepted as it is: what it holds is known once it is converted.
+    """
+    ggufs = [n for n in names if n.endswith(".gguf")]
+    if len(ggufs) > 1:
+        raise CreateError(f"{where}: more than one GGUF file ({', '.join(sorted(ggufs))})")
+    if ggufs:
+        return {}
     if "config.json" not in names:
         raise CreateError(f"{where} has no config.json (not a Hugging Face model directory)")
     if not any(n.endswith(".safetensors") for n in names) and _FTW_INDEX not in names:
@@ -163,10 +170,20 @@ class CreatePlan:
     upload_files: dict[str, str] = field(default_factory=dict)  # name -> digest, already stored
     extra: dict[str, Any] = field(default_factory=dict)  # the small layers: media type -> value
 
+    @property
+    def needs_conversion(self) -> bool:
+        """Weights not yet in FTW are converted, so the store holds what the runner reads."""
+        names = set(self.upload_files) | set(self.copy_names)
+        if self.copy_from is not None and self.copy_from.is_file():
+            return True
+        return bool(names) and _FTW_INDEX not in names
+
     def run(self) -> Iterator[dict[str, Any]]:
         blobs = self.store.blobs
         blobs.ensure()
         layers = list(self.base_layers)
+        if self.needs_conversion:
+            layers += yield from self._converted()
         for name, digest in sorted(self.upload_files.items()):
             yield {"status": f"using existing layer {digest}"}
             layers.append(mf.Layer(mf.FILE, digest, blobs.size(digest), name))
@@ -182,6 +199,33 @@ class CreatePlan:
         yield {"status": "writing manifest"}
         self.store.write_manifest(self.name, mf.Manifest(config, tuple(layers)))
         yield {"status": "success"}
+
+
+    def _converted(self) -> Iterator[dict[str, Any]]:
+        """Converts the source to FTW and adds its files as layers (the source is not kept)."""
+        blobs = self.store.blobs
+        work = convert.work_dir(self.store.root)
+        try:
+            if self.copy_from is not None:
+                src = self.copy_from
+            else:
+                src = convert.source_of_blobs({n: blobs.path(d) for n, d in self.upload_files.items()}, work)
+            out = work / "ftw"
+            try:
+                yield from convert.run_converter(src, out)
+            except convert.ConversionFailed as e:
+                raise CreateError(str(e)) from None
+            config = json.loads((out / "config.json").read_text())
+            self.model_config = {**_model_config(config, str(src.name)), "model_format": "ftw"}
+            layers = []
+            for f in sorted(out.iterdir()):
+                digest, size, created = blobs.adopt(f)
+                yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
+                layers.append(mf.Layer(mf.FILE, digest, size, f.name))
+        finally:
+            convert.cleanup(work)
+        self.upload_files, self.copy_names, self.copy_from = {}, [], None
+        return layers
 
 
 def _copy_file(blobs: BlobStore, path: Path, name: str) -> Iterator[dict[str, Any]]:
@@ -254,6 +298,9 @@ def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
 
 def _from_directory(plan: CreatePlan, text: str) -> None:
     path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        plan.copy_from = path
+        return
     if not path.exists():
         raise CreateError(f"directory {str(path)!r} does not exist")
     if not path.is_dir():
@@ -267,8 +314,12 @@ def _from_directory(plan: CreatePlan, text: str) -> None:
         except (OSError, ValueError) as e:
             raise CreateError(f"{where}: cannot read {name}: {e}") from None
 
-    plan.model_config = _check_files(set(names) | _gguf_names(path), read, where)
-    plan.copy_from, plan.copy_names = path, names
+    ggufs = _gguf_names(path)
+    plan.model_config = _check_files(set(names) | ggufs, read, where)
+    if ggufs:
+        plan.copy_from = path / next(iter(ggufs))
+    else:
+        plan.copy_from, plan.copy_names = path, names
 
 
 def _gguf_names(path: Path) -> set[str]:

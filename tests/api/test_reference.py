@@ -7,6 +7,7 @@ import pytest
 
 from freetoken.store import CreateSpec, Store
 from tests import fixtures
+from tests.fixtures_gguf import write_gguf
 from tests.server.harness import LiveServer, make_config
 
 PROMPT = "The quick brown fox jumps over the lazy dog. def parse(text):"
@@ -16,8 +17,10 @@ PROMPT = "The quick brown fox jumps over the lazy dog. def parse(text):"
 def ref_server(tiny_model, tmp_path_factory):
     path, hf = tiny_model
     root = tmp_path_factory.mktemp("ref-models")
-    for _ in Store(root).plan_create(CreateSpec(name="ref", from_=str(path))).run():
-        pass
+    gguf = write_gguf(hf, path, tmp_path_factory.mktemp("gguf") / "ref.gguf", "F32")
+    for name, src in (("ref", path), ("ref-gguf", gguf)):
+        for _ in Store(root).plan_create(CreateSpec(name=name, from_=str(src))).run():
+            pass
     with LiveServer(make_config(root)) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
         yield http, hf, path
 
@@ -34,10 +37,12 @@ def _hf_continuation(hf, path, n):
     return ids, out, tok.decode(out)
 
 
-def test_raw_greedy_generation_matches_transformers(ref_server):
+@pytest.mark.parametrize("model", ["ref", "ref-gguf"])
+def test_raw_greedy_generation_matches_transformers(ref_server, model):
+    """Both the Hugging Face directory and the F32 GGUF made from it were converted to FTW."""
     http, hf, path = ref_server
     _, _, text = _hf_continuation(hf, path, 32)
-    r = http.post("/api/generate", json={"model": "ref", "prompt": PROMPT, "raw": True, "stream": False,
+    r = http.post("/api/generate", json={"model": model, "prompt": PROMPT, "raw": True, "stream": False,
                                          "options": {"temperature": 0, "num_predict": 32}})
     assert r.status_code == 200, r.text
     assert r.json()["response"] == text

@@ -38,6 +38,22 @@ def generate_answer(*pieces, thinking=()):
     return ndjson(*chunks)
 
 
+def answering(response):
+    """/api/generate as the server answers it: a bare {model} loads; a prompt gets `response`."""
+    import json
+
+    def handle(request):
+        if "prompt" not in json.loads(request.content):
+            return ndjson({"model": "m", "response": "", "done": True, "done_reason": "load"})
+        return response() if callable(response) else response
+
+    return handle
+
+
+def prompted(api, path="/api/generate"):
+    return [b for b in api.bodies("POST", path) if "prompt" in b]
+
+
 @pytest.fixture
 def served(api):
     api.on(
@@ -45,7 +61,7 @@ def served(api):
         "/api/show",
         httpx.Response(200, json={"model_info": {}, "capabilities": ["completion"]}),
     )
-    api.on("POST", "/api/generate", generate_answer("Hello", " there"))
+    api.on("POST", "/api/generate", answering(lambda: generate_answer("Hello", " there")))
     return api
 
 
@@ -56,14 +72,15 @@ def test_one_shot_prompt(served, client):
     assert out.getvalue() == "Hello there\n"
     assert err.getvalue() == ""
     assert served.bodies("POST", "/api/generate") == [
-        {"model": "demo", "prompt": "say hi", "stream": True, "format": "json", "keep_alive": "10m"}
+        {"model": "demo", "keep_alive": "10m"},  # loaded first, as Ollama's CLI does
+        {"model": "demo", "prompt": "say hi", "stream": True, "format": "json", "keep_alive": "10m"},
     ]
 
 
 def test_piped_stdin_comes_before_the_prompt_words(served, client):
     args = run_args("demo", "summarize")
     cmd_run(args, client, stdin=Pipe("some text\n"), out=Pipe(), err=Pipe())
-    assert served.bodies("POST", "/api/generate")[0]["prompt"] == "some text\n summarize"
+    assert prompted(served)[0]["prompt"] == "some text\n summarize"
 
 
 def test_verbose_prints_the_stats_block_to_stderr(served, client):
@@ -105,7 +122,7 @@ def test_thinking_output_and_hidethinking(api, client):
     out = Pipe()
     cmd_run(run_args("m", "q", "--think"), client, stdin=Pipe(""), out=out, err=Pipe())
     assert out.getvalue() == "Thinking...\nHmm.\n...done thinking.\n\n42\n"
-    assert api.bodies("POST", "/api/generate")[0]["think"] is True
+    assert prompted(api)[0]["think"] is True
     out = Pipe()
     cmd_run(run_args("m", "q", "--hidethinking"), client, stdin=Pipe(""), out=out, err=Pipe())
     assert out.getvalue() == "42\n"
@@ -115,12 +132,13 @@ def test_missing_model_is_pulled_first(api, client):
     shows = iter([error(404, "model 'm' not found"), httpx.Response(200, json={})])
     api.on("POST", "/api/show", lambda r: next(shows))
     api.on("POST", "/api/pull", ndjson({"status": "pulling manifest"}, {"status": "success"}))
-    api.on("POST", "/api/generate", generate_answer("ok"))
+    api.on("POST", "/api/generate", answering(lambda: generate_answer("ok")))
     assert cmd_run(run_args("m", "hi"), client, stdin=Pipe(""), out=Pipe(), err=Pipe()) == 0
     assert [p for p in api.paths() if p != "HEAD /"] == [
         "POST /api/show",
         "POST /api/pull",
         "POST /api/show",
+        "POST /api/generate",
         "POST /api/generate",
     ]
 
@@ -139,7 +157,7 @@ def test_error_line_mid_answer(api, client, capsys, monkeypatch):
     api.on(
         "POST",
         "/api/generate",
-        ndjson({"response": "par", "done": False}, {"error": "runner crashed"}),
+        answering(lambda: ndjson({"response": "par", "done": False}, {"error": "runner crashed"})),
     )
     assert main(["run", "m", "hi"], client=client) == 1
     captured = capsys.readouterr()

@@ -104,3 +104,58 @@ def test_queue_cap_and_load_timeout(tmp_path):
         assert first[0].status_code == 500
         assert "timed out waiting for the model runner to load" in first[0].json()["error"]
         assert srv.services.residency.ps() == [] and srv.services.residency.pending == 0
+
+
+FAKE_LOADING_RUNNER = r'''
+import json, socketserver, sys, time
+from http.server import BaseHTTPRequestHandler
+
+sock = sys.argv[sys.argv.index("--socket") + 1]
+start = time.monotonic()
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        elapsed = time.monotonic() - start
+        done = int(elapsed * 1e9)
+        state = {"status": "loading", "progress": {"completed": done, "total": 10**11}}
+        body = json.dumps(state if elapsed < 3 else {"status": "ok", "info": {}}).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "runner"
+
+socketserver.UnixStreamServer(sock, Health).serve_forever()
+'''
+
+
+def test_loading_progress_is_visible_while_a_model_loads(tmp_path):
+    import sys
+
+    script = tmp_path / "fake_runner.py"
+    script.write_text(FAKE_LOADING_RUNNER)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.chmod(0o755)
+    with serve(tmp_path, FREETOKEN_RUNNER_PYTHON=str(python), FREETOKEN_LOAD_TIMEOUT="60s") as srv:
+        loaded: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: loaded.append(
+            httpx.post(f"{srv.url}/api/generate", json={"model": "a"}, timeout=30)))
+        t.start()
+
+        def progressed():
+            rows = httpx.get(f"{srv.url}/api/loading").json()["models"]
+            return rows and rows[0]["completed"] > 0 and rows[0]["total"] == 10**11
+
+        wait_for(progressed)
+        [row] = httpx.get(f"{srv.url}/api/loading").json()["models"]
+        assert row["name"] == "a:latest" and row["gbps"] > 0
+        assert httpx.get(f"{srv.url}/api/ps").json() == {"models": []}  # not loaded yet
+        t.join()
+        assert loaded[0].json()["done_reason"] == "load"
+        assert httpx.get(f"{srv.url}/api/loading").json() == {"models": []}

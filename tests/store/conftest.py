@@ -16,13 +16,18 @@ TEMPLATE_WITH_TOOLS = (
 )
 
 
+TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2)
+
+
 def write_model_dir(path: Path, **config_overrides) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(synth.qwen3_moe_config(512, **config_overrides)))
-    (path / "model.safetensors").write_bytes(b"\0" * 4096)
-    (path / "tokenizer.json").write_text("{}")
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE_WITH_TOOLS}))
-    (path / "generation_config.json").write_text("{}")
+    """A real (random-weight) model: create converts its weights to FTW."""
+    synth.write_qwen3_moe(path, **TINY)
+    if config_overrides:
+        cfg = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**cfg, **config_overrides}))
+    tok_cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": TEMPLATE_WITH_TOOLS}))
     (path / "README.md").write_text("not part of the model")
     return path
 

@@ -11,8 +11,13 @@ def test_from_directory_reports_progress_and_ends_with_success(store, model_dir)
     events = create(store, "tiny", from_=str(model_dir))
     statuses = [e["status"] for e in events]
     assert statuses[-2:] == ["writing manifest", "success"]
-    assert "copying file model.safetensors" in statuses
+    assert "converting model" in statuses
+    assert any(e.get("total") and e.get("completed") == e["total"] for e in events
+               if e["status"] == "converting model")
     assert any(s.startswith("creating new layer sha256:") for s in statuses)
+    # the store holds FTW, not the checkpoint it was made from
+    assert set(store.resolve("tiny").files) == {"ftw.json", "ftw-00000.bin", "config.json", "tokenizer.json",
+                                                "tokenizer_config.json", "generation_config.json"}
     again = [e["status"] for e in create(store, "tiny2", from_=str(model_dir))]
     assert not any(s.startswith("creating new layer") for s in again[:-3])
 
@@ -22,7 +27,8 @@ def test_from_uploaded_files(store, model_dir):
     events = create(store, "up", files=files, parameters={"temperature": "0.5"})
     assert events[-1] == {"status": "success"}
     view = store.resolve("up")
-    assert view.files == files and view.params == {"temperature": 0.5}
+    assert "ftw.json" in view.files and "model.safetensors" not in view.files
+    assert view.params == {"temperature": 0.5}
 
 
 def test_from_model_inherits_and_overrides(store, model_dir):
@@ -63,9 +69,10 @@ def test_sharded_safetensors_need_every_shard(store, tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CreateError, match="model-00002-of-00002.safetensors, which is missing"):
         store.plan_create(CreateSpec("m", from_=str(d)))
-    (d / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 8)
-    create(store, "m", from_=str(d))
-    assert len(store.resolve("m").files) == 7
+    (d / "model-00002-of-00002.safetensors").write_bytes(b"\0" * 8)  # present, but not safetensors
+    with pytest.raises(CreateError, match="converting sharded to FTW failed: .*header"):
+        create(store, "m", from_=str(d))
+    assert store.list_models() == []
 
 
 @pytest.mark.parametrize(
@@ -131,17 +138,25 @@ def test_relative_and_home_paths_count_as_directories(store, model_dir, monkeypa
     assert store.resolve("rel")
 
 
-def test_gguf_is_refused_clearly(store, model_dir):
-    (model_dir / "model.gguf").write_bytes(b"GGUF")
-    with pytest.raises(CreateError, match="GGUF"):
+def test_bad_gguf_files_fail_clearly(store, model_dir, tmp_path):
+    (model_dir / "a.gguf").write_bytes(b"GGUF")
+    (model_dir / "b.gguf").write_bytes(b"GGUF")
+    with pytest.raises(CreateError, match="more than one GGUF"):
         store.plan_create(CreateSpec("x", from_=str(model_dir)))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF not really")
+    with pytest.raises(CreateError, match="converting broken.gguf to FTW failed: .*not a readable GGUF"):
+        create(store, "x", from_=str(bad))
+    assert store.list_models() == []
+    assert not any(p.name.startswith(".convert-") for p in store.root.iterdir())
 
 
 def test_an_interrupted_create_publishes_nothing(store, model_dir):
     run = store.plan_create(CreateSpec("x", from_=str(model_dir))).run()
     for event in run:
-        if event["status"].startswith("copying file model.safetensors"):
+        if event["status"] == "converting model":
             break
-    run.close()  # the client went away mid-copy
+    run.close()  # the client went away mid-conversion
     assert store.list_models() == []
     assert not any(p.name.startswith("partial-") for p in store.blobs.root.iterdir())
+    assert not any(p.name.startswith(".convert-") for p in store.root.iterdir())

@@ -22,7 +22,7 @@ def test_list_has_ollama_tags_fields(store, model_dir):
     )
     assert entry["details"] == {
         "parent_model": "",
-        "format": "safetensors",
+        "format": "ftw",
         "family": "qwen3moe",
         "families": ["qwen3moe"],
         "parameter_size": entry["details"]["parameter_size"],
@@ -48,7 +48,7 @@ def test_resolve_is_case_insensitive_with_latest_default(store, model_dir):
 def test_a_manifest_whose_blobs_are_missing_is_not_a_model(store, model_dir):
     create(store, "tiny", from_=str(model_dir))
     view = store.resolve("tiny")
-    store.blobs.remove(view.files["model.safetensors"])
+    store.blobs.remove(view.files["ftw-00000.bin"])
     assert store.list_models() == []
     with pytest.raises(ModelNotFound):
         store.resolve("tiny")
@@ -86,7 +86,7 @@ def test_show(store, model_dir):
     assert out["messages"][1] == {"role": "assistant", "content": "hello"}
     assert out["model_info"]["general.architecture"] == "qwen3moe"
     assert out["model_info"]["qwen3moe.context_length"] == 4096
-    assert out["model_info"]["qwen3moe.expert_count"] == 16
+    assert out["model_info"]["qwen3moe.expert_count"] == 4
     assert (
         out["capabilities"][:2] == ["completion", "tools"] and "thinking" not in out["capabilities"]
     )
@@ -120,13 +120,14 @@ def test_runner_files_map_names_to_blob_paths(store, model_dir):
     files = store.runner_files(store.resolve("tiny"))
     assert sorted(files) == [
         "config.json",
+        "ftw-00000.bin",
+        "ftw.json",
         "generation_config.json",
-        "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",
-    ]  # README.md stays behind
-    for name, path in files.items():
-        assert open(path, "rb").read() == (model_dir / name).read_bytes()
+    ]  # README.md stays behind; the weights are FTW
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert open(files[name], "rb").read() == (model_dir / name).read_bytes()
 
 
 def test_copy_then_delete_prunes_only_unshared_blobs(store, model_dir):

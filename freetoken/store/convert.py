@@ -1,0 +1,76 @@
+"""Conversion to FTW during create, in a child process (the server never imports torch).
+
+The converter prints JSON progress lines; they become Ollama-style create statuses. Its
+output directory lives next to the blobs, so each file is hashed and renamed into the
+store rather than copied.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConversionFailed", "run_converter", "work_dir"]
+
+WORK_PREFIX = ".convert-"
+
+
+class ConversionFailed(RuntimeError):
+    """The converter exited with an error; the message carries its last words."""
+
+
+def _python() -> str:
+    from freetoken import config
+
+    return config.current().runner_python or sys.executable
+
+
+def work_dir(store_root: Path) -> Path:
+    """A fresh scratch directory on the store's filesystem (so results can be renamed in)."""
+    store_root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=store_root))
+
+
+def source_of_blobs(files: dict[str, Path], into: Path) -> Path:
+    """A directory of links named like the model's files, pointing at their blobs."""
+    src = into / "source"
+    src.mkdir()
+    for name, path in files.items():
+        (src / name).symlink_to(path)
+    gguf = [n for n in files if n.endswith(".gguf")]
+    return src / gguf[0] if len(gguf) == 1 and len(files) == 1 else src
+
+
+def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
+    """Runs `freetoken.ftw.convert`, yielding progress; raises ConversionFailed."""
+    cmd = [_python(), "-m", "freetoken.ftw.convert", str(src), str(out), "--json-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield {"status": "converting model"}
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("status") == "converting model":
+                yield {"status": "converting model", "total": event.get("total"),
+                       "completed": event.get("completed")}
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.wait() != 0:
+            last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [f"exit code {proc.returncode}"]
+            raise ConversionFailed(f"converting {src.name} to FTW failed: {last[0].removeprefix('error: ')}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
