@@ -22,20 +22,10 @@ from freetoken import config
 from freetoken.api import create_app
 from freetoken.api.state import Services
 from freetoken.store import CreateSpec, Store
+from tests.fixtures import SYNTH_TINY
 
 _TINY: Path | None = None
-# Small enough to load in about a second on a CPU; the architecture is the real one.
-TINY = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    moe_intermediate_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    num_experts=4,
-    num_experts_per_tok=2,
-)
+TINY = SYNTH_TINY
 
 
 def tiny_model_dir() -> Path:

@@ -10,19 +10,16 @@ import pytest
 
 from freetoken.store import CreateSpec, Store
 from freetoken.tools import synth
+from tests.fixtures import SYNTH_TINY
 
 TEMPLATE_WITH_TOOLS = (
     "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools }}{% endif %}"
 )
 
 
-TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2)
-
-
 def write_model_dir(path: Path, **config_overrides) -> Path:
     """A real (random-weight) model: create converts its weights to FTW."""
-    synth.write_qwen3_moe(path, **TINY)
+    synth.write_qwen3_moe(path, **SYNTH_TINY)
     if config_overrides:
         cfg = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**cfg, **config_overrides}))
