@@ -117,9 +117,11 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
 
     if qtype == "F32" or arr.ndim == 1:
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    elif qtype == "Q8_0":
-        q = gguf.quants.quantize(arr, QT.Q8_0)
-        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q8_0)
+    elif qtype in ("Q8_0", "Q4_0", "BF16"):
+        q = gguf.quants.quantize(arr, QT[qtype])
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
+    elif qtype == "F16":
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float16))
     elif qtype == "Q4_K":
         q = quantize_q4_k(arr)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q4_K)

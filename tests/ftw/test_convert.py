@@ -40,12 +40,16 @@ def test_gguf_f32_matches_transformers(tiny_model, tmp_path):
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", "F32")
     out = convert(gguf, tmp_path / "ftw")
     engine = make_engine(out)
-    assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= 1e-5
+    logits = full_logits(engine, PROMPT)
+    # the same weights as the Hugging Face directory, bit for bit
+    assert torch.equal(logits, full_logits(make_engine(path), PROMPT))
+    assert _rel(logits, fixtures.hf_logits(hf, PROMPT)) <= 1e-5
     (seq,) = generate(engine, [PROMPT], 16)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
 
 
-@pytest.mark.parametrize("qtype,tol", [("Q8_0", 0.05), ("Q4_K", 0.5)])
+@pytest.mark.parametrize("qtype,tol", [("F16", 0.01), ("BF16", 0.05), ("Q8_0", 0.05), ("Q4_0", 0.5),
+                                      ("Q4_K", 0.5)])
 def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, qtype, tol):
     path, hf = k_quant_model
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype)
