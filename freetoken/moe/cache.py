@@ -15,6 +15,12 @@ class CacheFull(RuntimeError):
     """A step needs more slots than the pool has free of protected experts."""
 
 
+def _release_device_memory(device: torch.device) -> None:
+    # Freed tensors go back to PyTorch's cache; other programs need them back on the device.
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class ExpertCache:
     def __init__(self, num_layers: int, num_experts: int, capacity: int,
                  rows: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device):
@@ -28,6 +34,7 @@ class ExpertCache:
         self.fetches = np.zeros(num_layers, dtype=np.int64)
         self.evictions = 0
         self.clock = 0
+        self.volatile = 0  # slots [0, volatile) are overwritten by prefill streaming
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -67,6 +74,9 @@ class ExpertCache:
         if n == 0:
             return np.empty(0, dtype=np.int64)
         key = self.last_use.astype(np.float64)
+        # Volatile slots (prefill's buffers) are refilled last among equals: what decode
+        # caches elsewhere survives the next prefill.
+        key[:self.volatile] += 0.5
         key[self.fixed] = np.inf
         key[protect[protect >= 0]] = np.inf
         if n > int(np.isfinite(key).sum()):
@@ -89,6 +99,48 @@ class ExpertCache:
         slots = self.allocate(layer, experts, np.empty(0, dtype=np.int64))
         self.fixed[slots] = True
         return slots
+
+    def resize(self, capacity: int, keep_warm: bool = True) -> int:
+        """A new slot pool of `capacity`; returns how many cached experts it kept.
+
+        The fixed experts and then the most recently used ones are carried over (device to
+        device) while both pools exist; where memory cannot hold both, the old pool is freed
+        first and only the fixed experts are kept (their bytes come back from the host).
+        """
+        fixed = np.flatnonzero(self.fixed & (self.owner >= 0))
+        if len(fixed) > capacity:
+            raise CacheFull(f"{len(fixed)} experts are fixed in place; {capacity} slots cannot hold them")
+        used = np.flatnonzero(~self.fixed & (self.owner >= 0))
+        used = used[np.argsort(-self.last_use[used], kind="stable")][:max(0, capacity - len(fixed))]
+        keep = np.concatenate([fixed, used]) if keep_warm else fixed
+        old = self.slots
+        try:
+            new = {b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
+                   for b, shape in self.rows.items()}
+        except torch.OutOfMemoryError:
+            self.slots, old, keep = {}, None, fixed[:0]
+            _release_device_memory(self.device)
+            new = {b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
+                   for b, shape in self.rows.items()}
+        # kept experts go to the top of the pool, away from prefill's buffers at the bottom
+        top = capacity - len(keep)
+        if old is not None and len(keep):
+            src = torch.from_numpy(keep).to(self.device)
+            for b in new:
+                new[b][top:] = old[b].index_select(0, src)
+        owner, last_use, was_fixed = self.owner[keep], self.last_use[keep], self.fixed[keep]
+        self.slots = {}
+        del old
+        _release_device_memory(self.device)
+        self.slots, self.capacity = new, capacity
+        self.owner = np.full(capacity, -1, dtype=np.int64)
+        self.last_use = np.full(capacity, -1, dtype=np.int64)
+        self.fixed = np.zeros(capacity, dtype=bool)
+        self.slot_of.fill(-1)
+        self.owner[top:], self.last_use[top:], self.fixed[top:] = owner, last_use, was_fixed
+        self.slot_of[owner // self.E, owner % self.E] = np.arange(top, capacity)
+        self.volatile = 0
+        return len(keep)
 
     def stats(self) -> dict:
         lookups = self.hits.sum() + self.misses.sum()

@@ -26,6 +26,7 @@ from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
+from freetoken.moe.prefill import LayerStreamer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ PREFILL_TOKENS = 32  # above this the CPU would be compute-bound: misses are fet
 
 class OffloadExperts:
     def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
-                 device: torch.device):
+                 device: torch.device, prefill_overlap: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"unknown MoE policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
@@ -50,6 +51,11 @@ class OffloadExperts:
         self.timers = {"sync_s": 0.0, "cpu_wait_s": 0.0, "host_s": 0.0}
         if cache is not None:
             self._place()
+        # prefill streams whole layers through two buffers, when the pool has room for them
+        self._prefill_overlap = prefill_overlap
+        self.streamer = None
+        if policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(cache, banks.num_experts):
+            self.streamer = LayerStreamer(banks, cache, banks.layers, device, self._copy_stream, prefill_overlap)
 
     # --- placement -------------------------------------------------------------------
     def _place(self) -> None:
@@ -101,6 +107,8 @@ class OffloadExperts:
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.cache is None or layer in self.cpu_layers:
             return self._all_on_cpu(layer, x, ids, weights)
+        if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
+            return self.streamer(layer, x, ids, weights)
         if layer in self._fixed_layers:
             self.cache.hits[layer] += ids.numel()
             self.steps["layers"] += 1
@@ -208,6 +216,37 @@ class OffloadExperts:
         s["cpu_routes"] += cpu_routes
         s["layers"] += 1
 
+    @property
+    def floor(self) -> int:
+        """The fewest slots a resize may leave: one layer's experts (a prefill chunk's need)."""
+        return self.banks.num_experts
+
+    def resize(self, slots: int) -> dict:
+        """Grows or shrinks the slot pool; call between steps. Host banks are untouched."""
+        if self.cache is None:
+            raise ValueError("this model has no GPU expert cache: every expert runs on the CPU")
+        L, E = len(self.banks.layers), self.banks.num_experts
+        slots = min(int(slots), L * E)
+        if slots < self.floor:
+            raise ValueError(f"{slots} expert slots is below the floor of {self.floor} (one layer's experts)")
+        if self.policy == "resident" and slots < L * E:
+            raise ValueError(f"the resident policy needs all {L * E} expert slots")
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # nothing may still read the old pool
+        if self.policy in ("resident", "static-layers"):
+            self.cache.fixed[:] = False  # placement is recomputed for the new size
+            kept = self.cache.resize(slots, keep_warm=False)
+            self._place()
+        else:
+            kept = self.cache.resize(slots)
+        self.streamer = None
+        if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(self.cache, E):
+            self.streamer = LayerStreamer(self.banks, self.cache, self.banks.layers, self.device,
+                                          self._copy_stream, self._prefill_overlap)
+        log.info("expert cache resized to %d slots (%.2f GiB), %d experts kept", slots,
+                 slots * self.cache.expert_bytes / 2**30, kept)
+        return {"slots": slots, "kept": kept, "bytes": slots * self.cache.expert_bytes}
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -218,4 +257,6 @@ class OffloadExperts:
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
         if self.cache is not None:
             out["cache"] = self.cache.stats()
+        if self.streamer is not None:
+            out["prefill_streaming"] = dict(self.streamer.stats)
         return out

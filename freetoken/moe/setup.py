@@ -52,6 +52,7 @@ def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.
     slots = placement.slots
     if device.type == "cuda" and not slots:
         slots = cache_slots(placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device)
+    slots = min(slots, len(host.layers) * host.num_experts)  # more than every expert is waste
     if slots:
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
     b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (

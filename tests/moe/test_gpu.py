@@ -69,3 +69,29 @@ def test_bf16_policies_stay_close_to_resident(tiny_model, tmp_path):
     for policy, slots in CASES:
         got = full_logits(make_engine(tmp_path, device="cuda", policy=policy, slots=slots), PROMPT).cpu()
         assert float((got - ref).norm() / ref.norm()) <= 1e-2, policy
+
+
+def test_streamed_prefill_never_overwrites_a_buffer_in_use(tiny_model, monkeypatch):
+    """Random GPU delays before each layer's expert compute: a refill that did not wait for
+    the layer reading the buffer would corrupt the result."""
+    import random
+
+    from freetoken.moe import prefill
+
+    path, _ = tiny_model
+    rng = random.Random(0)
+    real = prefill.moe_gpu.experts_from_slots
+
+    def delayed(*args, **kwargs):
+        torch.cuda._sleep(rng.randrange(0, 2_000_000))  # up to ~1 ms of spinning on the compute stream
+        return real(*args, **kwargs)
+
+    resident = make_engine(path, device="cuda", policy="resident")
+    streamed = make_engine(path, device="cuda", policy="lru-pcie", slots=20)
+    assert streamed.model.model.layers[0].mlp.experts.backend.streamer is not None
+    monkeypatch.setattr(prefill.moe_gpu, "experts_from_slots", delayed)
+    for trial in range(12):
+        prompt = [rng.randrange(500) for _ in range(rng.randrange(40, 160))]
+        ref = full_logits(resident, prompt)
+        got = full_logits(streamed, prompt)
+        assert float((got - ref).norm() / ref.norm()) <= 1e-5, trial
