@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from freetoken import config
-from freetoken.api import completion, ollama
+from freetoken.api import cache, completion, ollama
 from freetoken.api.state import Services
 from freetoken.server.residency import Residency
 from freetoken.store import Store
@@ -27,6 +27,8 @@ routes = [
     Route("/api/show", ollama.show, methods=["POST"]),
     Route("/api/ps", ollama.ps, methods=["GET"]),
     Route("/api/loading", ollama.loading, methods=["GET"]),
+    Route("/api/cache", cache.cache, methods=["GET"]),
+    Route("/api/cache/resize", cache.resize, methods=["POST"]),
     Route("/api/generate", completion.generate, methods=["POST"]),
     Route("/api/chat", completion.chat, methods=["POST"]),
     Route("/api/create", ollama.create, methods=["POST"]),

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from freetoken.cli import cache as cache_cli
 from freetoken.cli import commands
 from freetoken.cli.client import Client
 from freetoken.cli.errors import CommandError, NotRunning, ServerError
@@ -30,7 +31,7 @@ _HANDLERS: dict[str, Handler] = {
     "create": commands.cmd_create, "show": commands.cmd_show, "run": _run,
     "stop": commands.cmd_stop, "pull": commands.cmd_pull, "push": commands.cmd_push,
     "list": commands.cmd_list, "ps": commands.cmd_ps, "cp": commands.cmd_cp,
-    "rm": commands.cmd_rm, "version": commands.cmd_version,
+    "rm": commands.cmd_rm, "version": commands.cmd_version, "cache": cache_cli.cmd_cache,
 }
 _ALIASES = {"ls": "list", "start": "serve"}
 
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source")
     p.add_argument("destination")
     sub.add_parser("rm", help="remove models").add_argument("models", nargs="+", metavar="model")
+    cache_cli.add_parser(sub)
     sub.add_parser("help", help="help about a command").add_argument("topic", nargs="?")
     # Local work that needs no server; each module parses its own options.
     for verb, text in _LOCAL.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,14 @@ class Engine:
             self._inbox.append(("add", req))
             self._lock.notify()
 
+    def call_between_steps(self, fn: Callable[[], object]) -> Future:
+        """Runs fn on the engine thread before the next step (resizes happen here, never mid-step)."""
+        fut: Future = Future()
+        with self._lock:
+            self._inbox.append(("call", (fn, fut)))
+            self._lock.notify()
+        return fut
+
     def abort(self, seq_id: int) -> None:
         with self._lock:
             self._inbox.append(("abort", seq_id))
@@ -85,6 +94,12 @@ class Engine:
             if kind == "add":
                 self.requests[item.seq.id] = item
                 self.scheduler.add(item.seq)
+            elif kind == "call":
+                fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except Exception as e:  # the caller gets it; the engine goes on
+                    fut.set_exception(e)
             elif item in self.requests:
                 self._finish(self.requests[item], "abort", emit=False)
 

@@ -50,7 +50,19 @@ def build_app(service: ModelService) -> Starlette:
             return JSONResponse({"error": str(e)}, status_code=e.status)
         return StreamingResponse(_ndjson(service, handle), media_type="application/x-ndjson")
 
+    async def resize(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise RequestError("request body must be a JSON object")
+            return JSONResponse(await service.resize(body))
+        except json.JSONDecodeError as e:
+            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
+
     routes = [
+        Route("/resize", resize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
         Route("/completion", completion, methods=["POST"]),

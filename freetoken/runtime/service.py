@@ -20,6 +20,7 @@ import torch
 from freetoken import options as opts
 from freetoken.config import parse_size
 from freetoken.chat import template as chat_template
+from freetoken.moe import elastic
 from freetoken.runtime import loader
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.kv_cache import KVCache
@@ -68,6 +69,8 @@ class ModelService:
         self.total_bytes = sum(p.stat().st_size for p in self.files.values() if p.exists())
         self.loaded_bytes = 0
         self.sizes: dict[str, int] = {}
+        self.watcher: elastic.Watcher | None = None
+        self.ceiling = 0
 
     # --- engine thread ---------------------------------------------------------------
     def load_and_run(self) -> None:
@@ -78,6 +81,7 @@ class ModelService:
             self.status, self.error = "error", f"{type(e).__name__}: {e}"
             return
         self.status = "ok"
+        self._start_watcher()
         self._run()
 
     def _load(self) -> None:
@@ -99,8 +103,11 @@ class ModelService:
         self.load_ns = time.perf_counter_ns() - t0
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = loaded.device.type == "cuda"
+        cache = self.experts.cache
         self.sizes = {"size": dense + self.experts.banks.total_bytes + kv.bytes,
-                      "size_vram": torch.cuda.memory_allocated(loaded.device) if on_gpu else 0}
+                      "size_vram": torch.cuda.memory_allocated(loaded.device) if on_gpu else 0,
+                      "kv_cache_bytes": kv.bytes,
+                      "expert_cache_bytes": cache.capacity * cache.expert_bytes if cache else 0}
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
 
     def _placement(self) -> loader.Placement:
@@ -108,7 +115,43 @@ class ModelService:
         budget = opts_.get("vram_budget")
         return loader.Placement(policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
                                 vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
-                                cache_dir=self.cfg.cache_dir)
+                                cache_dir=self.cfg.cache_dir, slots=self.cfg.expert_slots)
+
+    def _start_watcher(self) -> None:
+        """Automatic cache sizing where the cache lives on a GPU others may share."""
+        cache = self.experts.cache
+        if cache is None or self.engine.device.type != "cuda" or not self.cfg.cache_auto:
+            return
+        self.ceiling = cache.capacity
+        dev = self.engine.device
+        self.watcher = elastic.Watcher(
+            free_bytes=lambda: torch.cuda.mem_get_info(dev)[0], capacity=lambda: self.experts.cache.capacity,
+            floor=self.experts.floor, ceiling=lambda: self.ceiling, headroom=self.cfg.cache_headroom,
+            expert_bytes=cache.expert_bytes,
+            resize=lambda n: self.engine.call_between_steps(lambda: self.experts.resize(n)).result(60)).start()
+
+    async def resize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A manual resize ({"slots": n} or {"size": "12GiB" | bytes}); it also becomes the ceiling."""
+        if self.status != "ok":
+            raise RequestError(f"model is not ready ({self.status})", 503)
+        if self.experts.cache is None:
+            raise RequestError("this model has no GPU expert cache: every expert runs on the CPU")
+        try:
+            if body.get("slots") is not None:
+                slots = int(body["slots"])
+            else:
+                size = body.get("size")
+                nbytes = size if isinstance(size, int) else parse_size(str(size))
+                slots = nbytes // self.experts.cache.expert_bytes
+        except (TypeError, ValueError) as e:
+            raise RequestError(f"invalid size: {e}") from None
+        fut = self.engine.call_between_steps(lambda: self.experts.resize(slots))
+        try:
+            result = await asyncio.wrap_future(fut)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        self.ceiling = result["slots"]
+        return {**result, **self.experts.stats()["cache"]}
 
     def _progress(self, done: int, total: int) -> None:
         self.loaded_bytes, self.total_bytes = done, total

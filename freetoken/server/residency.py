@@ -364,6 +364,9 @@ class Residency:
                         "expires_at": rfc3339(expires),
                         "size_vram": int(info.get("size_vram") or (size if on_gpu else 0)),
                         "context_length": e.spec.num_ctx,
+                        # FreeToken's own: how the one VRAM budget is split
+                        "kv_cache_bytes": int(info.get("kv_cache_bytes") or 0),
+                        "expert_cache_bytes": int(info.get("expert_cache_bytes") or 0),
                     },
                 )
             )

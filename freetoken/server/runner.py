@@ -207,6 +207,21 @@ class Runner:
         r = await self._client.get("/stats")
         return r.json()
 
+    async def resize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Resizes the runner's expert cache; a refusal raises RunnerRequestError (400)."""
+        try:
+            r = await self._client.post("/resize", json=body, timeout=httpx.Timeout(10.0, read=120.0))
+        except httpx.TransportError as e:
+            raise RunnerError(f"lost the connection to the model runner: {e}") from None
+        if r.status_code != 200:
+            text = _error_text(r.content)
+            if 400 <= r.status_code < 500:
+                raise RunnerRequestError(r.status_code, text)
+            raise RunnerError(text)
+        result = r.json()
+        self.info["expert_cache_bytes"] = result.get("bytes")
+        return result
+
     async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Streams the runner's events for one request; raises RunnerError on any failure.
 

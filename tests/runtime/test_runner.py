@@ -98,3 +98,60 @@ def test_concurrent_requests_all_finish(runner):
     texts = {"".join(e.get("content", "") for e in ev) for ev in results}
     assert len(texts) == 1  # same greedy output whatever the batching
     assert all(ev[-1]["eval_count"] == 16 for ev in results)
+
+
+@pytest.fixture(scope="module")
+def cached_runner(tiny_model, tmp_path_factory):
+    """A runner with an expert cache of 12 slots (in host memory on a machine without a GPU)."""
+    import os
+
+    tmp = tmp_path_factory.mktemp("cached-runner")
+    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(tiny_model[0]).items()},
+            "num_ctx": 256, "num_parallel": 4, "options": {"moe_policy": "adaptive"}}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    sock = tmp / "r.sock"
+    env = {**os.environ, "FREETOKEN_EXPERT_SLOTS": "12"}
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
+                             "--spec", str(tmp / "spec.json")], env=env)
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=60)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if client.get("/health").json()["status"] == "ok":
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    yield client
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_resize_while_four_streams_run_fails_none(cached_runner):
+    import concurrent.futures as cf
+
+    body = {"kind": "generate", "prompt": "abc", "raw": True, "options": {"temperature": 0, "num_predict": 60}}
+    ref = "".join(e.get("content", "") for e in _events(cached_runner, body))
+    with cf.ThreadPoolExecutor(5) as ex:
+        streams = [ex.submit(_events, cached_runner, body) for _ in range(4)]
+        sizes = []
+        for size in (8, 16, 10):
+            time.sleep(0.05)
+            r = cached_runner.post("/resize", json={"slots": size})
+            assert r.status_code == 200, r.text
+            sizes.append(r.json()["slots"])
+        results = [f.result() for f in streams]
+    assert sizes == [8, 16, 10]
+    for ev in results:
+        assert ev[-1]["done"] and ev[-1]["eval_count"] == 60
+        assert "".join(e.get("content", "") for e in ev) == ref  # same greedy text whatever the size
+
+
+def test_resize_below_the_floor_is_a_400_and_changes_nothing(cached_runner):
+    before = cached_runner.get("/stats").json()["experts"]["cache"]["slots"]
+    r = cached_runner.post("/resize", json={"slots": 3})
+    assert r.status_code == 400 and "below the floor of 8" in r.json()["error"]
+    assert cached_runner.get("/stats").json()["experts"]["cache"]["slots"] == before
+    r = cached_runner.post("/resize", json={"size": "lots"})
+    assert r.status_code == 400

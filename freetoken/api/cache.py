@@ -1,0 +1,51 @@
+"""FreeToken's own endpoints for the GPU expert cache of loaded models.
+
+GET /api/cache lists each loaded model's cache (slots, bytes, hit rate, the measured
+bandwidths and the split); POST /api/cache/resize {model, size | slots} grows or shrinks one
+while requests run (the runner applies it between steps).
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from freetoken.api.errors import APIError, handler
+from freetoken.api.state import resolve, services
+from freetoken.api.types import field_of, parse_json
+
+__all__ = ["cache", "resize"]
+
+
+def _summary(name: str, stats: dict) -> dict:
+    experts = stats.get("experts") or {}
+    return {"name": name, "policy": experts.get("policy"), "cache": experts.get("cache"),
+            "cpu_kernel": experts.get("cpu_kernel"), "cpu_layers": experts.get("cpu_layers"),
+            "pcie_ms_per_expert": experts.get("pcie_cost_ms"), "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
+            "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
+            "kv_pages_total": stats.get("kv_pages_total"), "kv_pages_free": stats.get("kv_pages_free")}
+
+
+@handler
+async def cache(request: Request) -> Response:
+    runners = services(request).residency.runners()
+    models = [_summary(name, await runner.stats()) for name, runner in sorted(runners.items())]
+    return JSONResponse({"models": models})
+
+
+@handler
+async def resize(request: Request) -> Response:
+    svc = services(request)
+    body = parse_json(await request.body())
+    name = field_of(body, "model", str)
+    if not name:
+        raise APIError(400, "model is required")
+    view = await resolve(svc, name)
+    runner = svc.residency.runners().get(view.display)
+    if runner is None:
+        raise APIError(404, f"model '{name}' is not loaded")
+    request_body = {k: body[k] for k in ("size", "slots") if body.get(k) is not None}
+    if not request_body:
+        raise APIError(400, "size (bytes or e.g. \"12GiB\") or slots is required")
+    result = await runner.resize(request_body)
+    return JSONResponse({"model": name, **result})

@@ -1,0 +1,53 @@
+"""The expert-cache endpoints and `freetoken cache` against the real server and runner."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from freetoken.cli.client import Client
+from freetoken.cli.main import main
+from freetoken.store import CreateSpec, Store
+from tests.server.harness import LiveServer, make_config
+
+
+@pytest.fixture(scope="module")
+def cache_server(tiny_model, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FREETOKEN_EXPERT_SLOTS", "12")  # the runner's pool: 12 of the 16 experts
+    root = tmp_path_factory.mktemp("cache-models")
+    for _ in Store(root).plan_create(CreateSpec(name="moe", from_=str(tiny_model[0]))).run():
+        pass
+    with LiveServer(make_config(root)) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+        yield srv, http
+    mp.undo()
+
+
+def test_cache_listing_resize_and_errors(cache_server):
+    srv, http = cache_server
+    assert http.post("/api/generate", json={"model": "moe", "prompt": "hi", "stream": False,
+                                            "options": {"num_predict": 4}}).status_code == 200
+    [m] = http.get("/api/cache").json()["models"]
+    assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
+    r = http.post("/api/cache/resize", json={"model": "moe", "slots": 8})
+    assert r.status_code == 200 and r.json()["slots"] == 8
+    assert http.get("/api/cache").json()["models"][0]["cache"]["slots"] == 8
+    r = http.post("/api/cache/resize", json={"model": "moe", "slots": 2})
+    assert r.status_code == 400 and "below the floor" in r.json()["error"]
+    assert http.post("/api/cache/resize", json={"model": "nope", "slots": 8}).status_code == 404
+    assert http.post("/api/cache/resize", json={"model": "moe"}).status_code == 400
+    [ps] = http.get("/api/ps").json()["models"]
+    assert ps["kv_cache_bytes"] > 0 and ps["expert_cache_bytes"] > 0
+
+
+def test_cli_cache_shows_and_resizes(cache_server, capsys):
+    srv, http = cache_server
+    http.post("/api/generate", json={"model": "moe"})  # loaded
+    client = Client(srv.url)
+    assert main(["cache"], client=client) == 0
+    out = capsys.readouterr().out
+    assert "moe:latest" in out and "adaptive" in out
+    assert main(["cache", "resize", "--slots", "10"], client=client) == 0
+    assert "10 expert slots" in capsys.readouterr().out
+    assert main(["cache", "resize", "moe", "--slots", "1"], client=client) == 1
+    assert "below the floor" in capsys.readouterr().err
