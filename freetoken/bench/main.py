@@ -9,6 +9,8 @@ BENCHES = {
     "bw": "freetoken.bench.bw",
     "load": "freetoken.bench.load",
     "decode": "freetoken.bench.decode",
+    "prefill": "freetoken.bench.prefill",
+    "resize": "freetoken.bench.resize",
 }
 
 
