@@ -20,6 +20,7 @@ import torch
 from freetoken import options as opts
 from freetoken.config import parse_size
 from freetoken.chat import template as chat_template
+from freetoken.chat.output import OutputParser, style_for
 from freetoken.moe import elastic
 from freetoken.runtime import loader
 from freetoken.runtime.engine import Engine
@@ -44,6 +45,7 @@ class Handle:
     queue: asyncio.Queue
     prompt_tokens: int
     kind: str
+    parser: OutputParser | None = None  # None: raw text, passed through as content
     t_start: int = field(default_factory=time.perf_counter_ns)
 
     async def events(self):
@@ -208,7 +210,8 @@ class ModelService:
         tok = self.engine.tokenizer
         # a stop string that is a whole (control) token stops on the token: it decodes to no text
         seq = Sequence(prompt.ids, params, max_new, tok.eos_ids | tok.special_ids(params.stop))
-        handle = Handle(seq, asyncio.Queue(), len(prompt.ids), req.get("kind", "chat"))
+        handle = Handle(seq, asyncio.Queue(), len(prompt.ids), req.get("kind", "chat"),
+                        self._parser(req, prompt.text))
 
         def on_output(s: Sequence, text: str, finished: bool) -> None:
             for event in self._events(handle, text, finished):
@@ -221,10 +224,23 @@ class ModelService:
             self.engine.submit(seq, on_output)
         return handle
 
+    def _parser(self, req: dict[str, Any], prompt_text: str) -> OutputParser | None:
+        """How this model's output splits into content, thinking and tool calls (not for raw)."""
+        if req.get("raw"):
+            return None
+        style = style_for(req.get("template") or self.builder.template)
+        # a prompt that ends inside an opened thinking section means the answer starts there
+        opened = bool(style.think_open) and prompt_text.rstrip().endswith(style.think_open)
+        return OutputParser(style, tools=bool(req.get("tools")), thinking=opened,
+                            show_thinking=req.get("think") is not False)
+
     def _events(self, handle: Handle, text: str, finished: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if text:
-            out.append({"content": text})
+        if handle.parser is None:
+            out += [{"content": text}] if text else []
+        else:
+            out += handle.parser.feed(text) if text else []
+            out += handle.parser.finish() if finished else []
         if finished:
             if handle.seq.finish_reason == "error":
                 out.append({"error": handle.seq.error or "generation failed"})

@@ -1,0 +1,193 @@
+"""Splitting generated text into content, thinking and tool calls, while it streams.
+
+The family's conventions are chosen from the model (its template), never guessed per
+request. Text that might be the start of a marker is held back until it is decided, so
+markup never leaks into content (the most reported Ollama tool bug) and content before a
+tool call still streams.
+
+Conventions understood:
+- thinking between `<think>` and `</think>` (the output may start inside it when the prompt
+  opened it);
+- tool calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen, Hermes),
+  with the XML form `<function=name><parameter=p>v</parameter></function>` inside it
+  (Qwen3-Coder), and, when tools were offered, a whole answer that is one bare JSON call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["OutputParser", "Style", "style_for"]
+
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Style:
+    think_open: str | None = "<think>"
+    think_close: str | None = "</think>"
+    call_open: str | None = "<tool_call>"
+    call_close: str | None = "</tool_call>"
+
+
+def style_for(template: str | None) -> Style:
+    """The conventions a model's template shows (markers it never mentions are not parsed)."""
+    t = template or ""
+    thinks = "<think>" in t or "enable_thinking" in t or ".Think" in t
+    calls = "<tool_call>" in t
+    return Style(think_open="<think>" if thinks else None, think_close="</think>" if thinks else None,
+                 call_open="<tool_call>" if calls else None, call_close="</tool_call>" if calls else None)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of marker."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+_XML_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+
+
+def parse_call(body: str) -> dict[str, Any] | None:
+    """A tool call from the text between the call markers (JSON, or the XML function form)."""
+    body = body.strip()
+    m = _XML_FUNC.search(body)
+    if m:
+        args = {}
+        for name, raw in _XML_PARAM.findall(m.group(2)):
+            raw = raw.strip()
+            try:
+                args[name] = json.loads(raw)
+            except ValueError:
+                args[name] = raw
+        return {"function": {"name": m.group(1), "arguments": args}}
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"function": {"name": obj["name"], "arguments": args}}
+
+
+@dataclass
+class OutputParser:
+    style: Style
+    tools: bool = False  # tools were offered: calls are parsed (else markup is plain content)
+    thinking: bool = False  # the output starts inside a thinking section
+    show_thinking: bool = True  # think:false: thinking the model does anyway is dropped
+    _buf: str = ""
+    _mode: str = field(default="")  # "", "think", "call"
+    _content_seen: bool = False
+    _calls: int = 0
+    _held: str = ""  # content that may be a bare JSON tool call
+    _thought: bool = False
+
+    def __post_init__(self) -> None:
+        self._mode = "think" if self.thinking and self.style.think_close else ""
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        rest, self._buf = self._buf, ""
+        if self._mode == "call":
+            call = parse_call(rest)
+            out.append({"tool_calls": [call]} if call else {"content": self._open() + rest})
+        elif self._mode == "think":
+            self._emit(out, "thinking", rest)
+        else:
+            self._emit(out, "content", rest)
+        if self._held:
+            call = parse_call(self._held)
+            # an answer that is one bare JSON call is a call; anything else was content after all
+            out.append({"tool_calls": [call]} if call else {"content": self._held})
+            self._held = ""
+        return out
+
+    def _open(self) -> str:
+        return self.style.call_open or ""
+
+    def _markers(self) -> list[tuple[str, str]]:
+        s = self.style
+        if self._mode == "think":
+            return [("end_think", s.think_close)] if s.think_close else []
+        if self._mode == "call":
+            return [("end_call", s.call_close)] if s.call_close else []
+        found = []
+        if s.think_open and not self._content_seen:
+            found.append(("think", s.think_open))
+        if s.call_open and self.tools:
+            found.append(("call", s.call_open))
+        return found
+
+    def _step(self, out: list[Event]) -> bool:
+        """Consumes what can be decided; True if it should be called again."""
+        markers = self._markers()
+        hits = [(self._buf.find(m), kind, m) for kind, m in markers if m in self._buf]
+        if hits:
+            at, kind, marker = min(hits)
+            before, self._buf = self._buf[:at], self._buf[at + len(marker):]
+            self._flush(out, before)
+            self._mode = {"think": "think", "call": "call"}.get(kind, "")
+            self._thought = self._thought or kind in ("think", "end_think")
+            if kind == "end_call":
+                call = parse_call(before)
+                # an unparseable call is shown as text rather than silently lost
+                out.append({"tool_calls": [call]} if call else {"content": self._open() + before + marker})
+                self._calls += 1 if call else 0
+            return True
+        if self._mode == "call":
+            return False  # a call is emitted whole, once it is complete
+        hold = max((_partial_suffix(self._buf, m) for _, m in markers), default=0)
+        text = self._buf[:len(self._buf) - hold]
+        self._buf = self._buf[len(self._buf) - hold:]
+        self._flush(out, text)
+        return False
+
+    def _flush(self, out: list[Event], text: str) -> None:
+        if self._mode == "think":
+            self._emit(out, "thinking", text)
+        elif self._mode == "":
+            self._emit(out, "content", text)
+
+    def _emit(self, out: list[Event], kind: str, text: str) -> None:
+        if not text:
+            return
+        if kind == "thinking":
+            self._thought = True
+            if self.show_thinking:
+                out.append({"thinking": text})
+            return
+        if not self._content_seen and self._thought:
+            text = text.lstrip()  # the whitespace between </think> and the answer
+            if not text:
+                return
+        if self.tools and not self._calls and (self._held or not self._content_seen) and \
+                (self._held + text).lstrip().startswith("{"):
+            self._held += text  # maybe a bare JSON call: decided at the end, never leaked
+            self._content_seen = True
+            return
+        if self._held:
+            text, self._held = self._held + text, ""
+        self._content_seen = True
+        out.append({"content": text})
