@@ -1,22 +1,27 @@
-"""Rendering Jinja chat templates (the `chat_template` of tokenizer_config.json, or a
-Modelfile TEMPLATE written in Jinja) in a sandbox, with the helpers HF templates expect.
+"""Chat templates: Jinja ones (the `chat_template` of tokenizer_config.json, or a Modelfile
+TEMPLATE written in Jinja) rendered in a sandbox with the helpers HF templates expect, and
+Go ones (Ollama Modelfile TEMPLATEs, see gotemplate). `render_any` tells them apart.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["TemplateError", "capabilities", "render"]
+from freetoken.chat import gotemplate
+from freetoken.chat.errors import TemplateError
 
+__all__ = ["TemplateError", "capabilities", "is_go_template", "render", "render_any"]
 
-class TemplateError(ValueError):
-    """The template cannot be compiled or raised while rendering."""
+# An action that only Go writes: a field or variable, a comment, or a Go keyword first.
+_GO_ACTION = re.compile(
+    r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with|end|else|template|define|block)(?![\w(]))")
 
 
 def _raise(message: str) -> None:
@@ -62,15 +67,51 @@ def render(source: str, messages: list[dict[str, Any]], *, tools: list[dict] | N
         raise TemplateError(f"template failed: {e}") from None
 
 
+@lru_cache(maxsize=64)
+def is_go_template(source: str) -> bool:
+    """Whether `source` is Go text/template (Ollama) rather than Jinja (Hugging Face)."""
+    if _GO_ACTION.search(source):
+        return True
+    if "{%" in source or "{#" in source:
+        return False
+    try:
+        # No Go-only action and no Jinja block: Go if it parses as Go (`{{ messages }}`
+        # does not: Go has no function of that name).
+        gotemplate.parse(source)
+    except TemplateError:
+        return False
+    return True
+
+
+def render_any(source: str, messages: list[dict[str, Any]], *, tools: list[Any] | None = None,
+               think: bool | str | None = None, bos_token: str | None = None,
+               eos_token: str | None = None, prompt: str | None = None,
+               suffix: str | None = None) -> str:
+    """Renders a Go or a Jinja template, whichever `source` is, for a conversation that
+    awaits the assistant's answer. `prompt` and `suffix` are a generate request's (a Go
+    template reads them as `.Prompt` and `.Suffix`)."""
+    if is_go_template(source):
+        return gotemplate.render(source, messages, tools=tools, think=think, prompt=prompt,
+                                 suffix=suffix)
+    return render(source, messages, tools=tools, add_generation_prompt=True,
+                  think=None if think is None else bool(think),
+                  bos_token=bos_token, eos_token=eos_token)
+
+
 def capabilities(source: str | None) -> list[str]:
     """What a template supports, by what it reads (as Ollama detects capabilities)."""
     caps = ["completion"]
     if not source:
         return caps
-    if "tools" in source or ".Tools" in source:
-        caps.append("tools")
-    if "enable_thinking" in source or "<think>" in source or ".Think" in source:
-        caps.append("thinking")
-    if ".Suffix" in source or "suffix" in source:
-        caps.append("insert")
-    return caps
+    if is_go_template(source):
+        try:
+            names = gotemplate.parse(source).names
+        except TemplateError:
+            return caps  # Ollama, too, grants a broken template nothing
+        found = {"tools": "tools" in names, "thinking": bool(names & {"think", "thinking"}),
+                 "insert": "suffix" in names}
+    else:
+        found = {"tools": "tools" in source,
+                 "thinking": "enable_thinking" in source or "<think>" in source,
+                 "insert": "suffix" in source}
+    return caps + [name for name, present in found.items() if present]

@@ -58,11 +58,12 @@ class PromptBuilder:
         if not source:
             # No template at all: plain concatenation, so base models still complete text.
             return "".join(m["content"] for m in messages)
-        think = req.get("think")
-        return chat_template.render(
-            source, messages, tools=req.get("tools"), add_generation_prompt=True,
-            think=None if think is None else bool(think),
-            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+        generate = req.get("kind") == "generate"
+        return chat_template.render_any(
+            source, messages, tools=req.get("tools"), think=req.get("think"),
+            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token,
+            prompt=req.get("prompt") if generate else None,
+            suffix=req.get("suffix") if generate else None)
 
     def build(self, req: dict[str, Any], num_ctx: int) -> Prompt:
         truncate = req.get("truncate", True) is not False
