@@ -138,6 +138,14 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
+def _registry(value: str) -> str:
+    """A registry address as model names carry it (empty: Ollama's registry)."""
+    v = value.strip().rstrip("/")
+    if v and not re.fullmatch(r"(?:https?://)?[A-Za-z0-9_][A-Za-z0-9_.:-]*", v):
+        raise ValueError(f"expected host[:port] or http(s)://host[:port], got {value!r}")
+    return v
+
+
 def _path(value: str) -> Path:
     return Path(value).expanduser()
 
@@ -206,8 +214,8 @@ SETTINGS: tuple[Setting, ...] = (
             "shrink the expert cache when other programs need VRAM, grow it back when they free it"),
     Setting("cache_headroom", "FREETOKEN_CACHE_HEADROOM", parse_size, "1GiB",
             "free VRAM the automatic cache sizing leaves for other programs"),
-    Setting("registry", "FREETOKEN_REGISTRY", str, "",
-            "default registry host for pull and push"),
+    Setting("registry", "FREETOKEN_REGISTRY", _registry, "",
+            "default registry for pull and push: host[:port] or http(s)://host[:port]"),
     Setting("registry_token", "FREETOKEN_REGISTRY_TOKEN", str, "",
             "bearer token sent to the registry for writes"),
     Setting("max_transfer_streams", "FREETOKEN_MAX_TRANSFER_STREAMS", _pos_int, "8",

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken.options import OptionError
+from freetoken.pull import RegistryError
 from freetoken.server.residency import ServerBusy
 from freetoken.server.runner import RunnerError, RunnerRequestError
 from freetoken.store import CreateError, DigestMismatch, InvalidName, ModelNotFound
@@ -41,6 +42,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ModelNotFound):
         return APIError(404, str(exc))
+    if isinstance(exc, RegistryError):
+        return APIError(exc.status, str(exc))
     if isinstance(exc, (InvalidName, OptionError, CreateError, DigestMismatch)):
         return APIError(400, str(exc))
     if isinstance(exc, ServerBusy):

@@ -1,10 +1,12 @@
-"""Ollama's model-management routes: version, tags, show, ps, create, blobs, copy, delete.
+"""Ollama's model-management routes: version, tags, show, ps, create, blobs, copy, delete,
+pull and push.
 
 /api/generate and /api/chat live in `completion.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -13,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from freetoken import OLLAMA_VERSION
+from freetoken import pull as transfer
 from freetoken.api.errors import APIError, handler
 from freetoken.api.state import resolve, services
 from freetoken.api.stream import NDJSONResponse
@@ -180,9 +183,39 @@ async def delete(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def _in_threads(events: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """A blocking progress generator, stepped in worker threads and always closed, so a
+    client that goes away releases its downloads (and stops a download no one else waits on)."""
+    try:
+        async for event in iterate_in_threadpool(events):
+            yield event
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(close)
+
+
+def _transfer_args(body: dict[str, Any]) -> tuple[str, bool, bool]:
+    name = _model_name(body)
+    return name, bool(field_of(body, "insecure", bool, False)), field_of(body, "stream", bool, True)
+
+
+@handler
 async def pull(request: Request) -> Response:
-    return JSONResponse({"error": "pulling from a registry is not supported yet"}, status_code=501)
+    svc = services(request)
+    name, insecure, stream = _transfer_args(parse_json(await request.body()))
+    # A malformed name is a 400 before the stream starts; registry errors arrive in it.
+    transfer.locate(name, svc.cfg.registry, insecure)
+    events = transfer.pull(svc.store, name, insecure, cfg=svc.cfg)
+    return NDJSONResponse(_in_threads(events), stream=stream)
 
 
+@handler
 async def push(request: Request) -> Response:
-    return JSONResponse({"error": "pushing to a registry is not supported yet"}, status_code=501)
+    svc = services(request)
+    name, insecure, stream = _transfer_args(parse_json(await request.body()))
+    transfer.locate(name, svc.cfg.registry, insecure)
+    await resolve(svc, name)  # an unknown model is a 404 before the stream starts
+    events = transfer.push(svc.store, name, insecure, cfg=svc.cfg)
+    return NDJSONResponse(_in_threads(events), stream=stream)

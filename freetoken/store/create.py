@@ -25,7 +25,9 @@ from freetoken.store.names import InvalidName, Name, parse_digest
 if TYPE_CHECKING:
     from freetoken.store.models import ModelView, Store
 
-__all__ = ["CreateError", "CreatePlan", "CreateSpec", "is_path", "plan_create"]
+__all__ = [
+    "CreateError", "CreatePlan", "CreateSpec", "convert_into_store", "is_path", "plan_create",
+]
 
 # Files of a model directory worth keeping: configs, weights, tokenizer data, templates.
 _KEEP_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
@@ -204,28 +206,40 @@ class CreatePlan:
     def _converted(self) -> Iterator[dict[str, Any]]:
         """Converts the source to FTW and adds its files as layers (the source is not kept)."""
         blobs = self.store.blobs
-        work = convert.work_dir(self.store.root)
-        try:
-            if self.copy_from is not None:
-                src = self.copy_from
-            else:
-                src = convert.source_of_blobs({n: blobs.path(d) for n, d in self.upload_files.items()}, work)
-            out = work / "ftw"
-            try:
-                yield from convert.run_converter(src, out)
-            except convert.ConversionFailed as e:
-                raise CreateError(str(e)) from None
-            config = json.loads((out / "config.json").read_text())
-            self.model_config = {**_model_config(config, str(src.name)), "model_format": "ftw"}
-            layers = []
-            for f in sorted(out.iterdir()):
-                digest, size, created = blobs.adopt(f)
-                yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
-                layers.append(mf.Layer(mf.FILE, digest, size, f.name))
-        finally:
-            convert.cleanup(work)
+        source: Path | dict[str, Path] = (
+            self.copy_from if self.copy_from is not None
+            else {n: blobs.path(d) for n, d in self.upload_files.items()}
+        )
+        layers, self.model_config = yield from convert_into_store(self.store, source)
         self.upload_files, self.copy_names, self.copy_from = {}, [], None
         return layers
+
+
+def convert_into_store(store: Store, source: Path | dict[str, Path]) -> Iterator[dict[str, Any]]:
+    """Converts a model directory or GGUF file, or files named like a model's (name -> path),
+    to FTW and moves the FTW files into the blobs; returns (layers, manifest config blob).
+
+    Create and pull (of a GGUF layer) both use it. Raises CreateError.
+    """
+    blobs = store.blobs
+    work = convert.work_dir(store.root)
+    try:
+        src = source if isinstance(source, Path) else convert.source_of_blobs(source, work)
+        out = work / "ftw"
+        try:
+            yield from convert.run_converter(src, out)
+        except convert.ConversionFailed as e:
+            raise CreateError(str(e)) from None
+        config = json.loads((out / "config.json").read_text())
+        model_config = {**_model_config(config, str(src.name)), "model_format": "ftw"}
+        layers = []
+        for f in sorted(out.iterdir()):
+            digest, size, created = blobs.adopt(f)
+            yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
+            layers.append(mf.Layer(mf.FILE, digest, size, f.name))
+    finally:
+        convert.cleanup(work)
+    return layers, model_config
 
 
 def _copy_file(blobs: BlobStore, path: Path, name: str) -> Iterator[dict[str, Any]]:

@@ -6,10 +6,12 @@ synchronous; the server calls it from a thread when it touches many bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 from freetoken import models as archs
 from freetoken.chat.template import capabilities as template_capabilities
+from freetoken.store import convert
 from freetoken.store import manifest as mf
 from freetoken.store import modelfile
 from freetoken.store.blobs import BlobStore
@@ -110,6 +113,8 @@ class Store:
         # Create, copy and delete change manifests; one writer at a time keeps delete's
         # reference count consistent with a create that is about to reference a blob.
         self.write_lock = threading.RLock()
+        # Blobs a pull has fetched (or found) but not yet named in a manifest.
+        self._pins: Counter[str] = Counter()
 
     @classmethod
     def from_config(cls, cfg: Any = None) -> Store:
@@ -311,8 +316,22 @@ class Store:
             parent.rmdir()
             parent = parent.parent
 
+    @contextlib.contextmanager
+    def pin(self, digests: Iterable[str]) -> Iterator[None]:
+        """Keeps `delete` and `prune` off these blobs while a pull puts a model together."""
+        digests = list(digests)
+        with self.write_lock:
+            self._pins.update(digests)
+        try:
+            yield
+        finally:
+            with self.write_lock:
+                self._pins.subtract(digests)
+                self._pins = +self._pins  # drops the zero counts
+
     def referenced(self) -> set[str]:
-        out: set[str] = set()
+        """Every digest a manifest names or a pull in progress holds."""
+        out: set[str] = set(self._pins)
         for _, path in self._walk():
             try:
                 out |= mf.read(path)[0].digests()
@@ -321,13 +340,17 @@ class Store:
         return out
 
     def prune(self) -> list[str]:
-        """Start-up clean-up: partial uploads, stray temp manifests, unreferenced blobs."""
+        """Start-up clean-up: partial uploads and downloads, stray temp manifests, the work
+        directories of interrupted conversions, unreferenced blobs."""
         with self.write_lock:
             removed = self.blobs.prune(self.referenced())
             if self.manifests.is_dir():
                 for tmp in self.manifests.glob("*/*/*/.*"):
                     tmp.unlink(missing_ok=True)
                     removed.append(str(tmp.relative_to(self.manifests)))
+            for work in self.root.glob(convert.WORK_PREFIX + "*"):
+                convert.cleanup(work)
+                removed.append(work.name)
         return removed
 
     def plan_create(self, spec: CreateSpec) -> CreatePlan:

@@ -144,9 +144,3 @@ def test_copy_errors(http):
 def test_create_errors(http, body, status, message):
     r = http.post("/api/create", json=body)
     assert r.status_code == status and r.json()["error"].startswith(message)
-
-
-def test_pull_and_push_are_not_there_yet(http):
-    for path in ("/api/pull", "/api/push"):
-        r = http.post(path, json={"model": "x"})
-        assert r.status_code == 501 and "not supported yet" in r.json()["error"]
