@@ -7,6 +7,7 @@ pull and push.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +21,8 @@ from freetoken.api.errors import APIError, handler
 from freetoken.api.state import resolve, services
 from freetoken.api.stream import NDJSONResponse
 from freetoken.api.types import field_of, parse_json
-from freetoken.store import CreateSpec, InvalidName, ModelNotFound, Name
+from freetoken.options import OptionError
+from freetoken.store import CreateSpec, InvalidName, ModelNotFound, Name, modelfile
 from freetoken.store.names import parse_digest
 
 __all__ = [
@@ -81,8 +83,31 @@ async def show(request: Request) -> Response:
     return JSONResponse(await run_in_threadpool(svc.store.show, view))
 
 
+def _modelfile_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The older create form: Modelfile text in `modelfile`; JSON fields given too win."""
+    text = field_of(body, "modelfile", str)
+    if not text:
+        return body
+    try:
+        mf = modelfile.parse(text)
+    except (modelfile.ModelfileError, OptionError) as e:
+        raise APIError(400, f"invalid Modelfile: {e}") from None
+    if mf.adapters:
+        raise APIError(400, "adapters are not supported yet")
+    source = mf.from_
+    base = field_of(body, "path", str)  # where the Modelfile was: relative FROM paths start there
+    if base and source.startswith(("./", "../")):
+        source = str(Path(base).expanduser().parent / source)
+    fields = {"from": source, "template": mf.template, "system": mf.system,
+              "parameters": mf.parameters or None, "messages": mf.messages or None,
+              "license": mf.license or None}
+    return {**{k: v for k, v in fields.items() if v is not None},
+            **{k: v for k, v in body.items() if v is not None and k != "modelfile"}}
+
+
 def _create_spec(body: dict[str, Any]) -> CreateSpec:
     name = _model_name(body)
+    body = _modelfile_fields(body)
     if body.get("quantize"):
         raise APIError(400, "quantize is not supported yet")
     if body.get("adapters"):

@@ -227,3 +227,17 @@ def test_load_unload_and_ps(client, http):
     while "endless:latest" in {m.model for m in client.ps().models}:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_create_in_the_modelfile_form(http):
+    text = 'FROM tiny\nSYSTEM """Be kind."""\nPARAMETER temperature 0.3\nMESSAGE user hello\n'
+    r = http.post("/api/create", json={"model": "from-modelfile", "modelfile": text, "stream": False})
+    assert r.status_code == 200 and r.json() == {"status": "success"}
+    shown = http.post("/api/show", json={"model": "from-modelfile"}).json()
+    assert shown["system"] == "Be kind." and "temperature" in shown["parameters"]
+    assert shown["messages"] == [{"role": "user", "content": "hello"}]
+    r = http.post("/api/create", json={"model": "x", "modelfile": "PARAMETER temperature 1"})
+    assert r.status_code == 400 and "no FROM line" in r.json()["error"]
+    r = http.post("/api/create", json={"model": "x", "modelfile": "FROM tiny\nADAPTER ./lora.gguf"})
+    assert r.status_code == 400 and "adapters" in r.json()["error"]
+    assert http.request("DELETE", "/api/delete", json={"model": "from-modelfile"}).status_code == 200
