@@ -11,6 +11,7 @@ BENCHES = {
     "decode": "freetoken.bench.decode",
     "prefill": "freetoken.bench.prefill",
     "resize": "freetoken.bench.resize",
+    "pull": "freetoken.bench.pull",
 }
 
 

@@ -50,6 +50,8 @@ Progress = dict[str, Any]
 # File digest -> (compressed digest, size), learnt by compressing: the same bytes always
 # compress the same way, so a push need not compress again to know what to ask for.
 _zstd_digests: dict[str, tuple[str, int]] = {}
+_plain: set[str] = set()  # files found not worth compressing
+WORTH_COMPRESSING = 0.95  # compressed/original above this: the file travels uncompressed
 
 
 @dataclass
@@ -102,7 +104,8 @@ class _Upload:
     def __init__(self, store: Store, layer: mf.Layer, client: RegistryClient, repo: str,
                  opts: TransferOptions):
         self.store, self.layer, self.client, self.repo, self.opts = store, layer, client, repo, opts
-        self.compress = layer.media_type == mf.FILE and layer.size > COMPRESS_ABOVE
+        self.compress = (layer.media_type == mf.FILE and layer.size > COMPRESS_ABOVE
+                         and layer.digest not in _plain)
         self.wire: WireLayer | None = None if self.compress else WireLayer.of(layer)
         if self.compress and (known := _zstd_digests.get(layer.digest)):
             self.wire = WireLayer(ZSTD, known[0], known[1], layer.name, layer.digest, layer.size)
@@ -137,7 +140,7 @@ class _Upload:
                 return
             if self.compress:
                 tmp = self._compressed(source, cancelled)
-                source = tmp
+                source = tmp or source  # None: not worth it, the file goes as it is
                 if self.client.has_blob(self.repo, self.wire.digest):
                     self.skipped = True
                     self.completed = self.wire.size
@@ -147,8 +150,9 @@ class _Upload:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
 
-    def _compressed(self, source: Path, cancelled: threading.Event) -> Path:
-        """The file compressed into a temporary file; sets the wire layer."""
+    def _compressed(self, source: Path, cancelled: threading.Event) -> Path | None:
+        """The file compressed into a temporary file (None if that saves too little); sets
+        the wire layer."""
         self.compressing, self.completed = True, 0
         # Next to the blobs (so the start-up prune removes what a crash leaves behind).
         fd, name = tempfile.mkstemp(dir=self.store.blobs.root, prefix="push-")
@@ -163,10 +167,17 @@ class _Upload:
             tmp.unlink(missing_ok=True)
             raise
         layer = self.layer
-        _zstd_digests[layer.digest] = (digest, size)
-        self.wire = WireLayer(ZSTD, digest, size, layer.name, layer.digest, layer.size)
         self.completed = 0
         self.compressing, self.compressed = False, True
+        if size > WORTH_COMPRESSING * layer.size:
+            # Nearly incompressible: sent as it is, so a pull only hashes it and can
+            # rename the downloaded file into the store instead of decompressing it.
+            tmp.unlink(missing_ok=True)
+            _plain.add(layer.digest)
+            self.wire = WireLayer.of(layer)
+            return None
+        _zstd_digests[layer.digest] = (digest, size)
+        self.wire = WireLayer(ZSTD, digest, size, layer.name, layer.digest, layer.size)
         return tmp
 
     def _advance(self, n: int) -> None:

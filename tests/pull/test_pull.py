@@ -196,7 +196,9 @@ def pull_model_events(store, cfg, hub, transport):
 def saved_parts(store: Store, layer) -> list[tuple[int, int, int]]:
     partial = PartialFile(store.blobs.root, layer.digest, layer.size)
     assert partial.path.exists()
-    states = [json.loads(p.read_text()) for p in partial.path.parent.glob(partial.path.name + "-*")]
+    # a state file being rewritten when the kill came is a .tmp the pull ignores; so do we
+    states = [json.loads(p.read_text()) for p in partial.path.parent.glob(partial.path.name + "-*")
+              if p.name.rsplit("-", 1)[1].isdigit()]
     return sorted((s["Offset"], s["Size"], s["Completed"]) for s in states)
 
 
