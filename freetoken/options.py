@@ -3,6 +3,14 @@ the API layer (validation and merging) and the runner (sampling).
 
 Precedence is request options > Modelfile PARAMETERs > these defaults. Unknown keys are
 ignored (Ollama logs and ignores them); a known key with the wrong type is an error.
+
+FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed), and
+`tool_choice` ("auto", "none" or "required") for clients that cannot send the request field
+of that name. "none" keeps the tools out of the prompt. "required" forces the answer to be
+one tool call, but only while the conversation's last message is not a tool result: an
+agent loop (OpenCode, OpenClaw) gets a forced call first and a free answer once the tool
+has answered. A request's own `tool_choice` field overrides the option
+(freetoken/chat/structured.py has the details).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ OPTION_TYPES: dict[str, str] = {
     # FreeToken's own
     "moe_policy": "str",
     "vram_budget": "str",
+    "tool_choice": "str",  # "auto" | "none" | "required": see above
 }
 
 # Legacy keys ollama-python still sends: accepted, type-checked loosely, ignored.

@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from freetoken import config
-from freetoken.api import cache, completion, ollama
+from freetoken.api import anthropic, cache, completion, embed, ollama, openai, responses
 from freetoken.api.state import Services
 from freetoken.server.residency import Residency
 from freetoken.store import Store
@@ -31,6 +31,8 @@ routes = [
     Route("/api/cache/resize", cache.resize, methods=["POST"]),
     Route("/api/generate", completion.generate, methods=["POST"]),
     Route("/api/chat", completion.chat, methods=["POST"]),
+    Route("/api/embed", embed.embed, methods=["POST"]),
+    Route("/api/embeddings", embed.embeddings, methods=["POST"]),
     Route("/api/create", ollama.create, methods=["POST"]),
     Route("/api/blobs/{digest}", ollama.blob_exists, methods=["HEAD"]),
     Route("/api/blobs/{digest}", ollama.blob_upload, methods=["POST"]),
@@ -38,6 +40,15 @@ routes = [
     Route("/api/delete", ollama.delete, methods=["DELETE"]),
     Route("/api/pull", ollama.pull, methods=["POST"]),
     Route("/api/push", ollama.push, methods=["POST"]),
+    Route("/v1/chat/completions", openai.chat_completions, methods=["POST"]),
+    Route("/v1/completions", openai.completions, methods=["POST"]),
+    Route("/v1/embeddings", embed.v1_embeddings, methods=["POST"]),
+    Route("/v1/models", openai.list_models, methods=["GET"]),
+    # names may hold '/' (namespace/model:tag), so the rest of the path is the name
+    Route("/v1/models/{model:path}", openai.retrieve_model, methods=["GET"]),
+    Route("/v1/responses", responses.responses, methods=["POST"]),
+    Route("/v1/messages", anthropic.messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
 ]
 
 

@@ -1,8 +1,10 @@
-"""POST /api/generate and /api/chat.
+"""POST /api/generate and /api/chat, and the machinery every completion route shares.
 
 A request is checked, its options merged (request > Modelfile PARAMETERs > defaults), the
-model leased from the residency, and the runner's events turned into Ollama's chunks. The
-lease is released when the response ends, however it ends.
+model leased from the residency, and the runner's events turned into chunks. The lease is
+released when the response ends, however it ends. The OpenAI, Anthropic and Responses
+routes build the same requests and call `prepare`, `chat_body`/`generate_body` and
+`events` here, so every API behaves alike underneath.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,14 +36,24 @@ from freetoken.api.types import (
     reduce_generate,
 )
 from freetoken.server.residency import default_num_ctx
-from freetoken.server.runner import RunnerSpec
+from freetoken.server.runner import RunnerError, RunnerRequestError, RunnerSpec
 from freetoken.store import ModelView
 
-__all__ = ["chat", "generate"]
+__all__ = [
+    "Plan",
+    "chat",
+    "chat_body",
+    "chat_messages",
+    "count_tokens",
+    "events",
+    "generate",
+    "generate_body",
+    "prepare",
+]
 
 
 @dataclass
-class _Plan:
+class Plan:
     """A request resolved against its model: the runner to use and the options to send."""
 
     view: ModelView
@@ -49,7 +62,7 @@ class _Plan:
     spec: RunnerSpec
 
 
-def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> _Plan:
+def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> Plan:
     store = svc.store
     merged = opts.merge(view.params, request_options)
     num_ctx = default_num_ctx(
@@ -58,20 +71,23 @@ def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> _P
     merged["num_ctx"] = num_ctx
     load = {k: merged[k] for k in sorted(opts.LOAD_OPTIONS - {"num_ctx"}) if k in merged}
     spec = RunnerSpec(view.display, store.runner_files(view), num_ctx, svc.cfg.num_parallel, load)
-    return _Plan(view, store.capabilities(view), merged, spec)
+    return Plan(view, store.capabilities(view), merged, spec)
 
 
-async def _prepare(svc: Services, req: GenerateRequest | ChatRequest) -> _Plan:
+async def prepare(svc: Services, req: GenerateRequest | ChatRequest) -> Plan:
+    """Resolves the model and checks the request against what its template supports."""
     view = await resolve(svc, req.model)
     plan = await run_in_threadpool(_plan, svc, view, req.options)
     if req.think not in (None, False) and "thinking" not in plan.capabilities:
         raise APIError(400, f'"{req.model}" does not support thinking')
     if getattr(req, "suffix", None) and "insert" not in plan.capabilities:
         raise APIError(400, f"{view.name} does not support insert")
+    if getattr(req, "tools", None) and "tools" not in plan.capabilities:
+        raise APIError(400, f"{view.name} does not support tools")
     return plan
 
 
-async def _load_or_unload(svc: Services, plan: _Plan, keep_alive: float | None) -> str:
+async def _load_or_unload(svc: Services, plan: Plan, keep_alive: float | None) -> str:
     """An empty prompt loads the model; with keep_alive 0 it unloads it instead."""
     if keep_alive == 0:
         await svc.residency.unload(plan.view)
@@ -81,15 +97,15 @@ async def _load_or_unload(svc: Services, plan: _Plan, keep_alive: float | None) 
     return "load"
 
 
-async def _events(
-    svc: Services, plan: _Plan, keep_alive: float | None, body: dict[str, Any]
+async def events(
+    svc: Services, plan: Plan, keep_alive: float | None, body: dict[str, Any]
 ) -> AsyncIterator[dict[str, Any]]:
     """The runner's events; the done event gains `total_ns` and `load_ns`."""
     start = time.monotonic_ns()
     lease = await svc.residency.acquire(plan.view, plan.spec, keep_alive)
     try:
-        async with aclosing(lease.runner.completion(body)) as events:
-            async for event in events:
+        async with aclosing(lease.runner.completion(body)) as stream:
+            async for event in stream:
                 if event.get("done"):
                     event = {
                         **event,
@@ -99,6 +115,28 @@ async def _events(
                 yield event
     finally:
         lease.release()
+
+
+async def count_tokens(svc: Services, plan: Plan, body: dict[str, Any]) -> int:
+    """The prompt length of a runner request, rendered and tokenized by the runner itself."""
+    lease = await svc.residency.acquire(plan.view, plan.spec, None)
+    transport = httpx.AsyncHTTPTransport(uds=str(lease.runner.socket))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://runner") as client:
+            r = await client.post("/tokenize", json=body, timeout=60.0)
+    except httpx.TransportError as e:
+        raise RunnerError(f"lost the connection to the model runner: {e}") from None
+    finally:
+        lease.release()
+    if r.status_code != 200:
+        try:
+            message = str(r.json()["error"])
+        except (ValueError, KeyError, TypeError):
+            message = r.text.strip() or "runner error"
+        if 400 <= r.status_code < 500:
+            raise RunnerRequestError(r.status_code, message)
+        raise RunnerError(message)
+    return int(r.json()["count"])
 
 
 def _final(model: str, key: str, value: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -137,24 +175,10 @@ async def _chat_chunks(
             yield final | metrics(event, event["total_ns"], event["load_ns"])
 
 
-@handler
-async def generate(request: Request) -> Response:
-    svc = services(request)
-    req = GenerateRequest.parse(parse_json(await request.body()))
-    plan = await _prepare(svc, req)
-    if not req.prompt and not req.suffix:
-        reason = await _load_or_unload(svc, plan, req.keep_alive)
-        return JSONResponse(
-            {
-                "model": req.model,
-                "created_at": now(),
-                "response": "",
-                "done": True,
-                "done_reason": reason,
-            }
-        )
+def generate_body(plan: Plan, req: GenerateRequest, **extra: Any) -> dict[str, Any]:
+    """The runner's /completion request for a generate; `extra` adds fields beyond Ollama's."""
     view = plan.view
-    body = {
+    return {
         "kind": "generate",
         "messages": None,
         "prompt": req.prompt,
@@ -168,8 +192,28 @@ async def generate(request: Request) -> Response:
         "context": req.context,
         "truncate": True if req.truncate is None else req.truncate,
         "options": plan.options,
+        **extra,
     }
-    chunks = _generate_chunks(req, _events(svc, plan, req.keep_alive, body))
+
+
+@handler
+async def generate(request: Request) -> Response:
+    svc = services(request)
+    req = GenerateRequest.parse(parse_json(await request.body()))
+    plan = await prepare(svc, req)
+    if not req.prompt and not req.suffix:
+        reason = await _load_or_unload(svc, plan, req.keep_alive)
+        return JSONResponse(
+            {
+                "model": req.model,
+                "created_at": now(),
+                "response": "",
+                "done": True,
+                "done_reason": reason,
+            }
+        )
+    body = generate_body(plan, req, **req.runner_fields())
+    chunks = _generate_chunks(req, events(svc, plan, req.keep_alive, body))
     return NDJSONResponse(chunks, stream=req.stream, reduce=reduce_generate)
 
 
@@ -182,25 +226,9 @@ def chat_messages(view: ModelView, messages: list[dict[str, Any]]) -> list[dict[
     return out
 
 
-@handler
-async def chat(request: Request) -> Response:
-    svc = services(request)
-    req = ChatRequest.parse(parse_json(await request.body()))
-    plan = await _prepare(svc, req)
-    if req.tools and "tools" not in plan.capabilities:
-        raise APIError(400, f"{plan.view.name} does not support tools")
-    if not req.messages:
-        reason = await _load_or_unload(svc, plan, req.keep_alive)
-        return JSONResponse(
-            {
-                "model": req.model,
-                "created_at": now(),
-                "message": {"role": "assistant", "content": ""},
-                "done": True,
-                "done_reason": reason,
-            }
-        )
-    body = {
+def chat_body(plan: Plan, req: ChatRequest, **extra: Any) -> dict[str, Any]:
+    """The runner's /completion request for a chat; `extra` adds fields beyond Ollama's."""
+    return {
         "kind": "chat",
         "messages": chat_messages(plan.view, req.messages),
         "prompt": None,
@@ -214,6 +242,26 @@ async def chat(request: Request) -> Response:
         "context": None,
         "truncate": True if req.truncate is None else req.truncate,
         "options": plan.options,
+        **extra,
     }
-    chunks = _chat_chunks(req, _events(svc, plan, req.keep_alive, body))
+
+
+@handler
+async def chat(request: Request) -> Response:
+    svc = services(request)
+    req = ChatRequest.parse(parse_json(await request.body()))
+    plan = await prepare(svc, req)
+    if not req.messages:
+        reason = await _load_or_unload(svc, plan, req.keep_alive)
+        return JSONResponse(
+            {
+                "model": req.model,
+                "created_at": now(),
+                "message": {"role": "assistant", "content": ""},
+                "done": True,
+                "done_reason": reason,
+            }
+        )
+    body = chat_body(plan, req, **req.runner_fields())
+    chunks = _chat_chunks(req, events(svc, plan, req.keep_alive, body))
     return NDJSONResponse(chunks, stream=req.stream, reduce=reduce_chat)

@@ -18,6 +18,8 @@ from freetoken.api.errors import APIError
 
 __all__ = [
     "ChatRequest",
+    "EmbedRequest",
+    "EmbeddingsRequest",
     "GenerateRequest",
     "field_of",
     "chat_chunk",
@@ -139,6 +141,13 @@ def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
     raise APIError(400, 'invalid format: expected "json" or a JSON schema')
 
 
+def _top_logprobs(body: dict[str, Any]) -> int:
+    value = field_of(body, "top_logprobs", int, 0)
+    if not 0 <= value <= 20:
+        raise APIError(400, "top_logprobs must be between 0 and 20")
+    return value
+
+
 def _options(body: dict[str, Any]) -> dict[str, Any]:
     try:
         return opts.validate(body.get("options"))
@@ -169,6 +178,8 @@ class _Common:
     options: dict[str, Any] = field(default_factory=dict)
     think: bool | str | None = None
     truncate: bool | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives listed per token (0..20)
 
     @staticmethod
     def common(body: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +191,15 @@ class _Common:
             "options": _options(body),
             "think": _think(body),
             "truncate": field_of(body, "truncate", bool),
+            "logprobs": field_of(body, "logprobs", bool, False),
+            "top_logprobs": _top_logprobs(body),
         }
+
+    def runner_fields(self) -> dict[str, Any]:
+        """Runner request fields beyond the body builders' (logprobs, when asked for)."""
+        if not self.logprobs and not self.top_logprobs:
+            return {}
+        return {"logprobs": True, "top_logprobs": self.top_logprobs}
 
 
 @dataclass
@@ -191,6 +210,7 @@ class GenerateRequest(_Common):
     template: str | None = None
     context: list[int] | None = None
     raw: bool = False
+    images: list[str] | None = None
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> GenerateRequest:
@@ -207,10 +227,15 @@ class GenerateRequest(_Common):
             template=field_of(body, "template", str),
             context=context,
             raw=field_of(body, "raw", bool, False),
+            images=field_of(body, "images", list) or None,
         )
         if req.raw and (req.template or req.system or req.context):
             raise APIError(400, "raw mode does not support template, system, or context")
         return req
+
+    def runner_fields(self) -> dict[str, Any]:
+        # images go to the runner, which refuses them for a model that reads only text
+        return super().runner_fields() | ({"images": self.images} if self.images else {})
 
 
 @dataclass
@@ -224,6 +249,62 @@ class ChatRequest(_Common):
             **cls.common(body),
             messages=[_message(m) for m in field_of(body, "messages", list, [])],
             tools=field_of(body, "tools", list) or None,
+        )
+
+
+def _embed_input(value: Any) -> list[str]:
+    """`input`: a string (none when empty) or a list of strings."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise APIError(400, "invalid input type")
+
+
+@dataclass
+class EmbedRequest:
+    """POST /api/embed."""
+
+    model: str
+    input: list[str] = field(default_factory=list)
+    truncate: bool = True  # cut inputs to num_ctx; false: an over-long input is a 400
+    dimensions: int | None = None  # keep the first n components (then re-normalise)
+    keep_alive: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> EmbedRequest:
+        dims = field_of(body, "dimensions", int)
+        if dims is not None and dims < 0:
+            raise APIError(400, "dimensions must be a positive integer")
+        return cls(
+            model=_model(body),
+            input=_embed_input(body.get("input")),
+            truncate=field_of(body, "truncate", bool, True),
+            dimensions=dims or None,
+            keep_alive=_keep_alive(body),
+            options=_options(body),
+        )
+
+
+@dataclass
+class EmbeddingsRequest:
+    """POST /api/embeddings (the older, single-prompt form)."""
+
+    model: str
+    prompt: str = ""
+    keep_alive: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> EmbeddingsRequest:
+        return cls(
+            model=_model(body),
+            prompt=field_of(body, "prompt", str, ""),
+            keep_alive=_keep_alive(body),
+            options=_options(body),
         )
 
 
@@ -253,6 +334,8 @@ def generate_chunk(model: str, event: dict[str, Any]) -> dict[str, Any]:
     if event.get("tool_calls"):
         out["tool_calls"] = event["tool_calls"]
     out["done"] = False
+    if event.get("logprobs"):
+        out["logprobs"] = event["logprobs"]
     return out
 
 
@@ -262,7 +345,10 @@ def chat_chunk(model: str, event: dict[str, Any]) -> dict[str, Any]:
         message["thinking"] = event["thinking"]
     if event.get("tool_calls"):
         message["tool_calls"] = event["tool_calls"]
-    return {"model": model, "created_at": now(), "message": message, "done": False}
+    out = {"model": model, "created_at": now(), "message": message, "done": False}
+    if event.get("logprobs"):
+        out["logprobs"] = event["logprobs"]
+    return out
 
 
 def _joined(chunks: list[dict[str, Any]], key: str) -> str:
@@ -278,6 +364,13 @@ def reduce_generate(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     calls = [c for ch in chunks for c in ch.get("tool_calls") or []]
     if calls:
         out["tool_calls"] = calls
+    return _with_logprobs(out, chunks)
+
+
+def _with_logprobs(out: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    logprobs = [lp for c in chunks for lp in c.get("logprobs") or []]
+    if logprobs:
+        out["logprobs"] = logprobs
     return out
 
 
@@ -291,4 +384,4 @@ def reduce_chat(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     if calls:
         message["tool_calls"] = calls
     out["message"] = message
-    return out
+    return _with_logprobs(out, chunks)

@@ -82,8 +82,10 @@ class Engine:
             return 0
         t0 = time.perf_counter_ns()
         logits = self._execute(plan)
+        masks = self._masks(plan)  # grammar masks, computed while the device works
+        logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
-        self._postprocess(plan, logits, t0, t1)
+        self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
         return sum(n for _, n in plan)
 
@@ -127,21 +129,37 @@ class Engine:
             hidden = self.model(torch.tensor(ids, device=dev), ctx.positions)
             if not sample_rows:
                 return torch.empty(0)
-            return self.model.logits(hidden[ctx.logits_index]).float().cpu()
+            return self.model.logits(hidden[ctx.logits_index])
 
-    def _postprocess(self, plan: Plan, logits: torch.Tensor, t0: int, t1: int) -> None:
+    @staticmethod
+    def _masks(plan: Plan) -> list[torch.Tensor | None]:
+        """For each sequence that samples this step, its grammar's mask (None: free)."""
+        return [seq.constraint.mask() if seq.constraint is not None else None
+                for seq, n in plan if seq.num_cached + n == seq.num_tokens]
+
+    def _postprocess(self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None],
+                     t0: int, t1: int) -> None:
         row = 0
         for seq, n in plan:
             seq.num_cached += n
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
-            token = sampling.sample(logits[row], seq.tokens, seq.params, self.num_ctx, req.generator)
+            scores, mask = logits[row], masks[row]
             row += 1
             if not seq.output_ids:
                 seq.prefill_ns = t1 - req.t_submit
                 seq.first_token_ns = t1
             seq.decode_ns = t1 - seq.first_token_ns
+            if mask is not None:
+                if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
+                    self._finish(req, "stop")
+                    continue
+                scores = scores.masked_fill(~mask, float("-inf"))
+            token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+            if seq.top_logprobs is not None and token not in seq.stop_ids:
+                lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
+                seq.logprobs.append((token, lp, top))
             self._accept(req, token)
 
     def _accept(self, req: Request, token: int) -> None:
@@ -150,17 +168,22 @@ class Engine:
             self._finish(req, "stop")
             return
         seq.output_ids.append(token)
+        if seq.constraint is not None:
+            seq.constraint.advance(token)
         text, stopped = req.stops.push(req.detok.push(token))
         if stopped:
             req.on_output(seq, text, False) if text else None
             self._finish(req, "stop", emit=False)
             return
-        if len(seq.output_ids) >= seq.max_new_tokens:
-            req.on_output(seq, text, False) if text else None
-            self._finish(req, "length")
-            return
+        end = None
+        if seq.constraint is not None and seq.constraint.finished:
+            end = "stop"  # the value is complete: nothing but end-of-text could follow
+        elif len(seq.output_ids) >= seq.max_new_tokens:
+            end = "length"
         if text:
             req.on_output(seq, text, False)
+        if end:
+            self._finish(req, end)
 
     def _finish(self, req: Request, reason: str, emit: bool = True) -> None:
         seq = req.seq

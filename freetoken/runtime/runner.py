@@ -61,11 +61,35 @@ def build_app(service: ModelService) -> Starlette:
         except RequestError as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
 
+    async def tokenize(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise RequestError("request body must be a JSON object")
+            return JSONResponse(service.tokenize(body))
+        except json.JSONDecodeError as e:
+            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
+
+    async def embed(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise RequestError("request body must be a JSON object")
+            return JSONResponse(await service.embed(body))
+        except json.JSONDecodeError as e:
+            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
+
     routes = [
         Route("/resize", resize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
         Route("/completion", completion, methods=["POST"]),
+        Route("/embed", embed, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
     ]
     return Starlette(routes=routes)
 

@@ -89,3 +89,16 @@ def sample(logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx:
     probs = probs[:keep]
     choice = torch.multinomial(probs / probs.sum(), 1, generator=generator)
     return int(idx[choice])
+
+
+def token_logprobs(logits: torch.Tensor, token: int,
+                   top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability and the `top` most likely (id, log-probability),
+    from the log-softmax of fp32 logits [V] (the model's distribution after the grammar mask,
+    before penalties and temperature)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    alts: list[tuple[int, float]] = []
+    if top > 0:
+        vals, idx = torch.topk(lp, min(top, lp.numel()))
+        alts = [(i, v) for i, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
+    return float(lp[token]), alts

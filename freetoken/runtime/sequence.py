@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from freetoken.runtime.sampling import SamplingParams
 
@@ -33,6 +34,10 @@ class Sequence:
     prefill_ns: int = 0
     decode_ns: int = 0
     first_token_ns: int = 0
+    constraint: Any = None  # a runtime.constrain.Constraint: the grammar the output follows
+    top_logprobs: int | None = None  # None: no logprobs; else alternatives per token
+    # (token, logprob, alternatives) of sampled tokens not yet sent
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:

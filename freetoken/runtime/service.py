@@ -19,16 +19,20 @@ import torch
 
 from freetoken import options as opts
 from freetoken.config import parse_size
+from freetoken.chat import structured
 from freetoken.chat import template as chat_template
 from freetoken.chat.output import OutputParser, style_for
 from freetoken.moe import elastic
+from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
+from freetoken.runtime.constrain import Constraint, MaskCache
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prompt import PromptBuilder, PromptError
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.vocab import Vocab
 
 log = logging.getLogger("freetoken.runner")
 
@@ -46,6 +50,7 @@ class Handle:
     prompt_tokens: int
     kind: str
     parser: OutputParser | None = None  # None: raw text, passed through as content
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # of tokens not yet sent
     t_start: int = field(default_factory=time.perf_counter_ns)
 
     async def events(self):
@@ -72,6 +77,7 @@ class ModelService:
         self.loaded_bytes = 0
         self.sizes: dict[str, int] = {}
         self.watcher: elastic.Watcher | None = None
+        self.masks: MaskCache | None = None
         self.ceiling = 0
 
     # --- engine thread ---------------------------------------------------------------
@@ -102,6 +108,8 @@ class ModelService:
         self.engine = Engine(model, tokenizer, kv, loaded.device, self.num_ctx, self.num_parallel,
                              self.cfg.prefill_chunk)
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
+        # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
+        self.masks = MaskCache(Vocab.from_tokenizer(tokenizer.tok, a.vocab_size))
         self.load_ns = time.perf_counter_ns() - t0
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = loaded.device.type == "cuda"
@@ -191,13 +199,12 @@ class ModelService:
     def start(self, req: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Handle:
         if self.status != "ok":
             raise RequestError(f"model is not ready ({self.status})", 503)
-        if req.get("format"):
-            raise RequestError('structured outputs ("format") are not supported yet')
         if req.get("think") and "thinking" not in self.capabilities(req):
             raise RequestError(f'"{self.spec.get("name", "model")}" does not support thinking')
         try:
             options = opts.validate(req.get("options"))
-        except opts.OptionError as e:
+            req, forced = self._resolve(req, options)
+        except (opts.OptionError, structured.SchemaError) as e:
             raise RequestError(str(e)) from None
         num_ctx = min(int(options.get("num_ctx") or self.num_ctx), self.num_ctx)
         try:
@@ -210,8 +217,14 @@ class ModelService:
         tok = self.engine.tokenizer
         # a stop string that is a whole (control) token stops on the token: it decodes to no text
         seq = Sequence(prompt.ids, params, max_new, tok.eos_ids | tok.special_ids(params.stop))
+        try:
+            seq.constraint = self._constraint(req, forced, prompt.text, seq.stop_ids)
+        except structured.SchemaError as e:
+            raise RequestError(str(e)) from None
+        seq.top_logprobs = _top_logprobs(req)
+        calls = forced is not None or not req.get("format")  # a formatted answer is content
         handle = Handle(seq, asyncio.Queue(), len(prompt.ids), req.get("kind", "chat"),
-                        self._parser(req, prompt.text))
+                        self._parser(req, prompt.text, calls))
 
         def on_output(s: Sequence, text: str, finished: bool) -> None:
             for event in self._events(handle, text, finished):
@@ -224,15 +237,131 @@ class ModelService:
             self.engine.submit(seq, on_output)
         return handle
 
-    def _parser(self, req: dict[str, Any], prompt_text: str) -> OutputParser | None:
-        """How this model's output splits into content, thinking and tool calls (not for raw)."""
+    def tokenize(self, req: dict[str, Any]) -> dict[str, int]:
+        """How many tokens /completion would start from for `req`, before any truncation."""
+        if self.status != "ok":
+            raise RequestError(f"model is not ready ({self.status})", 503)
+        try:
+            req, _ = self._resolve(req, opts.validate(req.get("options")))  # as start() does
+            # a context too large to ever truncate: the count is of the whole rendered request
+            prompt = self.builder.build(req, 1 << 62)
+        except (opts.OptionError, structured.SchemaError, PromptError,
+                chat_template.TemplateError) as e:
+            raise RequestError(str(e)) from None
+        return {"count": len(prompt.ids)}
+
+    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /embed: each input's mean final hidden state, L2-normalised (unless
+        `normalize` is false) and cut to `dimensions`; inputs longer than num_ctx are cut
+        to it, or refused with `truncate: false`. Runs between engine steps."""
+        if self.status != "ok":
+            raise RequestError(f"model is not ready ({self.status})", 503)
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+            raise RequestError("invalid input type")
+        dims = body.get("dimensions")
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 0):
+            raise RequestError("dimensions must be a positive integer")
+        try:
+            options = opts.validate(body.get("options"))
+        except opts.OptionError as e:
+            raise RequestError(str(e)) from None
+        num_ctx = min(int(options.get("num_ctx") or self.num_ctx), self.num_ctx)
+        truncate = body.get("truncate", True) is not False
+        batch = [self._embed_ids(text, num_ctx, truncate) for text in inputs]
+        unit = body.get("normalize", True) is not False
+        vectors = []
+        for ids in batch:  # one at a time, so decoding steps run in between
+            vec = await self._mean_hidden(ids)
+            vectors.append(embedding.normalize(vec, dims) if unit else vec[:dims or None].tolist())
+        return {"embeddings": vectors, "prompt_eval_count": sum(len(ids) for ids in batch)}
+
+    def _embed_ids(self, text: str, num_ctx: int, truncate: bool) -> list[int]:
+        ids = self.engine.tokenizer.encode(text)
+        if not ids:
+            raise RequestError("cannot embed empty text")
+        if len(ids) > num_ctx:
+            if not truncate:
+                raise RequestError("the input length exceeds the context length")
+            ids = ids[:num_ctx]
+        return ids
+
+    async def _mean_hidden(self, ids: list[int]) -> torch.Tensor:
+        engine, chunk = self.engine, self.cfg.prefill_chunk
+        while True:
+            fut = engine.call_between_steps(lambda: embedding.mean_hidden(engine, ids, chunk))
+            vec = await asyncio.wrap_future(fut)
+            if vec is not None:
+                return vec
+            await asyncio.sleep(0.05)  # the KV pool is full: wait for sequences to end
+
+    def _resolve(self, req: dict[str, Any],
+                 options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The request as the runner serves it, and the forced tool call: None, "" (any offered
+        tool) or a tool name. Thinking defaults on where the template supports it (as Ollama
+        does); tool_choice "none" keeps the tools out of the prompt."""
+        req = dict(req)
+        if req.get("think") is None and not req.get("raw") and "thinking" in self.capabilities(req):
+            req["think"] = True
+        if req.get("kind") == "generate" and req.get("images"):
+            raise RequestError("this model does not support images")
+        mode, name = structured.tool_choice(req.get("tool_choice"), options.get("tool_choice"),
+                                            req.get("messages"), req.get("tools"))
+        if mode == "none":
+            req["tools"] = None
+        return req, (name or "") if mode == "required" else None
+
+    def _style(self, req: dict[str, Any]):
+        return style_for(req.get("template") or self.builder.template)
+
+    def _constraint(self, req: dict[str, Any], forced: str | None, prompt_text: str,
+                    end_ids: frozenset[int]) -> Constraint | None:
+        """The grammar the answer follows: a forced tool call, else the `format`, else none."""
+        style = self._style(req)
+        if forced is not None:
+            tools = req.get("tools") or []
+            key = ["call", tools, forced, style.call_open, style.call_close]
+            masks = self.masks.get(key, lambda: structured.tool_call_grammar(
+                tools, forced or None, style.call_open, style.call_close))
+        elif req.get("format"):
+            masks = self.masks.get(["format", req["format"]],
+                                   lambda: structured.format_grammar(req["format"]))
+        else:
+            return None
+        if req.get("raw") or not style.think_close:
+            return Constraint(masks, end_ids)
+        # the grammar applies once the thinking section (opened by the prompt, or by the
+        # model's first token) has ended
+        opened = prompt_text.rstrip().endswith(style.think_open)
+        opening = self.engine.tokenizer.special_ids([style.think_open])
+        return Constraint(masks, end_ids, thinking=opened, think_close=style.think_close.encode(),
+                          think_open_ids=opening if req.get("think") is not False else frozenset())
+
+    def _parser(self, req: dict[str, Any], prompt_text: str,
+                calls: bool = True) -> OutputParser | None:
+        """How this model's output splits into content, thinking and tool calls (not for raw).
+        calls=False: an answer held to a `format` is content, even if it looks like a call."""
         if req.get("raw"):
             return None
-        style = style_for(req.get("template") or self.builder.template)
+        style = self._style(req)
         # a prompt that ends inside an opened thinking section means the answer starts there
         opened = bool(style.think_open) and prompt_text.rstrip().endswith(style.think_open)
-        return OutputParser(style, tools=bool(req.get("tools")), thinking=opened,
+        return OutputParser(style, tools=calls and bool(req.get("tools")), thinking=opened,
                             show_thinking=req.get("think") is not False)
+
+    def _logprobs(self, seq: Sequence) -> list[dict[str, Any]]:
+        """The logprobs of tokens sampled since the last call, as the events carry them."""
+        taken, seq.logprobs = seq.logprobs, []
+        return [{**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in alts]}
+                if seq.top_logprobs else self._token(t, lp) for t, lp, alts in taken]
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        data = self.masks.vocab.bytes[token] if token < self.masks.vocab.size else b""
+        # a control token has no text; its name stands in for it
+        text = data.decode("utf-8", "replace") if data else (
+            self.engine.tokenizer.tok.id_to_token(token) or "")
+        return {"token": text, "logprob": logprob, "bytes": list(data or text.encode())}
 
     def _events(self, handle: Handle, text: str, finished: bool) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -241,6 +370,14 @@ class ModelService:
         else:
             out += handle.parser.feed(text) if text else []
             out += handle.parser.finish() if finished else []
+        if handle.seq.top_logprobs is not None:
+            # each event carries the logprobs of the tokens that led to it; tokens whose
+            # text is held back (a marker, a tool call) wait for the next event
+            handle.logprobs += self._logprobs(handle.seq)
+            if handle.logprobs and (out or finished):
+                if not out:
+                    out.append({"content": ""})
+                out[0]["logprobs"], handle.logprobs = handle.logprobs, []
         if finished:
             if handle.seq.finish_reason == "error":
                 out.append({"error": handle.seq.error or "generation failed"})
@@ -263,3 +400,12 @@ class ModelService:
     def cancel(self, handle: Handle) -> None:
         if not handle.seq.is_finished and self.engine is not None:
             self.engine.abort(handle.seq.id)
+
+
+def _top_logprobs(req: dict[str, Any]) -> int | None:
+    """How many alternatives each token's logprobs list (None: no logprobs)."""
+    top = req.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 0 <= top <= 20):
+        raise RequestError("top_logprobs must be between 0 and 20")
+    return (top or 0) if req.get("logprobs") or top else None

@@ -174,12 +174,13 @@ def test_unknown_model_through_the_client(client):
 
 
 def test_runner_refusal_keeps_its_status(http):
-    # The runner checks what only it can (here: structured outputs); its 400 reaches the client.
+    # The runner checks what only it can (here: a schema it cannot follow); its 400 reaches
+    # the client.
     r = http.post(
         "/api/chat",
-        json={"model": "tiny", "format": "json", "messages": [{"role": "user", "content": "hi"}]},
+        json={"model": "tiny", "format": {"type": "nope"}, "messages": [{"role": "user", "content": "hi"}]},
     )
-    assert r.status_code == 400 and "error" in r.json()
+    assert r.status_code == 400 and "unknown type" in r.json()["error"]
 
 
 def test_disconnect_cancels_generation_in_the_runner(http, server):

@@ -1,0 +1,110 @@
+"""What a request asks the output to be: a JSON value (`format`) or a tool call (`tool_choice`).
+
+`format`: "json" means a JSON object (what Ollama's models return for it), a JSON-schema
+object means an instance of it.
+
+`tool_choice` (the OpenAI and Anthropic field, passed to the runner as is):
+- "auto" (or absent): the model decides, tools are offered as usual;
+- "none": tools are not rendered into the prompt (so not called either);
+- "required": the answer is one call, `<tool_call>{"name": <an offered tool>, "arguments":
+  <that tool's parameters>}</tool_call>` (the bare JSON object for a template without call
+  markers), and nothing else;
+- {"type": "function", "function": {"name": N}}: the same call, to tool N.
+
+The `tool_choice` option (a Modelfile PARAMETER or request option; a FreeToken extension)
+takes the same strings for clients that cannot send the field. As an option, "required"
+applies only while the conversation's last message is not a tool result: an agent loop
+(OpenCode, OpenClaw) then gets a forced call first and a free answer once the tool has
+answered, instead of calling tools forever. A request's `tool_choice` overrides the option.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from freetoken.chat.jsonfsm import Grammar
+from freetoken.chat.schema import (
+    ANY,
+    ANY_OBJECT,
+    SchemaError,
+    compile_schema,
+    literal_node,
+    object_node,
+    union_node,
+)
+
+__all__ = ["SchemaError", "format_grammar", "tool_call_grammar", "tool_choice"]
+
+_CHOICES = ("auto", "none", "required")
+
+
+def format_grammar(fmt: Any) -> Grammar:
+    """The grammar of a request's `format` ("json" or a JSON schema)."""
+    if fmt == "json":
+        return Grammar(ANY_OBJECT)
+    if isinstance(fmt, dict):
+        return Grammar(compile_schema(fmt))
+    raise SchemaError('format must be "json" or a JSON schema object')
+
+
+def _named(choice: dict[str, Any]) -> str:
+    fn = choice.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+    if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
+        raise SchemaError('tool_choice must be "auto", "none", "required" or '
+                          '{"type": "function", "function": {"name": ...}}')
+    return name
+
+
+def tool_choice(request_choice: Any, option_choice: Any, messages: list[dict[str, Any]] | None,
+                tools: list[Any] | None) -> tuple[str, str | None]:
+    """The effective choice as (mode, tool name): mode "auto", "none" or "required"; a
+    name when one function is forced.
+
+    The request's field wins; else the `tool_choice` option, whose "required" lapses when
+    no tools are offered or the last message is a tool result."""
+    if request_choice is not None:
+        if isinstance(request_choice, dict):
+            return "required", _named(request_choice)
+        if request_choice not in _CHOICES:
+            raise SchemaError(f'invalid tool_choice {request_choice!r}: must be "auto", "none", '
+                              '"required" or a function')
+        return request_choice, None
+    if option_choice is None:
+        return "auto", None
+    if option_choice not in _CHOICES:
+        raise SchemaError(f'invalid tool_choice option {option_choice!r}: must be "auto", '
+                          '"none" or "required"')
+    answered = bool(messages) and messages[-1].get("role") == "tool"
+    if option_choice == "required" and (not tools or answered):
+        return "auto", None
+    return option_choice, None
+
+
+def _tool_fn(tool: Any) -> dict[str, Any] | None:
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    return fn if isinstance(fn.get("name"), str) and fn["name"] else None
+
+
+def tool_call_grammar(tools: list[Any], name: str | None, call_open: str | None,
+                      call_close: str | None) -> Grammar:
+    """One call to one of `tools` (to `name` when given), between the call markers."""
+    alts = []
+    for fn in filter(None, map(_tool_fn, tools)):
+        if name is not None and fn["name"] != name:
+            continue
+        params = fn.get("parameters")
+        try:
+            args = compile_schema(params) if params else ANY_OBJECT
+        except SchemaError as e:
+            raise SchemaError(f'tool "{fn["name"]}": {e}') from None
+        if args is ANY:
+            args = ANY_OBJECT  # arguments are always an object
+        alts.append(object_node([("name", literal_node([fn["name"]]), True),
+                                 ("arguments", args, True)], None))
+    if not alts:
+        raise SchemaError(f'tool "{name}" is not among the tools' if name
+                          else "tool_choice needs tools")
+    return Grammar(union_node(alts), (call_open or "").encode(), (call_close or "").encode())

@@ -1,0 +1,101 @@
+"""What `format` and `tool_choice` make of a request: the effective choice and the grammars."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from freetoken import options as opts
+from freetoken.chat.jsonfsm import Matcher
+from freetoken.chat.output import OutputParser, Style
+from freetoken.chat.structured import SchemaError, format_grammar, tool_call_grammar, tool_choice
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}},  # no parameters: any object
+]
+USER = [{"role": "user", "content": "hi"}]
+AFTER_TOOL = USER + [{"role": "assistant", "content": ""}, {"role": "tool", "content": "22"}]
+
+
+@pytest.mark.parametrize("request_choice, option, messages, tools, want", [
+    (None, None, USER, TOOLS, ("auto", None)),
+    ("none", "required", USER, TOOLS, ("none", None)),  # the request wins
+    ("required", None, AFTER_TOOL, TOOLS, ("required", None)),  # asked for: always
+    ({"type": "function", "function": {"name": "now"}}, None, USER, TOOLS, ("required", "now")),
+    (None, "required", USER, TOOLS, ("required", None)),
+    (None, "required", AFTER_TOOL, TOOLS, ("auto", None)),  # the option lapses after a result
+    (None, "required", USER, None, ("auto", None)),  # and without tools
+    (None, "none", USER, TOOLS, ("none", None)),
+])
+def test_effective_tool_choice(request_choice, option, messages, tools, want):
+    assert tool_choice(request_choice, option, messages, tools) == want
+
+
+@pytest.mark.parametrize("request_choice, option", [
+    ("always", None), ({"type": "function"}, None), ({"type": "x", "function": {"name": "a"}}, None),
+    (None, "sometimes"),
+])
+def test_invalid_tool_choice(request_choice, option):
+    with pytest.raises(SchemaError):
+        tool_choice(request_choice, option, USER, TOOLS)
+
+
+def test_tool_choice_is_an_option_a_modelfile_may_set():
+    assert opts.coerce("tool_choice", "required", from_text=True) == "required"
+    assert opts.validate({"tool_choice": "none"}) == {"tool_choice": "none"}
+    with pytest.raises(opts.OptionError):
+        opts.validate({"tool_choice": 1})
+
+
+def accepts(grammar, text: str) -> bool:
+    m = Matcher(grammar)
+    state = m.feed(m.initial(), text.encode())
+    return bool(state) and m.is_done(state)
+
+
+def test_tool_call_grammar():
+    g = tool_call_grammar(TOOLS, None, "<tool_call>", "</tool_call>")
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert accepts(g, good)
+    assert accepts(g, '<tool_call>{"name": "now", "arguments": {"any": [1]}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "other", "arguments": {}}</tool_call>')
+    assert not accepts(g, '{"name": "now", "arguments": {}}')
+    assert not accepts(g, good + " and more")
+    parser = OutputParser(Style(), tools=True)
+    events = parser.feed(good) + parser.finish()
+    assert events == [{"tool_calls": [{"function": {"name": "get_weather",
+                                                    "arguments": {"city": "Paris"}}}]}]
+    named = tool_call_grammar(TOOLS, "now", None, None)  # a template without call markers
+    assert accepts(named, '{"name": "now", "arguments": {}}')
+    assert not accepts(named, '{"name": "get_weather", "arguments": {"city": "x"}}')
+
+
+def test_tool_call_grammar_refusals():
+    with pytest.raises(SchemaError, match="needs tools"):
+        tool_call_grammar([], None, None, None)
+    with pytest.raises(SchemaError, match="not among"):
+        tool_call_grammar(TOOLS, "nope", None, None)
+    bad = [{"type": "function", "function": {"name": "x", "parameters": {"type": "nope"}}}]
+    with pytest.raises(SchemaError, match='tool "x"'):
+        tool_call_grammar(bad, None, None, None)
+
+
+def test_format_grammar():
+    assert accepts(format_grammar("json"), json.dumps({"a": [1, None]}))
+    assert not accepts(format_grammar("json"), "[1]")  # "json" means an object
+    with pytest.raises(SchemaError):
+        format_grammar("yaml")
+
+
+def test_the_grammar_side_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, freetoken.chat.structured, freetoken.chat.jsonfsm, freetoken.chat.schema\n"
+            "assert 'torch' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
