@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from freetoken.store.blobs import BlobStore, DigestMismatch
+from freetoken.store.blobs import BlobStore, DigestMismatch, fsync_dir
 from freetoken.store.names import DEFAULT_TAG, InvalidName, Name, parse_digest
 
 __all__ = ["Storage", "Upload", "check_repo", "check_tag", "manifest_digest"]
@@ -49,13 +49,6 @@ def manifest_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    # A rename is only durable once the directory entry is on disk.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _child(parent: Path, part: str) -> Path:
@@ -177,7 +170,7 @@ class Storage:
                 upload.path.unlink()
                 return False
             os.replace(upload.path, target)
-            _fsync_dir(self.blobs.root)
+            fsync_dir(self.blobs.root)
             return True
         except BaseException:
             upload.path.unlink(missing_ok=True)
@@ -235,7 +228,7 @@ class Storage:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         # The name matched a tag spelled with other case: the new spelling replaces it.
         if old != target and old.is_file():
             self._remove_manifest(old)

@@ -32,7 +32,7 @@ import zstandard
 from freetoken.pull.client import RegistryClient, RegistryError
 from freetoken.pull.parts import Cancelled, Part, PartialFile, TransferOptions, fetch_part
 from freetoken.pull.wire import WireLayer
-from freetoken.store.blobs import BlobStore, BlobWriter, DigestMismatch
+from freetoken.store.blobs import BlobStore, BlobWriter, DigestMismatch, fsync_dir
 
 __all__ = ["Download", "Transfers", "shared_transfers"]
 
@@ -219,7 +219,7 @@ class Download:
         self.partial.flush()
         self.partial.close()
         os.replace(self.partial.path, self.blobs.path(want))
-        _fsync_dir(self.blobs.root)
+        fsync_dir(self.blobs.root)
         self.partial.remove_states()
 
     def _publish_compressed(self, src: _Follower) -> None:
@@ -325,12 +325,6 @@ class _WriteBehind:
             raise self.error
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Transfers:

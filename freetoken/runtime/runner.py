@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -18,17 +19,43 @@ import sys
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from freetoken import config as settings
 from freetoken.runtime.service import ModelService, RequestError
 
 log = logging.getLogger("freetoken.runner")
+
+
+def _json_body(raw: bytes) -> dict[str, Any]:
+    body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body
+
+
+def _endpoint(handle: Callable[[dict[str, Any], asyncio.AbstractEventLoop], Any]):
+    """A POST route: JSON object in; the handler's answer out (a JSON object, or a response
+    it built); bad JSON and RequestError become {"error"} with their status."""
+
+    async def route(request: Request):
+        try:
+            result = handle(_json_body(await request.body()), asyncio.get_running_loop())
+            if inspect.isawaitable(result):
+                result = await result
+        except json.JSONDecodeError as e:
+            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
+        return result if isinstance(result, Response) else JSONResponse(result)
+
+    return route
 
 
 def build_app(service: ModelService) -> Starlette:
@@ -38,58 +65,17 @@ def build_app(service: ModelService) -> Starlette:
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse(service.stats())
 
-    async def completion(request: Request):
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("request body must be a JSON object")
-            handle = service.start(body, asyncio.get_running_loop())
-        except json.JSONDecodeError as e:
-            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
-        except RequestError as e:
-            return JSONResponse({"error": str(e)}, status_code=e.status)
+    def completion(body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Response:
+        handle = service.start(body, loop)
         return StreamingResponse(_ndjson(service, handle), media_type="application/x-ndjson")
 
-    async def resize(request: Request) -> JSONResponse:
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("request body must be a JSON object")
-            return JSONResponse(await service.resize(body))
-        except json.JSONDecodeError as e:
-            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
-        except RequestError as e:
-            return JSONResponse({"error": str(e)}, status_code=e.status)
-
-    async def tokenize(request: Request) -> JSONResponse:
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("request body must be a JSON object")
-            return JSONResponse(service.tokenize(body))
-        except json.JSONDecodeError as e:
-            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
-        except RequestError as e:
-            return JSONResponse({"error": str(e)}, status_code=e.status)
-
-    async def embed(request: Request) -> JSONResponse:
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise RequestError("request body must be a JSON object")
-            return JSONResponse(await service.embed(body))
-        except json.JSONDecodeError as e:
-            return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
-        except RequestError as e:
-            return JSONResponse({"error": str(e)}, status_code=e.status)
-
     routes = [
-        Route("/resize", resize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
-        Route("/completion", completion, methods=["POST"]),
-        Route("/embed", embed, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/completion", _endpoint(completion), methods=["POST"]),
+        Route("/resize", _endpoint(lambda body, _: service.resize(body)), methods=["POST"]),
+        Route("/embed", _endpoint(lambda body, _: service.embed(body)), methods=["POST"]),
+        Route("/tokenize", _endpoint(lambda body, _: service.tokenize(body)), methods=["POST"]),
     ]
     return Starlette(routes=routes)
 

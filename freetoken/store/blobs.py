@@ -33,7 +33,7 @@ class DigestMismatch(ValueError):
         self.got = got
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     # The rename is only durable once the directory entry is on disk.
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -81,7 +81,7 @@ class BlobWriter:
                 self._tmp.unlink()
                 return digest, False
             os.replace(self._tmp, target)
-            _fsync_dir(self._store.root)
+            fsync_dir(self._store.root)
             return digest, True
         except BaseException:
             self.abort()
@@ -162,7 +162,7 @@ class BlobStore:
         with open(path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(path, target)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return digest, size, True
 
     def digests(self) -> set[str]:
