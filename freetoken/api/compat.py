@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from freetoken import options as opts
-from freetoken.api.errors import APIError, as_api_error
+from freetoken.api.errors import APIError, as_api_error, shaped_handler
 from freetoken.api.sse import JSONResult, SSEResponse
 from freetoken.api.types import field_of
 
@@ -73,21 +73,7 @@ def openai_error(err: APIError) -> dict[str, Any]:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def v1_handler(error_body: Callable[[APIError], dict[str, Any]]) -> Callable[[Handler], Handler]:
-    """Like `errors.handler`, but the error body is this API's shape."""
-
-    def wrap(fn: Handler) -> Handler:
-        @functools.wraps(fn)
-        async def wrapped(request: Request) -> Response:
-            try:
-                return await fn(request)
-            except Exception as e:
-                err = as_api_error(e)
-                return JSONResponse(error_body(err), status_code=err.status)
-
-        return wrapped
-
-    return wrap
+v1_handler = shaped_handler  # each /v1 module passes its API's error body
 
 
 # -- request fields ---------------------------------------------------------------------

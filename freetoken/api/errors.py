@@ -61,15 +61,23 @@ def as_api_error(exc: BaseException) -> APIError:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def handler(fn: Handler) -> Handler:
-    """Wraps a route handler so that whatever it raises becomes an error response."""
+def shaped_handler(error_body: Callable[[APIError], dict]) -> Callable[[Handler], Handler]:
+    """Wraps route handlers so that whatever they raise becomes an error response whose body
+    is the API's own shape (Ollama's, OpenAI's, Anthropic's)."""
 
-    @functools.wraps(fn)
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await fn(request)
-        except Exception as e:
-            err = as_api_error(e)
-            return error_response(err.status, err.message)
+    def wrap(fn: Handler) -> Handler:
+        @functools.wraps(fn)
+        async def wrapped(request: Request) -> Response:
+            try:
+                return await fn(request)
+            except Exception as e:
+                err = as_api_error(e)
+                return JSONResponse(error_body(err), status_code=err.status)
 
-    return wrapped
+        return wrapped
+
+    return wrap
+
+
+handler = shaped_handler(lambda err: {"error": err.message})
+handler.__doc__ = "Ollama's error shape: {\"error\": message} with the status."

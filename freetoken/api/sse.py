@@ -23,6 +23,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from starlette.types import Receive, Scope, Send
 
 from freetoken.api.errors import APIError, as_api_error
+from freetoken.api.stream import until_disconnect
 
 __all__ = ["DONE", "JSONResult", "SSEResponse", "event", "json_bytes"]
 
@@ -40,20 +41,6 @@ def event(data: Any, name: str | None = None) -> bytes:
     """One SSE frame: an optional `event:` line, then the JSON `data:` line."""
     head = f"event: {name}\n".encode() if name else b""
     return head + b"data: " + json_bytes(data) + b"\n\n"
-
-
-async def _watched(receive: Receive, work: Callable[[], Awaitable[None]]) -> None:
-    """Runs `work`, cancelling it if the client disconnects first."""
-    async with anyio.create_task_group() as tg:
-
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(watch_disconnect)
-        await work()
-        tg.cancel_scope.cancel()
 
 
 async def _send_json(send: Send, status: int, body: Any) -> None:
@@ -79,7 +66,7 @@ class JSONResult:
                 return
             await _send_json(send, 200, body)
 
-        await _watched(receive, work)
+        await until_disconnect(receive, work)
 
 
 @dataclass
@@ -120,7 +107,7 @@ class SSEResponse:
                 tg.cancel_scope.cancel()
 
         with receiver:
-            await _watched(receive, work)
+            await until_disconnect(receive, work)
 
     async def _produce(self, sender: MemoryObjectSendStream[Any]) -> None:
         # The frames are iterated and closed in this task only: the generators below hold

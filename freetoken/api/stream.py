@@ -9,7 +9,7 @@ that disconnects cancels the iterator, so a generation in a runner stops with it
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from freetoken.api.errors import as_api_error
 
-__all__ = ["NDJSONResponse", "dumps", "last"]
+__all__ = ["NDJSONResponse", "dumps", "last", "until_disconnect"]
 
 Reduce = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
@@ -30,6 +30,20 @@ def last(items: list[dict[str, Any]]) -> dict[str, Any]:
     return items[-1] if items else {}
 
 
+async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> None:
+    """Runs `work`, cancelling it if the client disconnects first (which stops generation)."""
+    async with anyio.create_task_group() as tg:
+
+        async def watch_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch_disconnect)
+        await work()
+        tg.cancel_scope.cancel()
+
+
 class NDJSONResponse:
     def __init__(
         self, items: AsyncIterator[dict[str, Any]], *, stream: bool = True, reduce: Reduce = last
@@ -40,16 +54,7 @@ class NDJSONResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async with anyio.create_task_group() as tg:
-
-                async def watch_disconnect() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch_disconnect)
-                await (self._stream(send) if self.stream else self._whole(send))
-                tg.cancel_scope.cancel()
+            await until_disconnect(receive, lambda: self._stream(send) if self.stream else self._whole(send))
         finally:
             aclose = getattr(self.items, "aclose", None)
             if aclose is not None:
