@@ -284,6 +284,14 @@ class MessageStream:
             if self.open != "text":
                 frames += self._open({"type": "text", "text": ""})
             frames.append(self._delta({"type": "text_delta", "text": text}))
+        if start := ev.get("tool_call_start"):  # a call whose arguments now stream
+            call = Call(id=new_id(*_TOOL_ID), name=start["name"], arguments={}, index=self.calls)
+            frames += self._open(_tool_use(call) | {"input": {}})
+        if delta := ev.get("tool_call_delta"):
+            frames.append(self._delta({"type": "input_json_delta", "partial_json": delta["arguments"]}))
+        if ev.get("streamed"):  # its deltas went out already: only close its block
+            self.calls += len(ev.get("tool_calls") or [])
+            return frames + self._close()
         for call in calls_of(ev, self.calls, *_TOOL_ID):
             self.calls += 1
             frames += self._open(_tool_use(call) | {"input": {}})
@@ -321,7 +329,8 @@ async def messages(request: Request) -> Response:
     call = messages_request(parse_json(await request.body()))
     req = call.req
     plan = await completion.prepare(svc, req)
-    events = completion.events(svc, plan, None, completion.chat_body(plan, req, **call.extra))
+    body = completion.chat_body(plan, req, **call.extra, stream_tool_calls=bool(req.stream))
+    events = completion.events(svc, plan, None, body)
     stream = MessageStream(req.model) if req.stream else None
     whole = functools.partial(message_object, req.model)
     return reply(events, stream, whole, anthropic_error, _TOOL_ID, ping=PING, ping_after=PING_AFTER)

@@ -199,7 +199,9 @@ async def chat_completions(request: Request) -> Response:
     call = chat_request(parse_json(await request.body()))
     req = call.req
     plan = await completion.prepare(svc, req)
-    events = completion.events(svc, plan, None, completion.chat_body(plan, req, **call.extra))
+    # a stream gets tool-call arguments as they are generated, not only once a call is whole
+    body = completion.chat_body(plan, req, **call.extra, stream_tool_calls=bool(req.stream))
+    events = completion.events(svc, plan, None, body)
     stream = ChatStream(req.model, call.include_usage) if req.stream else None
     return reply(events, stream, lambda out: chat_completion(req.model, out), openai_error)
 

@@ -185,6 +185,16 @@ class ChatStream:
             # an event's logprobs go with its first chunk
             extra = {"logprobs": logprobs} if logprobs and i == 0 else {}
             frames.append(self._chunk(delta, **extra))
+        if start := ev.get("tool_call_start"):  # a call whose arguments now stream
+            head = {"index": start["index"], "id": new_id("call_", 8), "type": "function",
+                    "function": {"name": start["name"], "arguments": ""}}
+            frames.append(self._chunk({"tool_calls": [head]}))
+        if delta := ev.get("tool_call_delta"):
+            piece = {"index": delta["index"], "function": {"arguments": delta["arguments"]}}
+            frames.append(self._chunk({"tool_calls": [piece]}))
+        if ev.get("streamed"):  # its deltas went out already
+            self.calls += len(ev.get("tool_calls") or [])
+            return frames
         for call in calls_of(ev, self.calls):
             frames += self._call_frames(call)
             self.calls += 1

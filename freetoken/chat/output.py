@@ -84,12 +84,62 @@ def parse_call(body: str) -> dict[str, Any] | None:
     return {"function": {"name": obj["name"], "arguments": args}}
 
 
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+class _ArgumentStream:
+    """The raw JSON text of a call's arguments, streamed as it is generated.
+
+    Once `{"name": "...", "arguments": ` has been written, every further character up to the
+    end of the arguments object goes out as a delta, so /v1 clients see arguments grow token
+    by token; the whole call still follows, for APIs that send calls whole.
+    """
+
+    def __init__(self, index: int):
+        self.index, self.pos, self.depth = index, 0, 0
+        self.started = self.done = self.off = False
+        self.in_str = self.esc = False
+
+    def feed(self, body: str) -> list[Event]:
+        out: list[Event] = []
+        if self.off or self.done:
+            return out
+        if not self.started:
+            m = _CALL_HEAD.match(body)
+            if not m or m.end() >= len(body):
+                return out  # not decided yet
+            if body[m.end()] != "{":
+                self.off = True  # arguments that are not an object are only sent whole
+                return out
+            self.started, self.pos = True, m.end()
+            out.append({"tool_call_start": {"index": self.index, "name": json.loads(m.group(1))}})
+        i = start = self.pos
+        while i < len(body) and not self.done:
+            ch = body[i]
+            i += 1
+            if self.in_str:
+                self.esc, self.in_str = (False, True) if self.esc else (ch == "\\", ch != '"')
+            elif ch == '"':
+                self.in_str = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                self.done = self.depth == 0
+        if i > start:
+            out.append({"tool_call_delta": {"index": self.index, "arguments": body[start:i]}})
+            self.pos = i
+        return out
+
+
 @dataclass
 class OutputParser:
     style: Style
     tools: bool = False  # tools were offered: calls are parsed (else markup is plain content)
     thinking: bool = False  # the output starts inside a thinking section
     show_thinking: bool = True  # think:false: thinking the model does anyway is dropped
+    stream_calls: bool = False  # also emit tool_call_start / tool_call_delta while a call grows
+    _args: _ArgumentStream | None = None
     _buf: str = ""
     _mode: str = field(default="")  # "", "think", "call"
     _content_seen: bool = False
@@ -111,8 +161,7 @@ class OutputParser:
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         if self._mode == "call":
-            call = parse_call(rest)
-            out.append({"tool_calls": [call]} if call else {"content": self._open() + rest})
+            out += self._end_call(rest, "")
         elif self._mode == "think":
             self._emit(out, "thinking", rest)
         else:
@@ -150,19 +199,30 @@ class OutputParser:
             self._flush(out, before)
             self._mode = {"think": "think", "call": "call"}.get(kind, "")
             self._thought = self._thought or kind in ("think", "end_think")
+            if kind == "call" and self.stream_calls:
+                self._args = _ArgumentStream(self._calls)
             if kind == "end_call":
-                call = parse_call(before)
-                # an unparseable call is shown as text rather than silently lost
-                out.append({"tool_calls": [call]} if call else {"content": self._open() + before + marker})
-                self._calls += 1 if call else 0
+                out += self._end_call(before, marker)
             return True
         if self._mode == "call":
-            return False  # a call is emitted whole, once it is complete
+            if self._args is not None:
+                out += self._args.feed(self._buf)
+            return False  # the whole call is emitted once it is complete
         hold = max((_partial_suffix(self._buf, m) for _, m in markers), default=0)
         text = self._buf[:len(self._buf) - hold]
         self._buf = self._buf[len(self._buf) - hold:]
         self._flush(out, text)
         return False
+
+    def _end_call(self, body: str, marker: str) -> list[Event]:
+        out = self._args.feed(body) if self._args is not None else []
+        streamed = self._args is not None and self._args.started
+        self._args = None
+        call = parse_call(body)
+        if call is None:  # an unparseable call is shown as text rather than silently lost
+            return out + [{"content": self._open() + body + marker}]
+        self._calls += 1
+        return out + [{"tool_calls": [call], **({"streamed": True} if streamed else {})}]
 
     def _flush(self, out: list[Event], text: str) -> None:
         if self._mode == "think":

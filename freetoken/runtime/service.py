@@ -348,7 +348,8 @@ class ModelService:
         # a prompt that ends inside an opened thinking section means the answer starts there
         opened = bool(style.think_open) and prompt_text.rstrip().endswith(style.think_open)
         return OutputParser(style, tools=calls and bool(req.get("tools")), thinking=opened,
-                            show_thinking=req.get("think") is not False)
+                            show_thinking=req.get("think") is not False,
+                            stream_calls=bool(req.get("stream_tool_calls")))
 
     def _logprobs(self, seq: Sequence) -> list[dict[str, Any]]:
         """The logprobs of tokens sampled since the last call, as the events carry them."""

@@ -554,3 +554,32 @@ def test_disconnect_cancels_generation_in_the_runner(v1_server, stream):
         while rc.get("http://runner/stats").json()["running"]:
             assert time.monotonic() < deadline, "the runner kept generating after the client left"
             time.sleep(0.05)
+
+
+# Arguments as the runner streams them while the model writes them (stream_tool_calls).
+LIVE = [
+    {"content": "Checking. "},
+    {"tool_call_start": {"index": 0, "name": "get_weather"}},
+    {"tool_call_delta": {"index": 0, "arguments": '{"city": '}},
+    {"tool_call_delta": {"index": 0, "arguments": '"Tōkyō", '}},
+    {"tool_call_delta": {"index": 0, "arguments": '"unit": "c"}'}},
+    {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Tōkyō", "unit": "c"}}}],
+     "streamed": True},
+    done_event(),
+]
+
+
+def test_arguments_stream_as_generated_and_are_not_sent_twice(oai, script):
+    bodies = script(LIVE)
+    with oai.chat.completions.stream(model="tiny", messages=HI, tools=[WEATHER]) as stream:
+        chunks = [e.chunk for e in stream if e.type == "chunk"]
+        final = stream.get_final_completion()
+    assert bodies[0]["stream_tool_calls"] is True
+    pieces = [d.function.arguments for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
+    assert pieces == ["", '{"city": ', '"Tōkyō", ', '"unit": "c"}']  # the head, then each delta once
+    [call] = final.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Tōkyō", "unit": "c"}
+    assert final.choices[0].finish_reason == "tool_calls"
+    not_streamed = script(LIVE)
+    oai.chat.completions.create(model="tiny", messages=HI, tools=[WEATHER])
+    assert not_streamed[0]["stream_tool_calls"] is False

@@ -78,3 +78,39 @@ def test_think_false_drops_thinking_and_a_style_without_markers_passes_text_thro
     assert run(OutputParser(QWEN, show_thinking=False), "<think>x</think>y") == [{"content": "y"}]
     plain = Style(None, None, None, None)
     assert run(OutputParser(plain, tools=True), "<think>x</think>") == [{"content": "<think>x</think>"}]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_call_arguments_stream_as_they_are_generated(seed):
+    text = ('ok <tool_call>{"name": "edit", "arguments": {"path": "a}b.py", "lines": [1, {"x": "\\"}"}]}}'
+            '</tool_call><tool_call>{"name": "now", "arguments": {}}</tool_call>')
+    parser = OutputParser(QWEN, tools=True, stream_calls=True)
+    rng = random.Random(seed)
+    events, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 4)
+        events += parser.feed(text[i:i + n])
+        i += n
+    events += parser.finish()
+    starts = [e["tool_call_start"] for e in events if "tool_call_start" in e]
+    assert starts == [{"index": 0, "name": "edit"}, {"index": 1, "name": "now"}]
+    args = {0: "", 1: ""}
+    deltas = 0
+    for e in events:
+        if "tool_call_delta" in e:
+            args[e["tool_call_delta"]["index"]] += e["tool_call_delta"]["arguments"]
+            deltas += 1
+    import json
+
+    assert json.loads(args[0]) == {"path": "a}b.py", "lines": [1, {"x": '"}'}]} and json.loads(args[1]) == {}
+    assert deltas > 3  # the first call's arguments arrived in several pieces
+    calls = [e for e in events if "tool_calls" in e]
+    assert [c["streamed"] for c in calls] == [True, True]
+    assert calls[0]["tool_calls"][0]["function"]["arguments"]["path"] == "a}b.py"
+    # the deltas come before the whole call
+    assert events.index(calls[0]) > max(i for i, e in enumerate(events) if e.get("tool_call_delta", {}).get("index") == 0)
+
+
+def test_without_stream_calls_only_whole_calls_are_emitted():
+    out = run(OutputParser(QWEN, tools=True), '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
+    assert out == [{"tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}]
