@@ -7,8 +7,8 @@ output back with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import logging
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from freetoken import options as opts
-from freetoken.config import parse_size
 from freetoken.chat import structured
 from freetoken.chat import template as chat_template
 from freetoken.chat.output import OutputParser, style_for
+from freetoken.config import parse_size
+from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe import elastic
 from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
@@ -96,6 +97,8 @@ class ModelService:
         t0 = time.perf_counter_ns()
         if self.cfg.cpu_threads:
             torch.set_num_threads(self.cfg.cpu_threads)
+        # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
+        cpu_kernel.extension()
         loaded = loader.load(self.files, self.cfg.device, self.cfg.dtype, progress=self._progress)
         tokenizer = Tokenizer(self.files)
         model = loaded.model

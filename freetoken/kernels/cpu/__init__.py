@@ -5,6 +5,7 @@ Where no compiler is available the plain-torch reference runs instead, and the l
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from pathlib import Path
@@ -21,10 +22,12 @@ _ext = None
 _failed = False
 
 
-def _build_dir() -> Path:
+def _build_dir(source: Path) -> Path:
     from freetoken import config
 
-    d = config.current().cache_dir / "kernels" / f"torch-{torch.__version__}"
+    # keyed by the source's content: checkouts of different versions never rebuild each other's
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    d = config.current().cache_dir / "kernels" / f"torch-{torch.__version__}" / digest
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -39,9 +42,11 @@ def extension():
             from torch.utils.cpp_extension import load
 
             src = Path(__file__).with_name("moe_experts.cpp")
-            log.info("compiling the CPU expert kernel (first use on this machine; about a minute)")
+            build = _build_dir(src)
+            if not any(build.glob("*.so")):
+                log.info("compiling the CPU expert kernel (first use on this machine; about a minute)")
             try:
-                _ext = load(name="freetoken_cpu_moe", sources=[str(src)], build_directory=str(_build_dir()),
+                _ext = load(name="freetoken_cpu_moe", sources=[str(src)], build_directory=str(build),
                             extra_cflags=["-O3", "-fopenmp", "-std=c++17"], extra_ldflags=["-fopenmp"],
                             verbose=False)
             except Exception as e:  # no compiler, no headers: keep serving with plain torch
