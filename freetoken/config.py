@@ -201,6 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
             "tokens per KV-cache page"),
     Setting("prefill_chunk", "FREETOKEN_PREFILL_CHUNK", _pos_int, "8192",
             "most prompt tokens one step prefills (each chunk streams every layer's experts once)"),
+    Setting("cuda_graphs", "FREETOKEN_CUDA_GRAPHS", parse_bool, "1",
+            "replay decode steps from CUDA graphs (cut at experts ops that need the host)"),
     Setting("cpu_threads", "FREETOKEN_CPU_THREADS", _nonneg_int, "0",
             "threads for CPU compute; 0 means one per physical core"),
     Setting("moe_policy", "FREETOKEN_MOE_POLICY",

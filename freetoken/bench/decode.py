@@ -27,13 +27,15 @@ from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
 from freetoken.moe.offload import OffloadExperts
 from freetoken.moe.setup import ACTIVATION_RESERVE
+from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 
 PROMPT = 16
 
 
 class Bench:
-    def __init__(self, name: str, device: torch.device, ctx_tokens: int, fractions: bool = False):
+    def __init__(self, name: str, device: torch.device, ctx_tokens: int, fractions: bool = False,
+                 graphs: bool = True):
         self.fractions = fractions
         self.sm = synthmodel.build(name, device)
         c = self.sm.config
@@ -42,11 +44,18 @@ class Bench:
         self.host = HostBanks(self.sm.banks, self.sm.dtype, pin=device.type == "cuda")
         self.sm.banks = {}
         self.backend: OffloadExperts | None = None
+        self.routes: routing.RouteTable | None = None  # set by the trace and uniform modes
+        # decode steps run as the server runs them: replayed from CUDA graphs where possible
+        self.graphs = DecodeGraphs(self.sm.model, self.kv, device, ctx_tokens, capture=graphs,
+                                   min_ctx=ctx_tokens) \
+            if graphs and device.type == "cuda" else None
 
     def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
         if self.backend is not None:
             self.backend.close()
         self.backend = None
+        if self.graphs is not None:
+            self.graphs.reset()  # captured steps hold the old backend and its slot pool
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = None
@@ -96,13 +105,23 @@ class Bench:
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
         n = len(ids)
+        if self.graphs is not None and n == 1:
+            logits = self.graphs.run(ids, [start], [pages])
+        else:
+            logits = self._eager(ids, start, pages)
+        if self.routes is not None:
+            self.routes.advance(n)
+        return int(logits[-1].argmax())
+
+    def _eager(self, ids: list[int], start: int, pages: list[int]) -> torch.Tensor:
+        n = len(ids)
         ctx_slots = self.kv.slots_of(pages, 0, start + n, self.sm.device)
         positions = torch.arange(start, start + n, device=self.sm.device)
         ctx = StepContext(positions, ctx_slots[start:], [SeqSpan(0, n, start + n, ctx_slots)], self.kv,
                           torch.tensor([n - 1], device=self.sm.device))
         with step_context(ctx):
             h = self.sm.model(torch.tensor(ids, device=self.sm.device), positions)
-            return int(self.sm.model.logits(h[-1:]).argmax())
+            return self.sm.model.logits(h[-1:])
 
 
 def _sync(device: torch.device, empty: bool = False) -> None:
@@ -137,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fractions", action="store_true",
                     help="read --caps below 1 as fractions of all experts instead of GiB")
     ap.add_argument("--profile", action="store_true", help="print a torch profile of resident decode steps")
+    ap.add_argument("--no-graphs", action="store_true", help="launch every kernel from Python (no CUDA graphs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -145,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device("cuda" if cuda else "cpu")
     head = common.header("decode")
     t0 = time.perf_counter()
-    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32, args.fractions)
+    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32, args.fractions, not args.no_graphs)
     print(f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
           f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, S = {bench.host.expert_bytes / 1e6:.2f} MB")
     b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda)
@@ -167,7 +187,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         c = bench.sm.config
         kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
         tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
-        routing.install_trace(bench.sm.model, tr)
+        bench.routes = routing.install_trace(bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device)
         print(f"{mode} routing parameters: {tr.params()}")
     bench.install("resident", None, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
     bench.decode(mode, 8, 4, 0)

@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.routing in ("trace", "uniform"):
         c = bench.sm.config
         kw = {} if args.routing == "trace" else {"reuse": 0.0, "zipf": 0.0}
-        routing.install_trace(bench.sm.model, routing.Trace(c["num_hidden_layers"], c["num_experts"],
-                                                            c["num_experts_per_tok"], **kw))
+        bench.routes = routing.install_trace(
+            bench.sm.model, routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw),
+            c["num_hidden_layers"], bench.sm.device)
     S = bench.host.expert_bytes
     bench.install("adaptive", args.cap, Split.from_bandwidths(S, 50e9, 50e9))
     row = {"routing": args.routing, "vram_budget_gib": args.cap, "model": args.model,

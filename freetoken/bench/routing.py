@@ -53,8 +53,33 @@ class Trace:
         return ids
 
 
-def install_trace(model: torch.nn.Module, trace: Trace) -> None:
+class RouteTable:
+    """A trace's routes for `steps` tokens, on the device, read at a cursor.
+
+    The routers read the table at the cursor with device ops only, so the decode step stays
+    capturable in CUDA graphs and the benchmark adds no host work inside a layer; the
+    benchmark advances the cursor once per step (`advance`).
+    """
+
+    def __init__(self, trace: Trace, num_layers: int, steps: int, device: torch.device):
+        table = np.stack([np.stack([trace.next(layer) for layer in range(num_layers)]) for _ in range(steps)])
+        self.steps = steps
+        self.per_layer = [torch.from_numpy(np.ascontiguousarray(table[:, layer])).to(device)
+                          for layer in range(num_layers)]  # [steps, k] each
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)
+
+    def rows(self, layer: int, tokens: int) -> torch.Tensor:
+        idx = (self.cursor + torch.arange(tokens, device=self.cursor.device)) % self.steps
+        return self.per_layer[layer].index_select(0, idx)
+
+    def advance(self, tokens: int) -> None:
+        self.cursor.add_(tokens).remainder_(self.steps)
+
+
+def install_trace(model: torch.nn.Module, trace: Trace, num_layers: int, device: torch.device,
+                  steps: int = 2048) -> RouteTable:
     """Routers pick the trace's experts; weights are the router's own softmax at those experts."""
+    table = RouteTable(trace, num_layers, steps, device)
     layer_of = {}
     for name, m in model.named_modules():
         if isinstance(m, TopKRouter):
@@ -62,11 +87,11 @@ def install_trace(model: torch.nn.Module, trace: Trace) -> None:
 
     def forward(self: TopKRouter, x: torch.Tensor):
         probs = torch.softmax(torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32)
-        rows = [torch.from_numpy(trace.next(layer_of[id(self)])) for _ in range(x.shape[0])]
-        ids = torch.stack(rows).to(x.device)
+        ids = table.rows(layer_of[id(self)], x.shape[0])
         w = torch.gather(probs, 1, ids)
         return (w / w.sum(dim=-1, keepdim=True)).to(x.dtype), ids
 
     for m in model.modules():
         if isinstance(m, TopKRouter):
             m.forward = forward.__get__(m, TopKRouter)
+    return table

@@ -38,11 +38,22 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         k_cache[ctx.slots] = k.to(k_cache.dtype)
         v_cache[ctx.slots] = v.to(v_cache.dtype)
+        if ctx.decode is not None:
+            return self.o_proj(self._attend_decode(q, k_cache, v_cache, ctx.decode).reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
             out[s.q_start:s.q_start + s.q_len] = self._attend(
                 q[s.q_start:s.q_start + s.q_len], k_cache[s.ctx_slots], v_cache[s.ctx_slots], s.ctx_len)
         return self.o_proj(out.reshape(T, -1))
+
+    def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       d: "context.DecodeView") -> torch.Tensor:
+        """q: [B, H, D], one token per sequence, over padded contexts masked by length."""
+        kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
+        vh = v_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=self.scale,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        return o.squeeze(2)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int) -> torch.Tensor:
         """q: [n, H, D] for the last n positions of a context of ctx_len; k/v: [ctx_len, KVH, D]."""

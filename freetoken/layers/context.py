@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["KVStore", "SeqSpan", "StepContext", "current", "step_context"]
+__all__ = ["DecodeView", "KVStore", "SeqSpan", "StepContext", "current", "step_context"]
 
 
 class KVStore:
@@ -32,6 +32,28 @@ class SeqSpan:
 
 
 @dataclass(slots=True)
+class DecodeView:
+    """A decode step in fixed shapes, so it can be captured once and replayed (CUDA graphs).
+
+    Every one of B sequences feeds one token. Contexts are padded to `max_ctx` tokens and
+    masked beyond each sequence's length, so only tensor contents change from step to step.
+    """
+
+    block_table: torch.Tensor  # [B, max_ctx // page_size] page of each context position
+    lens: torch.Tensor  # [B] context tokens after this step
+    page_size: int
+    ctx_slots: torch.Tensor | None = None  # [B, max_ctx], from derive()
+    mask: torch.Tensor | None = None  # [B, 1, 1, max_ctx], True where a key is visible
+
+    def derive(self) -> None:
+        """Slots and mask from the block table and lengths, on the device (capturable)."""
+        P = self.page_size
+        pos = torch.arange(self.block_table.shape[1] * P, device=self.block_table.device)
+        self.ctx_slots = self.block_table[:, pos // P] * P + pos % P
+        self.mask = (pos[None, :] < self.lens[:, None])[:, None, None, :]
+
+
+@dataclass(slots=True)
 class StepContext:
     positions: torch.Tensor  # [T]
     slots: torch.Tensor  # [T] where each new token's K/V is written
@@ -39,6 +61,7 @@ class StepContext:
     kv: KVStore
     logits_index: torch.Tensor  # [B] tokens whose logits the step needs
     extra: dict = field(default_factory=dict)
+    decode: DecodeView | None = None  # set for fixed-shape decode steps; seqs is then unused
 
 
 _current: StepContext | None = None

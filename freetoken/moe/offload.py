@@ -47,6 +47,7 @@ class OffloadExperts:
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
+        self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
         # where the host's time goes: waiting for the GPU, waiting for the CPU part, in total
         self.timers = {"sync_s": 0.0, "cpu_wait_s": 0.0, "host_s": 0.0}
         if cache is not None:
@@ -77,6 +78,7 @@ class OffloadExperts:
             self._copy_in(layer, experts, self.cache.fix(layer, experts))
         # layers whose experts are all fixed in slots route on the device: no host round trip
         self._fixed_layers = set(gpu_layers)
+        self.generation += 1
         self._fixed_slots = torch.from_numpy(self.cache.slot_of.copy()).to(self.device)
 
     def _copy_in(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
@@ -110,8 +112,7 @@ class OffloadExperts:
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
             return self.streamer(layer, x, ids, weights)
         if layer in self._fixed_layers:
-            self.cache.hits[layer] += ids.numel()
-            self.steps["layers"] += 1
+            self.account_device(layer, ids.numel())
             return moe_gpu.experts_from_slots(x, self._fixed_slots[layer][ids], weights, self.cache.slots["gate_up"],
                                               self.cache.slots["down"])
         t_enter = time.perf_counter()
@@ -147,6 +148,14 @@ class OffloadExperts:
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
         self.timers["host_s"] += time.perf_counter() - t_enter
         return out
+
+    def device_only(self, layer: int) -> bool:
+        """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
+        return self.cache is not None and layer in self._fixed_layers and layer not in self.cpu_layers
+
+    def account_device(self, layer: int, routes: int) -> None:
+        self.cache.hits[layer] += routes
+        self.steps["layers"] += 1
 
     def _choose(self, m: int, T: int) -> int:
         if m == 0:
@@ -239,6 +248,7 @@ class OffloadExperts:
             self._place()
         else:
             kept = self.cache.resize(slots)
+        self.generation += 1
         self.streamer = None
         if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(self.cache, E):
             self.streamer = LayerStreamer(self.banks, self.cache, self.banks.layers, self.device,

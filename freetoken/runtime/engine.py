@@ -17,6 +17,7 @@ import torch
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.runtime import sampling
 from freetoken.runtime.detok import Detokenizer, StopMatcher
+from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status
@@ -38,8 +39,9 @@ class Request:
 
 class Engine:
     def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, kv: KVCache, device: torch.device,
-                 num_ctx: int, max_running: int, prefill_chunk: int):
+                 num_ctx: int, max_running: int, prefill_chunk: int, graphs: DecodeGraphs | None = None):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
+        self.graphs = graphs
         self.num_ctx = num_ctx
         self.scheduler = Scheduler(kv, max_running, prefill_chunk)
         self.requests: dict[int, Request] = {}
@@ -107,6 +109,10 @@ class Engine:
 
     @torch.inference_mode()
     def _execute(self, plan: Plan) -> torch.Tensor:
+        if self.graphs is not None and decode_plan(plan) and self.graphs.fits(
+                len(plan), max(seq.num_tokens for seq, _ in plan)):
+            return self.graphs.run([seq.tokens[seq.num_cached] for seq, _ in plan],
+                                   [seq.num_cached for seq, _ in plan], [seq.pages for seq, _ in plan])
         ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []

@@ -28,6 +28,7 @@ from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
 from freetoken.runtime.constrain import Constraint, MaskCache
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prompt import PromptBuilder, PromptError
 from freetoken.runtime.sampling import SamplingParams
@@ -108,8 +109,11 @@ class ModelService:
         kv = KVCache(a.num_hidden_layers, pages, page, a.num_key_value_heads, a.head_dim,
                      loaded.dtype, loaded.device)
         self.experts = loader.place_experts(loaded, self._placement())
+        graphs = None
+        if loaded.device.type == "cuda" and self.cfg.cuda_graphs:
+            graphs = DecodeGraphs(model, kv, loaded.device, self.num_ctx, max_batch=self.num_parallel)
         self.engine = Engine(model, tokenizer, kv, loaded.device, self.num_ctx, self.num_parallel,
-                             self.cfg.prefill_chunk)
+                             self.cfg.prefill_chunk, graphs)
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
         self.masks = MaskCache(Vocab.from_tokenizer(tokenizer.tok, a.vocab_size))

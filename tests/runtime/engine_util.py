@@ -9,6 +9,7 @@ import torch
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.runtime import loader
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
@@ -21,14 +22,17 @@ def files_of(path: Path) -> dict[str, Path]:
 
 def make_engine(path: Path, *, pages: int = 64, page_size: int = 16, num_ctx: int = 512,
                 max_running: int = 4, chunk: int = 2048, policy: str = "adaptive", slots: int = 0,
-                device: str = "cpu") -> Engine:
+                device: str = "cpu", graphs: str = "") -> Engine:
+    """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, "auto")
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots))
     a = loaded.model.args
     kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim,
                  loaded.dtype, loaded.device)
-    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk)
+    dg = (DecodeGraphs(loaded.model, kv, loaded.device, num_ctx, capture=graphs == "capture",
+                       max_batch=max_running) if graphs else None)
+    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk, dg)
 
 
 def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:

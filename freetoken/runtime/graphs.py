@@ -1,0 +1,236 @@
+"""Decode steps replayed from CUDA graphs.
+
+At batch 1 a decode step is a few hundred small kernels; launched one by one from Python
+the host, not the GPU, sets the pace (about 80 launches per layer). A decode step in fixed
+shapes (`DecodeView`: padded contexts, masked by length) is captured once per (batch size,
+context bucket) and replayed, with only tensor contents changing.
+
+A step cannot be one graph when an experts op needs the host (cache lookups, PCIe fetches,
+the CPU path): the capture is cut at each such op into segments. Replay runs segment i's
+graph, then that experts op eagerly on the segment's outputs, writing into a fixed buffer
+the next segment reads. Experts ops that run wholly on the device (resident or fixed
+layers, `device_only(layer)`) stay inside the graphs. Segments share one memory pool and
+are always replayed in capture order, which is what makes sharing it safe.
+
+Without capture (`capture=False`, and on a CPU) the same fixed-shape step runs eagerly,
+which is how its equivalence with the variable-shape path is tested.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from freetoken.layers.context import DecodeView, StepContext, step_context
+from freetoken.layers.moe import Experts
+from freetoken.runtime.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+MIN_CTX = 256  # smallest context bucket; buckets double from here
+
+
+@dataclass(eq=False)
+class _Cut:
+    """An experts op run eagerly between two graphs."""
+
+    backend: object
+    layer: int
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    out: torch.Tensor
+
+
+@dataclass(eq=False)
+class _Bucket:
+    batch: int
+    max_ctx: int
+    packed: torch.Tensor  # every per-step input, filled by one host-to-device copy
+    ctx: StepContext
+    input_ids: torch.Tensor
+    segments: list[tuple[torch.cuda.CUDAGraph, _Cut | None]] = field(default_factory=list)
+    on_device: list[tuple[object, int, int]] = field(default_factory=list)  # (backend, layer, routes) in graphs
+    logits: torch.Tensor | None = None
+    version: tuple = ()
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_ctx: int,
+                 capture: bool = True, max_batch: int = 8, min_ctx: int = 0):
+        self.model, self.kv, self.device = model, kv, device
+        self.capture = capture and device.type == "cuda"
+        self.max_batch = max_batch
+        page = kv.page_size
+        self.max_ctx = -(-max_ctx // page) * page
+        self.min_ctx = min_ctx or MIN_CTX
+        self._experts = [m for m in model.modules() if isinstance(m, Experts)]
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._stream = torch.cuda.Stream(device) if self.capture else None
+        self._pool = None
+        self.captures = 0
+
+    def fits(self, batch: int, ctx_len: int) -> bool:
+        return 1 <= batch <= self.max_batch and ctx_len <= self.max_ctx
+
+    def reset(self) -> None:
+        """Drops every captured graph (they hold addresses of tensors that may be replaced)."""
+        self._buckets.clear()
+        self._pool = None
+
+    def _bucket_ctx(self, ctx_len: int) -> int:
+        n = self.min_ctx
+        while n < ctx_len:
+            n *= 2
+        page = self.kv.page_size
+        return min(-(-n // page) * page, self.max_ctx)
+
+    def _version(self) -> tuple:
+        # a new backend, or a resize of the same one, moves the tensors the graphs read
+        return tuple((id(b), getattr(b, "generation", 0)) for b in {id(m.backend): m.backend
+                                                                      for m in self._experts}.values())
+
+    @torch.inference_mode()
+    def run(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
+        """Logits [B, V] of one decode step; valid until the next call."""
+        B = len(tokens)
+        max_ctx = self._bucket_ctx(max(positions) + 1)
+        bk = self._buckets.get((B, max_ctx))
+        version = self._version()
+        if bk is None or (self.capture and bk.version != version):
+            if bk is not None:
+                self.reset()
+            bk = self._buckets[(B, max_ctx)] = self._new_bucket(B, max_ctx)
+            bk.version = version
+        self._load(bk, tokens, positions, pages)
+        if not self.capture:
+            return self._forward(bk)
+        if not bk.segments:
+            try:
+                self._capture(bk)
+            except RuntimeError as e:  # an op that cannot be captured: decode on, uncaptured
+                log.warning("CUDA graph capture failed, decoding without graphs: %s", e)
+                self.capture = False
+                self.reset()
+                return self.run(tokens, positions, pages)
+        return self._replay(bk)
+
+    # --- fixed inputs -----------------------------------------------------------------
+    def _new_bucket(self, B: int, max_ctx: int) -> _Bucket:
+        P = max_ctx // self.kv.page_size
+        packed = torch.zeros(B * (4 + P), dtype=torch.long, device=self.device)
+        ids, pos, slots, lens = (packed[i * B:(i + 1) * B] for i in range(4))
+        table = packed[4 * B:].view(B, P)
+        view = DecodeView(block_table=table, lens=lens, page_size=self.kv.page_size)
+        ctx = StepContext(positions=pos, slots=slots, seqs=[], kv=self.kv,
+                          logits_index=torch.arange(B, device=self.device), decode=view)
+        return _Bucket(B, max_ctx, packed, ctx, ids)
+
+    def _load(self, bk: _Bucket, tokens: list[int], positions: list[int], pages: list[list[int]]) -> None:
+        B, page = bk.batch, self.kv.page_size
+        P = bk.max_ctx // page
+        host = np.zeros(B * (4 + P), dtype=np.int64)
+        host[:B] = tokens
+        host[B:2 * B] = positions
+        for i, (p, seq_pages) in enumerate(zip(positions, pages)):
+            host[2 * B + i] = seq_pages[p // page] * page + p % page
+            host[3 * B + i] = p + 1
+            n = min(len(seq_pages), P)
+            host[4 * B + i * P:4 * B + i * P + n] = seq_pages[:n]
+        bk.packed.copy_(torch.from_numpy(host), non_blocking=False)
+
+    def _forward(self, bk: _Bucket) -> torch.Tensor:
+        bk.ctx.decode.derive()
+        with step_context(bk.ctx):
+            hidden = self.model(bk.input_ids, bk.ctx.positions)
+            return self.model.logits(hidden)
+
+    # --- capture and replay -------------------------------------------------------------
+    def _capture(self, bk: _Bucket) -> None:
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            # one eager step first: lazy initialisation and kernel compilation must not be captured
+            self._forward(bk)
+            stream.synchronize()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            cutter = _Cutter(bk, self._pool)
+            saved = [(m, m.backend) for m in self._experts]
+            for m, b in saved:
+                m.backend = cutter.wrap(b)
+            try:
+                cutter.begin()
+                bk.logits = self._forward(bk)
+                cutter.finish()
+            except BaseException:
+                cutter.abort()
+                raise
+            finally:
+                for m, b in saved:
+                    m.backend = b
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.captures += 1
+        log.info("decode step captured: batch %d, context %d, %d graphs, %d experts ops inside them",
+                 bk.batch, bk.max_ctx, len(bk.segments), len(bk.on_device))
+
+    def _replay(self, bk: _Bucket) -> torch.Tensor:
+        for graph, cut in bk.segments:
+            graph.replay()
+            if cut is not None:
+                cut.out.copy_(cut.backend(cut.layer, cut.x, cut.ids, cut.weights))
+        for backend, layer, routes in bk.on_device:
+            backend.account_device(layer, routes)
+        return bk.logits
+
+
+class _Cutter:
+    """Cuts a capture into segments at the experts ops that need the host."""
+
+    def __init__(self, bk: _Bucket, pool):
+        self.bk, self.pool = bk, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def begin(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.capture_begin(pool=self.pool)
+
+    def finish(self) -> None:
+        self.graph.capture_end()
+        self.bk.segments.append((self.graph, None))
+        self.graph = None
+
+    def abort(self) -> None:
+        if self.graph is not None:
+            try:
+                self.graph.capture_end()
+            except RuntimeError:
+                pass  # an invalidated capture also fails to end; the stream is out of capture mode
+        self.graph = None
+        self.bk.segments.clear()
+        self.bk.on_device.clear()
+
+    def wrap(self, backend):
+        def op(layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            device_only = getattr(backend, "device_only", None)
+            if device_only is not None and device_only(layer):
+                self.bk.on_device.append((backend, layer, ids.numel()))
+                return backend(layer, x, ids, weights)
+            self.graph.capture_end()
+            out = torch.empty_like(x)  # outside any capture: a fixed buffer the next graph reads
+            self.bk.segments.append((self.graph, _Cut(backend, layer, x, ids, weights, out)))
+            self.begin()
+            return out
+
+        return op
+
+
+def decode_plan(plan) -> bool:
+    """True when every sequence of a scheduler plan feeds exactly its one next token."""
+    return bool(plan) and all(n == 1 and seq.num_cached + 1 == seq.num_tokens for seq, n in plan)
+
+
+__all__ = ["DecodeGraphs", "MIN_CTX", "decode_plan"]

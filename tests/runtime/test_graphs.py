@@ -1,0 +1,96 @@
+"""Fixed-shape decode steps (the form CUDA graphs capture) against the variable-shape path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.runtime import graphs as graphs_mod
+from freetoken.runtime.graphs import decode_plan
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import Sequence
+from tests import fixtures
+from tests.runtime.engine_util import generate, make_engine
+
+PROMPTS = [[5, 17, 99, 3, 250, 11, 7], [300, 42], [128, 9, 14, 77, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+
+
+def test_fixed_shape_decode_matches_the_variable_path(tiny_model):
+    path, _ = tiny_model
+    plain = generate(make_engine(path), PROMPTS, 12)
+    engine = make_engine(path, graphs="eager")
+    fixed = generate(engine, PROMPTS, 12)
+    assert [s.output_ids for s in fixed] == [s.output_ids for s in plain]
+    # batches of 3, then of 2 and 1 as sequences finish at different lengths
+    assert {b for b, _ in engine.graphs._buckets} >= {3}
+
+
+def test_contexts_crossing_a_bucket_boundary(tiny_model, monkeypatch):
+    monkeypatch.setattr(graphs_mod, "MIN_CTX", 16)
+    path, _ = tiny_model
+    prompt = [[(7 * i) % 400 + 1 for i in range(13)]]
+    plain = generate(make_engine(path), prompt, 40)
+    engine = make_engine(path, graphs="eager")
+    fixed = generate(engine, prompt, 40)
+    assert fixed[0].output_ids == plain[0].output_ids
+    assert sorted(c for _, c in engine.graphs._buckets) == [16, 32, 64]
+
+
+def test_decode_logits_agree(tiny_model):
+    path, _ = tiny_model
+    tokens = PROMPTS[2]
+    plain, fixed = (_decode_logits(make_engine(path, graphs=g), tokens) for g in ("", "eager"))
+    assert float((plain - fixed).norm() / plain.norm()) <= 1e-5
+
+
+def _decode_logits(engine, tokens: list[int]) -> torch.Tensor:
+    """Prefill all but the last token, then one decode step of the last; its logits."""
+    seq = Sequence(list(tokens), SamplingParams(temperature=0.0), 1, frozenset())
+    seq.pages = engine.kv.pool.alloc(engine.kv.pages_for(len(tokens)))
+    engine._execute([(seq, len(tokens) - 1)])
+    seq.num_cached = len(tokens) - 1
+    assert decode_plan([(seq, 1)])
+    return engine._execute([(seq, 1)]).float().cpu()[0]
+
+
+def test_bucket_sizes_double_and_cap_at_the_context(tiny_model):
+    path, _ = tiny_model
+    g = make_engine(path, num_ctx=600, graphs="eager").graphs
+    assert [g._bucket_ctx(n) for n in (1, 256, 257, 513, 600)] == [256, 256, 512, 608, 608]
+    assert g.fits(4, 600) and not g.fits(5, 10) and not g.fits(1, 609)
+
+
+GPU_CASES = [("resident", 0), ("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy,slots", GPU_CASES)
+def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slots):
+    path, hf = tiny_model
+    engine = make_engine(path, device="cuda", policy=policy, slots=slots, graphs="capture")
+    seqs = generate(engine, [PROMPTS[0], PROMPTS[2]], 24)
+    assert engine.graphs.capture, "capture fell back to eager"
+    assert engine.graphs.captures >= 1
+    for s, p in zip(seqs, (PROMPTS[0], PROMPTS[2])):
+        assert s.output_ids == fixtures.hf_greedy(hf, p, 24)
+    eager = make_engine(path, device="cuda", policy=policy, slots=slots)
+    plain, captured = (_decode_logits(e, PROMPTS[2]) for e in (eager, engine))
+    assert float((plain - captured).norm() / plain.norm()) <= 1e-5
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    host_layers = sum(not backend.device_only(l) for l in engine.model.moe_layers)
+    # one graph per step plus one per experts op that needs the host (none when resident)
+    assert host_layers == (0 if policy == "resident" else 1 if policy == "static-layers" else 2)
+    assert {len(bk.segments) for bk in engine.graphs._buckets.values()} == {1 + host_layers}
+
+
+@pytest.mark.gpu
+def test_a_resize_recaptures(tiny_model):
+    path, hf = tiny_model
+    engine = make_engine(path, device="cuda", policy="lru-pcie", slots=12, graphs="capture")
+    generate(engine, [PROMPTS[0]], 4)
+    before = engine.graphs.captures
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    backend.resize(9)
+    (seq,) = generate(engine, [PROMPTS[0]], 24)
+    assert engine.graphs.captures > before
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 24)
