@@ -8,12 +8,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from freetoken import config
 from freetoken.api import anthropic, cache, completion, embed, ollama, openai, responses
+from freetoken.api.middleware import CORS, HostGuard, is_loopback_bind
 from freetoken.api.state import Services
 from freetoken.server.residency import Residency
 from freetoken.store import Store
@@ -69,7 +71,10 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
 def create_app(
     cfg: Any = None, store: Store | None = None, residency: Residency | None = None
 ) -> Starlette:
-    """The app for `cfg` (default: this process's settings); stopping it stops the runners."""
+    """The app for `cfg` (default: this process's settings); stopping it stops the runners.
+
+    Requests pass the Host-header guard (only when `cfg.host` is a loopback address) and
+    CORS (`freetoken.api.middleware`) before the routes."""
     cfg = cfg or config.current()
     svc = Services(cfg=cfg, store=store or Store(cfg.models), residency=residency or Residency(cfg))
 
@@ -80,8 +85,14 @@ def create_app(
         finally:
             await svc.residency.shutdown()
 
+    # The host guard runs first: a rebinding page is refused before CORS can answer it.
+    middleware = [
+        Middleware(HostGuard, enabled=is_loopback_bind(cfg.host.host)),
+        Middleware(CORS, origins=cfg.origins),
+    ]
     app = Starlette(
         routes=routes,
+        middleware=middleware,
         lifespan=lifespan,
         exception_handlers={404: _not_found, 405: _method_not_allowed, HTTPException: _http_error},
     )

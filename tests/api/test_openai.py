@@ -453,12 +453,9 @@ def test_models_list_and_retrieve(oai):
 
 
 def test_empty_model_list_is_an_empty_array(tmp_path):
-    from starlette.testclient import TestClient
+    from tests.server.harness import local_client, make_config
 
-    from freetoken.api import create_app
-    from tests.server.harness import make_config
-
-    with TestClient(create_app(make_config(tmp_path))) as c:
+    with local_client(make_config(tmp_path)) as c:
         assert c.get("/v1/models").json() == {"object": "list", "data": []}
 
 

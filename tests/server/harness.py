@@ -73,6 +73,18 @@ def add_model(store: Store, name: str, endless: bool = False, **fields: Any) -> 
         pass
 
 
+# The address a local client uses. Starlette's TestClient sends Host "testserver" unless told
+# otherwise, and the DNS-rebinding guard rightly refuses that name.
+LOCAL_URL = "http://127.0.0.1:11434"
+
+
+def local_client(cfg: Any, **kwargs: Any) -> Any:
+    """A TestClient for the app of `cfg`, talking to it as a local client would."""
+    from starlette.testclient import TestClient
+
+    return TestClient(create_app(cfg), base_url=LOCAL_URL, **kwargs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
