@@ -198,9 +198,17 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
     rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
              "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
              "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
+    if bench.graphs is not None:  # the same resident steps with every kernel launched from Python
+        graphs, bench.graphs = bench.graphs, None
+        t_eager = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
+        bench.graphs = graphs
+        rows.append({"routing": mode, "cap": "all", "policy": "resident, no graphs", "tok_s": 1 / t_eager,
+                     "t_dense_ms": t_eager * 1e3, "graphs_speedup": t_eager / t_dense})
+        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with CUDA graphs, {1 / t_eager:.1f} without "
+              f"({t_eager / t_dense:.2f}x)", flush=True)
     if args.profile:
-        profile_steps(bench, mode)
-    for cap in [float(c) for c in args.caps.split(",")]:
+        profile_steps(bench, mode, "resident")
+    for i, cap in enumerate(float(c) for c in args.caps.split(",")):
         results: dict[str, list[tuple[float, dict]]] = {}
         slots: dict[str, int] = {}
         for r in range(args.repeats):
@@ -209,6 +217,8 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
                 slots[policy] = bench.backend.cache.capacity
+                if args.profile and i == 0 and r == 0:
+                    profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
         done = summarize(mode, cap, results, t_dense, S, bws, slots, bench)
         for r in done:  # as soon as measured: a run cut short still leaves its figures
             print(json.dumps({**head, **r}), flush=True)
@@ -216,13 +226,14 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
     return rows
 
 
-def profile_steps(bench: Bench, mode: str) -> None:
+def profile_steps(bench: Bench, mode: str, label: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.sm.device.type == "cuda" else [])
     with profile(activities=acts) as prof:
         bench.decode(mode, 8, 2, 7)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    print(f"--- profile of 8 decode steps, {mode} routing, {label}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
 
 
 def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
