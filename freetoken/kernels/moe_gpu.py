@@ -41,7 +41,7 @@ def _triton_small(x, slots, weights, gate_up, down) -> torch.Tensor:
     assert x.shape == (T, H) and down.shape == (S, H, I), "shapes disagree"
     assert gate_up.is_contiguous() and down.is_contiguous() and x.is_contiguous()
     flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
-    flat_w = weights.reshape(-1).float().contiguous()
+    flat_w = weights.reshape(-1).contiguous()  # the kernel reads any float dtype as fp32
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
     bi, bh = 16, 256

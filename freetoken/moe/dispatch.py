@@ -73,3 +73,55 @@ class Split:
     @classmethod
     def from_bandwidths(cls, expert_bytes: int, b_p: float, b_h: float) -> "Split":
         return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h))
+
+
+class ShareTuner:
+    """Chooses, step by step, the share of a layer's misses fetched over PCIe, by measured step time.
+
+    The costs a micro-benchmark cannot see (host round trips, thread hand-offs, the two paths
+    sharing host DRAM) can make the bandwidth split q* slower end to end than sending every
+    miss one way. So q*'s share is only the starting arm: a few shares are tried, the time
+    of each decode step per miss is kept as a moving average per share, and the fastest is
+    used, with an occasional step on a neighbouring share so a change in the machine is seen.
+    """
+
+    ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+    def __init__(self, prior: float, explore: float = 0.1, alpha: float = 0.2, seed: int = 0):
+        import random
+
+        self.mean: list[float | None] = [None] * len(self.ARMS)
+        self.count = [0] * len(self.ARMS)
+        self.prior = min(range(len(self.ARMS)), key=lambda i: abs(self.ARMS[i] - prior))
+        self.arm = self.prior
+        self.explore, self.alpha = explore, alpha
+        self._rng = random.Random(seed)
+
+    @property
+    def share(self) -> float:
+        return self.ARMS[self.arm]
+
+    def observe(self, seconds: float, misses: int) -> None:
+        """The step just run with the current arm took `seconds` for `misses` misses."""
+        if misses <= 0 or seconds <= 0:
+            return
+        cost = seconds / misses
+        i = self.arm
+        self.mean[i] = cost if self.mean[i] is None else (1 - self.alpha) * self.mean[i] + self.alpha * cost
+        self.count[i] += 1
+
+    def next_arm(self) -> float:
+        """The share for the next step."""
+        untried = [i for i, c in enumerate(self.count) if c < 2]
+        if untried:  # every arm twice, starting from the prior's
+            self.arm = min(untried, key=lambda i: abs(i - self.prior))
+            return self.share
+        best = min(range(len(self.ARMS)), key=lambda i: self.mean[i])
+        if self._rng.random() < self.explore:
+            best = min(max(best + self._rng.choice((-1, 1)), 0), len(self.ARMS) - 1)
+        self.arm = best
+        return self.share
+
+    def stats(self) -> dict:
+        return {"share": self.share, "means_ms_per_miss": [None if m is None else m * 1e3 for m in self.mean],
+                "steps": list(self.count)}

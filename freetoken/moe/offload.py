@@ -25,13 +25,43 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
-from freetoken.moe.dispatch import Split
+from freetoken.moe.dispatch import ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers")
 PREFILL_TOKENS = 32  # above this the CPU would be compute-bound: misses are fetched
+DECODE_TOKENS = 8  # steps this small tune the PCIe/CPU share
+
+
+class _Staging:
+    """Pinned host buffers a layer's routes, activations and CPU result pass through.
+
+    Copies into them are queued together and waited for once, instead of one blocking
+    round trip per tensor; the CPU result goes back to the GPU without a staging copy.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._bufs: dict[tuple, torch.Tensor] = {}
+        self._event = torch.cuda.Event()
+
+    def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (name, shape, dtype)
+        if key not in self._bufs:
+            self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+        return self._bufs[key]
+
+    def pull(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for i, t in enumerate(tensors):
+            host = self.buf(f"in{i}", tuple(t.shape), t.dtype)
+            host.copy_(t, non_blocking=True)
+            out.append(host)
+        self._event.record()
+        self._event.synchronize()
+        return out
 
 
 class OffloadExperts:
@@ -45,6 +75,10 @@ class OffloadExperts:
         self._fixed_layers: set[int] = set()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._stage = _Staging(device) if self.cuda else None
+        # the bandwidth split's share of misses over PCIe is where the tuner starts
+        self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
+        self._step: list[float] | None = None  # [start time, misses] of the decode step under way
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
         self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
@@ -116,9 +150,20 @@ class OffloadExperts:
             return moe_gpu.experts_from_slots(x, self._fixed_slots[layer][ids], weights, self.cache.slots["gate_up"],
                                               self.cache.slots["down"])
         t_enter = time.perf_counter()
-        ids_h = ids.to("cpu", non_blocking=False).numpy()  # the one host round trip of the layer
+        x_h, w_h = None, None
+        if self._stage is None:
+            ids_h = ids.cpu().numpy()
+        elif self.policy in ("adaptive", "cpu-misses"):  # the CPU may need the activations too
+            ids_t, x_h, w_h = self._stage.pull(ids, x, weights)  # the one host round trip of the layer
+            ids_h = ids_t.numpy()
+        else:
+            ids_h = self._stage.pull(ids)[0].numpy()
         self.timers["sync_s"] += time.perf_counter() - t_enter
         T = ids_h.shape[0]
+        tuning = self.policy == "adaptive" and T <= DECODE_TOKENS
+        if tuning and layer == self.banks.layers[0]:
+            self._step = [t_enter, 0]
+            self.tuner.next_arm()
         experts, counts = np.unique(ids_h, return_counts=True)
         slots = self.cache.lookup(layer, experts)
         miss = slots < 0
@@ -131,8 +176,9 @@ class OffloadExperts:
         if q:
             slots[fetch] = self.cache.allocate(layer, experts[fetch], slots[~miss])
             self._fetch(layer, experts[fetch], slots[fetch], q)
-        cpu_job = self._start_cpu(layer, x, ids_h, weights, experts[on_cpu]) if len(on_cpu) else None
-        slot_map = np.full(self.banks.num_experts, -1, dtype=np.int64)
+        cpu_job = (self._start_cpu(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
+                                   experts[on_cpu]) if len(on_cpu) else None)
+        slot_map = np.full(self.banks.num_experts, -1, dtype=np.int32)
         slot_map[experts] = slots  # CPU experts keep -1
         route_slots = torch.from_numpy(slot_map[ids_h]).to(self.device, non_blocking=self.cuda)
         if self._copy_stream is not None and q:
@@ -146,7 +192,13 @@ class OffloadExperts:
             partial = cpu_job.result()
             self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
-        self.timers["host_s"] += time.perf_counter() - t_enter
+        now = time.perf_counter()
+        self.timers["host_s"] += now - t_enter
+        if tuning and self._step is not None:
+            self._step[1] += m
+            if layer == self.banks.layers[-1]:
+                self.tuner.observe(now - self._step[0], self._step[1])
+                self._step = None
         return out
 
     def device_only(self, layer: int) -> bool:
@@ -164,6 +216,8 @@ class OffloadExperts:
             return m
         if self.policy == "cpu-misses":
             return 0
+        if T <= DECODE_TOKENS:
+            return int(round(self.tuner.share * m))
         return self.split.choose(m)
 
     def _fetch(self, layer: int, experts: np.ndarray, slots: np.ndarray, q: int) -> None:
@@ -196,17 +250,21 @@ class OffloadExperts:
                    cpu_experts: np.ndarray) -> Future:
         sel = np.isin(ids_h, cpu_experts)
         tok, col = np.nonzero(sel)
-        x_h = x.float().cpu()
-        w_h = weights.float().cpu()[torch.from_numpy(tok), torch.from_numpy(col)]
+        x_h = x.float().cpu()  # no copy where x is staged in host memory already
+        w_h = weights.cpu().float()[torch.from_numpy(tok), torch.from_numpy(col)]
         gu, dn = self.banks.banks[layer]
         exp = torch.from_numpy(ids_h[tok, col].astype(np.int64))
         n = len(cpu_experts)
+        # pinned, so the result goes back to the GPU without a staging copy
+        out = self._stage.buf("partial", tuple(x_h.shape), torch.float32) if self._stage is not None else None
 
         def run() -> torch.Tensor:
             t0 = time.perf_counter()
-            out = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h)
+            if out is not None:
+                out.zero_()
+            result = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h, out=out)
             self.split.cpu.observe(n, time.perf_counter() - t0)
-            return out
+            return result
 
         return self._pool.submit(run)
 
@@ -265,6 +323,8 @@ class OffloadExperts:
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
+        if self.policy == "adaptive":
+            out["pcie_share"] = self.tuner.stats()
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         if self.streamer is not None:

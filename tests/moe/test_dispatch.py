@@ -38,3 +38,30 @@ def test_a_large_fixed_cost_moves_the_split_off_the_cpu():
     assert s.choose(4) == 4  # everything over PCIe beats paying the CPU path's fixed cost
     s = Split(PathCost(0.17e-3), PathCost(0.15e-3))
     assert s.choose(4) == 2
+
+
+def test_share_tuner_starts_at_the_prior_and_settles_on_the_fastest_share():
+    from freetoken.moe.dispatch import ShareTuner
+
+    tuner = ShareTuner(prior=0.6, explore=0.1, seed=3)
+    first = tuner.next_arm()
+    assert first == 0.5  # the arm nearest the bandwidth split's share
+    cost = {0.0: 3.0, 0.25: 2.2, 0.5: 1.6, 0.75: 1.2, 1.0: 1.5}  # ms per miss, 0.75 the fastest
+    chosen = []
+    share = first
+    for _ in range(300):
+        tuner.observe(cost[share] * 1e-3 * 240, 240)
+        share = tuner.next_arm()
+        chosen.append(share)
+    tail = chosen[-100:]
+    assert tail.count(0.75) >= 80
+    assert set(tuner.count) != {0} and min(tuner.count) >= 2  # every share was measured
+
+
+def test_share_tuner_ignores_steps_without_misses():
+    from freetoken.moe.dispatch import ShareTuner
+
+    tuner = ShareTuner(prior=1.0)
+    tuner.next_arm()
+    tuner.observe(0.05, 0)
+    assert tuner.count == [0] * len(ShareTuner.ARMS)
