@@ -11,6 +11,9 @@ Conventions understood:
 - tool calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen, Hermes),
   with the XML form `<function=name><parameter=p>v</parameter></function>` inside it
   (Qwen3-Coder), and, when tools were offered, a whole answer that is one bare JSON call.
+
+A JSON call ends at the first close marker outside its JSON strings: a string argument may
+hold the marker's text (a forced call's free string can, and so can code about tool calls).
 """
 
 from __future__ import annotations
@@ -84,6 +87,48 @@ def parse_call(body: str) -> dict[str, Any] | None:
     return {"function": {"name": obj["name"], "arguments": args}}
 
 
+class _CallEnd:
+    """Finds where a call's body ends, scanning only the text not scanned before.
+
+    A body that starts as JSON ends at the first close marker outside a JSON string; any
+    other body (the XML function form, where a quote is plain text) at the first marker.
+    """
+
+    def __init__(self, close: str):
+        self.close = close
+        self.pos = self.depth = 0
+        self.json: bool | None = None  # undecided until the body's first visible character
+        self.in_str = self.esc = False
+
+    def find(self, body: str) -> int:
+        """The index of the close marker in the body written so far, or -1."""
+        if self.json is None:
+            head = body.lstrip()
+            if not head:
+                return -1
+            self.json = head[0] == "{"
+        if not self.json:
+            return body.find(self.close)
+        i, n = self.pos, len(self.close)
+        while i < len(body):
+            ch = body[i]
+            if self.in_str:
+                self.esc, self.in_str = (False, True) if self.esc else (ch == "\\", ch != '"')
+            elif ch == self.close[0] and self.close.startswith(body[i:i + n]):
+                if len(body) - i >= n:
+                    return i
+                break  # maybe the marker's start: decided by the next text
+            elif ch == '"':
+                self.in_str = self.depth > 0  # after the object, quotes are not JSON
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth = max(self.depth - 1, 0)
+            i += 1
+        self.pos = i
+        return -1
+
+
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
@@ -140,6 +185,7 @@ class OutputParser:
     show_thinking: bool = True  # think:false: thinking the model does anyway is dropped
     stream_calls: bool = False  # also emit tool_call_start / tool_call_delta while a call grows
     _args: _ArgumentStream | None = None
+    _end: _CallEnd | None = None
     _buf: str = ""
     _mode: str = field(default="")  # "", "think", "call"
     _content_seen: bool = False
@@ -160,6 +206,15 @@ class OutputParser:
     def finish(self) -> list[Event]:
         out: list[Event] = []
         rest, self._buf = self._buf, ""
+        close = self.style.call_close
+        if self._mode == "call" and close and close in rest and parse_call(rest) is None:
+            # a string that never closed hid the marker: the call ended there after all
+            at = rest.index(close)
+            out += self._end_call(rest[:at], close)
+            self._mode, self._buf = "", rest[at + len(close):]
+            while self._step(out):
+                pass
+            return out + self.finish()
         if self._mode == "call":
             out += self._end_call(rest, "")
         elif self._mode == "think":
@@ -192,15 +247,16 @@ class OutputParser:
     def _step(self, out: list[Event]) -> bool:
         """Consumes what can be decided; True if it should be called again."""
         markers = self._markers()
-        hits = [(self._buf.find(m), kind, m) for kind, m in markers if m in self._buf]
+        hits = [(at, kind, m) for kind, m in markers if (at := self._find(kind, m)) >= 0]
         if hits:
             at, kind, marker = min(hits)
             before, self._buf = self._buf[:at], self._buf[at + len(marker):]
             self._flush(out, before)
             self._mode = {"think": "think", "call": "call"}.get(kind, "")
             self._thought = self._thought or kind in ("think", "end_think")
-            if kind == "call" and self.stream_calls:
-                self._args = _ArgumentStream(self._calls)
+            if kind == "call":
+                self._end = _CallEnd(self.style.call_close) if self.style.call_close else None
+                self._args = _ArgumentStream(self._calls) if self.stream_calls else None
             if kind == "end_call":
                 out += self._end_call(before, marker)
             return True
@@ -213,6 +269,11 @@ class OutputParser:
         self._buf = self._buf[len(self._buf) - hold:]
         self._flush(out, text)
         return False
+
+    def _find(self, kind: str, marker: str) -> int:
+        if kind == "end_call" and self._end is not None:
+            return self._end.find(self._buf)
+        return self._buf.find(marker)
 
     def _end_call(self, body: str, marker: str) -> list[Event]:
         out = self._args.feed(body) if self._args is not None else []

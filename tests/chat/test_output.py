@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -100,8 +101,6 @@ def test_call_arguments_stream_as_they_are_generated(seed):
         if "tool_call_delta" in e:
             args[e["tool_call_delta"]["index"]] += e["tool_call_delta"]["arguments"]
             deltas += 1
-    import json
-
     assert json.loads(args[0]) == {"path": "a}b.py", "lines": [1, {"x": '"}'}]} and json.loads(args[1]) == {}
     assert deltas > 3  # the first call's arguments arrived in several pieces
     calls = [e for e in events if "tool_calls" in e]
@@ -114,3 +113,39 @@ def test_call_arguments_stream_as_they_are_generated(seed):
 def test_without_stream_calls_only_whole_calls_are_emitted():
     out = run(OutputParser(QWEN, tools=True), '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
     assert out == [{"tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}]
+
+
+def _streamed_args(events: list[dict]) -> str:
+    return "".join(e["tool_call_delta"]["arguments"] for e in events if "tool_call_delta" in e)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_close_marker_inside_a_string_argument_stays_in_the_argument(seed):
+    # a forced call's free string may hold the marker's text, escaped quotes around it too
+    args = {"a": 'x</tool_call>y', "b": '\\"</tool_call>"'}
+    text = (f'<tool_call>{{"name": "f", "arguments": {json.dumps(args)}}}</tool_call> ok'
+            '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
+    out = run(OutputParser(QWEN, tools=True), text, seed)
+    assert out == [{"tool_calls": [{"function": {"name": "f", "arguments": args}}]},
+                   {"content": " ok"}, {"tool_calls": [{"function": {"name": "g", "arguments": {}}}]}]
+    parser = OutputParser(QWEN, tools=True, stream_calls=True)
+    events = run(parser, text.split(" ok")[0], seed)
+    assert json.loads(_streamed_args(events)) == args
+    assert events[-1] == {"tool_calls": [{"function": {"name": "f", "arguments": args}}],
+                          "streamed": True}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_call_whose_string_never_closes_ends_at_its_marker_after_all(seed):
+    text = ('<tool_call>{"name": "f", "arguments": {"a": "x</tool_call> then '
+            '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
+    assert run(OutputParser(QWEN, tools=True), text, seed) == [
+        {"content": '<tool_call>{"name": "f", "arguments": {"a": "x</tool_call> then '},
+        {"tool_calls": [{"function": {"name": "g", "arguments": {}}}]}]
+
+
+def test_quotes_in_the_xml_form_are_plain_text():
+    text = '<tool_call><function=say><parameter=text>a "quote</parameter></function></tool_call>ok'
+    assert run(OutputParser(QWEN, tools=True), text) == [
+        {"tool_calls": [{"function": {"name": "say", "arguments": {"text": 'a "quote'}}}]},
+        {"content": "ok"}]
