@@ -32,6 +32,10 @@ class SchemaError(ValueError):
     """A schema this compiler cannot turn into a grammar (or one no value satisfies)."""
 
 
+class _NoValue(SchemaError):
+    """A schema no value satisfies: an empty branch of an `anyOf`, not a broken schema."""
+
+
 @dataclass(frozen=True)
 class Prop:
     name: str
@@ -71,7 +75,7 @@ def _key_bytes(name: str) -> bytes:
 def literal_node(values: list[Any]) -> Node:
     opts = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False).encode() for v in values))
     if not opts:
-        raise SchemaError("enum admits no value")
+        raise _NoValue("enum admits no value")
     return Node("literal", options=opts, optset=frozenset(opts))
 
 
@@ -91,7 +95,7 @@ def union_node(nodes: list[Node]) -> Node:
     for n in nodes:
         flat += n.alts if n.kind == "union" else [n]
     if not flat:
-        raise SchemaError("anyOf admits no value")
+        raise _NoValue("anyOf admits no value")
     return flat[0] if len(flat) == 1 else Node("union", alts=tuple(flat))
 
 
@@ -124,7 +128,7 @@ def _meet(a: list[str], b: list[str]) -> list[str]:
     if ("number" in a and "integer" in b) or ("integer" in a and "number" in b):
         out.append("integer")
     if not out:
-        raise SchemaError("allOf admits no value: the types do not meet")
+        raise _NoValue("allOf admits no value: the types do not meet")
     return list(dict.fromkeys(out))
 
 
@@ -181,7 +185,11 @@ class _Compiler:
         if node is None:
             # a placeholder first, so recursive references end at it
             node = self.refs[ref] = Node("pending")
-            target = self.compile(self.resolve(ref))
+            try:
+                target = self.compile(self.resolve(ref))
+            except SchemaError:
+                del self.refs[ref]  # an anyOf may drop this branch and meet the ref again
+                raise
             node.__dict__.update(target.__dict__)
         return node
 
@@ -198,7 +206,7 @@ class _Compiler:
         if s is True or s == {}:
             return ANY
         if s is False:
-            raise SchemaError("schema false admits no value")
+            raise _NoValue("schema false admits no value")
         if not isinstance(s, dict):
             raise SchemaError(f"a schema must be an object or a boolean, not {type(s).__name__}")
         if "$ref" in s:
@@ -210,11 +218,24 @@ class _Compiler:
             return self.compile(merged)
         for key in ("anyOf", "oneOf"):
             if key in s:
-                base = {k: v for k, v in s.items() if k != key}
-                alts = s[key] if isinstance(s[key], list) else []
-                return union_node([self.compile(_merge(base, self.deref(a)) if base else a)
-                                   for a in alts])
+                return self.any_of(s, key)
         return self.typed(s)
+
+    def any_of(self, s: dict[str, Any], key: str) -> Node:
+        """The branches of `s[key]`, each met with the rest of `s`. A branch that admits no
+        value once met is dropped: {"anyOf": [{"type": "string"}, {"type": "null"}], "type":
+        "string"} is a string, as a validator would read it."""
+        base = {k: v for k, v in s.items() if k != key}
+        alts = s[key] if isinstance(s[key], list) else []
+        nodes, empty = [], None
+        for a in alts:
+            try:
+                nodes.append(self.compile(_merge(base, self.deref(a)) if base else a))
+            except _NoValue as e:
+                empty = e
+        if not nodes and empty is not None:
+            raise _NoValue(f"no branch of {key} admits a value ({empty})")
+        return union_node(nodes)
 
     def typed(self, s: dict[str, Any]) -> Node:
         t = s.get("type")
@@ -260,13 +281,13 @@ class _Compiler:
         for name, sub in declared.items():
             if sub is False:
                 if name in required:
-                    raise SchemaError(f"required property {name!r} admits no value")
+                    raise _NoValue(f"required property {name!r} admits no value")
                 continue
             props.append((name, self.compile(sub), name in required))
         for name in required:
             if name not in declared:
                 if extra is None:
-                    raise SchemaError(f"required property {name!r} is not allowed")
+                    raise _NoValue(f"required property {name!r} is not allowed")
                 props.append((name, extra, True))
         return object_node(props, extra)
 
@@ -283,7 +304,7 @@ class _Compiler:
         if rest is None:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and lo > hi:
-            raise SchemaError("minItems exceeds the items the array may hold")
+            raise _NoValue("minItems exceeds the items the array may hold")
         return Node("array", prefix=prefix, items=rest, min_items=lo, max_items=hi,
                     count_cap=max(len(prefix), lo, hi or 0))
 
@@ -292,7 +313,7 @@ class _Compiler:
         hi = s.get("maxLength")
         hi = None if hi is None else int(hi)
         if hi is not None and lo > hi:
-            raise SchemaError("minLength exceeds maxLength")
+            raise _NoValue("minLength exceeds maxLength")
         return Node("string", min_len=lo, max_len=hi) if lo or hi is not None else ANY_STRING
 
 

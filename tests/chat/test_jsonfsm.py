@@ -86,6 +86,11 @@ CASES = [
                 {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
      ['{"a": 1, "b": "x"}'], [], ['{"a": 1}', '{"b": "x"}']),
     ("json", ['{"a": [1, 2.5, "x", true, null, {}]}', "{}"], ['{"a":'], ["[1]", '"x"', "1"]),
+    # a branch that cannot meet the sibling "type" is dropped, as a validator reads it
+    ({"anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"},
+     ['"x"'], ['"'], ["null", '"y"']),
+    ({"anyOf": [{"$ref": "#/$defs/N"}, {"type": "integer"}], "type": ["integer", "string"],
+      "$defs": {"N": {"type": "null"}}}, ["3"], [], ["null", '"s"']),
 ]
 
 
@@ -142,6 +147,8 @@ def test_utf8_split_across_tokens():
     {"$ref": "#/$defs/missing"}, {"$ref": "http://example.com/s.json"},
     {"type": "object", "properties": {"a": False}, "required": ["a"]},
     {"allOf": [{"type": "string"}, {"type": "integer"}]},
+    {"anyOf": [{"type": "null"}, {"enum": [1]}], "type": "string"},  # no branch is left
+    {"anyOf": [{"type": "nope"}, {"type": "string"}]},  # a broken branch is never dropped
 ])
 def test_unusable_schemas_are_refused(schema):
     with pytest.raises(SchemaError):
