@@ -9,8 +9,8 @@ FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed)
 of that name. "none" keeps the tools out of the prompt. "required" forces the answer to be
 one tool call, but only while the conversation's last message is not a tool result: an
 agent loop (OpenCode, OpenClaw) gets a forced call first and a free answer once the tool
-has answered. A request's own `tool_choice` field overrides the option
-(freetoken/chat/structured.py has the details).
+has answered. A request's own `tool_choice` field overrides the option, except an explicit
+"auto", which SDKs send by default (freetoken/chat/structured.py has the details).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 object means an instance of it.
 
 `tool_choice` (the OpenAI and Anthropic field, passed to the runner as is):
-- "auto" (or absent): the model decides, tools are offered as usual;
+- "auto" (or absent): the model decides, tools are offered as usual, unless the option
+  below says otherwise;
 - "none": tools are not rendered into the prompt (so not called either);
 - "required": the answer is one call, `<tool_call>{"name": <an offered tool>, "arguments":
   <that tool's parameters>}</tool_call>` (the bare JSON object for a template without call
@@ -15,7 +16,9 @@ The `tool_choice` option (a Modelfile PARAMETER or request option; a FreeToken e
 takes the same strings for clients that cannot send the field. As an option, "required"
 applies only while the conversation's last message is not a tool result: an agent loop
 (OpenCode, OpenClaw) then gets a forced call first and a free answer once the tool has
-answered, instead of calling tools forever. A request's `tool_choice` overrides the option.
+answered, instead of calling tools forever. A request's "none", "required" or function
+overrides the option; its "auto" does not, because SDKs (the AI SDK behind OpenCode, for one)
+send "auto" with every request that has tools, so it says nothing about the caller's wish.
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ def tool_choice(request_choice: Any, option_choice: Any, messages: list[dict[str
     """The effective choice as (mode, tool name): mode "auto", "none" or "required"; a
     name when one function is forced.
 
-    The request's field wins; else the `tool_choice` option, whose "required" lapses when
-    no tools are offered or the last message is a tool result."""
-    if request_choice is not None:
+    The request's field wins unless it is "auto"; else the `tool_choice` option, whose
+    "required" lapses when no tools are offered or the last message is a tool result."""
+    if request_choice is not None and request_choice != "auto":
         if isinstance(request_choice, dict):
             return "required", _named(request_choice)
         if request_choice not in _CHOICES:

@@ -4,10 +4,15 @@ official `ollama` client and the random-weight model."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
+import httpx
 import jsonschema
 import ollama
 import pytest
+
+from freetoken.store import Store
+from tests.server.harness import LiveServer, add_model, make_config
 
 SCHEMA = {
     "type": "object",
@@ -81,3 +86,45 @@ def test_bad_schema_and_images_are_400(http):
     r = http.post("/api/generate", json={"model": "tiny", "prompt": "What is this?",
                                          "images": ["aGVsbG8="]})
     assert r.status_code == 400 and "does not support images" in r.json()["error"]
+
+
+# -- the tool_choice option, as a Modelfile sets it for agents -------------------------------
+
+HI = [{"role": "user", "content": "Weather?"}]
+# One enum argument: a forced call by the random model is short and always valid.
+FORECAST = {"type": "function", "function": {"name": "get_forecast", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["unit"], "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def forcing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A server whose model has PARAMETER tool_choice "required"."""
+    root = tmp_path_factory.mktemp("models")
+    add_model(Store(root), "agent", parameters={"tool_choice": "required", "num_predict": 200})
+    with LiveServer(make_config(root)) as srv, httpx.Client(base_url=srv.url, timeout=120) as c:
+        yield c
+
+
+@pytest.mark.parametrize("extra", [{}, {"tool_choice": "auto"}])
+def test_the_option_forces_a_call_unless_the_request_chooses(forcing, extra):
+    # the AI SDK (OpenCode) sends "auto" with every request that has tools
+    r = forcing.post("/v1/chat/completions", json={"model": "agent", "messages": HI,
+                                                    "tools": [FORECAST], **extra})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+    r = forcing.post("/v1/chat/completions", json={"model": "agent", "messages": HI,
+                                                    "tools": [FORECAST], "tool_choice": "none",
+                                                    "max_tokens": 4})
+    assert r.status_code == 200 and not r.json()["choices"][0]["message"].get("tool_calls")
+
+
+def test_a_forced_call_compiles_a_nullable_anyof_beside_a_type(forcing):
+    # the shape of OpenClaw's tool_search parameters
+    tool = {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "required": ["q"], "properties": {"q": {
+            "anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"}}}}}
+    r = forcing.post("/api/chat", json={"model": "agent", "messages": HI, "tools": [tool],
+                                        "stream": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"]["tool_calls"][0]["function"]["arguments"] == {"q": "x"}

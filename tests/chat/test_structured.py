@@ -29,6 +29,10 @@ AFTER_TOOL = USER + [{"role": "assistant", "content": ""}, {"role": "tool", "con
     (None, "required", AFTER_TOOL, TOOLS, ("auto", None)),  # the option lapses after a result
     (None, "required", USER, None, ("auto", None)),  # and without tools
     (None, "none", USER, TOOLS, ("none", None)),
+    # SDKs send "auto" with every request that has tools: it leaves the option in force
+    ("auto", "required", USER, TOOLS, ("required", None)),
+    ("auto", "none", USER, TOOLS, ("none", None)),
+    ("auto", None, USER, TOOLS, ("auto", None)),
 ])
 def test_effective_tool_choice(request_choice, option, messages, tools, want):
     assert tool_choice(request_choice, option, messages, tools) == want
@@ -72,6 +76,16 @@ def test_tool_call_grammar():
     named = tool_call_grammar(TOOLS, "now", None, None)  # a template without call markers
     assert accepts(named, '{"name": "now", "arguments": {}}')
     assert not accepts(named, '{"name": "get_weather", "arguments": {"city": "x"}}')
+
+
+def test_tool_call_grammar_with_a_nullable_anyof_beside_a_type():
+    # the shape of OpenClaw's tool_search parameters: only the string branch is possible
+    tool = {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "required": ["q"], "properties": {"q": {
+            "anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"}}}}}
+    g = tool_call_grammar([tool], None, "<tool_call>", "</tool_call>")
+    assert accepts(g, '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name": "search", "arguments": {"q": null}}</tool_call>')
 
 
 def test_tool_call_grammar_refusals():
