@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
                    "b_p_gbps": b_p, "chunk": args.chunk, "model": args.model}
             print(json.dumps({**head, **row}), flush=True)
             rows.append(row)
+        del streamer  # it holds the slot pool, which the next install must be able to free
     common.emit(rows, [("prompt", "tokens"), ("overlap", "overlap"), ("ttft_s", "TTFT s"), ("tok_s", "tok/s"),
                        ("pcie_bound_s", "PCIe s"), ("compute_s", "compute s"), ("ratio_to_floor", "/floor")],
                 False, head)

@@ -50,7 +50,9 @@ class _Staging:
     def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         key = (name, shape, dtype)
         if key not in self._bufs:
-            self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
+            # not an inference tensor: the CPU worker thread, outside inference mode, writes it
+            with torch.inference_mode(False):
+                self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
         return self._bufs[key]
 
     def pull(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
