@@ -43,8 +43,9 @@ class HostBuffer:
     def address(self) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
 
-    def tensor(self, dtype: str, shape: list[int], nbytes: int) -> torch.Tensor:
-        raw = torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+    def tensor(self, dtype: str, shape: list[int], nbytes: int, offset: int = 0) -> torch.Tensor:
+        raw = (torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes
+               else torch.empty(0, dtype=torch.uint8))
         t = raw.view(torch_dtype(dtype)).reshape(shape)
         t._ft_host_buffer = self  # keeps the mapping alive as long as the tensor
         return t

@@ -183,29 +183,34 @@ class LoadStats:
 
 def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: bool | None = None,
          direct: bool = True, verify: bool = False, progress: Progress | None = None,
-         stats: LoadStats | None = None, pin_before_fill: bool = False) -> ModelWeights:
+         stats: LoadStats | None = None, pin_before_fill: bool = False,
+         experts: tuple[int, int] | None = None, dense: bool = True) -> ModelWeights:
     """All tensors of an FTW model in host memory: dense by name, banks by (layer, bank).
 
+    experts=(lo, hi) reads only rows [lo, hi) of every bank (one rank's share, freetoken.dist),
+    and dense=False skips the dense tensors; nothing else is read or allocated.
     pin_before_fill exists only to measure what pin-after-fill saves: it registers every
     empty bank first, which faults in and zeroes each page before the read overwrites it.
     """
     index = Index.load(files)
     config = json.loads(Path(files["config.json"]).read_text())
-    need = sum(round_up(int(t["nbytes"])) for t in index.tensors)
+    spans = {t["name"]: _span(t, experts) for t in index.tensors if dense or t["kind"] == "bank"}
+    tensors = [t for t in index.tensors if t["name"] in spans]
+    need = sum(end - start for start, end, _ in spans.values())
     plan = choose_mode(need, mem_available(), workers) if mode == "auto" else ReadPlan(mode, workers, "requested")
     pin = torch.cuda.is_available() if pin is None else pin
     stats = stats if stats is not None else LoadStats()
-    buffers = {t["name"]: HostBuffer(round_up(int(t["nbytes"]))) for t in index.tensors}
+    buffers = {name: HostBuffer(end - start) for name, (start, end, _) in spans.items()}
     fh = _Files(index.shards, direct)
     t0 = time.perf_counter()
     if pin and pin_before_fill:
-        for t in index.tensors:
+        for t in tensors:
             if t["kind"] == "bank":
                 buffers[t["name"]].pin()
         stats.pin_seconds = time.perf_counter() - t0
     pinner = Pinner() if pin and not pin_before_fill else None
     try:
-        _read_all(index, fh, buffers, plan, pinner, progress, need)
+        _read_all(index, tensors, spans, fh, buffers, plan, pinner, progress, need)
     finally:
         fh.close()
     stats.read_seconds = time.perf_counter() - t0
@@ -217,9 +222,11 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     log.info("read %.2f GB of FTW in %.2f s (%.2f GB/s, %s, %s)", need / 1e9, stats.seconds, stats.gbps,
              plan.mode, "O_DIRECT" if fh.direct else "buffered")
     weights = ModelWeights(config=config, source="ftw")
-    for t in index.tensors:
-        tensor = buffers[t["name"]].tensor(t["dtype"], t["shape"], int(t["nbytes"]))
-        if verify and zlib.crc32(buffers[t["name"]].view[:int(t["nbytes"])]) != t.get("crc32"):
+    for t in tensors:
+        _, _, (skip, shape, nbytes) = spans[t["name"]]
+        tensor = buffers[t["name"]].tensor(t["dtype"], shape, nbytes, offset=skip)
+        whole = nbytes == int(t["nbytes"])  # the CRC covers whole tensors only
+        if verify and whole and zlib.crc32(buffers[t["name"]].view[:nbytes]) != t.get("crc32"):
             raise FtwError(f"{index.path}: tensor {t['name']} at offset {t['offset']} fails its CRC check")
         if t["kind"] == "bank":
             weights.banks[(int(t["layer"]), t["bank"])] = tensor
@@ -228,20 +235,34 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     return weights
 
 
-def _read_all(index: Index, fh: _Files, buffers: dict[str, HostBuffer], plan: ReadPlan,
-              pinner: Pinner | None, progress: Progress | None, total: int) -> None:
-    jobs: list[tuple[dict, int, int]] = []  # (tensor, start, length) in tensor-relative bytes
-    for t in index.tensors:
-        size = round_up(int(t["nbytes"]))
-        jobs += [(t, start, min(CHUNK, size - start)) for start in range(0, size, CHUNK)]
-    remaining = {t["name"]: round_up(int(t["nbytes"])) for t in index.tensors}
+def _span(t: dict[str, Any], experts: tuple[int, int] | None) -> tuple[int, int, tuple[int, list[int], int]]:
+    """The aligned byte range of a tensor to read, and where in it the wanted bytes are:
+    (start, end, (skip, shape, nbytes)). Direct I/O needs both ends on ALIGN boundaries."""
+    nbytes, shape = int(t["nbytes"]), list(t["shape"])
+    if t["kind"] != "bank" or experts is None:
+        return 0, round_up(nbytes), (0, shape, nbytes)
+    lo, hi = experts
+    row = nbytes // shape[0]
+    start = lo * row // ALIGN * ALIGN
+    return start, round_up(hi * row), (lo * row - start, [hi - lo, *shape[1:]], (hi - lo) * row)
+
+
+def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _Files,
+              buffers: dict[str, HostBuffer], plan: ReadPlan, pinner: Pinner | None,
+              progress: Progress | None, total: int) -> None:
+    jobs: list[tuple[dict, int, int]] = []  # (tensor, start, length) in buffer-relative bytes
+    for t in tensors:
+        first, end, _ = spans[t["name"]]
+        jobs += [(t, start, min(CHUNK, end - first - start)) for start in range(0, end - first, CHUNK)]
+    remaining = {t["name"]: spans[t["name"]][1] - spans[t["name"]][0] for t in tensors}
     lock = threading.Lock()
     done = [0]
 
     def run(job: tuple[dict, int, int]) -> None:
         t, start, length = job
         view = buffers[t["name"]].view
-        for shard, off, n, dst in index.segments(int(t["offset"]) + start, length):
+        first = spans[t["name"]][0]  # where the buffer starts in the tensor
+        for shard, off, n, dst in index.segments(int(t["offset"]) + first + start, length):
             _pread_full(fh.fds[shard.path], view[start + dst:start + dst + n], off, shard.path,
                         shard.offset + off)
         with lock:

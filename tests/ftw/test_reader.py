@@ -1,0 +1,32 @@
+"""Reading part of an FTW model: one rank's rows of every bank, without the dense tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.ftw import reader
+from freetoken.ftw.convert import convert
+from tests import fixtures
+from tests.runtime.engine_util import files_of
+
+
+@pytest.fixture(scope="module")
+def odd_ftw(tmp_path_factory):
+    # expert rows of 7680 and 3840 bytes: no row range starts or ends on a 4096-byte boundary
+    src = tmp_path_factory.mktemp("odd")
+    fixtures.hf_qwen3_moe(src, seed=5, hidden_size=48, moe_intermediate_size=20, intermediate_size=40,
+                          head_dim=16, num_experts=7)
+    return files_of(convert(src, tmp_path_factory.mktemp("odd-ftw") / "ftw", shard_limit=16 * 4096))
+
+
+@pytest.mark.parametrize("experts", [(0, 3), (3, 5), (5, 7), (0, 7)])
+def test_rows_of_every_bank_and_nothing_else(odd_ftw, experts):
+    whole = reader.read(odd_ftw, verify=True)
+    part = reader.read(odd_ftw, experts=experts, dense=False, verify=True)
+    lo, hi = experts
+    assert part.dense == {} and set(part.banks) == set(whole.banks)
+    for key, bank in whole.banks.items():
+        assert torch.equal(part.banks[key], bank[lo:hi])
+    with_dense = reader.read(odd_ftw, experts=experts)
+    assert set(with_dense.dense) == set(whole.dense)
