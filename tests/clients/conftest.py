@@ -2,9 +2,9 @@
 
 Each client is installed from npm at test time, at a pinned version, into a cache folder
 (under the pytest cache, so later runs reuse it; a temporary folder when the cache plugin is
-off); all four take about 40 s from nothing. A test skips, saying why, only when Node.js or
-npm is missing, the registry does not answer a ping, or an install fails or runs past five
-minutes (then no later install is tried).
+off); all four take about a minute from nothing. A test skips, saying why, only when
+Node.js or npm is missing, the registry does not answer a ping, or an install fails or runs
+past five minutes (then no later install is tried).
 
 One server serves every test here. Its store holds two models made from one random-weight
 Qwen3-MoE with a 64k context (agent prompts run to 16k tokens):

@@ -52,7 +52,7 @@ def node_major(node: str) -> int:
     return int(out.stdout.strip().lstrip("v").split(".")[0])
 
 
-# An install here takes under a minute (about 40 s for all four, cold); one that runs past
+# All four installs take about a minute from nothing (400 MB of downloads); one that runs past
 # this is stuck on the network, and the test skips rather than holding up the suite.
 INSTALL_TIMEOUT = 300.0
 
