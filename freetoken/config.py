@@ -138,6 +138,25 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
+def _gpus(value: str) -> str | tuple[int, ...]:
+    """"auto", a list of CUDA device indices ("0,1"), or "cpu:N" (N ranks on the CPU)."""
+    v = value.strip().lower()
+    if v == "auto":
+        return v
+    m = re.fullmatch(r"cpu:(\d+)", v)
+    if m:
+        if int(m.group(1)) < 1:
+            raise ValueError(f"expected at least one CPU rank, got {value!r}")
+        return f"cpu:{int(m.group(1))}"
+    try:
+        ids = tuple(int(p) for p in v.split(","))
+    except ValueError:
+        raise ValueError(f"expected auto, a list of GPU indices like 0,1, or cpu:N, got {value!r}") from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"expected distinct GPU indices >= 0, got {value!r}")
+    return ids
+
+
 def _registry(value: str) -> str:
     """A registry address as model names carry it (empty: Ollama's registry)."""
     v = value.strip().rstrip("/")
@@ -195,6 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
             "verbose logging", ("OLLAMA_DEBUG",)),
     Setting("device", "FREETOKEN_DEVICE", _choice("auto", "cpu", "cuda"), "auto",
             "where dense weights and the KV cache live"),
+    Setting("gpus", "FREETOKEN_GPUS", _gpus, "auto",
+            "GPUs a runner spreads a model's experts over, one process each: auto (every visible "
+            "one), a list like 0,1, or cpu:N (N ranks on the CPU, to test the distributed path)"),
     Setting("dtype", "FREETOKEN_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto",
             "compute dtype; auto keeps the checkpoint's (float32 stays float32 on the CPU)"),
     Setting("kv_page_size", "FREETOKEN_KV_PAGE_SIZE", _pos_int, "16",

@@ -45,6 +45,19 @@ def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: in
 
 def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch.dtype,
             placement: Placement) -> OffloadExperts:
+    backend = build(banks, device, dtype, placement)
+    attach(model, backend, backend.banks.layers)
+    return backend
+
+
+def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch.dtype, placement: Placement,
+          ranks_on_host: int = 1) -> OffloadExperts:
+    """The offload backend over `banks`: every expert, or one rank's share of them.
+
+    `ranks_on_host` backends run side by side on one machine (freetoken.dist): each has its
+    own GPU and PCIe link, but they share the host's DRAM bandwidth and cores, so each
+    starts its split from an equal share of B_H.
+    """
     if placement.policy not in POLICIES:
         raise ValueError(f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})")
     host = HostBanks(banks, dtype, pin=device.type == "cuda")
@@ -57,14 +70,19 @@ def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
     b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (
         profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
+    b_h /= ranks_on_host
     backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
                              device)
-    for m in model.modules():
-        if isinstance(m, Experts):
-            if m.layer not in host.banks:
-                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
-            m.backend = backend
     log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
              cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
              "measured" if measured else "defaults until `freetoken bench bw` runs")
     return backend
+
+
+def attach(model: nn.Module, backend, layers: list[int]) -> None:
+    """Makes `backend` the experts op of every MoE layer of the model."""
+    for m in model.modules():
+        if isinstance(m, Experts):
+            if m.layer not in layers:
+                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
+            m.backend = backend

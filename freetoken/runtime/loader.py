@@ -53,16 +53,29 @@ def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> to
 
 
 def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
-                 progress: ftw_reader.Progress | None = None) -> ModelWeights:
-    """Dense tensors and expert banks from whichever source the files hold."""
+                 progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None,
+                 dense: bool = True) -> ModelWeights:
+    """Dense tensors and expert banks from whichever source the files hold.
+
+    experts=(lo, hi) keeps only those rows of every bank and dense=False no dense tensors
+    (one rank's share, freetoken.dist). FTW reads only what is kept; the other sources are
+    read whole first (they are converted to FTW when a model enters the store).
+    """
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
     if ftw.INDEX in files:
-        return ftw_reader.read(files, progress=progress)
+        return ftw_reader.read(files, progress=progress, experts=experts, dense=dense)
     gguf = gguf_path(files)
     if gguf is not None:
-        return gguf_file.read(gguf, dtype)
-    return safetensors_dir.read(files, model_cls.expert_key, dtype)
+        weights = gguf_file.read(gguf, dtype)
+    else:
+        weights = safetensors_dir.read(files, model_cls.expert_key, dtype)
+    if experts is not None:
+        lo, hi = experts
+        weights.banks = {key: bank[lo:hi].clone() for key, bank in weights.banks.items()}
+    if not dense:
+        weights.dense = {}
+    return weights
 
 
 def gguf_path(files: dict[str, Path]) -> Path | None:
@@ -103,14 +116,16 @@ def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.
 
 
 def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto",
-         progress: ftw_reader.Progress | None = None) -> Loaded:
+         progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None) -> Loaded:
+    """The model with its dense weights on the device; the expert banks (rows [lo, hi) of
+    each with `experts`) stay in host memory for `place_experts`."""
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
     cls = models.load_class(config)
     device = pick_device(device_setting)
     dtype = pick_dtype(dtype_setting, config, device)
-    weights = read_weights(files, cls, dtype, progress)
+    weights = read_weights(files, cls, dtype, progress, experts)
     with torch.device("meta"):
         model = cls.from_config(config)
     model.to_empty(device=device)
@@ -126,9 +141,27 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
     return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
 
 
-def place_experts(loaded: Loaded, placement: Placement):
-    """Installs the experts op backend; call after the KV cache is allocated (it sizes the slot pool)."""
-    backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
+def load_banks(files: dict[str, Path], device_setting: str, dtype_setting: str,
+               experts: tuple[int, int]) -> tuple[dict, torch.dtype]:
+    """Rows [lo, hi) of every expert bank and their dtype, without the dense weights (a rank
+    that serves only experts, freetoken.dist)."""
+    config = json.loads(Path(files["config.json"]).read_text())
+    dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
+    weights = read_weights(files, models.load_class(config), dtype, experts=experts, dense=False)
+    return weights.banks, dtype
+
+
+def place_experts(loaded: Loaded, placement: Placement, group=None):
+    """Installs the experts op backend; call after the KV cache is allocated (it sizes the slot pool).
+
+    With a process group (freetoken.dist) the backend spreads the experts over its ranks.
+    """
+    if group is not None:
+        from freetoken.dist import experts as dist_experts
+
+        backend = dist_experts.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, group)
+    else:
+        backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
     loaded.banks = {}  # the backend's host banks own them now
     return backend
 

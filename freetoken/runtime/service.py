@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import tempfile
 import time
 import traceback
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from freetoken import dist
 from freetoken import options as opts
 from freetoken.chat import structured
 from freetoken.chat import template as chat_template
@@ -81,6 +84,7 @@ class ModelService:
         self.watcher: elastic.Watcher | None = None
         self.masks: MaskCache | None = None
         self.ceiling = 0
+        self.group: dist.Group | None = None  # the other ranks, when the model spans several GPUs
 
     # --- engine thread ---------------------------------------------------------------
     def load_and_run(self) -> None:
@@ -89,6 +93,8 @@ class ModelService:
         except Exception as e:  # reported through /health; the server shows the message
             log.error("load failed: %s", traceback.format_exc())
             self.status, self.error = "error", f"{type(e).__name__}: {e}"
+            if self.group is not None:
+                self.group.abort("the load failed")
             return
         self.status = "ok"
         self._start_watcher()
@@ -100,7 +106,14 @@ class ModelService:
             torch.set_num_threads(self.cfg.cpu_threads)
         # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
         cpu_kernel.extension()
-        loaded = loader.load(self.files, self.cfg.device, self.cfg.dtype, progress=self._progress)
+        # one rank per GPU: the others start now and load their experts while this one loads
+        ranks = dist.devices(self.cfg.gpus, self.cfg.device)
+        device = dist.use(ranks[0]).type
+        placement = self._placement()
+        if len(ranks) > 1:
+            self.group = dist.launch(ranks, self.files, placement, self.cfg.dtype, on_death=_exit_runner)
+        loaded = loader.load(self.files, device, self.cfg.dtype, progress=self._progress,
+                             experts=self.group.experts if self.group else None)
         tokenizer = Tokenizer(self.files)
         model = loaded.model
         a = model.args
@@ -108,7 +121,7 @@ class ModelService:
         pages = (-(-self.num_ctx // page)) * self.num_parallel
         kv = KVCache(a.num_hidden_layers, pages, page, a.num_key_value_heads, a.head_dim,
                      loaded.dtype, loaded.device)
-        self.experts = loader.place_experts(loaded, self._placement())
+        self.experts = loader.place_experts(loaded, placement, self.group)
         graphs = None
         if loaded.device.type == "cuda" and self.cfg.cuda_graphs:
             graphs = DecodeGraphs(model, kv, loaded.device, self.num_ctx, max_batch=self.num_parallel)
@@ -120,11 +133,12 @@ class ModelService:
         self.load_ns = time.perf_counter_ns() - t0
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = loaded.device.type == "cuda"
-        cache = self.experts.cache
-        self.sizes = {"size": dense + self.experts.banks.total_bytes + kv.bytes,
-                      "size_vram": torch.cuda.memory_allocated(loaded.device) if on_gpu else 0,
+        banks = self.experts.bank_bytes if self.group else self.experts.banks.total_bytes
+        followers_vram = sum(self.experts.vram[1:]) if self.group else 0
+        self.sizes = {"size": dense + banks + kv.bytes,
+                      "size_vram": (torch.cuda.memory_allocated(loaded.device) if on_gpu else 0) + followers_vram,
                       "kv_cache_bytes": kv.bytes,
-                      "expert_cache_bytes": cache.capacity * cache.expert_bytes if cache else 0}
+                      "expert_cache_bytes": self.experts.stats().get("cache", {}).get("bytes", 0)}
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
 
     def _placement(self) -> loader.Placement:
@@ -137,7 +151,8 @@ class ModelService:
     def _start_watcher(self) -> None:
         """Automatic cache sizing where the cache lives on a GPU others may share."""
         cache = self.experts.cache
-        if cache is None or self.engine.device.type != "cuda" or not self.cfg.cache_auto:
+        # NOTE: it watches one GPU; with several ranks the caches are sized by hand (/resize)
+        if cache is None or self.engine.device.type != "cuda" or not self.cfg.cache_auto or self.group:
             return
         self.ceiling = cache.capacity
         dev = self.engine.device
@@ -178,11 +193,13 @@ class ModelService:
         while True:
             engine.wait_for_work(timeout=1.0)
             try:
-                engine.step()
+                if engine.step() == 0 and self.group is not None:
+                    self.experts.idle()  # the other ranks wait without spinning on their GPUs
             except Exception as e:
                 log.error("step failed: %s", traceback.format_exc())
-                if isinstance(e, torch.cuda.OutOfMemoryError) or "CUDA" in str(e):
-                    raise SystemExit(1)  # the device state cannot be trusted; let the server restart us
+                if isinstance(e, (torch.cuda.OutOfMemoryError, dist.RankDied)) or "CUDA" in str(e):
+                    # the device state (or the group) cannot be trusted; let the server restart us
+                    _exit_runner(f"{type(e).__name__}: {e}")
                 engine.fail_all(f"{type(e).__name__}: {e}")
 
     # --- event loop ------------------------------------------------------------------
@@ -408,6 +425,14 @@ class ModelService:
     def cancel(self, handle: Handle) -> None:
         if not handle.seq.is_finished and self.engine is not None:
             self.engine.abort(handle.seq.id)
+
+
+def _exit_runner(why: str) -> None:
+    """Ends the runner process now, from any thread (SystemExit would end only the thread):
+    the server sees it exit, shows this last line, and starts a fresh runner on the next request."""
+    log.error("%s; the runner exits", why)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _top_logprobs(req: dict[str, Any]) -> int | None:
