@@ -81,8 +81,10 @@ class ShareTuner:
     The costs a micro-benchmark cannot see (host round trips, thread hand-offs, the two paths
     sharing host DRAM) can make the bandwidth split q* slower end to end than sending every
     miss one way. So q*'s share is only the starting arm: a few shares are tried, the time
-    of each decode step per miss is kept as a moving average per share, and the fastest is
-    used, with an occasional step on a neighbouring share so a change in the machine is seen.
+    of each decode step is kept as a moving average per share, and the fastest is used,
+    with an occasional step on a neighbouring share so a change in the machine is seen.
+    Whole step times, not times per miss: a share that caches less makes more misses, and
+    per miss it would look cheaper than it is.
     """
 
     ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -101,11 +103,11 @@ class ShareTuner:
     def share(self) -> float:
         return self.ARMS[self.arm]
 
-    def observe(self, seconds: float, misses: int) -> None:
-        """The step just run with the current arm took `seconds` for `misses` misses."""
-        if misses <= 0 or seconds <= 0:
+    def observe(self, seconds: float) -> None:
+        """The decode step just run with the current arm took `seconds`."""
+        if seconds <= 0:
             return
-        cost = seconds / misses
+        cost = seconds
         i = self.arm
         self.mean[i] = cost if self.mean[i] is None else (1 - self.alpha) * self.mean[i] + self.alpha * cost
         self.count[i] += 1
@@ -123,5 +125,5 @@ class ShareTuner:
         return self.share
 
     def stats(self) -> dict:
-        return {"share": self.share, "means_ms_per_miss": [None if m is None else m * 1e3 for m in self.mean],
+        return {"share": self.share, "step_ms": [None if m is None else m * 1e3 for m in self.mean],
                 "steps": list(self.count)}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -55,6 +55,9 @@ class _Staging:
                 self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
         return self._bufs[key]
 
+    def clear(self) -> None:
+        self._bufs.clear()
+
     def pull(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         out = []
         for i, t in enumerate(tensors):
@@ -75,12 +78,11 @@ class OffloadExperts:
         self.cuda = device.type == "cuda"
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
         self._fixed_layers: set[int] = set()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._stage = _Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
         self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
-        self._step: list[float] | None = None  # [start time, misses] of the decode step under way
+        self._step: float | None = None  # when the decode step under way entered its first layer
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
         self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
@@ -164,7 +166,7 @@ class OffloadExperts:
         T = ids_h.shape[0]
         tuning = self.policy == "adaptive" and T <= DECODE_TOKENS
         if tuning and layer == self.banks.layers[0]:
-            self._step = [t_enter, 0]
+            self._step = t_enter
             self.tuner.next_arm()
         experts, counts = np.unique(ids_h, return_counts=True)
         slots = self.cache.lookup(layer, experts)
@@ -178,8 +180,8 @@ class OffloadExperts:
         if q:
             slots[fetch] = self.cache.allocate(layer, experts[fetch], slots[~miss])
             self._fetch(layer, experts[fetch], slots[fetch], q)
-        cpu_job = (self._start_cpu(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
-                                   experts[on_cpu]) if len(on_cpu) else None)
+        cpu_job = (self._cpu_job(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
+                                 experts[on_cpu]) if len(on_cpu) else None)
         slot_map = np.full(self.banks.num_experts, -1, dtype=np.int32)
         slot_map[experts] = slots  # CPU experts keep -1
         route_slots = torch.from_numpy(slot_map[ids_h]).to(self.device, non_blocking=self.cuda)
@@ -190,17 +192,18 @@ class OffloadExperts:
         self.cache.touch(slots)
         self._account(m, q, len(on_cpu), T)
         if cpu_job is not None:
+            # The GPU part is queued and runs meanwhile. The CPU part runs on this thread, which
+            # joins the kernel's thread team: a worker thread would leave the host thread fighting
+            # the kernel's pinned threads for a core, and cost a hand-off per layer.
             t_wait = time.perf_counter()
-            partial = cpu_job.result()
+            partial = cpu_job()
             self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
         now = time.perf_counter()
         self.timers["host_s"] += now - t_enter
-        if tuning and self._step is not None:
-            self._step[1] += m
-            if layer == self.banks.layers[-1]:
-                self.tuner.observe(now - self._step[0], self._step[1])
-                self._step = None
+        if tuning and self._step is not None and layer == self.banks.layers[-1]:
+            self.tuner.observe(now - self._step)
+            self._step = None
         return out
 
     def device_only(self, layer: int) -> bool:
@@ -219,7 +222,7 @@ class OffloadExperts:
         if self.policy == "cpu-misses":
             return 0
         if T <= DECODE_TOKENS:
-            return int(round(self.tuner.share * m))
+            return round(self.tuner.share * m)
         return self.split.choose(m)
 
     def _fetch(self, layer: int, experts: np.ndarray, slots: np.ndarray, q: int) -> None:
@@ -248,8 +251,8 @@ class OffloadExperts:
                 keep.append((q, start, end))
         self._pending = keep[-64:]
 
-    def _start_cpu(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
-                   cpu_experts: np.ndarray) -> Future:
+    def _cpu_job(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
+                 cpu_experts: np.ndarray) -> Callable[[], torch.Tensor]:
         sel = np.isin(ids_h, cpu_experts)
         tok, col = np.nonzero(sel)
         x_h = x.float().cpu()  # no copy where x is staged in host memory already
@@ -268,7 +271,7 @@ class OffloadExperts:
             self.split.cpu.observe(n, time.perf_counter() - t0)
             return result
 
-        return self._pool.submit(run)
+        return run
 
     def _all_on_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         T, k = ids.shape
@@ -318,7 +321,9 @@ class OffloadExperts:
         return {"slots": slots, "kept": kept, "bytes": slots * self.cache.expert_bytes}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Frees the pinned staging buffers (they come back on the next use)."""
+        if self._stage is not None:
+            self._stage.clear()
 
     def stats(self) -> dict:
         out = {"policy": self.policy, **self.steps, **self.timers,
