@@ -1,12 +1,15 @@
 """`freetoken bench pull`: pull throughput on loopback against a raw copy of the same bytes,
 and the time to finish a pull interrupted half way.
 
-A model with one large incompressible file (zstd cannot shrink it, so the wire carries
-every byte) is pushed into a registry served on loopback, then pulled into fresh stores:
-  raw     the same blob fetched with the same number of parallel ranged GETs, written to a
-          file, with no hashing or decompression (the floor of the transport);
-  pull    `freetoken pull`'s path: ranged parts, hashing, decompression, verification;
-  resume  a pull stopped at 50 % and started again: bytes fetched again and seconds.
+A model with one large file is pushed into a registry served on loopback: incompressible
+bytes (sent as they are), or with --weights bf16 weight-like bytes (sent zstd-compressed in
+frames). It is then pulled into fresh stores:
+  raw     the same wire blob fetched with the same number of parallel ranged GETs, written
+          to a file, with no hashing or decompression (the floor of the transport);
+  pull    `freetoken pull`'s path: ranged parts, decompression, hashing, verification;
+  resume  a pull stopped at 50 % and started again: the share of the wire bytes fetched
+          again, the share of the file read back to verify it, and the time against the
+          whole pull's.
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps({**head, **r, "streams": args.streams, "weights": args.weights}))
     common.emit(rows, [("path", "path"), ("gb", "GB"), ("seconds", "s"), ("gbps", "GB/s"),
                        ("ratio_to_raw", "/raw"), ("refetched_share", "refetched"),
-                       ("vs_full_pull_time", "/full time")], False, head)
+                       ("reread_share", "re-read"), ("vs_full_pull_time", "/full time")],
+                False, head)
 
 
 def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> list[dict]:
@@ -153,9 +157,10 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
     gbps = full.fetched_bytes / full.seconds / 1e9
     return [{"path": "raw ranged copy", "gb": wire.size / 1e9, "gbps": raw, "ratio_to_raw": 1.0},
             {"path": "freetoken pull", "gb": full.fetched_bytes / 1e9, "seconds": full.seconds, "gbps": gbps,
-             "ratio_to_raw": gbps / raw},
+             "ratio_to_raw": gbps / raw, "reread_share": full.reread_bytes / size},
             {"path": "resume after 50%", "gb": resumed.fetched_bytes / 1e9, "seconds": resumed.seconds,
              "refetched_share": resumed.fetched_bytes / max(full.fetched_bytes, 1),
+             "reread_share": resumed.reread_bytes / size,
              "vs_full_pull_time": resumed.seconds / full.seconds}]
 
 

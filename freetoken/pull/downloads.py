@@ -3,47 +3,42 @@
 `Transfers.acquire` returns the download of a blob, starting one only if no pull is
 fetching that blob already; later pulls of the same digest wait on it and report its
 progress. Parts of all downloads wait in one FIFO queue served by up to `streams` worker
-threads, so a model's first layers finish first and one large blob alone keeps every
-stream busy. When the last pull waiting on a download goes away, the download stops and
-leaves its partial file to be resumed.
-
-Each download has a publisher thread that reads the partial file front to back as the
-parts fill it, so checking overlaps fetching: a plain blob is hashed, and renamed into the
-store once whole; a `+zstd` blob is hashed and decompressed in the same pass into the
-file's own blob, committed only when both digests check. Nothing reaches the store before
-its digest is verified.
+threads, so a model's first layers finish first, a blob's parts arrive about in order, and
+one large blob alone keeps every stream busy. The streams write (and, for a zstd blob in
+frames, decompress) what they receive into the partial file; a publisher thread per
+download verifies it as it fills (publish.py). When the last pull waiting on a download
+goes away, the download stops and leaves its partial file to be resumed.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
-import os
-import queue
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import httpx
-import zstandard
 
 from freetoken.pull.client import RegistryClient, RegistryError
-from freetoken.pull.parts import Cancelled, Part, PartialFile, TransferOptions, fetch_part
+from freetoken.pull.frames import FrameQueue, Layout
+from freetoken.pull.parts import (
+    Cancelled,
+    Part,
+    PartialFile,
+    TransferOptions,
+    Verified,
+    fetch_part,
+    partial_path,
+)
+from freetoken.pull.publish import mismatch, publish
 from freetoken.pull.wire import WireLayer
-from freetoken.store.blobs import BlobStore, BlobWriter, DigestMismatch, fsync_dir
+from freetoken.store.blobs import BlobStore
 
-__all__ = ["Download", "Transfers", "shared_transfers"]
-
-_READ = 4 << 20
+__all__ = ["Download", "Transfers", "mismatch", "os_error", "shared_transfers"]
 
 log = logging.getLogger(__name__)
-
-
-def mismatch(want: str, got: str) -> RegistryError:
-    """Ollama's words for a blob whose bytes do not hash to its digest."""
-    return RegistryError(f"digest mismatch, file must be downloaded again: want {want}, got {got}")
 
 
 def os_error(e: OSError, what: str) -> RegistryError:
@@ -63,10 +58,15 @@ class Download:
         self.layer = layer
         self.client = client
         self.repo = repo
-        self.partial = PartialFile(blobs.root, layer.digest, layer.size)
+        self.layout = Layout.of(layer)
+        self.partial = PartialFile(blobs.root, layer.digest, self.layout)
         self.parts: list[Part] = []
+        self.verified: Verified | None = None  # how far an earlier pull hashed the file
+        self.frames: FrameQueue | None = None  # decoded frames on their way to the hash
+        self.on_disk: set[int] = set()  # frames an earlier pull wrote but did not hash
         self.subscribers = 0
         self.received = 0  # bytes fetched over the network by this download
+        self.reread = 0  # file bytes its publisher read back from disk to hash them
         self.cancelled = threading.Event()
         self.done = threading.Event()  # set once nothing runs for it any more
         self.error: BaseException | None = None
@@ -94,22 +94,43 @@ class Download:
                 break
         return pos
 
+    def wait_file(self, pos: int) -> int:
+        """Waits until the partial file holds bytes, in order, past its offset `pos`;
+        returns how far they go. Raises Cancelled when the download stops first."""
+        with self._data:
+            while (ready := self.layout.file_pos(self._frontier())) <= pos:
+                if self.cancelled.is_set():
+                    raise Cancelled
+                self._data.wait(1.0)
+        if self.cancelled.is_set():
+            raise Cancelled
+        return ready
+
+    def all_parts_stopped(self) -> None:
+        """Waits until no worker touches the partial or its state files any more."""
+        with self._data:
+            self._data.wait_for(lambda: self._parts_left == 0)
+        if self.cancelled.is_set():
+            raise Cancelled
+
     # -- lifecycle (called by the hub and its workers) ------------------------------------
 
     def _start(self) -> None:
         """Opens or resumes the partial file, queues the missing parts and starts the
-        publisher, which hashes (and decompresses) the blob as its bytes arrive."""
+        publisher, which verifies the blob as its bytes arrive."""
         try:
             if self.blobs.has(self.layer.local.digest):
                 self.published = True  # stored meanwhile by someone else
                 self._stop()
                 return
-            self.parts = self.partial.open(self.hub.options)
+            self.parts, self.verified = self.partial.open(self.hub.options)
         except OSError as e:
             self._fail(os_error(e, self.partial.path.name))
             self._stop()
             return
         todo = [p for p in self.parts if not p.done]
+        if self.layout.framed:
+            self._queue_frames()
         self._parts_left = len(todo)
         self._pending = len(todo) + 1
         threading.Thread(target=self._publish, daemon=True,
@@ -117,11 +138,22 @@ class Download:
         if todo:
             self.hub._enqueue(self, todo)
 
+    def _queue_frames(self) -> None:
+        """The queue that carries frames to the hash, with room for every frame the
+        streams can have in flight, and the frames already in the partial file."""
+        layout = self.layout
+        spans = [(layout.frame_at(p.offset), layout.frame_at(p.start), layout.frame_at(p.end))
+                 for p in self.parts]
+        self.on_disk = {k for first, resume, _ in spans for k in range(first, resume)}
+        per_part = max((end - first for first, _, end in spans), default=1)
+        streams = self.hub.options.streams
+        self.frames = FrameQueue(layout.frame_size, 0, streams * per_part + 1, streams)
+
     def _run_part(self, part: Part) -> None:
         try:
             if not self.cancelled.is_set():
                 fetch_part(self.client, self.repo, self.layer.digest, part, self.partial,
-                           self.hub.options, self.cancelled, self._on_bytes)
+                           self.hub.options, self.cancelled, self._on_bytes, self.frames)
         except Cancelled:
             pass
         except OSError as e:
@@ -157,14 +189,20 @@ class Download:
         with self._data:
             self._data.notify_all()
 
+    def _halt(self) -> None:
+        """Wakes whatever waits on this download, which has been cancelled."""
+        self._cancel_queued()
+        if self.frames is not None:
+            self.frames.stop()
+        self._wake()
+
     def _fail(self, e: BaseException) -> None:
         with self.hub.lock:
             if self.error is None:
                 self.error = e
             self.cancelled.set()
             self.hub.changed.notify_all()
-        self._cancel_queued()
-        self._wake()
+        self._halt()
 
     def _release(self) -> None:
         """A part or the publisher is through; the last one out stops the download."""
@@ -187,11 +225,7 @@ class Download:
 
     def _publish(self) -> None:
         try:
-            with _Follower(self) as src:
-                if self.layer.compressed:
-                    self._publish_compressed(src)
-                else:
-                    self._publish_plain(src)
+            publish(self)
             self.published = True
         except Cancelled:
             pass  # the partial stays; a later pull goes on from it
@@ -201,130 +235,6 @@ class Download:
             self._fail(e)
         finally:
             self._release()
-
-    def _all_parts_stopped(self) -> None:
-        """Waits until no worker touches the partial or its state files any more."""
-        with self._data:
-            self._data.wait_for(lambda: self._parts_left == 0)
-        if self.cancelled.is_set():
-            raise Cancelled
-
-    def _publish_plain(self, src: _Follower) -> None:
-        want = self.layer.digest
-        got = src.drain()
-        self._all_parts_stopped()
-        if got != want:
-            self.partial.discard()
-            raise mismatch(want, got)
-        self.partial.flush()
-        self.partial.close()
-        os.replace(self.partial.path, self.blobs.path(want))
-        fsync_dir(self.blobs.root)
-        self.partial.remove_states()
-
-    def _publish_compressed(self, src: _Follower) -> None:
-        """Decompresses into a blob writer while hashing the compressed bytes; the file is
-        committed only when both digests check."""
-        want = self.layer.digest
-        bad: zstandard.ZstdError | None = None
-        with self.blobs.writer(self.layer.uncompressed_digest) as w:
-            with _WriteBehind(w) as out:
-                try:
-                    reader = zstandard.ZstdDecompressor().stream_reader(
-                        src, read_size=1 << 20, read_across_frames=True, closefd=False)
-                    while chunk := reader.read(_READ):
-                        out.write(chunk)
-                except zstandard.ZstdError as e:
-                    bad = e
-            got = src.drain()  # the rest of the input, if decompression stopped early
-            self._all_parts_stopped()
-            if got != want:
-                self.partial.discard()
-                raise mismatch(want, got)
-            if bad is not None:
-                self.partial.discard()
-                raise RegistryError(f"layer {want} is not valid zstd data: {bad}")
-            try:
-                w.commit()
-            except DigestMismatch as e:
-                self.partial.discard()
-                raise mismatch(e.expected, e.got) from None
-        self.partial.discard()
-
-
-class _Follower:
-    """The partial file read front to back as its bytes arrive, and hashed on the way;
-    a read waits for the parts ahead of it and raises Cancelled when the download stops."""
-
-    def __init__(self, d: Download):
-        self.d = d
-        # Unbuffered reads at explicit offsets: a buffered reader would read ahead into
-        # bytes that have not arrived yet, and keep them.
-        self.fd = os.open(d.partial.path, os.O_RDONLY)
-        self.pos = 0
-        self.hash = hashlib.sha256()
-
-    def __enter__(self) -> _Follower:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
-
-    def read(self, n: int = -1) -> bytes:
-        d = self.d
-        with d._data:
-            while (ready := d._frontier() - self.pos) <= 0 and self.pos < d.layer.size:
-                if d.cancelled.is_set():
-                    raise Cancelled
-                d._data.wait(1.0)
-        if d.cancelled.is_set():
-            raise Cancelled
-        data = os.pread(self.fd, min(n, ready) if n and n > 0 else min(ready, _READ), self.pos)
-        self.pos += len(data)
-        self.hash.update(data)
-        return data
-
-    def drain(self) -> str:
-        """Reads what is left; returns the digest of all the bytes."""
-        while self.read(_READ):
-            pass
-        return "sha256:" + self.hash.hexdigest()
-
-
-class _WriteBehind:
-    """Hands chunks to a thread that hashes and writes them, so decompressing (this thread)
-    and hashing plus writing (that one) run side by side; a write error is raised on exit."""
-
-    def __init__(self, w: BlobWriter):
-        self.w = w
-        self.chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True, name="write-behind")
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (chunk := self.chunks.get()) is not None:
-            if self.error is None:
-                try:
-                    self.w.write(chunk)
-                except BaseException as e:  # kept, and the queue drained so the producer ends
-                    self.error = e
-
-    def write(self, chunk: bytes) -> None:
-        if self.error is not None:
-            raise self.error
-        self.chunks.put(chunk)
-
-    def __enter__(self) -> _WriteBehind:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.chunks.put(None)
-        self.thread.join()
-        if self.error is not None and exc[0] is None:
-            raise self.error
-
-
 
 
 class Transfers:
@@ -355,7 +265,7 @@ class Transfers:
     def acquire(self, blobs: BlobStore, layer: WireLayer, client: RegistryClient,
                 repo: str) -> Download:
         """The download of `layer` into `blobs`, shared with any pull already fetching it."""
-        key = PartialFile(blobs.root, layer.digest, layer.size).path
+        key = partial_path(blobs.root, layer.digest)
         with self.lock:
             while (d := self._active.get(key)) is not None and d.cancelled.is_set():
                 # A download winding down still writes its partial: let it finish first.
@@ -377,8 +287,7 @@ class Transfers:
                 d.cancelled.set()
                 self.changed.notify_all()
         if stop:
-            d._cancel_queued()
-            d._wake()  # the publisher may be waiting for bytes that will not come now
+            d._halt()  # the publisher may be waiting for bytes that will not come now
 
     def wait(self, timeout: float) -> None:
         with self.lock:

@@ -1,13 +1,21 @@
-"""Resumable ranged downloads of one blob: the partial file, its parts and their state.
+"""Resumable ranged downloads of one blob: the partial file, its parts and what is verified.
 
-A blob is fetched as parts (byte ranges) written at their offsets into
-`<blobs>/sha256-<hex>-partial`. Each part's progress is kept in a small JSON file,
-`<partial>-<N>` = `{"N", "Offset", "Size", "Completed"}` (Ollama's shape), rewritten
-atomically every few MiB and whenever a part stops. A later pull that finds the partial
-and consistent state files continues each part where it stopped; anything inconsistent is
-thrown away and fetched again. The state never claims bytes that were not written to the
-file first, and the blob's sha256 is checked before it is published, so a crash can cost
-bytes but never correctness.
+A blob is fetched as parts (byte ranges of the blob on the wire) that are handed out in
+order, so its bytes arrive about front to back and can be hashed as they come. A part's
+bytes land in `<blobs>/sha256-<hex>-partial` (hex: the wire digest): as they are, or, for a
+zstd layer in independent frames, decompressed frame by frame at the file's own offsets,
+so that the partial file becomes the file itself. Progress is kept in small JSON files:
+
+  `<partial>-<N>`        a part that has begun: {"N", "Offset", "Size", "Completed"}
+                         (Ollama's shape, in wire bytes), rewritten every few MiB and
+                         whenever the part stops;
+  `<partial>-verified`   {"Offset", "Sha256"}: the running hash state of the file's first
+                         Offset bytes, saved only once those bytes are on disk.
+
+A later pull continues each part where it stopped and the hash where it was saved, so what
+is verified is neither fetched nor read again; a state that does not fit is ignored (it
+costs bytes, never correctness). The state never claims bytes that were not written to
+the file first, and the whole file's digest is checked before it is published.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -23,10 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.pull.client import RegistryClient, RegistryError, TransientError
+from freetoken.pull.frames import CorruptFrame, FrameQueue, Layout, decode_frame
+from freetoken.pull.sha256 import Sha256
 
-__all__ = ["Cancelled", "Part", "PartialFile", "TransferOptions", "fetch_part", "plan_parts"]
+__all__ = ["BLOCK", "Cancelled", "Part", "PartialFile", "TransferOptions", "Verified",
+           "aligned_buffer", "fetch_part", "open_direct", "partial_path", "plan_parts"]
 
 _WRITE_BUFFER = 1 << 20
+BLOCK = 4096  # offsets, sizes and buffers of direct I/O are multiples of this
 
 
 class Cancelled(Exception):
@@ -38,13 +51,17 @@ class TransferOptions:
     """How pulls and pushes use the network; `from_config` reads the settings."""
 
     streams: int = 8  # ranged GETs in flight (pull), layers sent at once (push)
-    part_size: int = 64 << 20  # the largest part of a blob
+    # The largest part of a blob. Parts are fetched in order, so the hash follows at most
+    # about `streams` parts behind the bytes that arrive.
+    part_size: int = 16 << 20
     min_part_size: int = 1 << 20  # a blob is cut into parts no smaller than this
     stall_timeout: float = 30.0  # seconds without a byte before a part is tried again
     retries: int = 6  # tries of one part after the first, without progress in between
     backoff: float = 1.0  # seconds before the first retry; doubles with each
     state_every: int = 8 << 20  # bytes between writes of a part's state file
+    verified_every: int = 64 << 20  # file bytes hashed between saves of the hash state
     upload_chunk: int = 64 << 20  # bytes per PATCH of an upload
+    frame_size: int = 4 << 20  # file bytes per zstd frame of a pushed file
 
     @classmethod
     def from_config(cls, cfg: Any) -> TransferOptions:
@@ -74,76 +91,123 @@ class Part:
         return {"N": self.n, "Offset": self.offset, "Size": self.size, "Completed": self.completed}
 
 
-def plan_parts(total: int, opts: TransferOptions) -> list[Part]:
-    """Parts of about total/streams bytes, so one blob alone keeps every stream busy."""
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """The file's first `offset` bytes are on disk and hash to the SHA-256 `state`."""
+
+    offset: int
+    state: bytes
+
+
+def plan_parts(layout: Layout | int, opts: TransferOptions) -> list[Part]:
+    """Parts of at most `part_size` (and about total/streams, so one small blob alone keeps
+    every stream busy); a framed blob is cut between frames."""
+    if isinstance(layout, int):
+        layout = Layout(layout)
+    total = layout.wire_size
     if total <= 0:
         return []
     size = max(opts.min_part_size, min(opts.part_size, math.ceil(total / opts.streams)))
+    if layout.framed:
+        return [Part(n, off, length) for n, (off, length) in enumerate(layout.cut(size))]
     return [Part(n, off, min(size, total - off)) for n, off in enumerate(range(0, total, size))]
 
 
-class PartialFile:
-    """`<blobs>/sha256-<hex>-partial` and its `-<N>` state files."""
+def partial_path(blobs_root: Path, digest: str) -> Path:
+    return Path(blobs_root) / (digest.replace(":", "-") + "-partial")
 
-    def __init__(self, blobs_root: Path, digest: str, total: int):
-        self.path = Path(blobs_root) / (digest.replace(":", "-") + "-partial")
-        self.total = total
+
+class PartialFile:
+    """`<blobs>/sha256-<hex>-partial`, its `-<N>` part states and its `-verified` hash state."""
+
+    def __init__(self, blobs_root: Path, digest: str, layout: Layout | int):
+        self.path = partial_path(blobs_root, digest)
+        self.layout = Layout(layout) if isinstance(layout, int) else layout
         self._fd: int | None = None
+        self.direct: int | None = None  # the same file opened for direct I/O, if it can be
         self._state_lock = threading.Lock()
 
     def state_path(self, n: int) -> Path:
         return self.path.with_name(f"{self.path.name}-{n}")
 
+    @property
+    def verified_path(self) -> Path:
+        return self.path.with_name(self.path.name + "-verified")
+
     def _state_files(self) -> list[Path]:
         prefix = self.path.name + "-"
         return [p for p in self.path.parent.glob(prefix + "*") if p.name[len(prefix):].isdigit()]
 
-    def _load(self) -> list[Part] | None:
-        """The saved parts, if they exactly tile the partial file; else None."""
-        if not self.path.is_file() or self.path.stat().st_size != self.total:
-            return None
-        parts = []
+    def _saved(self, plan: list[Part]) -> dict[int, int]:
+        """Part number -> bytes completed, for the state files that fit the plan."""
+        out = {}
         for p in self._state_files():
             try:
                 s = json.loads(p.read_text())
-                part = Part(int(s["N"]), int(s["Offset"]), int(s["Size"]), int(s["Completed"]))
+                n, offset, size, done = (int(s[k]) for k in ("N", "Offset", "Size", "Completed"))
             except (OSError, ValueError, KeyError, TypeError):
-                return None
-            if p.name != self.state_path(part.n).name or not 0 <= part.completed <= part.size:
-                return None
-            parts.append(part)
-        parts.sort(key=lambda x: x.offset)
-        pos = 0
-        for i, part in enumerate(parts):
-            if part.n != i or part.offset != pos or part.size <= 0:
-                return None
-            pos += part.size
-        return parts if pos == self.total else None
+                continue
+            fits = 0 <= n < len(plan) and (plan[n].offset, plan[n].size) == (offset, size)
+            if fits and p.name == self.state_path(n).name and 0 <= done <= size:
+                # A framed part resumes at a frame's start: a frame decodes only whole.
+                out[n] = self.layout.align(offset + done) - offset if done < size else done
+        return out
 
-    def open(self, opts: TransferOptions) -> list[Part]:
-        """Opens (resuming when it can) and returns the parts; raises OSError (e.g. ENOSPC)."""
+    def load_verified(self) -> Verified | None:
+        """The saved hash state, if this Python can resume it and it fits the file."""
+        if not Sha256.resumable:
+            return None
+        try:
+            s = json.loads(self.verified_path.read_text())
+            v = Verified(int(s["Offset"]), bytes.fromhex(s["Sha256"]))
+            Sha256(v.state)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        fits = 0 <= v.offset <= self.layout.file_size and self.layout.wire_pos(v.offset) is not None
+        return v if fits else None
+
+    def _resume(self, plan: list[Part]) -> Verified | None:
+        """Fills in the plan's progress from the saved state; returns the saved hash state."""
+        saved = self._saved(plan)
+        verified = self.load_verified()
+        upto = self.layout.wire_pos(verified.offset) if verified else 0
+        for part in plan:
+            # The verified bytes are on disk even where a part's state lags behind them.
+            part.completed = max(saved.get(part.n, 0), min(part.size, max(0, upto - part.offset)))
+        return verified
+
+    def open(self, opts: TransferOptions) -> tuple[list[Part], Verified | None]:
+        """Opens (resuming when it can); returns the parts and how far the file is verified.
+        Raises OSError (e.g. ENOSPC)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        parts = self._load() if self.total else []
-        if parts is None:
-            self.discard()
-            parts = plan_parts(self.total, opts)
+        parts = plan_parts(self.layout, opts)
+        verified = None
+        if self.path.is_file() and self.path.stat().st_size == self.layout.file_size:
+            verified = self._resume(parts)
+        else:
+            self.discard()  # a file of another size is no partial of this blob
         fresh = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if fresh:
             try:
-                _allocate(self._fd, self.total)
+                _allocate(self._fd, self.layout.file_size)
             except OSError:
                 self.close()
                 self.discard()
                 raise
-            for part in parts:
-                self.save(part)
-        return parts
+        if self.aligned:
+            self.direct = open_direct(self.path, os.O_RDWR)
+        return parts, verified
 
-    def write(self, offset: int, chunks: list[bytes]) -> None:
+    @property
+    def aligned(self) -> bool:
+        """Frames start on block boundaries, as direct I/O needs."""
+        return self.layout.framed and self.layout.frame_size % BLOCK == 0
+
+    def write(self, offset: int, chunks: list[Any]) -> None:
         """Writes the chunks back to back at `offset`, in one system call when it can."""
         assert self._fd is not None
-        views = [memoryview(c) for c in chunks if c]
+        views = [memoryview(c) for c in chunks if len(c)]
         while views:
             n = os.pwritev(self._fd, views, offset)
             offset += n
@@ -153,12 +217,35 @@ class PartialFile:
             if views and n:
                 views[0] = views[0][n:]
 
+    def write_frame(self, offset: int, data: memoryview) -> None:
+        """Writes a decoded frame from an aligned buffer: past the page cache when the file
+        allows direct I/O (the store reads it that way too, and a pull of many GB should
+        not push everything else out of memory), its last partial block through the cache."""
+        whole = len(data) - len(data) % BLOCK if self.direct is not None else 0
+        if whole:
+            try:
+                done = os.pwritev(self.direct, [data[:whole]], offset)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                done, whole = 0, 0  # a device that wants larger blocks: through the cache
+            if done != whole:  # direct writes are all or nothing but for errors
+                raise OSError(errno.EIO, f"short direct write to {self.path.name}")
+        self.write(offset + whole, [data[whole:]])
+
     def save(self, part: Part) -> None:
         """Writes the part's state atomically (a kill mid-write leaves the old state)."""
-        path = self.state_path(part.n)
+        self._replace(self.state_path(part.n), part.to_json())
+
+    def save_verified(self, verified: Verified) -> None:
+        """Records a hash state; the caller has made the bytes before it durable."""
+        self._replace(self.verified_path, {"Offset": verified.offset,
+                                           "Sha256": verified.state.hex()})
+
+    def _replace(self, path: Path, obj: dict[str, Any]) -> None:
         tmp = path.with_name(path.name + ".tmp")
         with self._state_lock:
-            tmp.write_text(json.dumps(part.to_json()))
+            tmp.write_text(json.dumps(obj))
             os.replace(tmp, path)
 
     def flush(self) -> None:
@@ -169,10 +256,14 @@ class PartialFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
 
     def remove_states(self) -> None:
         for p in self._state_files():
             p.unlink(missing_ok=True)
+        self.verified_path.unlink(missing_ok=True)
 
     def discard(self) -> None:
         self.close()
@@ -180,8 +271,21 @@ class PartialFile:
         self.path.unlink(missing_ok=True)
 
 
+def open_direct(path: Path, flags: int) -> int | None:
+    """`path` opened for direct I/O, or None where the system or filesystem (tmpfs) has none."""
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        return None
+    try:
+        return os.open(path, flags | direct)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return None
+
+
 def _allocate(fd: int, size: int) -> None:
-    """Reserves the blob's space up front, so a full disk fails before the first byte."""
+    """Reserves the file's space up front, so a full disk fails before the first byte."""
     if size == 0:
         return
     try:
@@ -201,65 +305,155 @@ def fetch_part(
     opts: TransferOptions,
     cancelled: threading.Event,
     on_bytes: Callable[[int], None],
+    frames: FrameQueue | None = None,
 ) -> None:
-    """Fetches the rest of `part`, retrying a broken or stalled stream with backoff.
+    """Fetches the rest of `part`, retrying a broken, stalled or corrupt stream with backoff;
+    the frames of a framed blob are handed to `frames` as they are decoded and written.
 
-    Tries count only while no byte arrives: a part that keeps making progress keeps going.
+    Tries count only while nothing is kept: a part that keeps making progress keeps going.
     Raises Cancelled, RegistryError (retries spent, or a registry that refuses), OSError.
     """
     failures = 0
-    while not part.done:
-        if cancelled.is_set():
-            raise Cancelled
-        before = part.completed
-        try:
-            _stream_part(client, repo, digest, part, partial, opts, cancelled, on_bytes)
-        except TransientError as e:
+    try:
+        while not part.done:
+            if cancelled.is_set():
+                raise Cancelled
+            before = part.completed
+            try:
+                _stream_part(client, repo, digest, part, partial, opts, cancelled, on_bytes,
+                             frames)
+            except TransientError as e:
+                failures = 0 if part.completed > before else failures + 1
+                if failures > opts.retries:
+                    raise RegistryError(f"downloading {digest}: {e} "
+                                        f"(gave up after {failures} tries)", e.status) from None
+                if cancelled.wait(opts.backoff * 2 ** (failures - 1) if failures else 0):
+                    raise Cancelled from None
+    finally:
+        if part.completed:  # a part that never began needs no state file
             partial.save(part)
-            failures = 0 if part.completed > before else failures + 1
-            if failures > opts.retries:
-                raise RegistryError(f"downloading {digest}: {e} (gave up after {failures} tries)",
-                                    e.status) from None
-            if cancelled.wait(opts.backoff * 2 ** (failures - 1) if failures else 0):
-                raise Cancelled from None
-    partial.save(part)
 
 
 def _stream_part(client: RegistryClient, repo: str, digest: str, part: Part, partial: PartialFile,
                  opts: TransferOptions, cancelled: threading.Event,
-                 on_bytes: Callable[[int], None]) -> None:
-    buffer: list[bytes] = []
-    buffered = 0
-    saved = part.completed
-
-    def flush() -> None:
-        nonlocal buffer, buffered, saved
-        if buffered:
-            partial.write(part.start, buffer)
-            part.completed += buffered
-            on_bytes(buffered)
-            buffer, buffered = [], 0
-        if part.completed - saved >= opts.state_every:
-            partial.save(part)
-            saved = part.completed
-
+                 on_bytes: Callable[[int], None], frames: FrameQueue | None) -> None:
+    sink: _PlainSink | _FrameSink
+    if frames is not None:
+        sink = _FrameSink(part, partial, opts, on_bytes, frames)
+    else:
+        sink = _PlainSink(part, partial, opts, on_bytes)
     try:
         with client.blob_range(repo, digest, part.start, part.end) as response:
             for chunk in response.iter_raw():
-                room = part.size - part.completed - buffered
-                buffer.append(chunk[:room])
-                buffered += min(len(chunk), room)
-                if buffered >= _WRITE_BUFFER or buffered == part.size - part.completed:
-                    flush()
-                    if part.done:
-                        break
-                if cancelled.is_set():
+                sink.feed(chunk)
+                if part.done or cancelled.is_set():
                     break
     finally:
-        # Bytes that arrived before a break or an error are kept, so a retry skips them.
-        flush()
+        # What arrived whole before a break or an error is kept, so a retry skips it.
+        sink.flush()
     if cancelled.is_set() and not part.done:
         raise Cancelled
     if not part.done:
         raise TransientError(f"registry {client.base_url} closed the stream of {digest} "
                              f"at byte {part.start} of {part.end}", 502)
+
+
+class _PlainSink:
+    """Bytes written as they are, about a MiB per system call."""
+
+    def __init__(self, part: Part, partial: PartialFile, opts: TransferOptions,
+                 on_bytes: Callable[[int], None]):
+        self.part, self.partial, self.opts, self.on_bytes = part, partial, opts, on_bytes
+        self.buffer: list[bytes] = []
+        self.pending = 0
+        self.saved = part.completed
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.part.size - self.part.completed - self.pending
+        self.buffer.append(chunk[:room])
+        self.pending += min(len(chunk), room)
+        if self.pending >= _WRITE_BUFFER or self.pending == self.part.size - self.part.completed:
+            self.flush()
+
+    def flush(self) -> None:
+        part = self.part
+        if self.pending:
+            self.partial.write(part.start, self.buffer)
+            part.completed += self.pending
+            self.on_bytes(self.pending)
+            self.buffer, self.pending = [], 0
+        if part.completed - self.saved >= self.opts.state_every:
+            self.partial.save(part)
+            self.saved = part.completed
+
+
+class _FrameSink:
+    """Each frame gathered whole, decoded into a buffer of the queue (the GIL is let go
+    meanwhile), written at its offset in the file and handed to the hash; a frame that does
+    not decode raises CorruptFrame. The bytes of a frame cut short are dropped: a frame
+    decodes only whole."""
+
+    def __init__(self, part: Part, partial: PartialFile, opts: TransferOptions,
+                 on_bytes: Callable[[int], None], frames: FrameQueue):
+        self.part, self.partial, self.opts, self.on_bytes = part, partial, opts, on_bytes
+        self.queue = frames
+        self.layout = layout = partial.layout
+        self.k = layout.frame_at(part.start)
+        self.frame = _frame_buffer(max(layout.frames[self.k:layout.frame_at(part.end - 1) + 1]))
+        self.pending = 0  # bytes of frame k gathered so far
+        self.saved = part.completed
+
+    def feed(self, chunk: bytes) -> None:
+        data = memoryview(chunk)
+        while data and not self.part.done:
+            take = data[:self.layout.frames[self.k] - self.pending]
+            self.frame[self.pending:self.pending + len(take)] = take
+            self.pending += len(take)
+            data = data[len(take):]
+            if self.pending == self.layout.frames[self.k]:
+                self._decode()
+
+    def _decode(self) -> None:
+        k, n = self.k, self.pending
+        self.pending = 0
+        offset, size = self.layout.frame_span(k)
+        out = self.queue.buffer(k)
+        if out is None:
+            raise Cancelled
+        try:
+            decode_frame(memoryview(self.frame)[:n], size, memoryview(out))
+            self.partial.write_frame(offset, memoryview(out)[:size])
+        except CorruptFrame as e:
+            self.queue.give_back(out)
+            start = self.layout.starts[k]
+            raise CorruptFrame(f"frame {k} (bytes {start}-{start + n - 1}) does not decode: {e}",
+                               502) from None
+        except BaseException:
+            self.queue.give_back(out)
+            raise
+        self.queue.put(k, out)
+        self.part.completed += n
+        self.on_bytes(n)
+        self.k += 1
+        if self.part.completed - self.saved >= self.opts.state_every:
+            self.partial.save(self.part)
+            self.saved = self.part.completed
+
+    def flush(self) -> None:
+        pass  # every whole frame is written as it completes
+
+
+def _frame_buffer(size: int) -> bytearray:
+    """A buffer of at least `size` bytes for the compressed frame, kept per thread."""
+    buffer = getattr(_buffers, "frame", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _buffers.frame = bytearray(size)
+    return buffer
+
+
+_buffers = threading.local()
+
+
+def aligned_buffer(size: int) -> mmap.mmap:
+    """A page-aligned buffer (as direct I/O needs) of at least `size` bytes."""
+    return mmap.mmap(-1, max(-(-size // BLOCK) * BLOCK, BLOCK))

@@ -46,6 +46,9 @@ class PullStats:
     name: str = ""
     total_bytes: int = 0  # wire bytes of every blob of the model
     fetched_bytes: int = 0  # bytes this pull's downloads took from the network
+    # File bytes they read back from disk to hash: a plain blob's, but not the frames of a
+    # framed one (hashed as they are decoded), nor what an earlier pull verified.
+    reread_bytes: int = 0
     cached_bytes: int = 0  # wire bytes of blobs already in the store
     seconds: float = 0.0
     events: list[Progress] = field(default_factory=list, repr=False)
@@ -152,6 +155,7 @@ def _fetch_blobs(store: Store, hub: Transfers, client: RegistryClient, remote: R
     finally:
         for d in downloads.values():
             stats.fetched_bytes += d.received
+            stats.reread_bytes += d.reread
             hub.release(d)
 
 

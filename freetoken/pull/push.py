@@ -6,8 +6,9 @@
     {"status": "pushing manifest"}
     {"status": "success"}
 
-Files larger than 1 MiB travel zstd-compressed (level 3, one thread: the same bytes, so
-the same digest, on every push) as `+zstd` layers. Each blob is HEADed first and skipped
+Files larger than 1 MiB travel zstd-compressed as `+zstd` layers, cut into independent
+frames whose sizes the layer lists (frames.py: the same bytes, so the same digest, on
+every push). Each blob is HEADed first and skipped
 when the registry has it; otherwise it is uploaded by POST, PATCH chunks and PUT ?digest=.
 Several layers are compressed and sent at once; the manifest goes last, so the registry
 never lists a model whose blobs are missing.
@@ -15,7 +16,6 @@ never lists a model whose blobs are missing.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import threading
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import httpx
-import zstandard
 
 from freetoken import config
 from freetoken.pull.client import RegistryClient, RegistryError, TransientError
 from freetoken.pull.downloads import os_error
+from freetoken.pull.frames import compress_frames
 from freetoken.pull.parts import Cancelled, TransferOptions
 from freetoken.pull.wire import ZSTD, WireLayer, WireManifest, locate
 from freetoken.store import manifest as mf
@@ -39,17 +39,16 @@ from freetoken.store import manifest as mf
 if TYPE_CHECKING:
     from freetoken.store.models import Store
 
-__all__ = ["COMPRESS_ABOVE", "PushStats", "compress_file", "push", "push_model"]
+__all__ = ["COMPRESS_ABOVE", "PushStats", "push", "push_model"]
 
 COMPRESS_ABOVE = 1 << 20
-ZSTD_LEVEL = 3
-_READ = 4 << 20
 _POLL_S = 0.1
 Progress = dict[str, Any]
 
-# File digest -> (compressed digest, size), learnt by compressing: the same bytes always
-# compress the same way, so a push need not compress again to know what to ask for.
-_zstd_digests: dict[str, tuple[str, int]] = {}
+# (file digest, frame size) -> (compressed digest, size, frame sizes), learnt by
+# compressing: the same bytes always compress the same way, so a push need not compress
+# again to know what to ask for.
+_zstd_digests: dict[tuple[str, int], tuple[str, int, tuple[int, ...]]] = {}
 _plain: set[str] = set()  # files found not worth compressing
 WORTH_COMPRESSING = 0.95  # compressed/original above this: the file travels uncompressed
 
@@ -62,42 +61,6 @@ class PushStats:
     seconds: float = 0.0
 
 
-class _HashingWriter:
-    def __init__(self, f: BinaryIO):
-        self.f = f
-        self.hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.hash.update(data)
-        self.f.write(data)
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def compress_file(src: Path, dst: BinaryIO, cancelled: threading.Event | None = None,
-                  on_bytes: Callable[[int], None] | None = None) -> tuple[str, int]:
-    """zstd level 3, one thread, content size in the header; returns (digest, size).
-
-    The same input gives the same bytes on every machine and every push, so a blob the
-    registry already holds is recognised by its digest.
-    """
-    size = src.stat().st_size
-    out = _HashingWriter(dst)
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=0)
-    with open(src, "rb") as f, cctx.stream_writer(out, size=size, closefd=False) as z:
-        while chunk := f.read(_READ):
-            if cancelled is not None and cancelled.is_set():
-                raise Cancelled
-            z.write(chunk)
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-    return "sha256:" + out.hash.hexdigest(), out.size
-
-
 class _Upload:
     """One blob of the model: compressed if it is a large file, then sent unless present."""
 
@@ -107,8 +70,8 @@ class _Upload:
         self.compress = (layer.media_type == mf.FILE and layer.size > COMPRESS_ABOVE
                          and layer.digest not in _plain)
         self.wire: WireLayer | None = None if self.compress else WireLayer.of(layer)
-        if self.compress and (known := _zstd_digests.get(layer.digest)):
-            self.wire = WireLayer(ZSTD, known[0], known[1], layer.name, layer.digest, layer.size)
+        if self.compress and (known := _zstd_digests.get((layer.digest, opts.frame_size))):
+            self.wire = self._framed(*known)
         self.compressing = self.wire is None  # False once done, or when it need not be
         self.compressed = False
         self.completed = 0
@@ -154,12 +117,18 @@ class _Upload:
         """The file compressed into a temporary file (None if that saves too little); sets
         the wire layer."""
         self.compressing, self.completed = True, 0
+
+        def advance(n: int) -> None:
+            if cancelled.is_set():
+                raise Cancelled
+            self.completed += n  # one thread per upload; readers only compare values
+
         # Next to the blobs (so the start-up prune removes what a crash leaves behind).
         fd, name = tempfile.mkstemp(dir=self.store.blobs.root, prefix="push-")
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as f:
-                digest, size = compress_file(source, f, cancelled, self._advance)
+                digest, size, frames = compress_frames(source, f, self.opts.frame_size, advance)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise os_error(e, f"a compressed copy of {self.layer.name}") from None
@@ -176,12 +145,14 @@ class _Upload:
             _plain.add(layer.digest)
             self.wire = WireLayer.of(layer)
             return None
-        _zstd_digests[layer.digest] = (digest, size)
-        self.wire = WireLayer(ZSTD, digest, size, layer.name, layer.digest, layer.size)
+        _zstd_digests[(layer.digest, self.opts.frame_size)] = (digest, size, frames)
+        self.wire = self._framed(digest, size, frames)
         return tmp
 
-    def _advance(self, n: int) -> None:
-        self.completed += n  # one thread per upload; readers only compare values
+    def _framed(self, digest: str, size: int, frames: tuple[int, ...]) -> WireLayer:
+        layer = self.layer
+        return WireLayer(ZSTD, digest, size, layer.name, layer.digest, layer.size,
+                         self.opts.frame_size, frames)
 
     def _send(self, path: Path, cancelled: threading.Event) -> None:
         failures = 0

@@ -4,6 +4,11 @@ A wire manifest is the store's manifest, except that large files travel zstd-com
 as `application/vnd.freetoken.file+zstd` layers that also carry the file's own digest and
 size (docs/architecture.md, "The registry protocol"). `WireLayer.local` is the layer the
 store keeps for it.
+
+A compressed file is cut into frames of `frame_size` bytes, each compressed on its own,
+and the layer's annotations list the compressed size of every frame, so a pull can
+decompress each ranged part as it arrives. A layer without that table (pushed as one
+frame) is still read: it is decompressed front to back once it has arrived.
 """
 
 from __future__ import annotations
@@ -17,9 +22,16 @@ from typing import Any
 from freetoken.store import manifest as mf
 from freetoken.store.names import DEFAULT_HOST, InvalidName, Name, parse_digest
 
-__all__ = ["ZSTD", "Remote", "WireLayer", "WireManifest", "is_loopback", "locate"]
+__all__ = ["FRAMES", "FRAME_SIZE", "ZSTD", "Remote", "WireLayer", "WireManifest", "is_loopback",
+           "locate"]
 
 ZSTD = mf.FILE + "+zstd"
+# Annotations of a +zstd layer in independent frames: the uncompressed bytes of every frame
+# but the last, and the compressed size of each frame in order, as decimal text
+# (annotation values are strings).
+FRAME_SIZE = "org.freetoken.zstd.frame-size"
+FRAMES = "org.freetoken.zstd.frames"
+MAX_FRAME_SIZE = 1 << 28  # a pull holds a few frames per stream in memory
 
 
 def _safe_file_name(name: str) -> bool:
@@ -41,10 +53,17 @@ class WireLayer:
     name: str | None = None
     uncompressed_digest: str | None = None  # ZSTD layers only: the file's own digest
     uncompressed_size: int | None = None
+    frame_size: int | None = None  # framed ZSTD layers only
+    frames: tuple[int, ...] = ()
 
     @property
     def compressed(self) -> bool:
         return self.media_type == ZSTD
+
+    @property
+    def framed(self) -> bool:
+        """Compressed in independent frames whose sizes are known."""
+        return self.compressed and bool(self.frames)
 
     @property
     def local(self) -> mf.Layer:
@@ -62,6 +81,9 @@ class WireLayer:
         if self.compressed:
             out["uncompressed_digest"] = self.uncompressed_digest
             out["uncompressed_size"] = self.uncompressed_size
+        if self.framed:
+            out["annotations"] = {FRAME_SIZE: str(self.frame_size),
+                                  FRAMES: ",".join(map(str, self.frames))}
         return out
 
     @classmethod
@@ -76,6 +98,7 @@ class WireLayer:
                 name=obj.get("name"),
                 uncompressed_digest=_opt_digest(obj.get("uncompressed_digest")),
                 uncompressed_size=_opt_size(obj.get("uncompressed_size")),
+                **_frame_table(obj.get("annotations")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise mf.ManifestError(f"bad layer {json.dumps(obj)[:200]}: {e}") from None
@@ -87,6 +110,10 @@ class WireLayer:
         if layer.compressed and None in (layer.uncompressed_digest, layer.uncompressed_size):
             raise mf.ManifestError(
                 f"compressed layer {layer.digest} lacks uncompressed_digest/size")
+        if layer.frames and not layer.compressed:
+            layer = cls(layer.media_type, layer.digest, layer.size, layer.name)
+        if layer.framed and not _table_fits(layer):
+            raise mf.ManifestError(f"the frame table of {layer.digest} does not fit its sizes")
         return layer
 
     @classmethod
@@ -107,6 +134,26 @@ def _opt_size(value: Any) -> int | None:
 
 def _opt_digest(value: Any) -> str | None:
     return None if value is None else parse_digest(str(value))
+
+
+def _frame_table(annotations: Any) -> dict[str, Any]:
+    """frame_size and frames from a layer's annotations; nothing when it has no table."""
+    if not isinstance(annotations, dict) or FRAMES not in annotations:
+        return {}
+    size, table = str(annotations.get(FRAME_SIZE, "")), str(annotations[FRAMES])
+    if not size.isdigit() or not all(x.isdigit() for x in table.split(",")):
+        raise ValueError("the frame table is not decimal numbers")
+    return {"frame_size": int(size), "frames": tuple(int(x) for x in table.split(","))}
+
+
+def _table_fits(layer: WireLayer) -> bool:
+    """Frames that tile the compressed blob, one per frame_size bytes of the file, none
+    larger than zstd can make of its bytes (a pull sizes its buffers by the table)."""
+    fsize, usize = layer.frame_size or 0, layer.uncompressed_size or 0
+    largest = fsize + (fsize >> 7) + (1 << 17)  # above zstd's bound for fsize bytes
+    return (0 < fsize <= MAX_FRAME_SIZE and usize > 0
+            and all(0 < n <= largest for n in layer.frames)
+            and sum(layer.frames) == layer.size and len(layer.frames) == -(-usize // fsize))
 
 
 @dataclass(frozen=True, slots=True)

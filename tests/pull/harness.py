@@ -90,13 +90,16 @@ class ProcessRegistry:
 
 
 class _CountedStream(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, owner: CountingTransport, key: str):
-        self.inner, self.owner, self.key = inner, owner, key
+    def __init__(self, inner: httpx.SyncByteStream, owner: CountingTransport, key: str,
+                 start: int):
+        self.inner, self.owner, self.key, self.pos = inner, owner, key, start
 
     def __iter__(self):
         for chunk in self.inner:
             with self.owner.lock:
                 self.owner.bytes[self.key] = self.owner.bytes.get(self.key, 0) + len(chunk)
+                chunk = self.owner.damage(self.key, self.pos, chunk)
+            self.pos += len(chunk)
             if self.owner.delay:
                 time.sleep(self.owner.delay)
             yield chunk
@@ -107,23 +110,35 @@ class _CountedStream(httpx.SyncByteStream):
 
 class CountingTransport(httpx.BaseTransport):
     """A real HTTP transport that records every request and the body bytes per blob digest,
-    optionally sleeping `delay` seconds per chunk received (a slow link)."""
+    optionally sleeping `delay` seconds per chunk received (a slow link) and flipping the
+    byte at each offset of `flip` {digest: [offset, ...]} the first time it passes (a link
+    that corrupts data once)."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, flip: dict[str, list[int]] | None = None):
         self.inner = httpx.HTTPTransport()
         self.delay = delay
+        self.flip = {k: list(v) for k, v in (flip or {}).items()}
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Range
         self.bytes: dict[str, int] = {}
+
+    def damage(self, key: str, pos: int, chunk: bytes) -> bytes:
+        offsets = self.flip.get(key, [])
+        for offset in [x for x in offsets if pos <= x < pos + len(chunk)]:
+            offsets.remove(offset)
+            i = offset - pos
+            chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+        return chunk
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         with self.lock:
             self.requests.append((request.method, request.url.path, request.headers.get("range")))
         response = self.inner.handle_request(request)
         key = request.url.path.rsplit("/", 1)[-1]
+        start = int(response.headers.get("content-range", "bytes 0-").split()[1].split("-")[0])
         assert isinstance(response.stream, httpx.SyncByteStream)
         return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_CountedStream(response.stream, self, key),
+                              stream=_CountedStream(response.stream, self, key, start),
                               extensions=response.extensions)
 
     def ranges(self, digest: str) -> list[tuple[int, int]]:

@@ -15,7 +15,15 @@ import pytest
 
 from freetoken.pull.client import RegistryClient, RegistryError
 from freetoken.pull.downloads import Transfers
-from freetoken.pull.parts import Part, PartialFile, TransferOptions, fetch_part, plan_parts
+from freetoken.pull.parts import (
+    Part,
+    PartialFile,
+    TransferOptions,
+    Verified,
+    fetch_part,
+    plan_parts,
+)
+from freetoken.pull.sha256 import Sha256
 from freetoken.pull.wire import WireLayer
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
@@ -71,33 +79,57 @@ def test_parts_tile_the_blob():
 
 def test_saved_parts_are_resumed(tmp_path):
     f = PartialFile(tmp_path, DIGEST, len(DATA))
-    parts = f.open(OPTS)
+    parts, verified = f.open(OPTS)
+    assert verified is None and [p.completed for p in parts] == [0, 0, 0, 0]
+    assert list(tmp_path.glob("*-partial-*")) == []  # a part's state is written once it begins
     parts[1].completed = 500
     start = parts[1].offset
     f.write(start, [DATA[start:start + 200], DATA[start + 200:start + 500]])  # one pwritev
     f.save(parts[1])
     f.close()
-    again = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
+    again, _ = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
     assert [p.completed for p in again] == [0, 500, 0, 0]
     state = json.loads((tmp_path / (DIGEST.replace(":", "-") + "-partial-1")).read_text())
     assert state == {"N": 1, "Offset": 875, "Size": 875, "Completed": 500}
 
 
-@pytest.mark.parametrize("damage", ["gap", "garbage", "short_file"])
-def test_inconsistent_state_starts_over(tmp_path, damage):
+def test_the_verified_prefix_counts_as_fetched(tmp_path):
     f = PartialFile(tmp_path, DIGEST, len(DATA))
-    parts = f.open(OPTS)
-    parts[0].completed = 875
+    parts, _ = f.open(OPTS)
+    parts[0].completed = 100  # its state lags behind what was hashed
     f.save(parts[0])
+    h = Sha256()
+    h.update(DATA[:1000])
+    f.save_verified(Verified(1000, h.state()))
     f.close()
-    if damage == "gap":
-        f.state_path(2).unlink()
+    again, verified = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
+    assert verified == Verified(1000, h.state())
+    assert [p.completed for p in again] == [875, 125, 0, 0]
+
+
+@pytest.mark.parametrize("damage", ["other_plan", "garbage", "verified_garbage", "short_file"])
+def test_a_state_that_does_not_fit_is_ignored(tmp_path, damage):
+    f = PartialFile(tmp_path, DIGEST, len(DATA))
+    parts, _ = f.open(OPTS)
+    parts[0].completed, parts[2].completed = 875, 10
+    f.save(parts[0])
+    f.save(parts[2])
+    f.close()
+    want = [875, 0, 10, 0]
+    if damage == "other_plan":  # saved with other options: parts of another size
+        f.state_path(2).write_text(json.dumps({"N": 2, "Offset": 1750, "Size": 500,
+                                               "Completed": 10}))
+        want = [875, 0, 0, 0]
     elif damage == "garbage":
-        f.state_path(3).write_text("{")
+        f.state_path(0).write_text("{")
+        want = [0, 0, 10, 0]
+    elif damage == "verified_garbage":
+        f.verified_path.write_text(json.dumps({"Offset": 3000, "Sha256": "00"}))
     else:
         os.truncate(f.path, 10)
-    again = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
-    assert [p.completed for p in again] == [0, 0, 0, 0]
+        want = [0, 0, 0, 0]
+    again, verified = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
+    assert [p.completed for p in again] == want and verified is None
     assert f.path.stat().st_size == len(DATA)
 
 
@@ -107,7 +139,7 @@ def test_a_broken_stream_is_resumed_where_it_stopped(tmp_path, error):
     server = Blobs(error=error)
     server.break_after = [300]  # the first response dies after 300 bytes
     f = PartialFile(tmp_path, DIGEST, len(DATA))
-    part = f.open(OPTS)[0]
+    part = f.open(OPTS)[0][0]
     got = []
     fetch_part(client(server), "library/demo", DIGEST, part, f, OPTS, threading.Event(), got.append)
     assert part.done and sum(got) == part.size
@@ -119,7 +151,7 @@ def test_a_part_gives_up_after_its_retries(tmp_path):
     server = Blobs()
     server.break_after = [0] * 10
     f = PartialFile(tmp_path, DIGEST, len(DATA))
-    part = f.open(OPTS)[0]
+    part = f.open(OPTS)[0][0]
     with pytest.raises(RegistryError, match="gave up after 3 tries"):
         fetch_part(client(server), "library/demo", DIGEST, part, f, OPTS, threading.Event(),
                    lambda n: None)
@@ -141,7 +173,7 @@ def test_download_fetches_only_the_missing_parts(tmp_path):
     blobs = BlobStore(tmp_path)
     blobs.ensure()
     f = PartialFile(tmp_path, DIGEST, len(DATA))
-    parts = f.open(OPTS)
+    parts, _ = f.open(OPTS)
     for p in parts[:2]:  # an earlier pull finished two parts, then stopped
         f.write(p.offset, [DATA[p.offset:p.end]])
         p.completed = p.size
