@@ -147,7 +147,7 @@ class Download:
         self.on_disk = {k for first, resume, _ in spans for k in range(first, resume)}
         per_part = max((end - first for first, _, end in spans), default=1)
         streams = self.hub.options.streams
-        self.frames = FrameQueue(layout.frame_size, 0, streams * per_part + 1, streams)
+        self.frames = FrameQueue(layout.frame_size, streams * per_part + 1, streams)
 
     def _run_part(self, part: Part) -> None:
         try:

@@ -28,10 +28,11 @@ import zstandard
 from freetoken.pull.client import TransientError
 from freetoken.pull.wire import WireLayer
 
-__all__ = ["ZSTD_LEVEL", "CorruptFrame", "FrameQueue", "Layout", "compress_frames",
-           "decode_frame"]
+__all__ = ["BLOCK", "ZSTD_LEVEL", "CorruptFrame", "FrameQueue", "Layout", "aligned_buffer",
+           "compress_frames", "decode_frame"]
 
 ZSTD_LEVEL = 3
+BLOCK = 4096  # offsets, sizes and buffers of direct I/O are multiples of this
 
 _local = threading.local()  # one decompression context per thread: contexts are not shared
 
@@ -134,9 +135,9 @@ class FrameQueue:
     would cost a page fault per 4 KiB.
     """
 
-    def __init__(self, frame_size: int, first: int, window: int, streams: int):
-        self.size = -(-frame_size // mmap.PAGESIZE) * mmap.PAGESIZE
-        self.next = first  # the frame the hash takes next
+    def __init__(self, frame_size: int, window: int, streams: int):
+        self.size = frame_size
+        self.next = 0  # the frame the hash takes next
         self.window = window
         self.limit = window + streams  # enough that the frame the hash waits for gets one
         self.ready: dict[int, mmap.mmap] = {}
@@ -155,7 +156,7 @@ class FrameQueue:
             if self.free:
                 return self.free.pop()
             self.made += 1
-        return mmap.mmap(-1, self.size)
+        return aligned_buffer(self.size)
 
     def put(self, k: int, buffer: mmap.mmap) -> None:
         with self.changed:
@@ -185,6 +186,16 @@ class FrameQueue:
         with self.changed:
             self.stopped = True
             self.changed.notify_all()
+
+
+def aligned_buffer(size: int) -> mmap.mmap:
+    """A page-aligned buffer (as direct I/O needs) of at least `size` bytes. Private and in
+    huge pages where the system has them: first touching shared or 4 KiB pages one by one
+    cost more than decoding into them."""
+    buffer = mmap.mmap(-1, max(-(-size // BLOCK) * BLOCK, BLOCK), flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    return buffer
 
 
 def compress_frames(src: Path, dst: BinaryIO, frame_size: int,

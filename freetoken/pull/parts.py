@@ -32,14 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.pull.client import RegistryClient, RegistryError, TransientError
-from freetoken.pull.frames import CorruptFrame, FrameQueue, Layout, decode_frame
+from freetoken.pull.frames import (
+    BLOCK,
+    CorruptFrame,
+    FrameQueue,
+    Layout,
+    aligned_buffer,
+    decode_frame,
+)
 from freetoken.pull.sha256 import Sha256
 
-__all__ = ["BLOCK", "Cancelled", "Part", "PartialFile", "TransferOptions", "Verified",
-           "aligned_buffer", "fetch_part", "open_direct", "partial_path", "plan_parts"]
+__all__ = ["Cancelled", "Part", "PartialFile", "TransferOptions", "Verified", "fetch_part",
+           "open_direct", "partial_path", "plan_parts"]
 
 _WRITE_BUFFER = 1 << 20
-BLOCK = 4096  # offsets, sizes and buffers of direct I/O are multiples of this
 
 
 class Cancelled(Exception):
@@ -443,17 +449,12 @@ class _FrameSink:
         pass  # every whole frame is written as it completes
 
 
-def _frame_buffer(size: int) -> bytearray:
+def _frame_buffer(size: int) -> mmap.mmap:
     """A buffer of at least `size` bytes for the compressed frame, kept per thread."""
     buffer = getattr(_buffers, "frame", None)
     if buffer is None or len(buffer) < size:
-        buffer = _buffers.frame = bytearray(size)
+        buffer = _buffers.frame = aligned_buffer(size)
     return buffer
 
 
 _buffers = threading.local()
-
-
-def aligned_buffer(size: int) -> mmap.mmap:
-    """A page-aligned buffer (as direct I/O needs) of at least `size` bytes."""
-    return mmap.mmap(-1, max(-(-size // BLOCK) * BLOCK, BLOCK))

@@ -23,14 +23,8 @@ from typing import TYPE_CHECKING
 import zstandard
 
 from freetoken.pull.client import RegistryError
-from freetoken.pull.parts import (
-    BLOCK,
-    Cancelled,
-    PartialFile,
-    Verified,
-    aligned_buffer,
-    open_direct,
-)
+from freetoken.pull.frames import BLOCK, aligned_buffer
+from freetoken.pull.parts import Cancelled, PartialFile, Verified, open_direct
 from freetoken.pull.sha256 import Sha256
 from freetoken.store.blobs import BlobWriter, DigestMismatch, fsync_dir
 

@@ -101,7 +101,7 @@ def test_parts_are_cut_between_frames(framed):
 
 
 def test_the_queue_hands_frames_over_in_order():
-    queue = FrameQueue(FRAME, 0, window=2, streams=1)
+    queue = FrameQueue(FRAME, window=2, streams=1)
     got: list[int] = []
 
     def hash_side():
@@ -121,7 +121,7 @@ def test_the_queue_hands_frames_over_in_order():
 
 
 def test_the_queue_holds_back_frames_too_far_ahead():
-    queue = FrameQueue(FRAME, 0, window=2, streams=1)
+    queue = FrameQueue(FRAME, window=2, streams=1)
     assert queue.buffer(1) is not None
     waited = threading.Event()
 
