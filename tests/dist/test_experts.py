@@ -161,3 +161,22 @@ def test_nccl_logits_equal_one_gpu(tiny_model, policy, slots):
         assert [r["device"] for r in b.stats()["ranks"]] == ["cuda:0", "cuda:1"]
     finally:
         backend(engine).close()
+
+
+@pytest.mark.gpu
+def test_nccl_group_of_one_gpu(tiny_model):
+    """The NCCL path (headers and payload on the device, the reduce, idling on gloo) on one
+    GPU, with decode steps replayed from CUDA graphs that are cut at every experts op."""
+    path, _ = tiny_model
+    one = make_engine(path, device="cuda", policy="resident", page_size=4, pages=128)
+    engine = dist_engine(path, 1, policy="adaptive", slots=8, page_size=4, pages=128, gpus=True, graphs=True)
+    try:
+        assert _rel(full_logits(engine, LONG), full_logits(one, LONG)) <= 1e-5
+        prompts = [PROMPT, PROMPT[:7]]
+        want = [s.output_ids for s in generate(one, prompts, 12)]
+        assert [s.output_ids for s in generate(engine, prompts, 12)] == want
+        assert engine.graphs.captures > 0
+        backend(engine).idle()
+        assert [s.output_ids for s in generate(engine, prompts, 12)] == want
+    finally:
+        backend(engine).close()

@@ -7,15 +7,17 @@ from pathlib import Path
 from freetoken import dist
 from freetoken.runtime import loader
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.tokenizer import Tokenizer
 from tests.runtime.engine_util import files_of
 
 
 def dist_engine(path: Path, world: int, *, policy: str = "adaptive", slots: int = 0, page_size: int = 16,
-                pages: int = 64, chunk: int = 2048, gpus: bool = False) -> Engine:
+                pages: int = 64, chunk: int = 2048, gpus: bool = False, graphs: bool = False) -> Engine:
     """An engine whose experts are spread over `world` ranks: CPU ranks on gloo, or with
-    gpus=True one per GPU on NCCL. Close it with `backend(engine).close()`."""
+    gpus=True one per GPU on NCCL (graphs: decode steps replayed from CUDA graphs). Close it
+    with `backend(engine).close()`."""
     files = files_of(path)
     placement = loader.Placement(policy, 0, None, slots)
     devices = [f"cuda:{i}" for i in range(world)] if gpus else ["cpu"] * world
@@ -30,7 +32,8 @@ def dist_engine(path: Path, world: int, *, policy: str = "adaptive", slots: int 
     a = loaded.model.args
     kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim, loaded.dtype,
                  loaded.device)
-    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, 512, 4, chunk)
+    dg = DecodeGraphs(loaded.model, kv, loaded.device, 512, max_batch=4) if graphs else None
+    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, 512, 4, chunk, dg)
 
 
 def backend(engine: Engine):
