@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
@@ -59,3 +66,35 @@ def generate(engine: Engine, prompts: list[list[int]], n: int, **params) -> list
     while not all(s.is_finished for s in seqs):
         engine.step()
     return seqs
+
+
+@contextlib.contextmanager
+def runner_process(model_dir: Path, work: Path, num_ctx: int, timeout: float = 30, num_parallel: int = 2,
+                   options: dict | None = None, env: dict[str, str] | None = None) -> Iterator[httpx.Client]:
+    """A real runner process for `model_dir` on a Unix socket; yields a client once it is ready."""
+    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(model_dir).items()},
+            "num_ctx": num_ctx, "num_parallel": num_parallel, **({"options": options} if options else {})}
+    (work / "spec.json").write_text(json.dumps(spec))
+    sock = work / "r.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
+                             "--spec", str(work / "spec.json")], env=env)
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=timeout)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if client.get("/health").json()["status"] == "ok":
+                    break
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError("runner did not become ready")
+            time.sleep(0.1)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -3,41 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 
-from tests.runtime.engine_util import files_of
+from tests.runtime.engine_util import runner_process
 
 
 @pytest.fixture(scope="module")
 def runner(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("runner")
-    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(tiny_model[0]).items()},
-            "num_ctx": 256, "num_parallel": 2}
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    sock = tmp / "r.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
-                             "--spec", str(tmp / "spec.json")])
-    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=30)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if client.get("/health").json()["status"] == "ok":
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("runner did not become ready")
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(10)
+    with runner_process(tiny_model[0], tmp_path_factory.mktemp("runner"), num_ctx=256, timeout=30) as client:
+        yield client
 
 
 def _events(client, body):
@@ -105,27 +81,10 @@ def cached_runner(tiny_model, tmp_path_factory):
     """A runner with an expert cache of 12 slots (in host memory on a machine without a GPU)."""
     import os
 
-    tmp = tmp_path_factory.mktemp("cached-runner")
-    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(tiny_model[0]).items()},
-            "num_ctx": 256, "num_parallel": 4, "options": {"moe_policy": "adaptive"}}
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    sock = tmp / "r.sock"
-    env = {**os.environ, "FREETOKEN_EXPERT_SLOTS": "12"}
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
-                             "--spec", str(tmp / "spec.json")], env=env)
-    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=60)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if client.get("/health").json()["status"] == "ok":
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(10)
+    with runner_process(tiny_model[0], tmp_path_factory.mktemp("cached-runner"), num_ctx=256, timeout=60,
+                        num_parallel=4, options={"moe_policy": "adaptive"},
+                        env={**os.environ, "FREETOKEN_EXPERT_SLOTS": "12"}) as client:
+        yield client
 
 
 def test_resize_while_four_streams_run_fails_none(cached_runner):

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import subprocess
-import sys
 import time
 
-import httpx
 import jsonschema
 import pytest
 import torch
 
-from tests.runtime.engine_util import files_of
+from tests.runtime.engine_util import runner_process
 
 SCHEMA = {
     "type": "object",
@@ -36,29 +33,8 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def runner(tiny_model, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("structured-runner")
-    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(tiny_model[0]).items()},
-            "num_ctx": 512, "num_parallel": 2}
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    sock = tmp / "r.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
-                             "--spec", str(tmp / "spec.json")])
-    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=60)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if client.get("/health").json()["status"] == "ok":
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("runner did not become ready")
-    yield client
-    client.close()
-    proc.terminate()
-    proc.wait(10)
+    with runner_process(tiny_model[0], tmp_path_factory.mktemp("structured-runner"), num_ctx=512, timeout=60) as client:
+        yield client
 
 
 def events(client, body):
