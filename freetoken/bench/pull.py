@@ -5,7 +5,8 @@ A model with one large file is pushed into a registry served on loopback: incomp
 bytes (sent as they are), or with --weights bf16 weight-like bytes (sent zstd-compressed in
 frames). It is then pulled into fresh stores:
   raw     the same wire blob fetched with the same number of parallel ranged GETs, written
-          to a file, with no hashing or decompression (the floor of the transport);
+          to a file, with no hashing or decompression (the floor of the transport); and
+          once more with the bytes dropped, for what writing them costs;
   pull    `freetoken pull`'s path: ranged parts, decompression, hashing, verification;
   resume  a pull stopped at 50 % and started again: the share of the wire bytes fetched
           again, the share of the file read back to verify it, and the time against the
@@ -61,7 +62,8 @@ def _payload(n: int, weights: bool) -> bytes:
         return os.urandom(n)
     import torch  # bf16 weights: zstd saves ~22 % on them, so they travel compressed
 
-    return (torch.randn(n // 2) * 0.02).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    values = (torch.randn(-(-n // 2)) * 0.02).to(torch.bfloat16)
+    return values.view(torch.uint8).numpy().tobytes()[:n]
 
 
 def _model(store: Store, name: str, nbytes: int, weights: bool = False) -> None:
@@ -75,7 +77,7 @@ def _model(store: Store, name: str, nbytes: int, weights: bool = False) -> None:
             w.write(_payload(n, weights))
             left -= n
         digest, _ = w.commit()
-    layers.append(mf.Layer(mf.FILE, digest, nbytes, "payload.bin"))
+    layers.append(mf.Layer(mf.FILE, digest, w.size, "payload.bin"))
     config = store.blobs.put_stream([b'{"model_format":"bench"}'])[0]
     store.write_manifest(store_name(name), mf.Manifest(mf.Layer(mf.CONFIG, config, 24), tuple(layers)))
 
@@ -86,20 +88,23 @@ def store_name(name: str):
     return Name.parse(name)
 
 
-def raw_copy(url: str, size: int, streams: int, out: Path) -> float:
-    """GB/s of parallel ranged GETs of one blob into a file, nothing else."""
+def raw_copy(url: str, size: int, streams: int, out: Path | None) -> float:
+    """GB/s of parallel ranged GETs of one blob into a file (or, without `out`, dropped),
+    nothing else."""
     part = -(-size // streams)
-    with open(out, "wb") as f:
-        f.truncate(size)
+    if out is not None:
+        with open(out, "wb") as f:
+            f.truncate(size)
     t0 = time.perf_counter()
 
     def get(i: int) -> None:
         lo, hi = i * part, min(size, (i + 1) * part) - 1
         with httpx.Client(timeout=None) as c, c.stream("GET", url, headers={"Range": f"bytes={lo}-{hi}"}) as r, \
-                open(out, "r+b") as f:
+                open(out or os.devnull, "r+b" if out else "wb") as f:
             f.seek(lo)
             for chunk in r.iter_bytes(1 << 20):
-                f.write(chunk)
+                if out is not None:
+                    f.write(chunk)
 
     with ThreadPoolExecutor(streams) as ex:
         list(ex.map(get, range(streams)))
@@ -140,8 +145,9 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
     wire = max((x for x in mf.read(next((tmp / "registry" / "manifests").rglob("latest")))[0].layers),
                key=lambda x: x.size)
     hub = Transfers(TransferOptions(streams=streams))
-    raw = raw_copy(f"http://127.0.0.1:{port}/v2/library/bench/blobs/{wire.digest}", wire.size, streams,
-                   tmp / "raw.bin")
+    url = f"http://127.0.0.1:{port}/v2/library/bench/blobs/{wire.digest}"
+    raw = raw_copy(url, wire.size, streams, tmp / "raw.bin")
+    dropped = raw_copy(url, wire.size, streams, None)
     full = pull_model(Store(tmp / "a"), name, insecure=True, transfers=hub)
     half = Store(tmp / "b")
 
@@ -156,6 +162,8 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
     resumed = pull_model(half, name, insecure=True, transfers=hub)
     gbps = full.fetched_bytes / full.seconds / 1e9
     return [{"path": "raw ranged copy", "gb": wire.size / 1e9, "gbps": raw, "ratio_to_raw": 1.0},
+            {"path": "raw, bytes dropped", "gb": wire.size / 1e9, "gbps": dropped,
+             "ratio_to_raw": dropped / raw},
             {"path": "freetoken pull", "gb": full.fetched_bytes / 1e9, "seconds": full.seconds, "gbps": gbps,
              "ratio_to_raw": gbps / raw, "reread_share": full.reread_bytes / size},
             {"path": "resume after 50%", "gb": resumed.fetched_bytes / 1e9, "seconds": resumed.seconds,

@@ -136,6 +136,10 @@ class _Upload:
             tmp.unlink(missing_ok=True)
             raise
         layer = self.layer
+        if self.completed != layer.size:  # the wire manifest would promise other bytes
+            tmp.unlink(missing_ok=True)
+            raise RegistryError(f"{layer.name} has {self.completed} bytes in the store, but its "
+                                f"manifest says {layer.size}", 500)
         self.completed = 0
         self.compressing, self.compressed = False, True
         if size > WORTH_COMPRESSING * layer.size:
