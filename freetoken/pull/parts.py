@@ -344,7 +344,8 @@ def _stream_part(client: RegistryClient, repo: str, digest: str, part: Part, par
                  opts: TransferOptions, cancelled: threading.Event,
                  on_bytes: Callable[[int], None], frames: FrameQueue | None) -> None:
     sink: _PlainSink | _FrameSink
-    if frames is not None:
+    if partial.layout.framed:
+        assert frames is not None, "a framed blob's frames go to the hash through a queue"
         sink = _FrameSink(part, partial, opts, on_bytes, frames)
     else:
         sink = _PlainSink(part, partial, opts, on_bytes)
