@@ -55,7 +55,6 @@ class _Bucket:
     segments: list[tuple[torch.cuda.CUDAGraph, _Cut | None]] = field(default_factory=list)
     on_device: list[tuple[object, int, int]] = field(default_factory=list)  # (backend, layer, routes) in graphs
     logits: torch.Tensor | None = None
-    version: tuple = ()
 
 
 class DecodeGraphs:
@@ -71,6 +70,7 @@ class DecodeGraphs:
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._stream = torch.cuda.Stream(device) if self.capture else None
         self._pool = None
+        self._seen: tuple = ()  # the backends' identities and generations the graphs were made for
         self.captures = 0
 
     def fits(self, batch: int, ctx_len: int) -> bool:
@@ -98,13 +98,13 @@ class DecodeGraphs:
         """Logits [B, V] of one decode step; valid until the next call."""
         B = len(tokens)
         max_ctx = self._bucket_ctx(max(positions) + 1)
-        bk = self._buckets.get((B, max_ctx))
         version = self._version()
-        if bk is None or (self.capture and bk.version != version):
-            if bk is not None:
-                self.reset()
+        if self.capture and version != self._seen:
+            self.reset()  # every captured step may read what moved; the pool goes with them
+            self._seen = version
+        bk = self._buckets.get((B, max_ctx))
+        if bk is None:
             bk = self._buckets[(B, max_ctx)] = self._new_bucket(B, max_ctx)
-            bk.version = version
         self._load(bk, tokens, positions, pages)
         if not self.capture:
             return self._forward(bk)
