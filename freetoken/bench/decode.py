@@ -105,6 +105,7 @@ class Bench:
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
         n = len(ids)
+        self.backend.between_steps()  # as the engine does before every step
         if self.graphs is not None and n == 1:
             logits = self.graphs.run(ids, [start], [pages])
         else:
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--settle", type=int, default=48, help="steps run after installing each policy, unmeasured")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
     ap.add_argument("--fractions", action="store_true",
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     dev = torch.device("cuda" if cuda else "cpu")
     head = common.header("decode")
     t0 = time.perf_counter()
-    bench = Bench(args.model, dev, PROMPT + args.warmup + args.tokens + 32, args.fractions, not args.no_graphs)
+    ctx = PROMPT + max(args.warmup + args.tokens, args.settle + 4) + 32
+    bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs)
     print(f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
           f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, S = {bench.host.expert_bytes / 1e6:.2f} MB")
     b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda)
@@ -214,7 +217,8 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
                 bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
-                bench.decode(mode, 8, 4, 100 + r)  # settle the cache and the online cost fit
+                # settle the cache and let adaptive measure its shares and placements (same for all)
+                bench.decode(mode, args.settle, 4, 100 + r)
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
                 slots[policy] = bench.backend.cache.capacity
                 if args.profile and i == 0 and r == 0:

@@ -94,6 +94,14 @@ class ExpertCache:
         self.fetches[layer] += n
         return victims
 
+    def clear(self) -> None:
+        """Forgets every cached expert (the slots keep their bytes until refilled)."""
+        self.owner.fill(-1)
+        self.last_use.fill(-1)
+        self.fixed[:] = False
+        self.slot_of.fill(-1)
+        self.volatile = 0
+
     def fix(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Places experts for good (static placement); returns their slots."""
         slots = self.allocate(layer, experts, np.empty(0, dtype=np.int64))

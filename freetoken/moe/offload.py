@@ -25,7 +25,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
-from freetoken.moe.dispatch import ShareTuner, Split
+from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class OffloadExperts:
         self._stage = _Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
         self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
-        self._step: float | None = None  # when the decode step under way entered its first layer
+        self._tick: float | None = None  # when the last decode step entered the first layer
+        self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
         self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
@@ -90,11 +91,21 @@ class OffloadExperts:
         self.timers = {"sync_s": 0.0, "cpu_wait_s": 0.0, "host_s": 0.0}
         if cache is not None:
             self._place()
+        # adaptive also chooses between the cache and whole layers on the CPU, by measurement
+        self.mode = "cache"
+        E, L = banks.num_experts, len(banks.layers)
+        self.modes = ModeChooser() if policy == "adaptive" and cache is not None and cache.capacity < L * E else None
         # prefill streams whole layers through two buffers, when the pool has room for them
         self._prefill_overlap = prefill_overlap
         self.streamer = None
-        if policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(cache, banks.num_experts):
-            self.streamer = LayerStreamer(banks, cache, banks.layers, device, self._copy_stream, prefill_overlap)
+        self._make_streamer()
+
+    def _make_streamer(self) -> None:
+        self.streamer = None
+        if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(
+                self.cache, self.banks.num_experts):
+            self.streamer = LayerStreamer(self.banks, self.cache, self.banks.layers, self.device,
+                                          self._copy_stream, self._prefill_overlap)
 
     # --- placement -------------------------------------------------------------------
     def _place(self) -> None:
@@ -104,13 +115,19 @@ class OffloadExperts:
                 raise ValueError(f"the resident policy needs {L * E} expert slots "
                                  f"({L * E * self.cache.expert_bytes / 2**30:.1f} GiB); the budget gives "
                                  f"{self.cache.capacity}")
-            gpu_layers = self.banks.layers
+            self._fix_layers(self.banks.layers)
         elif self.policy == "static-layers":
-            fit = min(L, self.cache.capacity // E)
-            gpu_layers = self.banks.layers[L - fit:]
-            self.cpu_layers = set(self.banks.layers[:L - fit])
-        else:
-            return
+            self._place_layers()
+
+    def _place_layers(self) -> None:
+        """The first layers on the CPU, as many of the last as fit fixed in slots."""
+        L, E = len(self.banks.layers), self.banks.num_experts
+        fit = min(L, self.cache.capacity // E)
+        self.cpu_layers = set(self.banks.layers[:L - fit])
+        self._fix_layers(self.banks.layers[L - fit:])
+
+    def _fix_layers(self, gpu_layers: list[int]) -> None:
+        E = self.banks.num_experts
         for layer in gpu_layers:
             experts = np.arange(E)
             self._copy_in(layer, experts, self.cache.fix(layer, experts))
@@ -145,6 +162,8 @@ class OffloadExperts:
 
     # --- the op ----------------------------------------------------------------------
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if self.policy == "adaptive" and layer == self.banks.layers[0]:
+            self._step_started(ids.shape[0])
         if self.cache is None or layer in self.cpu_layers:
             return self._all_on_cpu(layer, x, ids, weights)
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
@@ -164,10 +183,6 @@ class OffloadExperts:
             ids_h = self._stage.pull(ids)[0].numpy()
         self.timers["sync_s"] += time.perf_counter() - t_enter
         T = ids_h.shape[0]
-        tuning = self.policy == "adaptive" and T <= DECODE_TOKENS
-        if tuning and layer == self.banks.layers[0]:
-            self._step = t_enter
-            self.tuner.next_arm()
         experts, counts = np.unique(ids_h, return_counts=True)
         slots = self.cache.lookup(layer, experts)
         miss = slots < 0
@@ -199,12 +214,45 @@ class OffloadExperts:
             partial = cpu_job()
             self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
-        now = time.perf_counter()
-        self.timers["host_s"] += now - t_enter
-        if tuning and self._step is not None and layer == self.banks.layers[-1]:
-            self.tuner.observe(now - self._step)
-            self._step = None
+        self.timers["host_s"] += time.perf_counter() - t_enter
         return out
+
+    # --- what adaptive learns, between decode steps ----------------------------------------
+    def _step_started(self, T: int) -> None:
+        """Times the decode step that just ended (first layer to first layer) and feeds the
+        share tuner and the mode chooser; steps of a prefill, or spanning idle time, are not counted."""
+        now = time.perf_counter()
+        last, self._tick = self._tick, (now if T <= DECODE_TOKENS else None)
+        if last is None or self._tick is None:
+            return
+        dt = now - last
+        if self._typical and dt > 5 * self._typical:
+            return
+        self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
+        if self.modes is not None:
+            self.modes.observe(dt)
+        if self.mode == "cache":
+            self.tuner.observe(dt)
+            self.tuner.next_arm()
+
+    def between_steps(self) -> None:
+        """Moves to the placement the mode chooser asked for; the engine calls it before a step."""
+        if self.modes is None or self.modes.mode == self.mode:
+            return
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # nothing may still read the slots being refilled
+        if self.modes.mode == "layers":
+            self.streamer = None  # its buffers would overwrite fixed experts
+            self.cache.clear()
+            self._place_layers()
+        else:
+            self.cache.fixed[:] = False  # the fixed experts stay, as cached ones
+            self.cpu_layers, self._fixed_layers = set(), set()
+            self.generation += 1
+            self._make_streamer()
+        log.info("adaptive placement: %s -> %s (step ms %s)", self.mode, self.modes.mode, self.modes.stats()["step_ms"])
+        self.mode = self.modes.mode
+        self._tick = None
 
     def device_only(self, layer: int) -> bool:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
@@ -310,12 +358,13 @@ class OffloadExperts:
             kept = self.cache.resize(slots, keep_warm=False)
             self._place()
         else:
+            self.cache.fixed[:] = False  # adaptive's whole-layer placement, if any, is measured again
+            self.cpu_layers, self._fixed_layers, self.mode = set(), set(), "cache"
             kept = self.cache.resize(slots)
+            if self.policy == "adaptive":
+                self.modes = ModeChooser() if slots < L * E else None
         self.generation += 1
-        self.streamer = None
-        if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(self.cache, E):
-            self.streamer = LayerStreamer(self.banks, self.cache, self.banks.layers, self.device,
-                                          self._copy_stream, self._prefill_overlap)
+        self._make_streamer()
         log.info("expert cache resized to %d slots (%.2f GiB), %d experts kept", slots,
                  slots * self.cache.expert_bytes / 2**30, kept)
         return {"slots": slots, "kept": kept, "bytes": slots * self.cache.expert_bytes}
@@ -332,6 +381,8 @@ class OffloadExperts:
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
         if self.policy == "adaptive":
             out["pcie_share"] = self.tuner.stats()
+            if self.modes is not None:
+                out["placement"] = self.modes.stats()
         if self.cache is not None:
             out["cache"] = self.cache.stats()
         if self.streamer is not None:

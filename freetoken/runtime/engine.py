@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
+from freetoken.layers.moe import Experts
 from freetoken.runtime import sampling
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
@@ -42,6 +43,7 @@ class Engine:
                  num_ctx: int, max_running: int, prefill_chunk: int, graphs: DecodeGraphs | None = None):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs = graphs
+        self._experts = [m for m in model.modules() if isinstance(m, Experts)]
         self.num_ctx = num_ctx
         self.scheduler = Scheduler(kv, max_running, prefill_chunk)
         self.requests: dict[int, Request] = {}
@@ -107,8 +109,16 @@ class Engine:
             elif item in self.requests:
                 self._finish(self.requests[item], "abort", emit=False)
 
+    def _between_steps(self) -> None:
+        """Lets expert backends change placement now, never in the middle of a step."""
+        for backend in {id(m.backend): m.backend for m in self._experts}.values():
+            hook = getattr(backend, "between_steps", None)
+            if hook is not None:
+                hook()
+
     @torch.inference_mode()
     def _execute(self, plan: Plan) -> torch.Tensor:
+        self._between_steps()
         if self.graphs is not None and decode_plan(plan) and self.graphs.fits(
                 len(plan), max(seq.num_tokens for seq, _ in plan)):
             return self.graphs.run([seq.tokens[seq.num_cached] for seq, _ in plan],

@@ -65,3 +65,35 @@ def test_share_tuner_ignores_empty_timings():
     tuner.next_arm()
     tuner.observe(0.0)
     assert tuner.count == [0] * len(ShareTuner.ARMS)
+
+
+def _run_chooser(chooser, cost: dict[str, float], steps: int) -> list[str]:
+    modes = []
+    for _ in range(steps):
+        modes.append(chooser.mode)
+        chooser.observe(cost[chooser.mode])
+    return modes
+
+
+def test_mode_chooser_measures_both_then_keeps_the_faster():
+    from freetoken.moe.dispatch import ModeChooser
+
+    for cost, best in (({"cache": 0.05, "layers": 0.04}, "layers"), ({"cache": 0.03, "layers": 0.04}, "cache")):
+        chooser = ModeChooser(settle=2, measure=3, period=100)
+        modes = _run_chooser(chooser, cost, 40)
+        assert modes[:5] == ["cache"] * 5 and modes[5:10] == ["layers"] * 5
+        assert set(modes[10:]) == {best}
+        assert chooser.means == cost
+
+
+def test_mode_chooser_measures_again_after_a_period():
+    from freetoken.moe.dispatch import ModeChooser
+
+    chooser = ModeChooser(settle=1, measure=2, period=10)
+    cost = {"cache": 0.05, "layers": 0.04}
+    _run_chooser(chooser, cost, 6)
+    assert chooser.mode == "layers"
+    cost["cache"] = 0.01  # the work changed: the cache became the faster
+    modes = _run_chooser(chooser, cost, 30)
+    assert modes[-1] == "cache"
+    assert "cache" in modes[10:14]  # the re-measurement started with the other mode

@@ -64,3 +64,26 @@ def test_resident_needs_room_for_every_expert(tiny_model):
     path, _ = tiny_model
     with pytest.raises(ValueError, match="resident policy needs 16 expert slots"):
         make_engine(path, policy="resident", slots=9)
+
+
+def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeypatch):
+    """Adaptive moves between the cache and whole CPU layers while decoding; the tokens stay
+    those of transformers whichever placement each step runs in."""
+    from freetoken.moe import dispatch, offload
+
+    monkeypatch.setattr(offload, "ModeChooser", lambda: dispatch.ModeChooser(settle=1, measure=2, period=6))
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9)
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    seen = []
+    step = backend.between_steps
+
+    def record():
+        step()
+        seen.append((backend.mode, sorted(backend.cpu_layers)))
+
+    backend.between_steps = record
+    (seq,) = generate(engine, [PROMPT], 40)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 40)
+    assert ("layers", [0]) in seen and ("cache", []) in seen  # 9 slots fit one layer of 8 experts
+    assert backend.stats()["placement"]["step_ms"].keys() == {"cache", "layers"}
