@@ -105,7 +105,7 @@ class Bench:
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
         n = len(ids)
-        self.backend.between_steps()  # as the engine does before every step
+        self.backend.between_steps(n)  # as the engine does before every step
         if self.graphs is not None and n == 1:
             logits = self.graphs.run(ids, [start], [pages])
         else:

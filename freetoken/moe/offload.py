@@ -235,13 +235,18 @@ class OffloadExperts:
             self.tuner.observe(dt)
             self.tuner.next_arm()
 
-    def between_steps(self) -> None:
-        """Moves to the placement the mode chooser asked for; the engine calls it before a step."""
-        if self.modes is None or self.modes.mode == self.mode:
+    def between_steps(self, tokens: int = 1) -> None:
+        """Moves to the placement the mode chooser asked for; the engine calls it before a step
+        of `tokens` tokens. A prefill goes back to the cache: whole CPU layers would compute a
+        long prompt's experts on the CPU, where streaming them to the GPU is far faster."""
+        if self.modes is None:
+            return
+        want = self.modes.mode if tokens <= PREFILL_TOKENS else "cache"
+        if want == self.mode:
             return
         if self.cuda:
             torch.cuda.synchronize(self.device)  # nothing may still read the slots being refilled
-        if self.modes.mode == "layers":
+        if want == "layers":
             self.streamer = None  # its buffers would overwrite fixed experts
             self.cache.clear()
             self._place_layers()
@@ -250,8 +255,8 @@ class OffloadExperts:
             self.cpu_layers, self._fixed_layers = set(), set()
             self.generation += 1
             self._make_streamer()
-        log.info("adaptive placement: %s -> %s (step ms %s)", self.mode, self.modes.mode, self.modes.stats()["step_ms"])
-        self.mode = self.modes.mode
+        log.debug("adaptive placement: %s -> %s (step ms %s)", self.mode, want, self.modes.stats()["step_ms"])
+        self.mode = want
         self._tick = None
 
     def device_only(self, layer: int) -> bool:

@@ -109,16 +109,16 @@ class Engine:
             elif item in self.requests:
                 self._finish(self.requests[item], "abort", emit=False)
 
-    def _between_steps(self) -> None:
+    def _between_steps(self, tokens: int) -> None:
         """Lets expert backends change placement now, never in the middle of a step."""
         for backend in {id(m.backend): m.backend for m in self._experts}.values():
             hook = getattr(backend, "between_steps", None)
             if hook is not None:
-                hook()
+                hook(tokens)
 
     @torch.inference_mode()
     def _execute(self, plan: Plan) -> torch.Tensor:
-        self._between_steps()
+        self._between_steps(sum(n for _, n in plan))
         if self.graphs is not None and decode_plan(plan) and self.graphs.fits(
                 len(plan), max(seq.num_tokens for seq, _ in plan)):
             return self.graphs.run([seq.tokens[seq.num_cached] for seq, _ in plan],

@@ -77,13 +77,19 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     backend = engine.model.model.layers[0].mlp.experts.backend
     seen = []
     step = backend.between_steps
-
-    def record():
-        step()
-        seen.append((backend.mode, sorted(backend.cpu_layers)))
-
-    backend.between_steps = record
+    backend.between_steps = lambda tokens: (step(tokens), seen.append((backend.mode, sorted(backend.cpu_layers))))
     (seq,) = generate(engine, [PROMPT], 40)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 40)
     assert ("layers", [0]) in seen and ("cache", []) in seen  # 9 slots fit one layer of 8 experts
     assert backend.stats()["placement"]["step_ms"].keys() == {"cache", "layers"}
+    # settled on whole layers, a long prompt still prefills through the cache, then decode goes back
+    chooser = dispatch.ModeChooser(settle=0, measure=1, period=10**9)
+    chooser.observe(0.05)
+    chooser.observe(0.01)
+    assert chooser.mode == "layers"
+    backend.modes = chooser
+    long_prompt = [(13 * i) % 500 + 1 for i in range(48)]
+    seen.clear()
+    (seq,) = generate(engine, [long_prompt], 8)
+    assert seen[0] == ("cache", []) and seen[-1] == ("layers", [0])
+    assert seq.output_ids == fixtures.hf_greedy(hf, long_prompt, 8)
