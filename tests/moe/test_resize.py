@@ -50,11 +50,12 @@ def test_bookkeeping_invariants_across_random_resizes():
                     assert float(c.slots["gate_up"][s][0]) == o and float(c.slots["down"][s][0]) == o
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("policy,start,sizes", [("adaptive", 9, [16, 8, 12]), ("lru-pcie", 20, [8, 20]),
                                                  ("static-layers", 16, [8, 16])])
-def test_results_are_identical_across_resizes(tiny_model, policy, start, sizes):
+def test_results_are_identical_across_resizes(tiny_model, policy, start, sizes, device):
     path, hf = tiny_model
-    engine = make_engine(path, policy=policy, slots=start)
+    engine = make_engine(path, policy=policy, slots=start, device=device)
     backend = engine.model.model.layers[0].mlp.experts.backend
     ref = full_logits(engine, PROMPT)
     expected = fixtures.hf_greedy(hf, PROMPT, 12)
