@@ -96,7 +96,9 @@ def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
     meta = result["meta"]
     assert meta["toolSummary"] == {"calls": 1, "tools": [TOOL], "failures": 0}
     assert meta["agentMeta"]["provider"] == "ollama" and meta["agentMeta"]["model"] == "agent"
-    assert meta["stopReason"] == "stop" and meta["aborted"] is False
+    # The free answer of a random-weight model ends at end-of-text or at num_predict, as its
+    # sampling falls; either is a normal end of the turn (OpenClaw reports the second as "length").
+    assert meta["stopReason"] in ("stop", "length") and meta["aborted"] is False
 
     # The native API only: no /v1, and no discovery with an explicit model list.
     chats = seen.on("/api/chat")
@@ -124,3 +126,4 @@ def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
     answer = chats[1].ndjson()
     assert not any(line["message"].get("tool_calls") for line in answer)
     assert answer[-1]["done"] is True
+    assert meta["stopReason"] == answer[-1]["done_reason"]  # what the server said, passed on
