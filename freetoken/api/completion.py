@@ -36,7 +36,7 @@ from freetoken.api.types import (
     reduce_generate,
 )
 from freetoken.server.residency import default_num_ctx
-from freetoken.server.runner import RunnerError, RunnerRequestError, RunnerSpec
+from freetoken.server.runner import RunnerError, RunnerSpec, refusal
 from freetoken.store import ModelView
 
 __all__ = [
@@ -129,13 +129,7 @@ async def count_tokens(svc: Services, plan: Plan, body: dict[str, Any]) -> int:
     finally:
         lease.release()
     if r.status_code != 200:
-        try:
-            message = str(r.json()["error"])
-        except (ValueError, KeyError, TypeError):
-            message = r.text.strip() or "runner error"
-        if 400 <= r.status_code < 500:
-            raise RunnerRequestError(r.status_code, message)
-        raise RunnerError(message)
+        raise refusal(r.status_code, r.content)
     return int(r.json()["count"])
 
 

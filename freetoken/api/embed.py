@@ -29,7 +29,7 @@ from freetoken.api.types import (
     field_of,
     parse_json,
 )
-from freetoken.server.runner import RunnerError, RunnerRequestError
+from freetoken.server.runner import RunnerError, refusal
 
 __all__ = ["Embedded", "embed", "embed_texts", "embeddings", "v1_embeddings"]
 
@@ -50,13 +50,7 @@ async def _runner_embed(socket: str, body: dict[str, Any]) -> dict[str, Any]:
     except httpx.TransportError as e:
         raise RunnerError(f"lost the connection to the model runner: {e}") from None
     if r.status_code != 200:
-        try:
-            message = str(r.json()["error"])
-        except (ValueError, KeyError, TypeError):
-            message = r.text.strip() or "runner error"
-        if 400 <= r.status_code < 500:
-            raise RunnerRequestError(r.status_code, message)
-        raise RunnerError(message)
+        raise refusal(r.status_code, r.content)
     return r.json()
 
 

@@ -67,6 +67,12 @@ def _error_text(body: bytes) -> str:
     return body.decode(errors="replace").strip() or "runner error"
 
 
+def refusal(status: int, body: bytes) -> RunnerError:
+    """The error for a runner's non-200 answer: a 4xx is the request's fault, the rest the runner's."""
+    text = _error_text(body)
+    return RunnerRequestError(status, text) if 400 <= status < 500 else RunnerError(text)
+
+
 class Runner:
     """A started runner process. Use `Runner.start`; then `completion`, and `stop` at the end."""
 
@@ -214,10 +220,7 @@ class Runner:
         except httpx.TransportError as e:
             raise RunnerError(f"lost the connection to the model runner: {e}") from None
         if r.status_code != 200:
-            text = _error_text(r.content)
-            if 400 <= r.status_code < 500:
-                raise RunnerRequestError(r.status_code, text)
-            raise RunnerError(text)
+            raise refusal(r.status_code, r.content)
         result = r.json()
         self.info["expert_cache_bytes"] = result.get("bytes")
         return result
@@ -233,10 +236,7 @@ class Runner:
         try:
             async with self._client.stream("POST", "/completion", json=body) as r:
                 if r.status_code != 200:
-                    text = _error_text(await r.aread())
-                    if 400 <= r.status_code < 500:
-                        raise RunnerRequestError(r.status_code, text)
-                    raise RunnerError(text)
+                    raise refusal(r.status_code, await r.aread())
                 async for line in r.aiter_lines():
                     if not line.strip():
                         continue
