@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -195,8 +194,6 @@ class OffloadExperts:
         if q:
             slots[fetch] = self.cache.allocate(layer, experts[fetch], slots[~miss])
             self._fetch(layer, experts[fetch], slots[fetch], q)
-        cpu_job = (self._cpu_job(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
-                                 experts[on_cpu]) if len(on_cpu) else None)
         slot_map = np.full(self.banks.num_experts, -1, dtype=np.int32)
         slot_map[experts] = slots  # CPU experts keep -1
         route_slots = torch.from_numpy(slot_map[ids_h]).to(self.device, non_blocking=self.cuda)
@@ -206,12 +203,13 @@ class OffloadExperts:
                                          self.cache.slots["down"])
         self.cache.touch(slots)
         self._account(m, q, len(on_cpu), T)
-        if cpu_job is not None:
+        if len(on_cpu):
             # The GPU part is queued and runs meanwhile. The CPU part runs on this thread, which
             # joins the kernel's thread team: a worker thread would leave the host thread fighting
             # the kernel's pinned threads for a core, and cost a hand-off per layer.
             t_wait = time.perf_counter()
-            partial = cpu_job()
+            partial = self._on_cpu(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
+                                   experts[on_cpu])
             self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
         self.timers["host_s"] += time.perf_counter() - t_enter
@@ -304,27 +302,21 @@ class OffloadExperts:
                 keep.append((q, start, end))
         self._pending = keep[-64:]
 
-    def _cpu_job(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
-                 cpu_experts: np.ndarray) -> Callable[[], torch.Tensor]:
+    def _on_cpu(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
+                cpu_experts: np.ndarray) -> torch.Tensor:
+        """The routes to `cpu_experts`, computed from the host banks; fp32 [T, H]."""
         sel = np.isin(ids_h, cpu_experts)
         tok, col = np.nonzero(sel)
         x_h = x.float().cpu()  # no copy where x is staged in host memory already
         w_h = weights.cpu().float()[torch.from_numpy(tok), torch.from_numpy(col)]
         gu, dn = self.banks.banks[layer]
         exp = torch.from_numpy(ids_h[tok, col].astype(np.int64))
-        n = len(cpu_experts)
         # pinned, so the result goes back to the GPU without a staging copy
-        out = self._stage.buf("partial", tuple(x_h.shape), torch.float32) if self._stage is not None else None
-
-        def run() -> torch.Tensor:
-            t0 = time.perf_counter()
-            if out is not None:
-                out.zero_()
-            result = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h, out=out)
-            self.split.cpu.observe(n, time.perf_counter() - t0)
-            return result
-
-        return run
+        out = self._stage.buf("partial", tuple(x_h.shape), torch.float32).zero_() if self._stage is not None else None
+        t0 = time.perf_counter()
+        result = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h, out=out)
+        self.split.cpu.observe(len(cpu_experts), time.perf_counter() - t0)
+        return result
 
     def _all_on_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         T, k = ids.shape
