@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s runner %(levelname)s %(message)s", stream=sys.stderr)
     spec: dict[str, Any] = json.loads(Path(args.spec).read_text())
     service = ModelService(spec, cfg)
+    # imported before the engine thread starts importing too (imports racing across threads
+    # is where a runner once failed to find a standard module)
+    import uvicorn
+
     threading.Thread(target=service.load_and_run, name="engine", daemon=True).start()
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
-    import uvicorn
-
     server = uvicorn.Server(uvicorn.Config(build_app(service), uds=args.socket, log_level="warning",
                                            lifespan="off"))
     server.run()

@@ -12,6 +12,12 @@ from pathlib import Path
 
 import torch
 
+# Imported here, with this module, never first inside `extension()`: importing it imports
+# setuptools, which inserts and removes an entry of sys.meta_path; done on the engine thread
+# while another thread imports, that skips the path finder for the other thread's import
+# (a runner failed to start with "No module named 'socketserver'").
+import torch.utils.cpp_extension  # noqa: F401
+
 from freetoken.kernels import reference
 
 log = logging.getLogger(__name__)
