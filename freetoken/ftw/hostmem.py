@@ -13,25 +13,9 @@ import queue
 import threading
 import time
 
-import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
-
-MADV_POPULATE_WRITE = 23  # Linux 5.14; Python's mmap module does not name it
-
-
-def _libc_madvise():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_madvise = _libc_madvise()
 
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -65,19 +49,6 @@ class HostBuffer:
         t = raw.view(torch_dtype(dtype)).reshape(shape)
         t._ft_host_buffer = self  # keeps the mapping alive as long as the tensor
         return t
-
-    def populate(self, start: int, length: int) -> None:
-        """Allocates the pages of [start, start + length) now, so that a read into them later
-        pays no page faults (a reader thread would otherwise fault them in one by one while
-        its request waits to be issued)."""
-        if length <= 0:
-            return
-        addr = self.address + start
-        if _madvise is not None and _madvise(addr, length, MADV_POPULATE_WRITE) == 0:
-            return
-        # kernels before 5.14: write every page's first byte back to it (contents unchanged)
-        firsts = np.frombuffer(self.mm, dtype=np.uint8, count=length, offset=start)[::mmap.PAGESIZE]
-        firsts[:] = firsts.copy()
 
     def pin(self) -> None:
         if self.pinned or not self.nbytes:

@@ -30,7 +30,6 @@ from freetoken.weights import ModelWeights
 log = logging.getLogger(__name__)
 
 CHUNK = 8 << 20  # bytes per read request
-POPULATE_THREADS = 2  # zero-filling runs at several GB/s a thread, faster than the disk
 Progress = Callable[[int, int], None]
 
 
@@ -185,15 +184,13 @@ class LoadStats:
 def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: bool | None = None,
          direct: bool = True, verify: bool = False, progress: Progress | None = None,
          stats: LoadStats | None = None, pin_before_fill: bool = False,
-         experts: tuple[int, int] | None = None, dense: bool = True, populate: bool = True) -> ModelWeights:
+         experts: tuple[int, int] | None = None, dense: bool = True) -> ModelWeights:
     """All tensors of an FTW model in host memory: dense by name, banks by (layer, bank).
 
     experts=(lo, hi) reads only rows [lo, hi) of every bank (one rank's share, freetoken.dist),
     and dense=False skips the dense tensors; nothing else is read or allocated.
     pin_before_fill exists only to measure what pin-after-fill saves: it registers every
     empty bank first, which faults in and zeroes each page before the read overwrites it.
-    populate: in parallel mode, allocate each request's destination pages on separate
-    threads ahead of the readers, so a reader issues its request at once.
     """
     index = Index.load(files)
     config = json.loads(Path(files["config.json"]).read_text())
@@ -213,8 +210,7 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
         stats.pin_seconds = time.perf_counter() - t0
     pinner = Pinner() if pin and not pin_before_fill else None
     try:
-        _read_all(index, tensors, spans, fh, buffers, plan, pinner, progress, need,
-                  populate and not (pin and pin_before_fill))
+        _read_all(index, tensors, spans, fh, buffers, plan, pinner, progress, need)
     finally:
         fh.close()
     stats.read_seconds = time.perf_counter() - t0
@@ -253,7 +249,7 @@ def _span(t: dict[str, Any], experts: tuple[int, int] | None) -> tuple[int, int,
 
 def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _Files,
               buffers: dict[str, HostBuffer], plan: ReadPlan, pinner: Pinner | None,
-              progress: Progress | None, total: int, populate: bool = False) -> None:
+              progress: Progress | None, total: int) -> None:
     jobs: list[tuple[dict, int, int]] = []  # (tensor, start, length) in buffer-relative bytes
     for t in tensors:
         first, end, _ = spans[t["name"]]
@@ -262,10 +258,8 @@ def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _F
     lock = threading.Lock()
     done = [0]
 
-    def run(job: tuple[dict, int, int], ready=None) -> None:
+    def run(job: tuple[dict, int, int]) -> None:
         t, start, length = job
-        if ready is not None:
-            ready.result()
         view = buffers[t["name"]].view
         first = spans[t["name"]][0]  # where the buffer starts in the tensor
         for shard, off, n, dst in index.segments(int(t["offset"]) + first + start, length):
@@ -282,11 +276,8 @@ def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _F
             progress(d, total)
 
     if plan.mode == "parallel":
-        with ThreadPoolExecutor(POPULATE_THREADS, thread_name_prefix="ftw-fault") as faults, \
-                ThreadPoolExecutor(plan.workers, thread_name_prefix="ftw-read") as ex:
-            # the fault threads take requests in the order the readers do, so they stay ahead
-            ready = [faults.submit(buffers[t["name"]].populate, s, n) if populate else None for t, s, n in jobs]
-            for f in [ex.submit(run, j, r) for j, r in zip(jobs, ready)]:
+        with ThreadPoolExecutor(plan.workers, thread_name_prefix="ftw-read") as ex:
+            for f in [ex.submit(run, j) for j in jobs]:
                 f.result()
     else:
         for j in jobs:

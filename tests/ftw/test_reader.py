@@ -30,28 +30,3 @@ def test_rows_of_every_bank_and_nothing_else(odd_ftw, experts):
         assert torch.equal(part.banks[key], bank[lo:hi])
     with_dense = reader.read(odd_ftw, experts=experts)
     assert set(with_dense.dense) == set(whole.dense)
-
-
-@pytest.mark.parametrize("populate", [True, False])
-def test_pages_populated_ahead_hold_what_was_read(odd_ftw, populate):
-    serial = reader.read(odd_ftw, mode="serial", verify=True)
-    parallel = reader.read(odd_ftw, mode="parallel", workers=3, populate=populate, verify=True)
-    for key, bank in serial.banks.items():
-        assert torch.equal(parallel.banks[key], bank)
-    for name, t in serial.dense.items():
-        assert torch.equal(parallel.dense[name], t)
-
-
-@pytest.mark.parametrize("madvise", ["kernel", "touch"])
-def test_populate_keeps_contents_and_fills_nothing_else(monkeypatch, madvise):
-    from freetoken.ftw import hostmem
-
-    if madvise == "touch":  # kernels without MADV_POPULATE_WRITE: pages are written one by one
-        monkeypatch.setattr(hostmem, "_madvise", None)
-    page = hostmem.mmap.PAGESIZE
-    buf = hostmem.HostBuffer(8 * page)
-    buf.view[:page] = b"\x07" * page  # already written: populating must not clear it
-    buf.populate(0, 3 * page)
-    buf.populate(5 * page, page)
-    assert bytes(buf.view[:page]) == b"\x07" * page
-    assert bytes(buf.view[page:]) == bytes(7 * page)
