@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> None:
                      ("serial, pin after fill", dict(mode="serial", pin=pin)),
                      ("parallel, pin before fill", dict(mode="parallel", workers=args.workers, pin=pin,
                                                         pin_before_fill=True)),
-                     ("parallel, no pin", dict(mode="parallel", workers=args.workers, pin=False))]:
+                     ("parallel, no pin", dict(mode="parallel", workers=args.workers, pin=False)),
+                     ("parallel, pin after fill, huge pages", dict(mode="parallel", workers=args.workers, pin=pin,
+                                                                   huge_pages=True)),
+                     ("parallel, no pin, huge pages", dict(mode="parallel", workers=args.workers, pin=False,
+                                                           huge_pages=True))]:
         if "pin" in name and "no pin" not in name and not pin:
             continue
         s = load_once(files, **kw)

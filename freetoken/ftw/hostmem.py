@@ -33,9 +33,13 @@ def torch_dtype(name: str) -> torch.dtype:
 class HostBuffer:
     """A page-aligned anonymous mapping; pages are allocated when first written."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, huge: bool = False):
         self.nbytes = nbytes
         self.mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if huge and hasattr(mmap, "MADV_HUGEPAGE"):
+            # transparent huge pages: one fault per 2 MiB instead of 512; the kernel falls
+            # back to small pages when it has no free huge ones
+            self.mm.madvise(mmap.MADV_HUGEPAGE)
         self.view = memoryview(self.mm)[:nbytes]
         self.pinned = False
 

@@ -30,3 +30,12 @@ def test_rows_of_every_bank_and_nothing_else(odd_ftw, experts):
         assert torch.equal(part.banks[key], bank[lo:hi])
     with_dense = reader.read(odd_ftw, experts=experts)
     assert set(with_dense.dense) == set(whole.dense)
+
+
+def test_huge_page_mappings_hold_what_was_read(odd_ftw):
+    plain = reader.read(odd_ftw, verify=True)
+    huge = reader.read(odd_ftw, mode="parallel", workers=3, huge_pages=True, verify=True)
+    for key, bank in plain.banks.items():
+        assert torch.equal(huge.banks[key], bank)
+    for name, t in plain.dense.items():
+        assert torch.equal(huge.dense[name], t)
