@@ -44,16 +44,16 @@ class Banks:
         self.expert_bytes = (2 * I * H + H * I) * 2
 
 
-def measure_pcie(banks: Banks, seconds: float, stop: threading.Event | None = None) -> float:
-    dev = torch.device("cuda")
+def measure_pcie(banks: Banks, seconds: float, stop: threading.Event | None = None, device: str = "cuda") -> float:
+    dev = torch.device(device)
     slots = (torch.empty((64, 2 * I, H), dtype=torch.bfloat16, device=dev),
              torch.empty((64, H, I), dtype=torch.bfloat16, device=dev))
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream(dev)
     rng = np.random.default_rng(0)
     moved, t_end = 0, time.perf_counter() + seconds
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(stream):
+    with torch.cuda.device(dev), torch.cuda.stream(stream):
         start.record()
         while time.perf_counter() < t_end and not (stop and stop.is_set()):
             gu, dn = banks.layers[rng.integers(len(banks.layers))]

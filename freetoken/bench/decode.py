@@ -15,6 +15,7 @@ import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,19 +37,36 @@ PROMPT = 16
 class Bench:
     def __init__(self, name: str, device: torch.device, ctx_tokens: int, fractions: bool = False,
                  graphs: bool = True):
+        sm = synthmodel.build(name, device)
+        host = HostBanks(sm.banks, sm.dtype, pin=device.type == "cuda")
+        sm.banks = {}
+        self._setup(sm, host, ctx_tokens, fractions, graphs)
+
+    @classmethod
+    def around(cls, sm: synthmodel.SynthModel, ctx_tokens: int) -> "Bench":
+        """A bench over a model whose experts op the caller places (after this allocates the
+        KV cache, as a runner does), then sets as `backend`."""
+        self = cls.__new__(cls)
+        self._setup(sm, None, ctx_tokens, False, True)
+        return self
+
+    def _setup(self, sm: synthmodel.SynthModel, host: HostBanks | None, ctx_tokens: int, fractions: bool,
+               graphs: bool) -> None:
         self.fractions = fractions
-        self.sm = synthmodel.build(name, device)
-        c = self.sm.config
+        self.sm, self.host = sm, host
+        c, device = sm.config, sm.device
         self.kv = KVCache(c["num_hidden_layers"], -(-ctx_tokens // 16), 16, c["num_key_value_heads"], c["head_dim"],
-                          self.sm.dtype, device)
-        self.host = HostBanks(self.sm.banks, self.sm.dtype, pin=device.type == "cuda")
-        self.sm.banks = {}
-        self.backend: OffloadExperts | None = None
+                          sm.dtype, device)
+        self.backend = None
         self.routes: routing.RouteTable | None = None  # set by the trace and uniform modes
         # decode steps run as the server runs them: replayed from CUDA graphs where possible
-        self.graphs = DecodeGraphs(self.sm.model, self.kv, device, ctx_tokens, capture=graphs,
-                                   min_ctx=ctx_tokens) \
+        self.graphs = DecodeGraphs(sm.model, self.kv, device, ctx_tokens, capture=graphs, min_ctx=ctx_tokens) \
             if graphs and device.type == "cuda" else None
+
+    def counters(self) -> dict:
+        """This process's expert counters (rank 0's own when the experts are spread over GPUs)."""
+        b = getattr(self.backend, "local", self.backend)
+        return {**b.steps, **b.timers}
 
     def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
         if self.backend is not None:
@@ -80,7 +98,10 @@ class Bench:
         return self.backend
 
     @torch.inference_mode()
-    def decode(self, mode: str, tokens: int, warmup: int, seed: int) -> tuple[float, dict]:
+    def decode(self, mode: str, tokens: int, warmup: int, seed: int,
+               at_start: Callable[[], None] | None = None) -> tuple[float, dict]:
+        """Seconds per token over `tokens` steps after `warmup`, and the counters' change;
+        `at_start` runs just before the timed steps."""
         model, kv, dev = self.sm.model, self.kv, self.sm.device
         rng = np.random.default_rng(seed)
         V = self.sm.config["vocab_size"]
@@ -92,20 +113,24 @@ class Bench:
             for i in range(warmup + tokens):
                 if i == warmup:
                     _sync(dev)
-                    t0, before = time.perf_counter(), {**self.backend.steps, **self.backend.timers}
+                    if at_start is not None:
+                        at_start()
+                    t0, before = time.perf_counter(), self.counters()
                 tok = int(rng.integers(V)) if mode == "random-tokens" else nxt
                 nxt = self._step([tok], PROMPT + i, pages)
             _sync(dev)
             dt = time.perf_counter() - t0
         finally:
             kv.pool.release(pages)
-        now = {**self.backend.steps, **self.backend.timers}
+        now = self.counters()
         delta = {k: now[k] - before[k] for k in before}
         return dt / tokens, delta
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
         n = len(ids)
-        self.backend.between_steps(n)  # as the engine does before every step
+        hook = getattr(self.backend, "between_steps", None)
+        if hook is not None:  # as the engine does before every step
+            hook(n)
         if self.graphs is not None and n == 1:
             logits = self.graphs.run(ids, [start], [pages])
         else:

@@ -12,6 +12,7 @@ BENCHES = {
     "prefill": "freetoken.bench.prefill",
     "resize": "freetoken.bench.resize",
     "pull": "freetoken.bench.pull",
+    "gpus": "freetoken.bench.gpus",
 }
 
 

@@ -95,3 +95,10 @@ def install_trace(model: torch.nn.Module, trace: Trace, num_layers: int, device:
         if isinstance(m, TopKRouter):
             m.forward = forward.__get__(m, TopKRouter)
     return table
+
+
+def uninstall(model: torch.nn.Module) -> None:
+    """Routers route by their own weights again."""
+    for m in model.modules():
+        if isinstance(m, TopKRouter) and "forward" in m.__dict__:
+            del m.forward
