@@ -220,6 +220,8 @@ class Group:
         if self.dead is None and dist.is_initialized():
             try:
                 self.send(STOP)
+                # leave with the followers, not after them: NCCL's teardown may wait for its peers
+                self.leave()
                 for p in self.procs:
                     p.wait(timeout=10)
             except Exception as e:  # a follower that does not stop in time is killed below

@@ -27,10 +27,12 @@ def stepwise_logits(engine, ids: list[int], first: int) -> torch.Tensor:
     try:
         for start, end in [(0, first)] + [(i, i + 1) for i in range(first, len(ids))]:
             ctx_slots = kv.slots_of(pages, 0, end, engine.device)
-            ctx = StepContext(torch.arange(start, end), ctx_slots[start:], [SeqSpan(0, end - start, end, ctx_slots)],
-                              kv, torch.arange(end - start))
+            dev = engine.device
+            ctx = StepContext(torch.arange(start, end, device=dev), ctx_slots[start:],
+                              [SeqSpan(0, end - start, end, ctx_slots)], kv, torch.arange(end - start, device=dev))
             with torch.inference_mode(), step_context(ctx):
-                rows.append(engine.model.logits(engine.model(torch.tensor(ids[start:end]), ctx.positions)).float())
+                h = engine.model(torch.tensor(ids[start:end], device=dev), ctx.positions)
+                rows.append(engine.model.logits(h).float().cpu())
     finally:
         kv.pool.release(pages)
     return torch.cat(rows)
