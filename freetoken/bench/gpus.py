@@ -89,6 +89,7 @@ class Config:
     def __init__(self, files: dict[str, Path], devices: list[str], budget_gib: float, policy: str,
                  ctx_tokens: int, cache_dir: Path):
         self.devices, self.budget_gib = devices, budget_gib
+        self.name = f"{len(devices)} x {budget_gib:g} GiB"
         placement = loader.Placement(policy, int(budget_gib * GIB), cache_dir, 0)
         self.group = dist.launch(devices, files, placement) if len(devices) > 1 else None
         t0 = time.perf_counter()
@@ -152,8 +153,7 @@ def decode_rows(cfg: Config, mode: str, args, t_dense: float | None, b_sum: floa
 
 
 def run_config(cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head: dict) -> list[dict]:
-    name = f"{len(cfg.devices)} x {cfg.budget_gib:g} GiB"
-    base = {"config": name, "gpus": len(cfg.devices), "budget_gib": cfg.budget_gib, "slots": cfg.slots(),
+    base = {"config": cfg.name, "gpus": len(cfg.devices), "budget_gib": cfg.budget_gib, "slots": cfg.slots(),
             "load_s": cfg.load_s, "b_p_sum_gbps": b_sum}
     rows = []
     for mode in args.routing.split(","):
@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prefill", default="2048,8192", help="prompt lengths ('' for none)")
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
+    ap.add_argument("--configs", default="1xB,1xNB,NxB",
+                    help="which of: one GPU at B GiB, one at N·B GiB, N GPUs at B GiB each")
+    ap.add_argument("--profile", action="store_true", help="a torch profile of decode steps of each config")
     ap.add_argument("--dir", type=Path, default=None, help="where the model's FTW is written")
     ap.add_argument("--keep", action="store_true", help="keep the FTW for the next run")
     ap.add_argument("--cpu-ranks", type=int, default=0,
@@ -217,9 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     ctx = max([int(x) for x in args.prefill.split(",") if x] + [0]) + args.settle + args.tokens + args.warmup + 64
     rows, t_dense = [], {}
     try:
-        plans = [([devices[0]], None), ([devices[0]], args.budget), ([devices[0]], n * args.budget),
-                 (devices, args.budget)]
-        for devs, budget in plans:
+        plans = {"resident": ([devices[0]], None), "1xB": ([devices[0]], args.budget),
+                 "1xNB": ([devices[0]], n * args.budget), "NxB": (devices, args.budget)}
+        for name in ["resident", *args.configs.split(",")]:
+            devs, budget = plans[name]
             cfg = Config(files, devs, budget if budget else 0.0, "resident" if budget is None else args.policy,
                          ctx, cache_dir)
             try:
@@ -229,6 +233,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"resident: T_dense {', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in t_dense.items())}")
                     continue
                 rows += run_config(cfg, args, t_dense, alone[0] if len(devs) == 1 else b_sum, b_h, head)
+                if args.profile:
+                    from freetoken.bench.decode import profile_steps
+
+                    profile_steps(cfg.bench, args.routing.split(",")[-1], cfg.name)
             finally:
                 cfg.close()
     finally:
