@@ -160,8 +160,14 @@ def run_config(cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head:
         row = {**base, **decode_rows(cfg, mode, args, t_dense.get(mode), b_sum, b_h)}
         print(json.dumps({**head, **row}), flush=True)
         rows.append(row)
+    if args.profile:
+        from freetoken.bench.decode import profile_steps
+
+        profile_steps(cfg.bench, args.routing.split(",")[-1], cfg.name)
     cfg.bench.routes = None
     routing.uninstall(cfg.bench.sm.model)  # prefill routes by the model's own routers
+    if cfg.bench.graphs is not None:
+        cfg.bench.graphs.reset()  # captured steps read the route table just dropped
     for n in (int(x) for x in args.prefill.split(",") if x):
         prefill_seconds(cfg.bench, min(n, 512), args.chunk, 0)
         t = statistics.median(prefill_seconds(cfg.bench, n, args.chunk, s) for s in range(2))
@@ -233,10 +239,6 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"resident: T_dense {', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in t_dense.items())}")
                     continue
                 rows += run_config(cfg, args, t_dense, alone[0] if len(devs) == 1 else b_sum, b_h, head)
-                if args.profile:
-                    from freetoken.bench.decode import profile_steps
-
-                    profile_steps(cfg.bench, args.routing.split(",")[-1], cfg.name)
             finally:
                 cfg.close()
     finally:
