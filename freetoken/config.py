@@ -230,6 +230,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("moe_policy", "FREETOKEN_MOE_POLICY",
             _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"), "adaptive",
             "how routed experts that miss the GPU cache are served"),
+    Setting("device_cache", "FREETOKEN_DEVICE_CACHE", _choice("auto", "on", "off"), "auto",
+            "single-token decode keeps the expert cache's books on the device and fetches misses with a "
+            "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)"),
     Setting("vram_budget", "FREETOKEN_VRAM_BUDGET", parse_size, "0",
             "total VRAM the engine may use (0: all free memory)"),
     Setting("expert_slots", "FREETOKEN_EXPERT_SLOTS", _nonneg_int, "0",

@@ -11,6 +11,7 @@ import torch
 from freetoken.kernels import reference
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
+FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
 
 
 def experts_from_slots(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
@@ -51,6 +52,24 @@ def _triton_small(x, slots, weights, gate_up, down) -> torch.Tensor:
     moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](h, down, flat_slots, flat_w, out, H, I,
                                                          BLOCK_H=bo, BLOCK_I=bk)
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
+
+
+def fetch_experts(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, slots: torch.Tensor) -> None:
+    """dst[slots[r]] = src[experts[r]] for every route r whose slot is >= 0.
+
+    src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool. On a GPU the
+    GPU reads the bank itself: no host work, so the copy can be captured in a CUDA graph.
+    """
+    if not dst.is_cuda:
+        keep = slots >= 0
+        dst.index_copy_(0, slots[keep].long(), src.index_select(0, experts[keep].long()))
+        return
+    from freetoken.kernels.triton import fetch
+
+    row = src[0].numel()
+    assert src.is_contiguous() and dst.is_contiguous() and dst[0].numel() == row, "shapes disagree"
+    grid = (slots.numel(), triton_cdiv(row, FETCH_BLOCK))
+    fetch.fetch_kernel[grid](src, dst, experts, slots, row, BLOCK=FETCH_BLOCK)
 
 
 def triton_cdiv(a: int, b: int) -> int:

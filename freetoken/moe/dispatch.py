@@ -130,25 +130,27 @@ class ShareTuner:
 
 
 class ModeChooser:
-    """Whole layers on the CPU, or every layer through the cache: chosen by measured step time.
+    """How decode steps place the experts, chosen by measured step time among `modes`:
 
+    cache   every layer through the cache, its books on the host, misses split between
+            PCIe and the CPU;
+    device  every layer through the cache, its books on the device, every miss fetched by
+            a GPU kernel (no host work in a step: one CUDA graph);
+    layers  whole layers on the CPU, the rest fixed on the GPU (llama.cpp's --n-cpu-moe).
     Without locality in the routing, a cache holding a third of the experts hits a third of
-    the time, and every layer pays a host round trip and per-miss copies. Placing whole
-    layers on the CPU and fixing the rest on the GPU (the shape of llama.cpp's --n-cpu-moe)
-    moves the same bytes with no bookkeeping and keeps the GPU layers inside CUDA graphs: on
-    the GPU machine it was 1.2–1.6× the cache at uniform routing and 0.7–0.8× with a skewed
-    trace. Which is faster depends on the work being served, so both are measured — the
-    cache, then the layers, each for `measure` steps after `settle` — the faster is kept, and
-    both are measured again every `period` steps.
+    the time, and every layer's misses cost PCIe or CPU time; whole CPU layers move the same
+    bytes with no bookkeeping (on the GPU machine 1.2–1.6× the host-kept cache at uniform
+    routing, 0.7–0.8× with a skewed trace). Which is faster depends on the work being served,
+    so each is measured in turn for `measure` steps after `settle`, the fastest is kept, and
+    all are measured again every `period` steps.
     """
 
-    MODES = ("cache", "layers")
-
-    def __init__(self, settle: int = 8, measure: int = 12, period: int = 4096):
-        self.settle, self.measure, self.period = settle, measure, period
-        self.mode = "cache"
+    def __init__(self, settle: int = 8, measure: int = 12, period: int = 4096,
+                 modes: tuple[str, ...] = ("cache", "layers")):
+        self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
+        self.mode = modes[0]
         self.means: dict[str, float] = {}
-        self._plan = ["cache", "layers"]  # modes still to measure, in order
+        self._plan = list(modes)  # modes still to measure, in order
         self._steps = 0  # steps since the current mode was entered
         self._samples: list[float] = []
         self._since = 0  # steps since the last choice
@@ -165,10 +167,10 @@ class ModeChooser:
                 self.mode = self._plan[0] if self._plan else min(self.means, key=self.means.get)
             return
         self._since += 1
-        if self._since >= self.period:
-            other = "layers" if self.mode == "cache" else "cache"
-            self._plan, self._since, self._steps = [other, self.mode], 0, 0
-            self.mode = other
+        if self._since >= self.period:  # the others, then the current one again
+            self._plan = [m for m in self.modes if m != self.mode] + [self.mode]
+            self._since, self._steps = 0, 0
+            self.mode = self._plan[0]
 
     def stats(self) -> dict:
         return {"mode": self.mode, "step_ms": {k: v * 1e3 for k, v in self.means.items()},

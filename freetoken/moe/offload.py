@@ -9,7 +9,9 @@ The two partial outputs are added; every route is computed exactly once.
 Policies: resident (every expert in a slot), lru-pcie (q = m), cpu-misses (q = 0),
 static-layers (whole layers on the CPU, the rest fixed on the GPU, like --n-cpu-moe),
 adaptive (q from costs fitted online). On a machine without a GPU every expert runs on the
-CPU through the same code.
+CPU through the same code. With `device_lru`, single-token decode steps of lru-pcie (and of
+adaptive, when it measures that faster) keep the cache's books on the device and fetch
+misses with a GPU kernel (`device_lru.DeviceLRU`): no host work inside the step.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
+from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
 
@@ -70,7 +73,7 @@ class _Staging:
 
 class OffloadExperts:
     def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
-                 device: torch.device, prefill_overlap: bool = True):
+                 device: torch.device, prefill_overlap: bool = True, device_lru: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"unknown MoE policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
@@ -81,23 +84,59 @@ class OffloadExperts:
         self._stage = _Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
         self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
-        self._tick: float | None = None  # when the last decode step entered the first layer
+        self._tick: float | None = None  # when the last decode step started
+        self._told_steps = False  # whether the engine calls between_steps (else layer 0 marks a step)
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
-        self.steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
+        self._steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
         self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
         # where the host's time goes: waiting for the GPU, waiting for the CPU part, in total
         self.timers = {"sync_s": 0.0, "cpu_wait_s": 0.0, "host_s": 0.0}
         if cache is not None:
             self._place()
-        # adaptive also chooses between the cache and whole layers on the CPU, by measurement
+        self._device_lru = device_lru and policy in ("lru-pcie", "adaptive")
+        self.lru = DeviceLRU(cache, banks, device) if self._device_lru and cache is not None else None
+        # adaptive also chooses between the cache (its books on the host or on the device) and
+        # whole layers on the CPU, by measurement
         self.mode = "cache"
-        E, L = banks.num_experts, len(banks.layers)
-        self.modes = ModeChooser() if policy == "adaptive" and cache is not None and cache.capacity < L * E else None
+        self.modes = self._mode_chooser()
         # prefill streams whole layers through two buffers, when the pool has room for them
         self._prefill_overlap = prefill_overlap
         self.streamer = None
         self._make_streamer()
+
+    def _mode_chooser(self) -> ModeChooser | None:
+        E, L = self.banks.num_experts, len(self.banks.layers)
+        if self.policy != "adaptive" or self.cache is None or self.cache.capacity >= L * E:
+            return None
+        return ModeChooser(modes=("device", "cache", "layers") if self.lru is not None else ("cache", "layers"))
+
+    @property
+    def steps(self) -> dict:
+        """Counters of routed work; misses handled on the device are counted there until read."""
+        if self.lru is not None and self.lru.live:
+            self._count_device(self.lru.pull(keep=True))
+        return self._steps
+
+    def _count_device(self, misses: int) -> None:
+        self._steps["m"] += misses
+        self._steps["q"] += misses  # every miss of the device path is fetched
+
+    def _on_device_path(self, tokens: int) -> bool:
+        """Whether a step of `tokens` tokens keeps the cache's books on the device."""
+        if self.lru is None or tokens != 1 or self.cache.fixed.any():
+            return False
+        return self.policy == "lru-pcie" or self.mode == "device"
+
+    def _books(self, tokens: int) -> None:
+        """Hands the cache's books to whichever side the next step of `tokens` keeps them on."""
+        if self.lru is None:
+            return
+        if self._on_device_path(tokens):
+            if not self.lru.live:
+                self.lru.push()
+        elif self.lru.live:
+            self._count_device(self.lru.pull())
 
     def _make_streamer(self) -> None:
         self.streamer = None
@@ -146,6 +185,8 @@ class OffloadExperts:
         """Fills every free slot, spread evenly over the layers (benchmarks start from a full cache)."""
         if self.cache is None:
             return
+        if self.lru is not None and self.lru.live:
+            self._count_device(self.lru.pull())
         rng = np.random.default_rng(seed)
         layers = [l for l in self.banks.layers if l not in self.cpu_layers]
         free = int((self.cache.owner < 0).sum())
@@ -161,8 +202,14 @@ class OffloadExperts:
 
     # --- the op ----------------------------------------------------------------------
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if self.policy == "adaptive" and layer == self.banks.layers[0]:
+        if self.policy == "adaptive" and layer == self.banks.layers[0] and not self._told_steps:
             self._step_started(ids.shape[0])
+        if self.lru is not None:
+            self._books(ids.shape[0])
+            if self.lru.live:
+                self._steps["layers"] += 1
+                return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
+                                                  self.cache.slots["down"])
         if self.cache is None or layer in self.cpu_layers:
             return self._all_on_cpu(layer, x, ids, weights)
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
@@ -234,14 +281,25 @@ class OffloadExperts:
             self.tuner.next_arm()
 
     def between_steps(self, tokens: int = 1) -> None:
-        """Moves to the placement the mode chooser asked for; the engine calls it before a step
-        of `tokens` tokens. A prefill goes back to the cache: whole CPU layers would compute a
-        long prompt's experts on the CPU, where streaming them to the GPU is far faster."""
-        if self.modes is None:
-            return
-        want = self.modes.mode if tokens <= PREFILL_TOKENS else "cache"
-        if want == self.mode:
-            return
+        """Moves to the placement the mode chooser asked for and hands the cache's books to the
+        side that keeps them for a step of `tokens` tokens; the engine calls it before every
+        step (captured steps run no Python inside the layers). A prefill goes back to the
+        cache: whole CPU layers would compute a long prompt's experts on the CPU, where
+        streaming them to the GPU is far faster."""
+        if self.policy == "adaptive":
+            # steps are timed here once a caller says when they start: a step replayed from
+            # one CUDA graph runs no Python in its layers
+            self._told_steps = True
+            self._step_started(tokens)
+        if self.modes is not None:
+            want = self.modes.mode if tokens <= PREFILL_TOKENS else ("device" if self.mode == "device" else "cache")
+            if want != self.mode:
+                self._switch(want)
+        self._books(tokens)
+
+    def _switch(self, want: str) -> None:
+        if self.lru is not None and self.lru.live:
+            self._count_device(self.lru.pull())
         if self.cuda:
             torch.cuda.synchronize(self.device)  # nothing may still read the slots being refilled
         if want == "layers":
@@ -249,21 +307,25 @@ class OffloadExperts:
             self.cache.clear()
             self._place_layers()
         else:
-            self.cache.fixed[:] = False  # the fixed experts stay, as cached ones
-            self.cpu_layers, self._fixed_layers = set(), set()
-            self.generation += 1
-            self._make_streamer()
+            if self.mode == "layers":
+                self.cache.fixed[:] = False  # the fixed experts stay, as cached ones
+                self.cpu_layers, self._fixed_layers = set(), set()
+                self._make_streamer()
+            self.generation += 1  # captured steps are cut differently in each mode
         log.debug("adaptive placement: %s -> %s (step ms %s)", self.mode, want, self.modes.stats()["step_ms"])
         self.mode = want
         self._tick = None
 
-    def device_only(self, layer: int) -> bool:
+    def device_only(self, layer: int, tokens: int = 1) -> bool:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
-        return self.cache is not None and layer in self._fixed_layers and layer not in self.cpu_layers
+        if self.cache is None or layer in self.cpu_layers:
+            return False
+        return layer in self._fixed_layers or self._on_device_path(tokens)
 
     def account_device(self, layer: int, routes: int) -> None:
-        self.cache.hits[layer] += routes
-        self.steps["layers"] += 1
+        self._steps["layers"] += 1
+        if layer in self._fixed_layers:  # the device path counts its hits itself
+            self.cache.hits[layer] += routes
 
     def _choose(self, m: int, T: int) -> int:
         if m == 0:
@@ -327,7 +389,7 @@ class OffloadExperts:
         return out.to(device=x.device, dtype=x.dtype)
 
     def _account(self, m: int, q: int, cpu_routes: int, T: int) -> None:
-        s = self.steps
+        s = self._steps
         s["m"] += m
         s["q"] += q
         s["cpu_routes"] += cpu_routes
@@ -348,6 +410,8 @@ class OffloadExperts:
             raise ValueError(f"{slots} expert slots is below the floor of {self.floor} (one layer's experts)")
         if self.policy == "resident" and slots < L * E:
             raise ValueError(f"the resident policy needs all {L * E} expert slots")
+        if self.lru is not None and self.lru.live:
+            self._count_device(self.lru.pull())
         if self.cuda:
             torch.cuda.synchronize(self.device)  # nothing may still read the old pool
         if self.policy in ("resident", "static-layers"):
@@ -358,8 +422,8 @@ class OffloadExperts:
             self.cache.fixed[:] = False  # adaptive's whole-layer placement, if any, is measured again
             self.cpu_layers, self._fixed_layers, self.mode = set(), set(), "cache"
             kept = self.cache.resize(slots)
-            if self.policy == "adaptive":
-                self.modes = ModeChooser() if slots < L * E else None
+            self.lru = DeviceLRU(self.cache, self.banks, self.device) if self._device_lru else None
+            self.modes = self._mode_chooser()
         self.generation += 1
         self._make_streamer()
         log.info("expert cache resized to %d slots (%.2f GiB), %d experts kept", slots,
@@ -372,7 +436,8 @@ class OffloadExperts:
             self._stage.clear()
 
     def stats(self) -> dict:
-        out = {"policy": self.policy, **self.steps, **self.timers,
+        steps = self.steps  # first: it brings the device's books up to date
+        out = {"policy": self.policy, **steps, **self.timers,
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}

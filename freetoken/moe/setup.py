@@ -27,6 +27,7 @@ class Placement:
     vram_budget: int  # bytes; 0 = the free memory of the device
     cache_dir: object = None
     slots: int = 0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
+    device_cache: str = "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
 
 
 def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
@@ -71,8 +72,12 @@ def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch
     b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (
         profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
     b_h /= ranks_on_host
+    # the device-kept books serve one process's whole cache; ranks route a token's experts
+    # to several processes, each with a few rows
+    device_lru = ranks_on_host == 1 and (placement.device_cache == "on" or (
+        placement.device_cache == "auto" and device.type == "cuda"))
     backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
-                             device)
+                             device, device_lru=device_lru)
     log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
              cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
              "measured" if measured else "defaults until `freetoken bench bw` runs")

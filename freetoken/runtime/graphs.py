@@ -216,7 +216,7 @@ class _Cutter:
     def wrap(self, backend):
         def op(layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
             device_only = getattr(backend, "device_only", None)
-            if device_only is not None and device_only(layer):
+            if device_only is not None and device_only(layer, ids.shape[0]):
                 self.bk.on_device.append((backend, layer, ids.numel()))
                 return backend(layer, x, ids, weights)
             self.graph.capture_end()

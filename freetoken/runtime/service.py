@@ -146,7 +146,8 @@ class ModelService:
         budget = opts_.get("vram_budget")
         return loader.Placement(policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
                                 vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
-                                cache_dir=self.cfg.cache_dir, slots=self.cfg.expert_slots)
+                                cache_dir=self.cfg.cache_dir, slots=self.cfg.expert_slots,
+                                device_cache=self.cfg.device_cache)
 
     def _start_watcher(self) -> None:
         """Automatic cache sizing where the cache lives on a GPU others may share."""

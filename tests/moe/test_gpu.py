@@ -31,6 +31,27 @@ def test_triton_small_batch_kernel_matches_reference(dtype, tol, shape):
     assert float((out.float() - ref).norm() / ref.norm()) <= tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(2 * 768, 2048), (7, 33)])
+def test_fetch_kernel_copies_from_pinned_banks(dtype, rows):
+    from freetoken.ftw.hostmem import HostBuffer
+
+    E, S = 11, 6
+    n = E * rows[0] * rows[1]
+    buf = HostBuffer(n * torch.tensor([], dtype=dtype).element_size())
+    bank = buf.tensor(str(dtype).removeprefix("torch."), [E, *rows], buf.nbytes)
+    bank.copy_(torch.randn(E, *rows).to(dtype))
+    buf.pin()  # the kernel reads the bank where it lies, as it does the host banks
+    pool = torch.zeros(S, *rows, dtype=dtype, device="cuda")
+    experts = torch.tensor([3, 10, 0, 7], dtype=torch.int32, device="cuda")
+    slots = torch.tensor([5, -1, 0, 2], dtype=torch.int32, device="cuda")  # -1: copies nothing
+    moe_gpu.fetch_experts(bank, pool, experts, slots)
+    want = torch.zeros_like(pool).cpu()
+    for e, s in ((3, 5), (0, 0), (7, 2)):
+        want[s] = bank[e]
+    assert torch.equal(pool.cpu(), want)
+
+
 CASES = [("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9)]
 
 

@@ -71,7 +71,7 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     those of transformers whichever placement each step runs in."""
     from freetoken.moe import dispatch, offload
 
-    monkeypatch.setattr(offload, "ModeChooser", lambda: dispatch.ModeChooser(settle=1, measure=2, period=6))
+    monkeypatch.setattr(offload, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw))
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9)
     backend = engine.model.model.layers[0].mlp.experts.backend

@@ -77,12 +77,34 @@ def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slot
     plain, captured = (_decode_logits(e, PROMPTS[2]) for e in (eager, engine))
     assert float((plain - captured).norm() / plain.norm()) <= 1e-5
     backend = engine.model.model.layers[0].mlp.experts.backend
-    host_layers = sum(not backend.device_only(l) for l in engine.model.moe_layers)
-    # one graph per step plus one per experts op that needs the host (none when resident);
-    # adaptive may have moved to whole CPU layers, static-layers' shape
+    # two sequences decode together: the books stay on the host, so layers that need it cut
+    # the graph (none when resident; one CPU layer when adaptive has moved to static-layers' shape)
+    host_layers = sum(not backend.device_only(l, 2) for l in engine.model.moe_layers)
     shape = "static-layers" if policy == "adaptive" and backend.mode == "layers" else policy
     assert host_layers == (0 if shape == "resident" else 1 if shape == "static-layers" else 2)
     assert {len(bk.segments) for bk in engine.graphs._buckets.values()} == {1 + host_layers}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
+def test_single_token_steps_with_device_books_are_one_graph(tiny_model, policy):
+    from freetoken.moe import dispatch
+
+    path, hf = tiny_model
+    engine = make_engine(path, device="cuda", policy=policy, slots=9, graphs="capture")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    if policy == "adaptive":  # settle on the device-kept books
+        backend.modes = dispatch.ModeChooser(modes=("device",))
+    for p in (PROMPTS[0], PROMPTS[2]):
+        (seq,) = generate(engine, [p], 24)
+        assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
+    assert backend.lru.live and backend.mode == ("device" if policy == "adaptive" else "cache")
+    assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1}
+    eager = make_engine(path, device="cuda", policy=policy, slots=9)
+    plain, captured = (_decode_logits(e, PROMPTS[2]) for e in (eager, engine))
+    assert float((plain - captured).norm() / plain.norm()) <= 1e-5
+    stats = backend.stats()  # counted on the device, read back
+    assert stats["cache"]["misses"] > 0 and stats["cache"]["hits"] > 0
 
 
 @pytest.mark.gpu

@@ -1,0 +1,103 @@
+"""The expert cache's bookkeeping on the device, for single-token decode steps.
+
+On the host path every layer pays a round trip: the routes come back to the host, the
+host looks them up, picks victims and queues copies. Here the same least-recently-used
+cache runs as a handful of device ops — look up, stamp the hits, pick the victims with a
+top-k over the slots' stamps, remap, and a kernel that copies each miss from the pinned
+host bank into its slot — so a decode step needs no host work and its graph is not cut.
+
+One copy of the bookkeeping is authoritative at a time: the host's (`ExpertCache`) for
+prefill, batches, resizes and placement changes, this one between `push` and `pull`.
+Stamps are unique (clock·STRIDE + route), so the eviction order is exactly that of an LRU
+that touches one layer's routes in route order; fixed slots are stamped NEVER.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from freetoken.kernels import moe_gpu
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+
+NEVER = 2**62  # the stamp of a fixed slot: never a victim
+STRIDE = 1024  # stamps per layer call: more than any top-k
+
+
+class DeviceLRU:
+    def __init__(self, cache: ExpertCache, banks: HostBanks, device: torch.device):
+        self.cache, self.banks, self.device = cache, banks, device
+        L, E, S = cache.L, cache.E, cache.capacity
+        # one extra entry at the end of each: a sink that masked scatters write to
+        self.slot_of = torch.full((L * E + 1,), -1, dtype=torch.int32, device=device)
+        self.owner = torch.full((S + 1,), -1, dtype=torch.int64, device=device)
+        self.stamp = torch.full((S + 1,), NEVER, dtype=torch.int64, device=device)
+        self.clock = torch.zeros(1, dtype=torch.int64, device=device)
+        self.counts = torch.zeros((L, 3), dtype=torch.int64, device=device)  # hits, misses, evictions
+        self.live = False  # True while this copy is the authoritative one
+
+    # --- handing the bookkeeping over ----------------------------------------------------
+    def push(self) -> None:
+        """Host → device: from now on decode steps keep the books here."""
+        c, S = self.cache, self.cache.capacity
+        stamp = c.last_use * STRIDE
+        empty = c.owner < 0
+        stamp[empty] = np.arange(int(empty.sum())) - S - 1  # empty slots first, in slot order
+        stamp[c.fixed] = NEVER
+        self.slot_of[:-1].copy_(torch.from_numpy(c.slot_of.reshape(-1).astype(np.int32)))
+        self.owner[:-1].copy_(torch.from_numpy(c.owner))
+        self.stamp[:-1].copy_(torch.from_numpy(stamp))
+        self.clock.fill_(c.clock + 1)
+        self.live = True
+
+    def pull(self, keep: bool = False) -> int:
+        """Device → host (a snapshot if `keep`: the device copy stays authoritative). Returns
+        the misses counted since the last pull."""
+        c = self.cache
+        slot_of, owner, stamp, counts, clock = (t.cpu().numpy().copy() for t in (
+            self.slot_of[:-1], self.owner[:-1], self.stamp[:-1], self.counts, self.clock))
+        self.counts.zero_()
+        c.slot_of[:] = slot_of.reshape(c.L, c.E)
+        c.owner[:] = owner
+        used = (owner >= 0) & ~c.fixed
+        c.last_use[used] = np.maximum(stamp[used], 0) // STRIDE
+        c.last_use[owner < 0] = -1
+        c.clock = max(c.clock, int(clock[0]))
+        c.hits += counts[:, 0]
+        c.misses += counts[:, 1]
+        c.fetches += counts[:, 1]
+        c.evictions += int(counts[:, 2].sum())
+        self.live = keep
+        return int(counts[:, 1].sum())
+
+    # --- one layer of a decode step ------------------------------------------------------
+    def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        """The slot of each route of one token's `ids` [1, k], fetching the misses first."""
+        E, S = self.cache.E, self.cache.capacity
+        flat = ids.reshape(-1) + layer * E  # [k]
+        k = flat.numel()
+        slots = self.slot_of.index_select(0, flat).long()
+        miss = slots < 0
+        now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
+        sink_slot = torch.full_like(slots, S)
+        self.stamp.scatter_(0, torch.where(miss, sink_slot, slots), now)  # hits: used now
+        self.stamp[S] = NEVER
+        victims = torch.topk(self.stamp[:S], k, largest=False).indices  # oldest first
+        v = victims.index_select(0, (torch.cumsum(miss, 0) - 1).clamp(min=0))
+        target = torch.where(miss, v, sink_slot)
+        old = torch.where(miss, self.owner.index_select(0, target), -1)
+        sink_flat = torch.full_like(flat, self.slot_of.numel() - 1)
+        self.slot_of.scatter_(0, torch.where(old >= 0, old, sink_flat), -1)
+        self.slot_of.scatter_(0, torch.where(miss, flat, sink_flat), v.to(torch.int32))
+        self.owner.scatter_(0, target, torch.where(miss, flat, -1))
+        self.stamp.scatter_(0, target, now)
+        self.stamp[S] = NEVER
+        self.counts[layer] += torch.stack([(~miss).sum(), miss.sum(), (old >= 0).sum()])
+        fetch = torch.where(miss, v, -1).to(torch.int32)
+        experts = ids.reshape(-1).to(torch.int32)
+        gu, dn = self.banks.banks[layer]
+        moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
+        moe_gpu.fetch_experts(dn, self.cache.slots["down"], experts, fetch)
+        self.clock += 1
+        return torch.where(miss, v, slots).view(ids.shape)

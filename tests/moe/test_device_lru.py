@@ -1,0 +1,166 @@
+"""The cache's books kept on the device: exact LRU order against a plain-Python cache,
+invariants and slot contents across hand-overs to the host, and exact models through it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.device_lru import STRIDE, DeviceLRU
+from tests import fixtures
+from tests.runtime.engine_util import full_logits, generate, make_engine
+
+L, E, K, H, I = 5, 12, 3, 8, 4
+
+
+def banks(seed: int = 0) -> HostBanks:
+    g = torch.Generator().manual_seed(seed)
+    raw = {}
+    for layer in range(L):
+        raw[(layer, "gate_up")] = torch.randn((E, 2 * I, H), generator=g)
+        raw[(layer, "down")] = torch.randn((E, H, I), generator=g)
+    return HostBanks(raw, torch.float32, pin=False)
+
+
+def setup(slots: int) -> tuple[HostBanks, ExpertCache, DeviceLRU]:
+    hb = banks()
+    cache = ExpertCache(L, E, slots, hb.rows, torch.float32, torch.device("cpu"))
+    return hb, cache, DeviceLRU(cache, hb, torch.device("cpu"))
+
+
+class RefLRU:
+    """A plain-Python LRU that stamps one call's routes in route order."""
+
+    def __init__(self, slots: int):
+        self.owner: list[tuple[int, int] | None] = [None] * slots
+        self.stamp = [i - slots - 1 for i in range(slots)]  # empty slots first, in slot order
+        self.where: dict[tuple[int, int], int] = {}
+        self.clock = 1
+        self.evictions = 0
+
+    def call(self, layer: int, experts: list[int]) -> list[int]:
+        now = [self.clock * STRIDE + j for j in range(len(experts))]
+        slots = [self.where.get((layer, e), -1) for e in experts]
+        for j, s in enumerate(slots):
+            if s >= 0:
+                self.stamp[s] = now[j]
+        victims = iter(sorted(range(len(self.owner)), key=self.stamp.__getitem__))
+        for j, e in enumerate(experts):
+            if slots[j] < 0:
+                s = next(victims)
+                if self.owner[s] is not None:
+                    del self.where[self.owner[s]]
+                    self.evictions += 1
+                self.owner[s], self.where[(layer, e)], self.stamp[s], slots[j] = (layer, e), s, now[j], s
+        self.clock += 1
+        return slots
+
+
+def check(hb: HostBanks, cache: ExpertCache, lru: DeviceLRU) -> None:
+    """No slot holds two experts, the maps agree, and every slot holds its expert's bytes."""
+    owner = lru.owner[:-1].numpy()
+    slot_of = lru.slot_of[:-1].numpy().reshape(L, E)
+    held = owner[owner >= 0]
+    assert len(set(held.tolist())) == len(held)
+    for s, o in enumerate(owner.tolist()):
+        if o >= 0:
+            layer, e = divmod(o, E)
+            assert slot_of[layer, e] == s
+            assert torch.equal(cache.slots["gate_up"][s], hb.banks[layer][0][e])
+            assert torch.equal(cache.slots["down"][s], hb.banks[layer][1][e])
+    assert (slot_of >= 0).sum() == len(held)
+
+
+@pytest.mark.parametrize("slots", [E, 2 * E + 5, 40])
+def test_eviction_order_is_exactly_lru(slots):
+    hb, cache, lru = setup(slots)
+    ref = RefLRU(slots)
+    rng = np.random.default_rng(slots)
+    lru.push()
+    routes = 0
+    for step in range(300):
+        layer = int(rng.integers(L))
+        # a skewed stream, so some experts stay hot and others come and go
+        experts = rng.choice(E, K, replace=False, p=np.arange(E, 0, -1) / (E * (E + 1) / 2)).tolist()
+        got = lru(layer, torch.tensor([experts]))
+        assert got.shape == (1, K)
+        assert got[0].tolist() == ref.call(layer, experts), f"step {step}"
+        routes += K
+    check(hb, cache, lru)
+    misses = lru.pull()
+    assert cache.hits.sum() + cache.misses.sum() == routes and misses == cache.misses.sum()
+    assert cache.evictions == ref.evictions
+
+
+def test_books_survive_hand_overs_to_the_host():
+    hb, cache, lru = setup(20)
+    rng = np.random.default_rng(1)
+    for rnd in range(12):
+        lru.push()
+        for _ in range(25):
+            layer, experts = int(rng.integers(L)), rng.choice(E, K, replace=False)
+            slots = lru(layer, torch.from_numpy(experts)[None])[0].numpy()
+            assert (lru.owner[slots].numpy() == layer * E + experts).all()  # every route's expert is in its slot
+        check(hb, cache, lru)
+        lru.pull()
+        # the host cache goes on from the same books: its own lookups, fetches and evictions
+        layer, experts = int(rng.integers(L)), rng.choice(E, K, replace=False)
+        slots = cache.lookup(layer, experts)
+        miss = slots < 0
+        if miss.any():
+            got = cache.allocate(layer, experts[miss], slots[~miss])
+            for e, s in zip(experts[miss].tolist(), got.tolist()):
+                cache.slots["gate_up"][s].copy_(hb.banks[layer][0][e])
+                cache.slots["down"][s].copy_(hb.banks[layer][1][e])
+        cache.touch(cache.lookup(layer, experts))
+        held = np.flatnonzero(cache.owner >= 0)
+        assert (cache.slot_of[cache.owner[held] // E, cache.owner[held] % E] == held).all()
+        assert int((cache.slot_of >= 0).sum()) == len(held)
+    lru.push()
+    check(hb, cache, lru)
+
+
+@pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
+def test_decode_through_device_books_matches_transformers(tiny_model, policy, monkeypatch):
+    from freetoken.moe import dispatch, offload
+
+    # adaptive measures each placement for a few steps only, so all three run in one generation
+    monkeypatch.setattr(offload, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7,
+                                                                                  **kw))
+    path, hf = tiny_model
+    engine = make_engine(path, policy=policy, slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    modes = []
+    step = backend.between_steps
+    backend.between_steps = lambda tokens: (step(tokens), modes.append((tokens, backend.mode, backend.lru.live)))
+    prompts = [[(7 * i) % 500 + 1 for i in range(n)] for n in (5, 40)]  # the long one prefills on the host
+    for p in prompts:
+        (seq,) = generate(engine, [p], 24)
+        assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
+    assert (1, "device" if policy == "adaptive" else "cache", True) in modes
+    assert any(t > 1 and not live for t, _, live in modes)  # prompts ran with the books on the host
+    if policy == "adaptive":
+        assert {"device", "cache", "layers"} <= {m for _, m, _ in modes}
+    # two sequences at once decode on the host path; then single steps go back to the device
+    seqs = generate(engine, prompts, 12)
+    assert [s.output_ids for s in seqs] == [fixtures.hf_greedy(hf, p, 12) for p in prompts]
+    stats = backend.stats()
+    assert stats["cache"]["hits"] + stats["cache"]["misses"] > 0 and stats["m"] >= stats["cache"]["misses"] > 0
+
+
+def test_resize_keeps_device_books_exact(tiny_model):
+    path, hf = tiny_model
+    engine = make_engine(path, policy="lru-pcie", slots=12, device_cache="on")
+    resident = make_engine(path, policy="resident")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    p = [(11 * i) % 500 + 1 for i in range(9)]
+    generate(engine, [p], 6)
+    assert backend.lru.live
+    backend.resize(8)
+    assert not backend.lru.live and backend.lru.cache.capacity == 8
+    (seq,) = generate(engine, [p], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, p, 16)
+    assert float((full_logits(engine, p) - full_logits(resident, p)).abs().max()) <= 1e-5
