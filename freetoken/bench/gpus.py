@@ -23,7 +23,7 @@ import torch
 
 from freetoken import dist
 from freetoken.bench import bw, common, routing, synthmodel
-from freetoken.bench.decode import Bench, _sync
+from freetoken.bench.decode import Bench
 from freetoken.bench.prefill import prefill_seconds
 from freetoken.ftw import INDEX
 from freetoken.ftw.writer import Writer
@@ -141,8 +141,8 @@ def decode_rows(cfg: Config, mode: str, args, t_dense: float | None, b_sum: floa
     bench.decode(mode, args.settle, 4, 100)  # settle the caches (and adaptive's choices)
     runs = []
     for r in range(args.repeats):
-        before = []
-        t, _ = bench.decode(mode, args.tokens, args.warmup, r, at_start=lambda: before.append(cfg.misses()))
+        before: list[int] = []
+        t, _ = bench.decode(mode, args.tokens, args.warmup, r, at_start=lambda b=before: b.append(cfg.misses()))
         runs.append((t, (cfg.misses() - before[0]) / args.tokens))
     t, miss = sorted(runs)[len(runs) // 2]
     row = {"routing": mode, "tok_s": 1 / t, "misses_per_token": miss}
