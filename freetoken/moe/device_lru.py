@@ -82,19 +82,19 @@ class DeviceLRU:
         now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
         sink_slot = torch.full_like(slots, S)
         self.stamp.scatter_(0, torch.where(miss, sink_slot, slots), now)  # hits: used now
-        self.stamp[S] = NEVER
+        self.stamp[S:].fill_(NEVER)  # (a scalar written by indexing would be a host copy: not capturable)
         victims = torch.topk(self.stamp[:S], k, largest=False).indices  # oldest first
         v = victims.index_select(0, (torch.cumsum(miss, 0) - 1).clamp(min=0))
         target = torch.where(miss, v, sink_slot)
-        old = torch.where(miss, self.owner.index_select(0, target), -1)
+        old = self.owner.index_select(0, target).masked_fill(~miss, -1)
         sink_flat = torch.full_like(flat, self.slot_of.numel() - 1)
         self.slot_of.scatter_(0, torch.where(old >= 0, old, sink_flat), -1)
         self.slot_of.scatter_(0, torch.where(miss, flat, sink_flat), v.to(torch.int32))
-        self.owner.scatter_(0, target, torch.where(miss, flat, -1))
+        self.owner.scatter_(0, target, flat.masked_fill(~miss, -1))
         self.stamp.scatter_(0, target, now)
-        self.stamp[S] = NEVER
+        self.stamp[S:].fill_(NEVER)  # (a scalar written by indexing would be a host copy: not capturable)
         self.counts[layer] += torch.stack([(~miss).sum(), miss.sum(), (old >= 0).sum()])
-        fetch = torch.where(miss, v, -1).to(torch.int32)
+        fetch = v.masked_fill(~miss, -1).to(torch.int32)
         experts = ids.reshape(-1).to(torch.int32)
         gu, dn = self.banks.banks[layer]
         moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
