@@ -138,6 +138,18 @@ class OffloadExperts:
         elif self.lru.live:
             self._count_device(self.lru.pull())
 
+    def keep_books_on_host(self) -> bool:
+        """Stops keeping the cache's books on the device, for good; True if it did."""
+        if self.lru is None:
+            return False
+        if self.lru.live:
+            self._count_device(self.lru.pull())
+        self.lru, self._device_lru = None, False
+        self.modes = self._mode_chooser()
+        self.mode = "cache" if self.mode == "device" else self.mode
+        self.generation += 1
+        return True
+
     def _make_streamer(self) -> None:
         self.streamer = None
         if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(

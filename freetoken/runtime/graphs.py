@@ -112,11 +112,23 @@ class DecodeGraphs:
             try:
                 self._capture(bk)
             except RuntimeError as e:  # an op that cannot be captured: decode on, uncaptured
+                if self._books_to_host():
+                    log.warning("CUDA graph capture failed with the expert cache's books on the device; "
+                                "keeping them on the host: %s", e)
+                    return self.run(tokens, positions, pages)
                 log.warning("CUDA graph capture failed, decoding without graphs: %s", e)
                 self.capture = False
                 self.reset()
                 return self.run(tokens, positions, pages)
         return self._replay(bk)
+
+    def _books_to_host(self) -> bool:
+        """Asks the experts ops to keep their books on the host (cut graphs, not none)."""
+        moved = False
+        for backend in {id(m.backend): m.backend for m in self._experts}.values():
+            give_up = getattr(backend, "keep_books_on_host", None)
+            moved = bool(give_up is not None and give_up()) or moved
+        return moved
 
     # --- fixed inputs -----------------------------------------------------------------
     def _new_bucket(self, B: int, max_ctx: int) -> _Bucket:

@@ -118,3 +118,23 @@ def test_a_resize_recaptures(tiny_model):
     (seq,) = generate(engine, [PROMPTS[0]], 24)
     assert engine.graphs.captures > before
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 24)
+
+
+def test_a_failed_capture_first_moves_the_books_to_the_host(tiny_model, monkeypatch):
+    """A capture that fails with the cache's books on the device retries with them on the
+    host (graphs cut at the experts ops); only a second failure decodes without graphs."""
+    path, hf = tiny_model
+    engine = make_engine(path, policy="lru-pcie", slots=9, graphs="eager", device_cache="on")
+    graphs = engine.graphs
+    graphs.capture = True
+    tries = []
+
+    def fail(bk):
+        tries.append(bk.batch)
+        raise RuntimeError("not capturable")
+
+    monkeypatch.setattr(graphs, "_capture", fail)
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    (seq,) = generate(engine, [PROMPTS[0]], 12)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 12)
+    assert tries == [1, 1] and backend.lru is None and not graphs.capture
