@@ -177,7 +177,7 @@ def run_config(cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="freetoken bench gpus", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
     ap.add_argument("--gpus", type=int, default=0, help="GPUs to spread over (default: every visible one)")
@@ -199,23 +199,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-ranks", type=int, default=0,
                     help="CPU ranks on gloo instead of GPUs (a check of the plumbing, not a benchmark)")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def bandwidths(devices: list[str], seconds: float, cache_dir: Path, head: dict) -> tuple[list[float], float, float]:
+    """(each GPU's B_P alone, ΣB_P with every link at once, B_H) in GB/s; saved as this
+    machine's profile, which every runner's split starts from."""
+    if devices[0] == "cpu":  # the plumbing only: whatever profile this machine has, or the defaults
+        return [0.0], 0.0, profile.bandwidths(cache_dir)[1] / 1e9
+    b = bw.run(seconds, 4.0)
+    profile.save(cache_dir, {**b, "date": head["date"]})
+    alone, b_sum = summed_pcie(devices, seconds)
+    return alone, b_sum, b["cpu_expert_gbps"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     from freetoken import config
 
     n = args.cpu_ranks or args.gpus or torch.cuda.device_count()
     if n < 2:
         raise SystemExit("bench gpus needs at least 2 CUDA devices")
-    cuda = not args.cpu_ranks
     cache_dir = config.current().cache_dir
     head = common.header("gpus")
-    devices = [f"cuda:{i}" for i in range(n)] if cuda else ["cpu"] * n
-    if cuda:
-        b = bw.run(args.bw_seconds, 4.0)  # this machine's profile, which every runner's split starts from
-        profile.save(cache_dir, {**b, "date": head["date"]})
-        alone, b_sum = summed_pcie(devices, args.bw_seconds)
-        b_h = b["cpu_expert_gbps"]
-    else:  # the plumbing only: whatever profile this machine has, or the defaults
-        alone, b_sum, b_h = [0.0], 0.0, profile.bandwidths(cache_dir)[1] / 1e9
+    devices = ["cpu"] * n if args.cpu_ranks else [f"cuda:{i}" for i in range(n)]
+    alone, b_sum, b_h = bandwidths(devices, args.bw_seconds, cache_dir, head)
     print(f"B_P per GPU {', '.join(f'{x:.1f}' for x in alone)} GB/s alone, {b_sum:.1f} together; B_H {b_h:.1f}")
     shape = synthmodel.SHAPES[args.model]
     expert_bytes = 3 * shape["hidden_size"] * shape["moe_intermediate_size"] * 2
@@ -223,30 +231,37 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     files = {p.name: p for p in write_model(args.model, out, torch.device(devices[0])).iterdir()}
     print(f"model written to {out} in {time.perf_counter() - t0:.1f} s", flush=True)
-    ctx = max([int(x) for x in args.prefill.split(",") if x] + [0]) + args.settle + args.tokens + args.warmup + 64
-    rows, t_dense = [], {}
     try:
-        plans = {"resident": ([devices[0]], None), "1xB": ([devices[0]], args.budget),
-                 "1xNB": ([devices[0]], n * args.budget), "NxB": (devices, args.budget)}
-        for name in ["resident", *args.configs.split(",")]:
-            devs, budget = plans[name]
-            cfg = Config(files, devs, budget if budget else 0.0, "resident" if budget is None else args.policy,
-                         ctx, cache_dir)
-            try:
-                if budget is None:  # every expert resident: T_dense for the bounds
-                    for mode in args.routing.split(","):
-                        t_dense[mode] = 1 / decode_rows(cfg, mode, args, None, 0, 0)["tok_s"]
-                    print(f"resident: T_dense {', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in t_dense.items())}")
-                    continue
-                rows += run_config(cfg, args, t_dense, alone[0] if len(devs) == 1 else b_sum, b_h, head)
-            finally:
-                cfg.close()
+        rows = run_plans(files, devices, args, cache_dir, (alone[0], b_sum, b_h), head)
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     common.emit(rows, [("config", "config"), ("routing", "routing"), ("slots", "slots"), ("tok_s", "tok/s"),
                        ("misses_per_token", "miss/tok"), ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"),
                        ("load_s", "load s")], False, head)
+
+
+def run_plans(files: dict[str, Path], devices: list[str], args, cache_dir: Path,
+              bws: tuple[float, float, float], head: dict) -> list[dict]:
+    """Every expert resident first (T_dense for the bounds), then each configuration asked for."""
+    b_one, b_sum, b_h = bws
+    ctx = max([int(x) for x in args.prefill.split(",") if x] + [0]) + args.settle + args.tokens + args.warmup + 64
+    plans = {"resident": ([devices[0]], None), "1xB": ([devices[0]], args.budget),
+             "1xNB": ([devices[0]], len(devices) * args.budget), "NxB": (devices, args.budget)}
+    rows, t_dense = [], {}
+    for name in ["resident", *args.configs.split(",")]:
+        devs, budget = plans[name]
+        cfg = Config(files, devs, budget or 0.0, "resident" if budget is None else args.policy, ctx, cache_dir)
+        try:
+            if budget is None:
+                for mode in args.routing.split(","):
+                    t_dense[mode] = 1 / decode_rows(cfg, mode, args, None, 0, 0)["tok_s"]
+                print(f"resident: T_dense {', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in t_dense.items())}")
+            else:
+                rows += run_config(cfg, args, t_dense, b_one if len(devs) == 1 else b_sum, b_h, head)
+        finally:
+            cfg.close()
+    return rows
 
 
 if __name__ == "__main__":
