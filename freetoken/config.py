@@ -300,6 +300,16 @@ def current() -> Any:
     return load()
 
 
+# NVLink multicast (NVLS, symmetric-memory multicast) stays off in every rank of a runner: a
+# program that uses it can put a shared host's GPUs out of service, and a bs=1 reduce gains nothing.
+RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def export_rank_env() -> None:
+    """Sets what NCCL reads in this process and what its rank processes inherit."""
+    os.environ.update(RANK_ENV)
+
+
 def describe() -> list[tuple[str, str, str]]:
     """(variable, current value, description) for `freetoken serve --help`-style listings."""
     cfg = current()

@@ -40,13 +40,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from freetoken import config as settings
 from freetoken.models import num_experts
 
 log = logging.getLogger(__name__)
 
-# NVLink multicast (NVLS, symmetric-memory multicast) stays off in every rank: a program
-# that uses it can put a shared host's GPUs out of service, and a bs=1 reduce gains nothing.
-RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 DATA_TIMEOUT = timedelta(minutes=10)  # the rendezvous, and any one collective inside a step
 IDLE_TIMEOUT = timedelta(days=3650)  # a follower waits for rank 0's next header for as long as it takes
 WATCH_S = 0.1
@@ -261,7 +259,7 @@ def launch(devices: list[str], files: dict[str, Path], placement: Any, dtype: st
     while rank 0 loads its own; `freetoken.dist.experts.install` waits for them. They also
     read FREETOKEN_* from the environment they inherit.
     """
-    os.environ.update(RANK_ENV)  # read by NCCL in this process and inherited by the followers
+    settings.export_rank_env()
     config = json.loads(Path(files["config.json"]).read_text())
     workdir = Path(tempfile.mkdtemp(prefix="freetoken-ranks-"))
     placement = dataclasses.asdict(placement)
