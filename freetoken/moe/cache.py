@@ -150,9 +150,12 @@ class ExpertCache:
         self.volatile = 0
         return len(keep)
 
-    def stats(self) -> dict:
-        lookups = self.hits.sum() + self.misses.sum()
+    def stats(self, more: tuple[int, int, int] = (0, 0, 0)) -> dict:
+        """Totals, plus `more` (hits, misses, evictions) counted elsewhere and not yet added
+        (the device-kept books'; their misses are all fetched)."""
+        hits, misses = int(self.hits.sum()) + more[0], int(self.misses.sum()) + more[1]
+        lookups = hits + misses
         return {"slots": self.capacity, "bytes": self.capacity * self.expert_bytes,
-                "used": int((self.owner >= 0).sum()), "hits": int(self.hits.sum()),
-                "misses": int(self.misses.sum()), "fetches": int(self.fetches.sum()),
-                "evictions": self.evictions, "hit_rate": float(self.hits.sum() / lookups) if lookups else 0.0}
+                "used": int((self.owner >= 0).sum()), "hits": hits, "misses": misses,
+                "fetches": int(self.fetches.sum()) + more[1], "evictions": self.evictions + more[2],
+                "hit_rate": hits / lookups if lookups else 0.0}

@@ -35,6 +35,7 @@ class DeviceLRU:
         self.stamp = torch.full((S + 1,), NEVER, dtype=torch.int64, device=device)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)
         self.counts = torch.zeros((L, 3), dtype=torch.int64, device=device)  # hits, misses, evictions
+        self._pulled = np.zeros((L, 3), dtype=np.int64)  # the counts already added to the host's
         self.live = False  # True while this copy is the authoritative one
 
     # --- handing the bookkeeping over ----------------------------------------------------
@@ -51,13 +52,18 @@ class DeviceLRU:
         self.clock.fill_(c.clock + 1)
         self.live = True
 
-    def pull(self, keep: bool = False) -> int:
-        """Device → host (a snapshot if `keep`: the device copy stays authoritative). Returns
-        the misses counted since the last pull."""
+    def unpulled(self) -> np.ndarray:
+        """[L, 3] hits, misses and evictions counted here since the last pull. Reads only, so
+        any thread may ask (statistics) while steps run."""
+        return self.counts.cpu().numpy() - self._pulled
+
+    def pull(self) -> int:
+        """Device → host: from now on the host keeps the books. Returns the misses counted
+        since the last pull."""
         c = self.cache
         slot_of, owner, stamp, counts, clock = (t.cpu().numpy().copy() for t in (
             self.slot_of[:-1], self.owner[:-1], self.stamp[:-1], self.counts, self.clock))
-        self.counts.zero_()
+        counts, self._pulled = counts - self._pulled, counts
         c.slot_of[:] = slot_of.reshape(c.L, c.E)
         c.owner[:] = owner
         used = (owner >= 0) & ~c.fixed
@@ -68,7 +74,7 @@ class DeviceLRU:
         c.misses += counts[:, 1]
         c.fetches += counts[:, 1]
         c.evictions += int(counts[:, 2].sum())
-        self.live = keep
+        self.live = False
         return int(counts[:, 1].sum())
 
     # --- one layer of a decode step ------------------------------------------------------

@@ -113,10 +113,17 @@ class OffloadExperts:
 
     @property
     def steps(self) -> dict:
-        """Counters of routed work; misses handled on the device are counted there until read."""
-        if self.lru is not None and self.lru.live:
-            self._count_device(self.lru.pull(keep=True))
-        return self._steps
+        """Counters of routed work (a copy), with the misses the device-kept books have counted."""
+        d = self._unpulled()
+        return {**self._steps, "m": self._steps["m"] + int(d[1]), "q": self._steps["q"] + int(d[1])}
+
+    def _unpulled(self) -> tuple[int, int, int]:
+        """Hits, misses and evictions the device-kept books counted that the host has not."""
+        lru = self.lru  # statistics run on other threads: one look at it
+        if lru is None:
+            return 0, 0, 0
+        h, m, e = lru.unpulled().sum(axis=0).tolist()
+        return h, m, e
 
     def _count_device(self, misses: int) -> None:
         self._steps["m"] += misses
@@ -448,8 +455,7 @@ class OffloadExperts:
             self._stage.clear()
 
     def stats(self) -> dict:
-        steps = self.steps  # first: it brings the device's books up to date
-        out = {"policy": self.policy, **steps, **self.timers,
+        out = {"policy": self.policy, **self.steps, **self.timers,
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
@@ -458,7 +464,7 @@ class OffloadExperts:
             if self.modes is not None:
                 out["placement"] = self.modes.stats()
         if self.cache is not None:
-            out["cache"] = self.cache.stats()
+            out["cache"] = self.cache.stats(self._unpulled())
         if self.streamer is not None:
             out["prefill_streaming"] = dict(self.streamer.stats)
         return out

@@ -147,8 +147,17 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     # two sequences at once decode on the host path; then single steps go back to the device
     seqs = generate(engine, prompts, 12)
     assert [s.output_ids for s in seqs] == [fixtures.hf_greedy(hf, p, 12) for p in prompts]
+    if policy == "adaptive":  # settle on the device-kept books
+        backend.modes = dispatch.ModeChooser(modes=("device",))
+    generate(engine, [prompts[0]], 4)  # ends with the books on the device
+    assert backend.lru.live
+    # statistics (read from other threads while steps run) count the device's work and leave
+    # the books where they are
     stats = backend.stats()
-    assert stats["cache"]["hits"] + stats["cache"]["misses"] > 0 and stats["m"] >= stats["cache"]["misses"] > 0
+    assert backend.lru.live and backend.stats()["cache"] == stats["cache"]
+    assert stats["cache"]["misses"] > 0 and stats["cache"]["hits"] > 0 and stats["m"] >= stats["cache"]["misses"]
+    backend.between_steps(2)  # hands the books to the host: the same totals, now counted there
+    assert not backend.lru.live and backend.stats()["cache"] == stats["cache"]
 
 
 def test_resize_keeps_device_books_exact(tiny_model):
