@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="read --caps below 1 as fractions of all experts instead of GiB")
     ap.add_argument("--profile", action="store_true", help="print a torch profile of resident decode steps")
     ap.add_argument("--no-graphs", action="store_true", help="launch every kernel from Python (no CUDA graphs)")
+    ap.add_argument("--eager", action="store_true",
+                    help="also time resident steps launched from Python, against the CUDA graphs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -233,7 +235,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
     rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
              "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
              "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
-    if bench.graphs is not None:  # the same resident steps with every kernel launched from Python
+    if args.eager and bench.graphs is not None:  # the same resident steps, every kernel launched from Python
         graphs, bench.graphs = bench.graphs, None
         t_eager = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
         bench.graphs = graphs
