@@ -120,7 +120,7 @@ class OffloadExperts:
     def _unpulled(self) -> tuple[int, int, int]:
         """Hits, misses and evictions the device-kept books counted that the host has not."""
         lru = self.lru  # statistics run on other threads: one look at it
-        if lru is None:
+        if lru is None or not lru.live:
             return 0, 0, 0
         h, m, e = lru.unpulled().sum(axis=0).tolist()
         return h, m, e
@@ -142,15 +142,19 @@ class OffloadExperts:
         if self._on_device_path(tokens):
             if not self.lru.live:
                 self.lru.push()
-        elif self.lru.live:
+        else:
+            self._take_books()
+
+    def _take_books(self) -> None:
+        """The host keeps the cache's books from now on."""
+        if self.lru is not None and self.lru.live:
             self._count_device(self.lru.pull())
 
     def keep_books_on_host(self) -> bool:
         """Stops keeping the cache's books on the device, for good; True if it did."""
         if self.lru is None:
             return False
-        if self.lru.live:
-            self._count_device(self.lru.pull())
+        self._take_books()
         self.lru, self._device_lru = None, False
         self.modes = self._mode_chooser()
         self.mode = "cache" if self.mode == "device" else self.mode
@@ -204,8 +208,7 @@ class OffloadExperts:
         """Fills every free slot, spread evenly over the layers (benchmarks start from a full cache)."""
         if self.cache is None:
             return
-        if self.lru is not None and self.lru.live:
-            self._count_device(self.lru.pull())
+        self._take_books()
         rng = np.random.default_rng(seed)
         layers = [l for l in self.banks.layers if l not in self.cpu_layers]
         free = int((self.cache.owner < 0).sum())
@@ -317,8 +320,7 @@ class OffloadExperts:
         self._books(tokens)
 
     def _switch(self, want: str) -> None:
-        if self.lru is not None and self.lru.live:
-            self._count_device(self.lru.pull())
+        self._take_books()
         if self.cuda:
             torch.cuda.synchronize(self.device)  # nothing may still read the slots being refilled
         if want == "layers":
@@ -429,8 +431,7 @@ class OffloadExperts:
             raise ValueError(f"{slots} expert slots is below the floor of {self.floor} (one layer's experts)")
         if self.policy == "resident" and slots < L * E:
             raise ValueError(f"the resident policy needs all {L * E} expert slots")
-        if self.lru is not None and self.lru.live:
-            self._count_device(self.lru.pull())
+        self._take_books()
         if self.cuda:
             torch.cuda.synchronize(self.device)  # nothing may still read the old pool
         if self.policy in ("resident", "static-layers"):
