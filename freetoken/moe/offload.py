@@ -456,7 +456,9 @@ class OffloadExperts:
             self._stage.clear()
 
     def stats(self) -> dict:
+        lru = self.lru
         out = {"policy": self.policy, **self.steps, **self.timers,
+               "books": "device" if lru is not None and lru.live else "host",
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}

@@ -76,18 +76,21 @@ def test_concurrent_requests_all_finish(runner):
     assert all(ev[-1]["eval_count"] == 16 for ev in results)
 
 
-@pytest.fixture(scope="module")
-def cached_runner(tiny_model, tmp_path_factory):
-    """A runner with an expert cache of 12 slots (in host memory on a machine without a GPU).
+@pytest.fixture(scope="module", params=["off", "on"])
+def cached_runner(request, tiny_model, tmp_path_factory):
+    """A runner with an expert cache of 12 slots (in host memory on a machine without a GPU),
+    its books kept on the host, or on the device for single streams ("on": the device is the
+    CPU here, so the same ops run there).
 
     lru-pcie, so every route runs through the slots: adaptive would send a varying share of
     misses to the CPU kernel, whose fp32 sums differ in the last bits, and greedy text from
     a random-weight model can then diverge at a near-tie whatever the resize did."""
     import os
 
+    env = {**os.environ, "FREETOKEN_EXPERT_SLOTS": "12", "FREETOKEN_DEVICE_CACHE": request.param}
     with runner_process(tiny_model[0], tmp_path_factory.mktemp("cached-runner"), num_ctx=256, timeout=60,
-                        num_parallel=4, options={"moe_policy": "lru-pcie"},
-                        env={**os.environ, "FREETOKEN_EXPERT_SLOTS": "12"}) as client:
+                        num_parallel=4, options={"moe_policy": "lru-pcie"}, env=env) as client:
+        client.device_cache = request.param
         yield client
 
 
@@ -101,11 +104,17 @@ def test_resize_while_four_streams_run_fails_none(cached_runner):
         sizes = []
         for size in (8, 16, 10):
             time.sleep(0.05)
+            # statistics are read while the steps run (with device-kept books: from their counts)
+            assert cached_runner.get("/stats").json()["experts"]["cache"]["slots"] in (12, *sizes)
             r = cached_runner.post("/resize", json={"slots": size})
             assert r.status_code == 200, r.text
             sizes.append(r.json()["slots"])
         results = [f.result() for f in streams]
     assert sizes == [8, 16, 10]
+    # a single stream again (its books back on the device where they are kept there)
+    assert "".join(e.get("content", "") for e in _events(cached_runner, body)) == ref
+    books = cached_runner.get("/stats").json()["experts"]["books"]
+    assert books == ("device" if cached_runner.device_cache == "on" else "host")
     for ev in results:
         assert ev[-1]["done"] and ev[-1]["eval_count"] == 60
         assert "".join(e.get("content", "") for e in ev) == ref  # same greedy text whatever the size
