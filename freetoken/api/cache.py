@@ -23,6 +23,7 @@ def _summary(name: str, stats: dict) -> dict:
             "cpu_kernel": experts.get("cpu_kernel"), "cpu_layers": experts.get("cpu_layers"),
             "pcie_ms_per_expert": experts.get("pcie_cost_ms"), "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
             "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
+            "placement": (experts.get("placement") or {}).get("mode"), "books": experts.get("books"),
             "kv_pages_total": stats.get("kv_pages_total"), "kv_pages_free": stats.get("kv_pages_free")}
 
 

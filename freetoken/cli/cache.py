@@ -34,7 +34,10 @@ def _rows(models: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     rows = []
     for m in models:
         c = m.get("cache") or {}
-        rows.append((m["name"], str(m.get("policy") or ""), str(c.get("slots", "")),
+        policy = str(m.get("policy") or "")
+        if m.get("placement"):  # adaptive: the shape it measured fastest
+            policy += f" ({m['placement']})"
+        rows.append((m["name"], policy, str(c.get("slots", "")),
                      human_size(c.get("bytes") or 0) if c else "", str(c.get("used", "")),
                      _pct(c.get("hit_rate")) if c else "", _pct(m.get("fetched_share")),
                      _ms(m.get("pcie_ms_per_expert")), _ms(m.get("cpu_ms_per_expert"))))

@@ -29,6 +29,7 @@ def test_cache_listing_resize_and_errors(cache_server):
                                             "options": {"num_predict": 4}}).status_code == 200
     [m] = http.get("/api/cache").json()["models"]
     assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
+    assert m["placement"] in ("cache", "layers") and m["books"] == "host"  # no device-kept books on a CPU
     r = http.post("/api/cache/resize", json={"model": "moe", "slots": 8})
     assert r.status_code == 200 and r.json()["slots"] == 8
     assert http.get("/api/cache").json()["models"][0]["cache"]["slots"] == 8
