@@ -34,8 +34,8 @@ class DeviceLRU:
         self.owner = torch.full((S + 1,), -1, dtype=torch.int64, device=device)
         self.stamp = torch.full((S + 1,), NEVER, dtype=torch.int64, device=device)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)
-        self.counts = torch.zeros((L, 3), dtype=torch.int64, device=device)  # hits, misses, evictions
-        self._pulled = np.zeros((L, 3), dtype=np.int64)  # the counts already added to the host's
+        self.counts = torch.zeros((L, 4), dtype=torch.int64, device=device)  # hits, misses, evictions, fetches
+        self._pulled = np.zeros((L, 4), dtype=np.int64)  # the counts already added to the host's
         self.live = False  # True while this copy is the authoritative one
 
     # --- handing the bookkeeping over ----------------------------------------------------
@@ -53,13 +53,13 @@ class DeviceLRU:
         self.live = True
 
     def unpulled(self) -> np.ndarray:
-        """[L, 3] hits, misses and evictions counted here since the last pull. Reads only, so
-        any thread may ask (statistics) while steps run."""
+        """[L, 4] hits, misses, evictions and fetches counted here since the last pull. Reads
+        only, so any thread may ask (statistics) while steps run."""
         return self.counts.cpu().numpy() - self._pulled
 
-    def pull(self) -> int:
-        """Device → host: from now on the host keeps the books. Returns the misses counted
-        since the last pull."""
+    def pull(self) -> tuple[int, int]:
+        """Device → host: from now on the host keeps the books. Returns the misses and the
+        fetches counted since the last pull."""
         c = self.cache
         slot_of, owner, stamp, counts, clock = (t.cpu().numpy().copy() for t in (
             self.slot_of[:-1], self.owner[:-1], self.stamp[:-1], self.counts, self.clock))
@@ -72,38 +72,56 @@ class DeviceLRU:
         c.clock = max(c.clock, int(clock[0]))
         c.hits += counts[:, 0]
         c.misses += counts[:, 1]
-        c.fetches += counts[:, 1]
+        c.fetches += counts[:, 3]
         c.evictions += int(counts[:, 2].sum())
         self.live = False
-        return int(counts[:, 1].sum())
+        return int(counts[:, 1].sum()), int(counts[:, 3].sum())
 
     # --- one layer of a decode step ------------------------------------------------------
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        """The slot of each route of one token's `ids` [1, k], fetching the misses first."""
+        """The slot of each route of one token's `ids` [1, k], fetching every miss first."""
+        slots, fetch, _ = self.assign(layer, ids)
+        self.fetch(layer, ids, fetch)
+        return slots
+
+    def assign(self, layer: int, ids: torch.Tensor,
+               share: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Books one token's routes `ids` [1, k]: slots [1, k], what to fetch (a slot per
+        route, -1 for none) and which routes are left to the CPU ([k] bool).
+
+        Every miss is fetched, or with `share` the first round(share·m) of the m misses in
+        route order; the others keep slot -1 and are not cached."""
         E, S = self.cache.E, self.cache.capacity
         flat = ids.reshape(-1) + layer * E  # [k]
         k = flat.numel()
         slots = self.slot_of.index_select(0, flat).long()
         miss = slots < 0
+        fetched = miss
+        if share is not None:
+            q = torch.round(miss.sum() * share)
+            fetched = miss & (torch.cumsum(miss, 0) <= q)
         now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
         sink_slot = torch.full_like(slots, S)
         self.stamp.scatter_(0, torch.where(miss, sink_slot, slots), now)  # hits: used now
         self.stamp[S:].fill_(NEVER)  # (a scalar written by indexing would be a host copy: not capturable)
         victims = torch.topk(self.stamp[:S], k, largest=False).indices  # oldest first
-        v = victims.index_select(0, (torch.cumsum(miss, 0) - 1).clamp(min=0))
-        target = torch.where(miss, v, sink_slot)
-        old = self.owner.index_select(0, target).masked_fill(~miss, -1)
+        v = victims.index_select(0, (torch.cumsum(fetched, 0) - 1).clamp(min=0))
+        target = torch.where(fetched, v, sink_slot)
+        old = self.owner.index_select(0, target).masked_fill(~fetched, -1)
         sink_flat = torch.full_like(flat, self.slot_of.numel() - 1)
         self.slot_of.scatter_(0, torch.where(old >= 0, old, sink_flat), -1)
-        self.slot_of.scatter_(0, torch.where(miss, flat, sink_flat), v.to(torch.int32))
-        self.owner.scatter_(0, target, flat.masked_fill(~miss, -1))
+        self.slot_of.scatter_(0, torch.where(fetched, flat, sink_flat), v.to(torch.int32))
+        self.owner.scatter_(0, target, flat.masked_fill(~fetched, -1))
         self.stamp.scatter_(0, target, now)
-        self.stamp[S:].fill_(NEVER)  # (a scalar written by indexing would be a host copy: not capturable)
-        self.counts[layer] += torch.stack([(~miss).sum(), miss.sum(), (old >= 0).sum()])
-        fetch = v.masked_fill(~miss, -1).to(torch.int32)
+        self.stamp[S:].fill_(NEVER)
+        self.counts[layer] += torch.stack([(~miss).sum(), miss.sum(), (old >= 0).sum(), fetched.sum()])
+        self.clock += 1
+        return (torch.where(fetched, v, slots).view(ids.shape), v.masked_fill(~fetched, -1).to(torch.int32),
+                miss & ~fetched)
+
+    def fetch(self, layer: int, ids: torch.Tensor, fetch: torch.Tensor) -> None:
+        """Copies the experts `assign` chose to fetch from the pinned host banks into their slots."""
         experts = ids.reshape(-1).to(torch.int32)
         gu, dn = self.banks.banks[layer]
         moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
         moe_gpu.fetch_experts(dn, self.cache.slots["down"], experts, fetch)
-        self.clock += 1
-        return torch.where(miss, v, slots).view(ids.shape)

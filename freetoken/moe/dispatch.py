@@ -136,6 +136,8 @@ class ModeChooser:
             PCIe and the CPU;
     device  every layer through the cache, its books on the device, every miss fetched by
             a GPU kernel (no host work in a step: one CUDA graph);
+    split   books on the device, a tuned share of each layer's misses fetched while the CPU
+            computes the others (the host waits per layer for which routes are its own);
     layers  whole layers on the CPU, the rest fixed on the GPU (llama.cpp's --n-cpu-moe).
     Without locality in the routing, a cache holding a third of the experts hits a third of
     the time, and every layer's misses cost PCIe or CPU time; whole CPU layers move the same

@@ -29,46 +29,13 @@ from freetoken.moe.cache import ExpertCache
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
+from freetoken.moe.staging import Staging
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers")
 PREFILL_TOKENS = 32  # above this the CPU would be compute-bound: misses are fetched
 DECODE_TOKENS = 8  # steps this small tune the PCIe/CPU share
-
-
-class _Staging:
-    """Pinned host buffers a layer's routes, activations and CPU result pass through.
-
-    Copies into them are queued together and waited for once, instead of one blocking
-    round trip per tensor; the CPU result goes back to the GPU without a staging copy.
-    """
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._bufs: dict[tuple, torch.Tensor] = {}
-        self._event = torch.cuda.Event()
-
-    def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        key = (name, shape, dtype)
-        if key not in self._bufs:
-            # not an inference tensor: the CPU worker thread, outside inference mode, writes it
-            with torch.inference_mode(False):
-                self._bufs[key] = torch.empty(shape, dtype=dtype, pin_memory=True)
-        return self._bufs[key]
-
-    def clear(self) -> None:
-        self._bufs.clear()
-
-    def pull(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        out = []
-        for i, t in enumerate(tensors):
-            host = self.buf(f"in{i}", tuple(t.shape), t.dtype)
-            host.copy_(t, non_blocking=True)
-            out.append(host)
-        self._event.record()
-        self._event.synchronize()
-        return out
 
 
 class OffloadExperts:
@@ -81,7 +48,7 @@ class OffloadExperts:
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
         self._fixed_layers: set[int] = set()
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
-        self._stage = _Staging(device) if self.cuda else None
+        self._stage = Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
         self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
         self._tick: float | None = None  # when the last decode step started
@@ -109,31 +76,32 @@ class OffloadExperts:
         E, L = self.banks.num_experts, len(self.banks.layers)
         if self.policy != "adaptive" or self.cache is None or self.cache.capacity >= L * E:
             return None
-        return ModeChooser(modes=("device", "cache", "layers") if self.lru is not None else ("cache", "layers"))
+        modes = ("device", "split", "cache", "layers") if self.lru is not None else ("cache", "layers")
+        return ModeChooser(modes=modes)
 
     @property
     def steps(self) -> dict:
         """Counters of routed work (a copy), with the misses the device-kept books have counted."""
-        d = self._unpulled()
-        return {**self._steps, "m": self._steps["m"] + int(d[1]), "q": self._steps["q"] + int(d[1])}
+        _, m, _, f = self._unpulled()
+        return {**self._steps, "m": self._steps["m"] + m, "q": self._steps["q"] + f}
 
-    def _unpulled(self) -> tuple[int, int, int]:
-        """Hits, misses and evictions the device-kept books counted that the host has not."""
+    def _unpulled(self) -> tuple[int, int, int, int]:
+        """Hits, misses, evictions and fetches the device-kept books counted that the host has not."""
         lru = self.lru  # statistics run on other threads: one look at it
         if lru is None or not lru.live:
-            return 0, 0, 0
-        h, m, e = lru.unpulled().sum(axis=0).tolist()
-        return h, m, e
+            return 0, 0, 0, 0
+        h, m, e, f = lru.unpulled().sum(axis=0).tolist()
+        return h, m, e, f
 
-    def _count_device(self, misses: int) -> None:
+    def _count_device(self, misses: int, fetched: int) -> None:
         self._steps["m"] += misses
-        self._steps["q"] += misses  # every miss of the device path is fetched
+        self._steps["q"] += fetched
 
     def _on_device_path(self, tokens: int) -> bool:
         """Whether a step of `tokens` tokens keeps the cache's books on the device."""
         if self.lru is None or tokens != 1 or self.cache.fixed.any():
             return False
-        return self.policy == "lru-pcie" or self.mode == "device"
+        return self.policy == "lru-pcie" or self.mode in ("device", "split")
 
     def _books(self, tokens: int) -> None:
         """Hands the cache's books to whichever side the next step of `tokens` keeps them on."""
@@ -148,7 +116,7 @@ class OffloadExperts:
     def _take_books(self) -> None:
         """The host keeps the cache's books from now on."""
         if self.lru is not None and self.lru.live:
-            self._count_device(self.lru.pull())
+            self._count_device(*self.lru.pull())
 
     def keep_books_on_host(self) -> bool:
         """Stops keeping the cache's books on the device, for good; True if it did."""
@@ -230,6 +198,8 @@ class OffloadExperts:
             self._books(ids.shape[0])
             if self.lru.live:
                 self._steps["layers"] += 1
+                if self.mode == "split":
+                    return self._split(layer, x, ids, weights)
                 return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
                                                   self.cache.slots["down"])
         if self.cache is None or layer in self.cpu_layers:
@@ -284,6 +254,31 @@ class OffloadExperts:
         self.timers["host_s"] += time.perf_counter() - t_enter
         return out
 
+    def _split(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One token's layer with the books on the device: a share of the misses fetched by
+        the GPU while the CPU computes the others. The host waits for the books' answer (which
+        routes are the CPU's), not for the fetch."""
+        t_enter = time.perf_counter()
+        slots, fetch, cpu = self.lru.assign(layer, ids, self.tuner.share)
+        staged = self._stage.pull_async(ids, cpu, x, weights) if self._stage is not None else None
+        self.lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
+        out = moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"])
+        if staged is not None:
+            self._stage.wait()
+            ids_t, cpu_t, x, weights = staged
+        else:
+            ids_t, cpu_t = ids.cpu(), cpu.cpu()
+        self.timers["sync_s"] += time.perf_counter() - t_enter
+        ids_h, cpu_h = ids_t.numpy(), cpu_t.numpy()
+        if cpu_h.any():
+            t_wait = time.perf_counter()
+            partial = self._on_cpu(layer, x, ids_h, weights, ids_h.reshape(-1)[cpu_h])
+            self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
+            out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
+        self._steps["cpu_routes"] += int(cpu_h.sum())
+        self.timers["host_s"] += time.perf_counter() - t_enter
+        return out
+
     # --- what adaptive learns, between decode steps ----------------------------------------
     def _step_started(self, T: int) -> None:
         """Times the decode step that just ended (first layer to first layer) and feeds the
@@ -298,7 +293,7 @@ class OffloadExperts:
         self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
         if self.modes is not None:
             self.modes.observe(dt)
-        if self.mode == "cache":
+        if self.mode in ("cache", "split"):
             self.tuner.observe(dt)
             self.tuner.next_arm()
 
@@ -314,7 +309,8 @@ class OffloadExperts:
             self._told_steps = True
             self._step_started(tokens)
         if self.modes is not None:
-            want = self.modes.mode if tokens <= PREFILL_TOKENS else ("device" if self.mode == "device" else "cache")
+            keep = self.mode in ("device", "split")  # the cache's shapes; a prefill runs in either
+            want = self.modes.mode if tokens <= PREFILL_TOKENS else (self.mode if keep else "cache")
             if want != self.mode:
                 self._switch(want)
         self._books(tokens)
@@ -341,7 +337,7 @@ class OffloadExperts:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
         if self.cache is None or layer in self.cpu_layers:
             return False
-        return layer in self._fixed_layers or self._on_device_path(tokens)
+        return layer in self._fixed_layers or (self._on_device_path(tokens) and self.mode != "split")
 
     def account_device(self, layer: int, routes: int) -> None:
         self._steps["layers"] += 1

@@ -90,8 +90,8 @@ def test_eviction_order_is_exactly_lru(slots):
         assert got[0].tolist() == ref.call(layer, experts), f"step {step}"
         routes += K
     check(hb, cache, lru)
-    misses = lru.pull()
-    assert cache.hits.sum() + cache.misses.sum() == routes and misses == cache.misses.sum()
+    misses, fetched = lru.pull()
+    assert cache.hits.sum() + cache.misses.sum() == routes and misses == fetched == cache.misses.sum()
     assert cache.evictions == ref.evictions
 
 
@@ -143,7 +143,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     assert (1, "device" if policy == "adaptive" else "cache", True) in modes
     assert any(t > 1 and not live for t, _, live in modes)  # prompts ran with the books on the host
     if policy == "adaptive":
-        assert {"device", "cache", "layers"} <= {m for _, m, _ in modes}
+        assert {"device", "split", "cache", "layers"} <= {m for _, m, _ in modes}
     # two sequences at once decode on the host path; then single steps go back to the device
     seqs = generate(engine, prompts, 12)
     assert [s.output_ids for s in seqs] == [fixtures.hf_greedy(hf, p, 12) for p in prompts]
@@ -173,3 +173,22 @@ def test_resize_keeps_device_books_exact(tiny_model):
     (seq,) = generate(engine, [p], 16)
     assert seq.output_ids == fixtures.hf_greedy(hf, p, 16)
     assert float((full_logits(engine, p) - full_logits(resident, p)).abs().max()) <= 1e-5
+
+
+def test_split_shares_misses_between_fetches_and_the_cpu(tiny_model):
+    """Books on the device, a share of each layer's misses fetched and the rest computed on
+    the CPU: the tokens stay transformers', and both paths did work."""
+    from freetoken.moe import dispatch
+
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    backend.modes = dispatch.ModeChooser(modes=("split",))
+    p = [(5 * i) % 500 + 3 for i in range(11)]
+    (seq,) = generate(engine, [p], 40)  # the share tuner tries every share meanwhile
+    assert seq.output_ids == fixtures.hf_greedy(hf, p, 40)
+    assert backend.mode == "split" and backend.lru.live
+    assert not backend.device_only(engine.model.moe_layers[0])  # the host takes part in every layer
+    s = backend.stats()
+    assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
+    assert s["cache"]["fetches"] == s["q"] and s["cache"]["misses"] == s["m"]  # every miss was booked

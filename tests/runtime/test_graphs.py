@@ -138,3 +138,22 @@ def test_a_failed_capture_first_moves_the_books_to_the_host(tiny_model, monkeypa
     (seq,) = generate(engine, [PROMPTS[0]], 12)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 12)
     assert tries == [1, 1] and backend.lru is None and not graphs.capture
+
+
+@pytest.mark.gpu
+def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
+    """Books on the device with a share of the misses on the CPU: each layer needs the host
+    (graphs cut there), the pinned copies overlap the fetch, the tokens stay transformers'."""
+    from freetoken.moe import dispatch
+
+    path, hf = tiny_model
+    engine = make_engine(path, device="cuda", policy="adaptive", slots=9, graphs="capture")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    backend.modes = dispatch.ModeChooser(modes=("split",))
+    (seq,) = generate(engine, [PROMPTS[2]], 32)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[2], 32)
+    assert backend.mode == "split" and engine.graphs.capture
+    layers = len(engine.model.moe_layers)
+    assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1 + layers}
+    s = backend.stats()
+    assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
