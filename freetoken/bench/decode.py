@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
-    ap.add_argument("--settle", type=int, default=80,
+    ap.add_argument("--settle", type=int, default=112,
                     help="steps run after installing each policy, unmeasured (adaptive measures its placements)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
