@@ -197,11 +197,7 @@ class OffloadExperts:
         if self.lru is not None:
             self._books(ids.shape[0])
             if self.lru.live:
-                self._steps["layers"] += 1
-                if self.mode == "split":
-                    return self._split(layer, x, ids, weights)
-                return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
-                                                  self.cache.slots["down"])
+                return self._with_device_books(layer, x, ids, weights)
         if self.cache is None or layer in self.cpu_layers:
             return self._all_on_cpu(layer, x, ids, weights)
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
@@ -253,6 +249,13 @@ class OffloadExperts:
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
         self.timers["host_s"] += time.perf_counter() - t_enter
         return out
+
+    def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        self._steps["layers"] += 1
+        if self.mode == "split":
+            return self._split(layer, x, ids, weights)
+        return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
+                                          self.cache.slots["down"])
 
     def _split(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One token's layer with the books on the device: a share of the misses fetched by
