@@ -107,9 +107,8 @@ class ShareTuner:
         """The decode step just run with the current arm took `seconds`."""
         if seconds <= 0:
             return
-        cost = seconds
         i = self.arm
-        self.mean[i] = cost if self.mean[i] is None else (1 - self.alpha) * self.mean[i] + self.alpha * cost
+        self.mean[i] = seconds if self.mean[i] is None else (1 - self.alpha) * self.mean[i] + self.alpha * seconds
         self.count[i] += 1
 
     def next_arm(self) -> float:
