@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--settle", type=int, default=112,
-                    help="steps run after installing each policy, unmeasured (adaptive measures its placements)")
+                    help="steps run after installing adaptive, unmeasured: it measures its placements meanwhile")
+    ap.add_argument("--settle-fixed", type=int, default=64,
+                    help="steps run after installing a fixed policy, unmeasured: enough to cycle the cache")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
     ap.add_argument("--fractions", action="store_true",
@@ -251,8 +253,9 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
                 bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
-                # settle the cache and let adaptive measure its shares and placements (same for all)
-                bench.decode(mode, args.settle, 4, 100 + r)
+                # settle the cache, and let adaptive measure its shares and placements
+                settle = args.settle if policy.startswith("adaptive") else args.settle_fixed
+                bench.decode(mode, settle, 4, 100 + r)
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
                 slots[policy] = bench.backend.cache.capacity
                 if args.profile and i == 0 and r == 0:

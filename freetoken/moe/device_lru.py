@@ -37,6 +37,7 @@ class DeviceLRU:
         self.counts = torch.zeros((L, 4), dtype=torch.int64, device=device)  # hits, misses, evictions, fetches
         self._pulled = np.zeros((L, 4), dtype=np.int64)  # the counts already added to the host's
         self.live = False  # True while this copy is the authoritative one
+        self.fused = True  # one kernel per layer on a GPU (the device ops below are its reference)
 
     # --- handing the bookkeeping over ----------------------------------------------------
     def push(self) -> None:
@@ -91,6 +92,8 @@ class DeviceLRU:
 
         Every miss is fetched, or with `share` the first round(share·m) of the m misses in
         route order; the others keep slot -1 and are not cached."""
+        if self.fused and self.device.type == "cuda" and self.cache.capacity <= moe_gpu.BOOKS_MAX_SLOTS:
+            return moe_gpu.assign_books(self, layer, ids, share)
         E, S = self.cache.E, self.cache.capacity
         flat = ids.reshape(-1) + layer * E  # [k]
         k = flat.numel()
@@ -98,7 +101,7 @@ class DeviceLRU:
         miss = slots < 0
         fetched = miss
         if share is not None:
-            q = torch.round(miss.sum() * share)
+            q = torch.floor(miss.sum() * share + 0.5)  # half up, as the fused kernel rounds
             fetched = miss & (torch.cumsum(miss, 0) <= q)
         now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
         sink_slot = torch.full_like(slots, S)

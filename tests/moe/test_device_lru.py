@@ -3,6 +3,9 @@ invariants and slot contents across hand-overs to the host, and exact models thr
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -121,6 +124,48 @@ def test_books_survive_hand_overs_to_the_host():
         assert int((cache.slot_of >= 0).sum()) == len(held)
     lru.push()
     check(hb, cache, lru)
+
+
+def _books_devices() -> list:
+    # the fused kernel also runs in Triton's interpreter, where that is installed and asked for
+    interp = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+    return [pytest.param("cuda", marks=pytest.mark.gpu),
+            pytest.param("cpu", marks=pytest.mark.skipif(not interp, reason="needs TRITON_INTERPRET=1 and triton"))]
+
+
+@pytest.mark.parametrize("device", _books_devices())
+@pytest.mark.parametrize("slots", [E + 1, 2 * E + 5, 40])
+def test_fused_books_kernel_keeps_the_same_books(device, slots):
+    """The one-kernel books against the device ops: same slots, fetches, CPU routes and books
+    after every call of a long stream, with and without a share, around fixed slots."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from freetoken.kernels import moe_gpu
+
+    dev = torch.device(device)
+    lrus = []
+    for _ in range(2):
+        hb = banks()
+        cache = ExpertCache(L, E, slots, hb.rows, torch.float32, dev)
+        cache.fix(0, np.array([1]))  # one slot that is never a victim
+        lrus.append(DeviceLRU(cache, hb, dev))
+    ops, fused = lrus
+    ops.fused = False
+    rng = np.random.default_rng(slots)
+    for lru in lrus:
+        lru.push()
+    for step in range(400):
+        layer = int(rng.integers(L))
+        ids = torch.from_numpy(rng.choice(E, K, replace=False))[None].to(dev)
+        share = None if step % 3 else float(rng.choice([0.0, 0.34, 0.5, 1.0]))
+        want = ops.assign(layer, ids, share)
+        got = moe_gpu.assign_books(fused, layer, ids, share)
+        for w, g in zip(want, got):
+            assert torch.equal(w.cpu(), g.cpu()), f"step {step}"
+        for name in ("slot_of", "owner", "stamp"):  # the last entry of each is scratch
+            assert torch.equal(getattr(ops, name)[:-1].cpu(), getattr(fused, name)[:-1].cpu()), f"{name}, step {step}"
+        assert torch.equal(ops.clock.cpu(), fused.clock.cpu()) and torch.equal(ops.counts.cpu(), fused.counts.cpu())
+    assert int(fused.counts[:, 2].sum()) > 0  # the stream did evict
 
 
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])

@@ -1,0 +1,60 @@
+"""One layer's expert-cache bookkeeping for a single-token step, as one kernel.
+
+The same books as `DeviceLRU`'s device ops (look up, stamp the hits, evict the oldest
+stamps, remap, count), but in one program instead of ~40 small launches: at bs=1 each of
+those costs a few microseconds even inside a CUDA graph, and 48 layers of them were ~6 ms
+of a token. One program sees the whole slot pool (BLOCK_S >= slots), so picking the
+victims is K arg-mins over registers, each victim's stamp raised as it is taken — the
+same order as a top-k, since every new stamp is larger than any earlier one.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def assign_kernel(ids_ptr, slot_of_ptr, owner_ptr, stamp_ptr, clock_ptr, counts_ptr,
+                  slots_out, fetch_out, cpu_out, base, k, S, share,
+                  STRIDE: tl.constexpr, HAS_SHARE: tl.constexpr, K: tl.constexpr, BLOCK_S: tl.constexpr):
+    r = tl.arange(0, K)
+    rmask = r < k
+    flat = tl.load(ids_ptr + r, mask=rmask, other=0).to(tl.int64) + base
+    slots = tl.load(slot_of_ptr + flat, mask=rmask, other=0).to(tl.int64)
+    miss = (slots < 0) & rmask
+    hit = (slots >= 0) & rmask
+    m = tl.sum(miss.to(tl.int32), axis=0)
+    fetched = miss
+    if HAS_SHARE:
+        q = tl.floor(m.to(tl.float32) * share + 0.5).to(tl.int32)
+        fetched = miss & (tl.cumsum(miss.to(tl.int32), axis=0) <= q)
+    now = tl.load(clock_ptr) * STRIDE + r
+    tl.store(stamp_ptr + slots, now, mask=hit)
+    tl.debug_barrier()  # the hits' new stamps are seen by every thread before victims are picked
+
+    big = tl.full((BLOCK_S,), 2**62, tl.int64)
+    idx = tl.arange(0, BLOCK_S)
+    vals = tl.load(stamp_ptr + idx, mask=idx < S, other=2**62)
+    victims = tl.full((K,), -1, tl.int64)
+    for j in tl.static_range(K):
+        take = tl.sum(tl.where(r == j, fetched.to(tl.int32), 0), axis=0) > 0
+        v = tl.argmin(vals, axis=0).to(tl.int64)
+        victims = tl.where((r == j) & take, v, victims)
+        vals = tl.where((idx == v) & take, big, vals)
+
+    old = tl.load(owner_ptr + victims, mask=fetched, other=-1)
+    tl.store(slot_of_ptr + old, tl.full((K,), -1, tl.int32), mask=fetched & (old >= 0))
+    tl.debug_barrier()  # an evicted entry is cleared before any new one is written
+    tl.store(slot_of_ptr + flat, victims.to(tl.int32), mask=fetched)
+    tl.store(owner_ptr + victims, flat, mask=fetched)
+    tl.store(stamp_ptr + victims, now, mask=fetched)
+
+    layer_counts = counts_ptr + tl.arange(0, 4)
+    add = tl.where(tl.arange(0, 4) == 0, tl.sum(hit.to(tl.int64), axis=0),
+                   tl.where(tl.arange(0, 4) == 1, m.to(tl.int64),
+                            tl.where(tl.arange(0, 4) == 2, tl.sum((fetched & (old >= 0)).to(tl.int64), axis=0),
+                                     tl.sum(fetched.to(tl.int64), axis=0))))
+    tl.store(layer_counts, tl.load(layer_counts) + add)
+    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+    tl.store(slots_out + r, tl.where(fetched, victims, slots), mask=rmask)
+    tl.store(fetch_out + r, tl.where(fetched, victims, -1).to(tl.int32), mask=rmask)
+    tl.store(cpu_out + r, miss & ~fetched, mask=rmask)
