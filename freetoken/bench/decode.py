@@ -14,6 +14,7 @@ import argparse
 import gc
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -257,6 +258,9 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 settle = args.settle if policy.startswith("adaptive") else args.settle_fixed
                 bench.decode(mode, settle, 4, 100 + r)
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
+                # a run cut short by a time limit still leaves each repeat's figure
+                print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s",
+                      file=sys.stderr, flush=True)
                 slots[policy] = bench.backend.cache.capacity
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
