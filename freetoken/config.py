@@ -233,6 +233,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("device_cache", "FREETOKEN_DEVICE_CACHE", _choice("auto", "on", "off"), "auto",
             "single-token decode keeps the expert cache's books on the device and fetches misses with a "
             "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)"),
+    Setting("huge_pages", "FREETOKEN_HUGE_PAGES", _choice("auto", "on", "off"), "auto",
+            "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
+            "pages, measured once at load)"),
     Setting("vram_budget", "FREETOKEN_VRAM_BUDGET", parse_size, "0",
             "total VRAM the engine may use (0: all free memory)"),
     Setting("expert_slots", "FREETOKEN_EXPERT_SLOTS", _nonneg_int, "0",

@@ -43,7 +43,8 @@ log = logging.getLogger("freetoken.follower")
 def load(group: Group, spec: dict) -> OffloadExperts:
     files = {name: Path(p) for name, p in spec["files"].items()}
     cpu_kernel.extension()
-    banks, dtype = loader.load_banks(files, group.device.type, spec["dtype"], group.experts)
+    banks, dtype = loader.load_banks(files, group.device.type, spec["dtype"], group.experts,
+                                     huge_pages=settings.current().huge_pages)
     placement = dict(spec["placement"])
     placement["cache_dir"] = Path(placement["cache_dir"]) if placement["cache_dir"] else None
     return setup.build(banks, group.device, dtype, setup.Placement(**placement), ranks_on_host=group.world)

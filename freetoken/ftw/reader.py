@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from freetoken.ftw import ALIGN, FORMAT, INDEX, VERSION, FtwError, round_up
+from freetoken.ftw import hostmem
 from freetoken.ftw.hostmem import HostBuffer, Pinner
 from freetoken.weights import ModelWeights
 
@@ -184,14 +185,16 @@ class LoadStats:
 def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: bool | None = None,
          direct: bool = True, verify: bool = False, progress: Progress | None = None,
          stats: LoadStats | None = None, pin_before_fill: bool = False,
-         experts: tuple[int, int] | None = None, dense: bool = True, huge_pages: bool = False) -> ModelWeights:
+         experts: tuple[int, int] | None = None, dense: bool = True,
+         huge_pages: bool | None = None) -> ModelWeights:
     """All tensors of an FTW model in host memory: dense by name, banks by (layer, bank).
 
     experts=(lo, hi) reads only rows [lo, hi) of every bank (one rank's share, freetoken.dist),
     and dense=False skips the dense tensors; nothing else is read or allocated.
     pin_before_fill exists only to measure what pin-after-fill saves: it registers every
     empty bank first, which faults in and zeroes each page before the read overwrites it.
-    huge_pages asks for transparent huge pages in the destination mappings.
+    huge_pages asks for transparent huge pages in the destination mappings; None: where
+    they fill faster than small pages (measured once per process).
     """
     index = Index.load(files)
     config = json.loads(Path(files["config.json"]).read_text())
@@ -201,6 +204,8 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     plan = choose_mode(need, mem_available(), workers) if mode == "auto" else ReadPlan(mode, workers, "requested")
     pin = torch.cuda.is_available() if pin is None else pin
     stats = stats if stats is not None else LoadStats()
+    if huge_pages is None:
+        huge_pages = hostmem.huge_pages_pay()
     buffers = {name: HostBuffer(end - start, huge_pages) for name, (start, end, _) in spans.items()}
     fh = _Files(index.shards, direct)
     t0 = time.perf_counter()

@@ -54,7 +54,7 @@ def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> to
 
 def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
                  progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None,
-                 dense: bool = True) -> ModelWeights:
+                 dense: bool = True, huge_pages: str = "auto") -> ModelWeights:
     """Dense tensors and expert banks from whichever source the files hold.
 
     experts=(lo, hi) keeps only those rows of every bank and dense=False no dense tensors
@@ -64,7 +64,8 @@ def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
     if ftw.INDEX in files:
-        return ftw_reader.read(files, progress=progress, experts=experts, dense=dense)
+        huge = {"on": True, "off": False}.get(huge_pages)  # auto: measured by the reader
+        return ftw_reader.read(files, progress=progress, experts=experts, dense=dense, huge_pages=huge)
     gguf = gguf_path(files)
     if gguf is not None:
         weights = gguf_file.read(gguf, dtype)
@@ -116,7 +117,8 @@ def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.
 
 
 def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto",
-         progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None) -> Loaded:
+         progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None,
+         huge_pages: str = "auto") -> Loaded:
     """The model with its dense weights on the device; the expert banks (rows [lo, hi) of
     each with `experts`) stay in host memory for `place_experts`."""
     if "config.json" not in files:
@@ -125,7 +127,7 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
     cls = models.load_class(config)
     device = pick_device(device_setting)
     dtype = pick_dtype(dtype_setting, config, device)
-    weights = read_weights(files, cls, dtype, progress, experts)
+    weights = read_weights(files, cls, dtype, progress, experts, huge_pages=huge_pages)
     with torch.device("meta"):
         model = cls.from_config(config)
     model.to_empty(device=device)
@@ -142,12 +144,13 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
 
 
 def load_banks(files: dict[str, Path], device_setting: str, dtype_setting: str,
-               experts: tuple[int, int]) -> tuple[dict, torch.dtype]:
+               experts: tuple[int, int], huge_pages: str = "auto") -> tuple[dict, torch.dtype]:
     """Rows [lo, hi) of every expert bank and their dtype, without the dense weights (a rank
     that serves only experts, freetoken.dist)."""
     config = json.loads(Path(files["config.json"]).read_text())
     dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
-    weights = read_weights(files, models.load_class(config), dtype, experts=experts, dense=False)
+    weights = read_weights(files, models.load_class(config), dtype, experts=experts, dense=False,
+                           huge_pages=huge_pages)
     return weights.banks, dtype
 
 

@@ -113,7 +113,7 @@ class ModelService:
         if len(ranks) > 1:
             self.group = dist.launch(ranks, self.files, placement, self.cfg.dtype, on_death=_exit_runner)
         loaded = loader.load(self.files, device, self.cfg.dtype, progress=self._progress,
-                             experts=self.group.experts if self.group else None)
+                             experts=self.group.experts if self.group else None, huge_pages=self.cfg.huge_pages)
         tokenizer = Tokenizer(self.files)
         model = loaded.model
         a = model.args

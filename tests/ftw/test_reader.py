@@ -33,9 +33,27 @@ def test_rows_of_every_bank_and_nothing_else(odd_ftw, experts):
 
 
 def test_huge_page_mappings_hold_what_was_read(odd_ftw):
-    plain = reader.read(odd_ftw, verify=True)
+    plain = reader.read(odd_ftw, verify=True, huge_pages=False)
     huge = reader.read(odd_ftw, mode="parallel", workers=3, huge_pages=True, verify=True)
     for key, bank in plain.banks.items():
         assert torch.equal(huge.banks[key], bank)
     for name, t in plain.dense.items():
         assert torch.equal(huge.dense[name], t)
+
+
+def test_huge_pages_by_default_only_where_they_fill_faster(odd_ftw, monkeypatch):
+    from freetoken.ftw import hostmem
+
+    chosen = []
+    real = hostmem.HostBuffer
+    monkeypatch.setattr(reader, "HostBuffer", lambda n, huge=False: chosen.append(huge) or real(n, huge))
+    for pays in (True, False):
+        monkeypatch.setattr(hostmem, "huge_pages_pay", lambda pays=pays: pays)
+        chosen.clear()
+        reader.read(odd_ftw)
+        assert chosen and set(chosen) == {pays}
+    monkeypatch.undo()
+    pays = hostmem.huge_pages_pay()  # measured here, once, then remembered
+    assert isinstance(pays, bool) and hostmem.huge_pages_pay() is pays
+    small, huge = hostmem._fault_seconds(False), hostmem._fault_seconds(True)
+    assert small > 0 and huge > 0
