@@ -71,10 +71,13 @@ class Bench:
 
     def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
         """`policy` as the runner has it; "NAME:host" keeps the cache's books on the host
-        (no device-kept books), to measure what they bring."""
+        (no device-kept books), to measure what they bring; "adaptive:lane" serves CPU routes
+        of single-token steps through the CPU lane."""
         policy, _, books = policy.partition(":")
         if self.backend is not None:
             self.backend.close()
+            if self.backend.lane is not None:
+                self.backend.lane.stop()
         self.backend = None
         if self.graphs is not None:
             self.graphs.reset()  # captured steps hold the old backend and its slot pool
@@ -95,7 +98,8 @@ class Bench:
             slots = int(min(max(room // S, 0), L * E))
         cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
         self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device,
-                                      device_lru=self.sm.device.type == "cuda" and books != "host")
+                                      device_lru=self.sm.device.type == "cuda" and books != "host",
+                                      cpu_lane=books == "lane")
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = self.backend

@@ -26,6 +26,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
+from freetoken.moe import lane
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
@@ -40,7 +41,8 @@ DECODE_TOKENS = 8  # steps this small tune the PCIe/CPU share
 
 class OffloadExperts:
     def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
-                 device: torch.device, prefill_overlap: bool = True, device_lru: bool = False):
+                 device: torch.device, prefill_overlap: bool = True, device_lru: bool = False,
+                 cpu_lane: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"unknown MoE policy {policy!r} (choose from {', '.join(POLICIES)})")
         self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
@@ -63,6 +65,8 @@ class OffloadExperts:
             self._place()
         self._device_lru = device_lru and policy in ("lru-pcie", "adaptive")
         self.lru = DeviceLRU(cache, banks, device) if self._device_lru and cache is not None else None
+        # adaptive's CPU routes of single-token steps, served without cutting the step's graph
+        self.lane = lane.make(banks, device) if cpu_lane and policy == "adaptive" and cache is not None else None
         # adaptive also chooses between the cache (its books on the host or on the device) and
         # whole layers on the CPU, by measurement
         self.mode = "cache"
@@ -199,6 +203,11 @@ class OffloadExperts:
             if self.lru.live:
                 return self._with_device_books(layer, x, ids, weights)
         if self.cache is None or layer in self.cpu_layers:
+            if self.lane is not None and ids.shape[0] == 1 and self.cache is not None:
+                self._steps["cpu_routes"] += ids.numel()
+                self.lane.start()
+                self.lane.post(layer, x, ids, weights)
+                return self.lane.collect(torch.zeros_like(x))
             return self._all_on_cpu(layer, x, ids, weights)
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
             return self.streamer(layer, x, ids, weights)
@@ -252,6 +261,13 @@ class OffloadExperts:
 
     def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         self._steps["layers"] += 1
+        if self.mode == "split" and self.lane is not None:
+            slots, fetch, cpu = self.lru.assign(layer, ids, self.tuner.share)
+            self.lane.start()
+            self.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
+            self.lru.fetch(layer, ids, fetch)
+            return self.lane.collect(moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"],
+                                                                self.cache.slots["down"]))
         if self.mode == "split":
             return self._split(layer, x, ids, weights)
         return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
@@ -311,6 +327,8 @@ class OffloadExperts:
             # one CUDA graph runs no Python in its layers
             self._told_steps = True
             self._step_started(tokens)
+        if self.lane is not None:
+            self.lane.start()
         if self.modes is not None:
             keep = self.mode in ("device", "split")  # the cache's shapes; a prefill runs in either
             want = self.modes.mode if tokens <= PREFILL_TOKENS else (self.mode if keep else "cache")
@@ -339,8 +357,9 @@ class OffloadExperts:
     def device_only(self, layer: int, tokens: int = 1) -> bool:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
         if self.cache is None or layer in self.cpu_layers:
-            return False
-        return layer in self._fixed_layers or (self._on_device_path(tokens) and self.mode != "split")
+            return self.cache is not None and self.lane is not None and tokens == 1
+        return layer in self._fixed_layers or (self._on_device_path(tokens) and (
+            self.mode != "split" or self.lane is not None))
 
     def account_device(self, layer: int, routes: int) -> None:
         self._steps["layers"] += 1
@@ -461,6 +480,8 @@ class OffloadExperts:
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
                "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
                "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
+        if self.lane is not None:
+            out["lane"] = self.lane.stats()
         if self.policy == "adaptive":
             out["pcie_share"] = self.tuner.stats()
             if self.modes is not None:

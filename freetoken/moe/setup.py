@@ -28,6 +28,7 @@ class Placement:
     cache_dir: object = None
     slots: int = 0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
     device_cache: str = "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
+    cpu_lane: bool = False  # adaptive's CPU routes of single-token steps through the CPU lane
 
 
 def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
@@ -77,7 +78,7 @@ def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch
     device_lru = ranks_on_host == 1 and (placement.device_cache == "on" or (
         placement.device_cache == "auto" and device.type == "cuda"))
     backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
-                             device, device_lru=device_lru)
+                             device, device_lru=device_lru, cpu_lane=placement.cpu_lane and ranks_on_host == 1)
     log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
              cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
              "measured" if measured else "defaults until `freetoken bench bw` runs")

@@ -147,7 +147,7 @@ class ModelService:
         return loader.Placement(policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
                                 vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
                                 cache_dir=self.cfg.cache_dir, slots=self.cfg.expert_slots,
-                                device_cache=self.cfg.device_cache)
+                                device_cache=self.cfg.device_cache, cpu_lane=self.cfg.cpu_lane)
 
     def _start_watcher(self) -> None:
         """Automatic cache sizing where the cache lives on a GPU others may share."""

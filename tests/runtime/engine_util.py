@@ -29,11 +29,12 @@ def files_of(path: Path) -> dict[str, Path]:
 
 def make_engine(path: Path, *, pages: int = 64, page_size: int = 16, num_ctx: int = 512,
                 max_running: int = 4, chunk: int = 2048, policy: str = "adaptive", slots: int = 0,
-                device: str = "cpu", graphs: str = "", device_cache: str = "auto") -> Engine:
+                device: str = "cpu", graphs: str = "", device_cache: str = "auto",
+                cpu_lane: bool = False) -> Engine:
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, "auto")
-    loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache))
+    loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
     a = loaded.model.args
     kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim,
                  loaded.dtype, loaded.device)

@@ -28,11 +28,14 @@ _ext = None
 _failed = False
 
 
-def _build_dir(source: Path) -> Path:
+SOURCES = ("moe_experts.cpp", "lane.cpp")
+
+
+def _build_dir(sources: list[Path]) -> Path:
     from freetoken import config
 
-    # keyed by the source's content: checkouts of different versions never rebuild each other's
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    # keyed by the sources' content: checkouts of different versions never rebuild each other's
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources)).hexdigest()[:12]
     d = config.current().cache_dir / "kernels" / f"torch-{torch.__version__}" / digest
     d.mkdir(parents=True, exist_ok=True)
     return d
@@ -47,12 +50,12 @@ def extension():
         if _ext is None and not _failed:
             from torch.utils.cpp_extension import load
 
-            src = Path(__file__).with_name("moe_experts.cpp")
-            build = _build_dir(src)
+            srcs = [Path(__file__).with_name(name) for name in SOURCES]
+            build = _build_dir(srcs)
             if not any(build.glob("*.so")):
                 log.info("compiling the CPU expert kernel (first use on this machine; about a minute)")
             try:
-                _ext = load(name="freetoken_cpu_moe", sources=[str(src)], build_directory=str(build),
+                _ext = load(name="freetoken_cpu_moe", sources=[str(s) for s in srcs], build_directory=str(build),
                             extra_cflags=["-O3", "-fopenmp", "-std=c++17"], extra_ldflags=["-fopenmp"],
                             verbose=False)
             except Exception as e:  # no compiler, no headers: keep serving with plain torch

@@ -361,8 +361,15 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, tor
   }
 }
 
+// lane.cpp
+void lane_serve(torch::Tensor ctl, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
+                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
+                int64_t tier);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_experts", &moe_experts, "routed SwiGLU experts on the CPU",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("lane_serve", &lane_serve, "serve expert requests posted by GPU kernels until told to stop",
         py::call_guard<py::gil_scoped_release>());
   m.def("cpu_tier", &cpu_tier, "best instruction-set tier of this CPU (0 scalar .. 3 AVX-512-BF16)");
 }

@@ -1,0 +1,92 @@
+// The CPU lane: serves expert requests that GPU kernels post into pinned host memory.
+//
+// A decode step replayed from one CUDA graph cannot stop for the host. So a kernel writes a
+// layer's activations and CPU routes into a mailbox in pinned memory and raises a sequence
+// number; this loop, on a thread of its own with the GIL released, sees the number change,
+// computes those routes with the expert kernel and raises `done`; a later kernel in the
+// same graph spins on `done` before adding the CPU's output. No host round trip per layer.
+//
+// ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [2] layer position (GPU),
+// [3] stop (host), [4] requests served (CPU), [5] requests that failed (CPU),
+// [6] waits the GPU gave up (GPU).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, torch::Tensor tok,
+                 torch::Tensor exp, torch::Tensor weights, torch::Tensor out, int64_t tier);
+
+namespace {
+
+inline int64_t load_acquire(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_release(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+// Spin while requests keep coming (a decode step posts one every few hundred microseconds),
+// then poll gently so an idle lane costs next to nothing.
+constexpr auto kSpin = std::chrono::milliseconds(2);
+constexpr auto kNap = std::chrono::microseconds(50);
+
+void serve_one(int64_t* c, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
+               torch::Tensor& out, const std::vector<torch::Tensor>& gate_ups,
+               const std::vector<torch::Tensor>& downs, int64_t tier) {
+  const int64_t pos = c[2], K = ids.numel(), H = x.numel();
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  const float* wp = wts.data_ptr<float>();
+  std::vector<int64_t> exp;
+  std::vector<float> w;
+  for (int64_t r = 0; r < K; ++r) {
+    if (ip[r] >= 0) {
+      exp.push_back(ip[r]);
+      w.push_back(wp[r]);
+    }
+  }
+  out.zero_();
+  if (exp.empty()) return;
+  TORCH_CHECK(pos >= 0 && pos < static_cast<int64_t>(gate_ups.size()), "lane: layer position out of range");
+  const int64_t n = static_cast<int64_t>(exp.size());
+  auto i64 = torch::TensorOptions().dtype(torch::kInt64);
+  auto tok = torch::zeros({n}, i64);
+  auto e = torch::from_blob(exp.data(), {n}, i64).clone();
+  auto wt = torch::from_blob(w.data(), {n}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
+  moe_experts(x.view({1, H}), gate_ups[pos], downs[pos], tok, e, wt, out.view({1, H}), tier);
+}
+
+}  // namespace
+
+void lane_serve(torch::Tensor ctl, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
+                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
+                int64_t tier) {
+  TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 7, "lane: bad control block");
+  TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.numel() == out.numel(),
+              "lane: bad activations");
+  TORCH_CHECK(gate_ups.size() == downs.size(), "lane: banks disagree");
+  at::init_num_threads();
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  int64_t* c = ctl.data_ptr<int64_t>();
+  int64_t last = load_acquire(c + 1);  // a request posted before the loop started is served
+  auto busy = std::chrono::steady_clock::now();
+  while (load_acquire(c + 3) == 0) {
+    const int64_t s = load_acquire(c);
+    if (s == last) {
+      if (std::chrono::steady_clock::now() - busy > kSpin) std::this_thread::sleep_for(kNap);
+      else _mm_pause();
+      continue;
+    }
+    last = s;
+    try {
+      serve_one(c, ids, wts, x, out, gate_ups, downs, tier);
+    } catch (const std::exception&) {
+      out.zero_();  // the GPU must not wait forever: it gets zeros, and the host sees the count
+      c[5] += 1;
+    }
+    c[4] += 1;
+    store_release(c + 1, s);
+    busy = std::chrono::steady_clock::now();
+  }
+}

@@ -1,0 +1,63 @@
+"""The GPU side of the CPU lane (`freetoken/kernels/cpu/lane.cpp`), capturable in a CUDA graph.
+
+`post_kernel` writes one token's activations and its CPU routes (others as -1) into the
+pinned mailbox; `signal_kernel`, launched after it so that every write of the post has
+completed, raises the sequence number with release semantics at system scope, or does
+nothing when the layer has no CPU routes. `collect_kernel` spins on `done` with volatile
+loads (a read-modify-write would race the CPU's store over PCIe) and adds the CPU's output
+to the GPU's partial sum; after `max_spins` polls it gives up, counts a timeout and adds
+nothing, so a lane that died cannot hang the GPU.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, ctl_ptr, pend_ptr, layer_pos, k,
+                H: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr):
+    offs = tl.arange(0, BLOCK_H)
+    for h0 in range(0, H, BLOCK_H):
+        m = h0 + offs < H
+        tl.store(mb_x + h0 + offs, tl.load(x_ptr + h0 + offs, mask=m).to(tl.float32), mask=m)
+    r = tl.arange(0, K)
+    rm = r < k
+    cpu = (tl.load(cpu_ptr + r, mask=rm, other=0) != 0) & rm
+    ids = tl.load(ids_ptr + r, mask=rm, other=-1).to(tl.int64)
+    tl.store(mb_ids + r, tl.where(cpu, ids, -1), mask=rm)
+    tl.store(mb_w + r, tl.load(w_ptr + r, mask=rm, other=0).to(tl.float32), mask=rm)
+    tl.store(ctl_ptr + 2, layer_pos.to(tl.int64))
+    tl.store(pend_ptr, tl.sum(cpu.to(tl.int64), axis=0))
+
+
+@triton.jit
+def signal_kernel(ctl_ptr, pend_ptr, count_ptr):
+    if tl.load(pend_ptr) > 0:
+        seq = tl.load(count_ptr) + 1
+        tl.store(count_ptr, seq)
+        tl.atomic_xchg(ctl_ptr, seq, sem="release", scope="sys")
+
+
+@triton.jit
+def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, max_spins,
+                   H: tl.constexpr, BLOCK_H: tl.constexpr):
+    offs = tl.arange(0, BLOCK_H)
+    if tl.load(pend_ptr) > 0:
+        seq = tl.load(count_ptr)
+        spins = 0
+        done = tl.load(ctl_ptr + 1, volatile=True)
+        while (done < seq) & (spins < max_spins):
+            done = tl.load(ctl_ptr + 1, volatile=True)
+            spins += 1
+        ok = done >= seq
+        if not ok:
+            tl.store(ctl_ptr + 6, tl.load(ctl_ptr + 6, volatile=True) + 1)
+        for h0 in range(0, H, BLOCK_H):
+            m = h0 + offs < H
+            add = tl.load(mb_out + h0 + offs, mask=m & ok, other=0.0, volatile=True)
+            y = tl.load(y_ptr + h0 + offs, mask=m).to(tl.float32)
+            tl.store(out_ptr + h0 + offs, (y + add).to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        for h0 in range(0, H, BLOCK_H):
+            m = h0 + offs < H
+            tl.store(out_ptr + h0 + offs, tl.load(y_ptr + h0 + offs, mask=m), mask=m)

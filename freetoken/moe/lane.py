@@ -1,0 +1,136 @@
+"""The CPU lane: CPU experts inside a captured decode step, without a host round trip.
+
+Where a single-token step gives routes to the CPU (a share of a layer's misses, or a
+whole CPU layer), the host used to wait for the routing, compute, and send the result
+back: the CUDA graph was cut at that layer and each cut cost ~0.25 ms of host work. Here
+GPU kernels post the layer's activations and CPU routes into pinned memory, a C++ loop on
+its own thread (GIL released) computes them as soon as the sequence number moves, and a
+kernel later in the same graph waits for its answer and adds it in (kernels/triton/lane.py,
+kernels/cpu/lane.cpp). The GPU's own share of the layer runs in between.
+
+On a machine without CUDA the same mailbox is driven by plain tensor ops, so the loop,
+the protocol and the arithmetic are tested everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import torch
+
+from freetoken.kernels import cpu as cpu_kernel
+from freetoken.moe.banks import HostBanks
+
+log = logging.getLogger(__name__)
+
+MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
+MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
+SEQ, DONE, POS, STOP, SERVED, FAILED, TIMEOUTS = range(7)
+
+
+class CpuLane:
+    def __init__(self, banks: HostBanks, device: torch.device, threads: int = 0):
+        ext = cpu_kernel.extension()
+        if ext is None:
+            raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
+        self.device, self.threads, self._ext = device, threads, ext
+        self.pos = {layer: i for i, layer in enumerate(banks.layers)}
+        hidden = banks.banks[banks.layers[0]][1].shape[1]
+        pin = device.type == "cuda"
+        self.ctl = torch.zeros(8, dtype=torch.int64, pin_memory=pin)
+        self.ids = torch.full((MAX_ROUTES,), -1, dtype=torch.int64, pin_memory=pin)
+        self.wts = torch.zeros(MAX_ROUTES, dtype=torch.float32, pin_memory=pin)
+        self.x = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
+        self.out = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
+        # device side: whether this layer posted, and the last sequence number posted
+        self.pend = torch.zeros(1, dtype=torch.int64, device=device)
+        self.count = torch.zeros(1, dtype=torch.int64, device=device)
+        self._banks = ([banks.banks[l][0] for l in banks.layers], [banks.banks[l][1] for l in banks.layers])
+        self._all: dict[int, torch.Tensor] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Starts the serving loop unless it runs; call before any step that posts."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self.ctl[STOP] = 0
+        args = (self.ctl, self.ids, self.wts, self.x, self.out, *self._banks, self.threads, -1)
+        self._thread = threading.Thread(target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True)
+        self._thread.start()
+        # stop the loop when the owner goes away: it holds the banks
+        weakref.finalize(self, _stop, self.ctl, self._thread)
+
+    def stop(self) -> None:
+        _stop(self.ctl, self._thread)
+        self._thread = None
+
+    def stats(self) -> dict:
+        c = self.ctl.tolist()
+        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS]}
+
+    # --- inside a step (capturable on a GPU) ------------------------------------------------
+    def post(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+             cpu: torch.Tensor | None = None) -> None:
+        """Posts one token's routes that `cpu` [k] marks (all of them with None) to the lane."""
+        ids, weights = ids.reshape(-1), weights.reshape(-1)
+        k = ids.numel()
+        assert x.shape[0] == 1 and k <= MAX_ROUTES, "the lane serves single-token steps"
+        cpu = self._everything(k) if cpu is None else cpu
+        if self.device.type == "cuda":
+            from freetoken.kernels.triton import lane
+
+            H = x.shape[-1]
+            lane.post_kernel[(1,)](x, ids, weights, cpu, self.x, self.ids, self.wts, self.ctl, self.pend,
+                                   self.pos[layer], k, H=H, BLOCK_H=1024, K=max(16, 1 << (k - 1).bit_length()))
+            lane.signal_kernel[(1,)](self.ctl, self.pend, self.count, num_warps=1)
+            return
+        self.x.copy_(x.reshape(-1))
+        self.ids[:k] = torch.where(cpu, ids, -1)
+        self.wts[:k] = weights.float()
+        self.ctl[POS] = self.pos[layer]
+        self.pend.fill_(int(cpu.any()))
+        if int(self.pend):
+            self.count += 1
+            self.ctl[SEQ] = int(self.count)  # last: the loop reads the mailbox once this moves
+
+    def collect(self, y: torch.Tensor) -> torch.Tensor:
+        """y plus the CPU's output for the last post (y itself where nothing was posted)."""
+        if self.device.type == "cuda":
+            from freetoken.kernels.triton import lane
+
+            out = torch.empty_like(y)
+            lane.collect_kernel[(1,)](y, out, self.out, self.ctl, self.pend, self.count, MAX_SPINS,
+                                      H=y.shape[-1], BLOCK_H=1024, num_warps=1)
+            return out
+        if not int(self.pend):
+            return y
+        seq, t0 = int(self.count), time.perf_counter()
+        while int(self.ctl[DONE]) < seq:
+            if time.perf_counter() - t0 > 30 or self._thread is None or not self._thread.is_alive():
+                raise RuntimeError("the CPU lane did not answer")
+            time.sleep(0)
+        return y + self.out.view_as(y).to(y.dtype)
+
+    def _everything(self, k: int) -> torch.Tensor:
+        if k not in self._all:
+            self._all[k] = torch.ones(k, dtype=torch.bool, device=self.device)
+        return self._all[k]
+
+
+def _stop(ctl: torch.Tensor, thread: threading.Thread | None) -> None:
+    ctl[STOP] = 1
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=5)
+
+
+def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
+    """A lane for `banks`, or None (logged) where the CPU kernel cannot be built. It leaves
+    one core to the thread that launches and waits for the GPU's work."""
+    try:
+        return CpuLane(banks, device, threads=max(1, torch.get_num_threads() - 1))
+    except RuntimeError as e:
+        log.warning("no CPU lane: %s", e)
+        return None

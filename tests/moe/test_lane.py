@@ -1,0 +1,156 @@
+"""The CPU lane: requests posted into its mailbox are served by the C++ loop on its own
+thread, with the expert kernel's arithmetic, in order, and a stopped lane lets go."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from freetoken.kernels import cpu as cpu_kernel
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.lane import CpuLane
+
+L, E, H, I, K = 3, 10, 48, 24, 4
+
+pytestmark = pytest.mark.skipif(cpu_kernel.extension() is None, reason="needs the compiled CPU kernel")
+
+
+def banks(dtype=torch.float32) -> HostBanks:
+    g = torch.Generator().manual_seed(0)
+    raw = {}
+    for layer in range(L):
+        raw[(layer, "gate_up")] = torch.randn((E, 2 * I, H), generator=g).to(dtype)
+        raw[(layer, "down")] = torch.randn((E, H, I), generator=g).to(dtype)
+    return HostBanks(raw, dtype, pin=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_posted_routes_are_computed_by_the_loop(dtype):
+    hb = banks(dtype)
+    lane = CpuLane(hb, torch.device("cpu"), threads=2)
+    lane.start()
+    g = torch.Generator().manual_seed(1)
+    try:
+        for step in range(40):
+            layer = step % L
+            x = torch.randn((1, H), generator=g)
+            ids = torch.randperm(E, generator=g)[:K][None]
+            w = torch.rand((1, K), generator=g)
+            cpu = torch.rand(K, generator=g) < 0.6
+            y = torch.randn((1, H), generator=g)
+            lane.post(layer, x, ids, w, cpu)
+            got = lane.collect(y)
+            gu, dn = hb.banks[layer]
+            sel = torch.nonzero(cpu).reshape(-1)
+            want = y + cpu_kernel.moe_experts(x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[0, sel],
+                                              w[0, sel])
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), f"step {step}"
+        # every route on the CPU (a whole CPU layer), and a layer with none
+        x, ids, w = torch.randn((1, H), generator=g), torch.arange(K)[None], torch.full((1, K), 0.25)
+        lane.post(1, x, ids, w)
+        gu, dn = hb.banks[1]
+        want = cpu_kernel.moe_experts(x, gu, dn, torch.zeros(K, dtype=torch.int64), ids[0], w[0])
+        assert torch.allclose(lane.collect(torch.zeros(1, H)), want, rtol=1e-5, atol=1e-5)
+        y = torch.randn((1, H))
+        lane.post(2, x, ids, w, torch.zeros(K, dtype=torch.bool))
+        assert torch.equal(lane.collect(y), y)
+        stats = lane.stats()
+        assert stats["failed"] == 0 and stats["timeouts"] == 0
+        assert stats["served"] == int(lane.count) and stats["served"] >= 20
+    finally:
+        lane.stop()
+    assert lane._thread is None
+
+
+def test_a_request_posted_before_the_loop_starts_is_served():
+    hb = banks()
+    lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    x, ids, w = torch.randn((1, H)), torch.tensor([[1, 2, 3, 4]]), torch.full((1, K), 0.5)
+    lane._thread = None
+    lane.post(0, x, ids, w)  # posted with no loop running
+    lane.start()
+    try:
+        gu, dn = hb.banks[0]
+        want = cpu_kernel.moe_experts(x, gu, dn, torch.zeros(K, dtype=torch.int64), ids[0], w[0])
+        assert torch.allclose(lane.collect(torch.zeros(1, H)), want, rtol=1e-5, atol=1e-5)
+    finally:
+        lane.stop()
+
+
+def test_a_lane_that_is_not_running_raises_instead_of_hanging():
+    lane = CpuLane(banks(), torch.device("cpu"), threads=1)
+    lane.post(0, torch.randn((1, H)), torch.tensor([[1, 2, 3, 4]]), torch.ones((1, K)))
+    with pytest.raises(RuntimeError, match="did not answer"):
+        lane.collect(torch.zeros(1, H))
+
+
+CASES = [("split", "cuda"), ("layers", "cuda"), ("split", "cpu"), ("layers", "cpu")]
+
+
+@pytest.mark.parametrize("mode,device", [pytest.param(m, d, marks=[pytest.mark.gpu] if d == "cuda" else [])
+                                         for m, d in CASES])
+def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device):
+    """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
+    (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
+    no host work inside single-token steps (on a GPU: one captured graph per step)."""
+    from freetoken.moe import dispatch
+    from tests import fixtures
+    from tests.runtime.engine_util import generate, make_engine
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9 if mode == "split" else 8, device=device,
+                         device_cache="on", cpu_lane=True, graphs="capture" if device == "cuda" else "")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    backend.modes = dispatch.ModeChooser(modes=(mode,))
+    try:
+        for p in ([(5 * i) % 500 + 3 for i in range(11)], [(7 * i) % 500 + 1 for i in range(40)]):
+            (seq,) = generate(engine, [p], 32)  # in split the share tuner tries every share meanwhile
+            assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
+        assert backend.mode == mode
+        assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
+        assert not all(backend.device_only(l, 2) for l in engine.model.moe_layers)
+        lane = backend.stats()["lane"]
+        assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
+        if device == "cuda":
+            assert engine.graphs.capture
+            assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1}
+    finally:
+        backend.lane.stop()
+
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+def test_gpu_kernels_drive_the_loop_in_the_interpreter():
+    """The post, signal and collect kernels (run by Triton's interpreter on host tensors)
+    against the loop: the CPU's routes added to y, nothing added where none was posted."""
+    from freetoken.kernels.triton import lane as kernels
+    from freetoken.moe.lane import MAX_SPINS
+
+    hb = banks()
+    lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    lane.start()
+    g = torch.Generator().manual_seed(2)
+    try:
+        for step in range(8):
+            x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
+            ids, w = torch.randperm(E, generator=g)[:K], torch.rand(K, generator=g)
+            cpu = torch.rand(K, generator=g) < 0.5
+            kernels.post_kernel[(1,)](x, ids, w, cpu, lane.x, lane.ids, lane.wts, lane.ctl, lane.pend, step % L, K,
+                                      H=H, BLOCK_H=32, K=16)
+            kernels.signal_kernel[(1,)](lane.ctl, lane.pend, lane.count)
+            out = torch.empty_like(y)
+            kernels.collect_kernel[(1,)](y, out, lane.out, lane.ctl, lane.pend, lane.count, MAX_SPINS, H=H, BLOCK_H=32)
+            gu, dn = hb.banks[step % L]
+            sel = torch.nonzero(cpu).reshape(-1)
+            want = y + cpu_kernel.moe_experts(x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[sel], w[sel])
+            assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), f"step {step}"
+        assert lane.stats()["timeouts"] == 0
+    finally:
+        lane.stop()
