@@ -75,7 +75,7 @@ class CpuLane:
     def post(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
              cpu: torch.Tensor | None = None) -> None:
         """Posts one token's routes that `cpu` [k] marks (all of them with None) to the lane."""
-        ids, weights = ids.reshape(-1), weights.reshape(-1)
+        ids, weights, x = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), x.contiguous()
         k = ids.numel()
         assert x.shape[0] == 1 and k <= MAX_ROUTES, "the lane serves single-token steps"
         cpu = self._everything(k) if cpu is None else cpu

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer_pos", "k"])  # a position of 1 would become a constant
 def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, ctl_ptr, pend_ptr, layer_pos, k,
                 H: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr):
     offs = tl.arange(0, BLOCK_H)
@@ -50,7 +50,7 @@ def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, max_spi
             done = tl.load(ctl_ptr + 1, volatile=True)
             spins += 1
         ok = done >= seq
-        if not ok:
+        if done < seq:
             tl.store(ctl_ptr + 6, tl.load(ctl_ptr + 6, volatile=True) + 1)
         for h0 in range(0, H, BLOCK_H):
             m = h0 + offs < H
