@@ -74,7 +74,7 @@ def fetch_experts(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, s
 
 
 def assign_books(lru, layer: int, ids: torch.Tensor,
-                 share: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 split: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`DeviceLRU.assign` as one kernel launch; same books, same results."""
     from freetoken.kernels.triton import books
     from freetoken.moe.device_lru import STRIDE
@@ -86,8 +86,7 @@ def assign_books(lru, layer: int, ids: torch.Tensor,
     cpu = torch.empty(k, dtype=torch.bool, device=ids.device)
     books.assign_kernel[(1,)](
         flat_ids, lru.slot_of, lru.owner, lru.stamp, lru.clock, lru.counts[layer], slots, fetch, cpu,
-        layer * lru.cache.E, k, S, 0.0 if share is None else float(share), STRIDE=STRIDE,
-        HAS_SHARE=share is not None, K=max(_pow2(k), 2),
+        layer * lru.cache.E, k, S, lru.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(_pow2(k), 2),
         BLOCK_S=max(_pow2(S), 16), num_warps=8)
     return slots.view(ids.shape), fetch, cpu
 

@@ -38,6 +38,9 @@ class DeviceLRU:
         self._pulled = np.zeros((L, 4), dtype=np.int64)  # the counts already added to the host's
         self.live = False  # True while this copy is the authoritative one
         self.fused = True  # one kernel per layer on a GPU (the device ops below are its reference)
+        # the share of misses `assign(split=True)` fetches: read on the device, so a step
+        # captured once follows the share tuner's later choices
+        self.share = torch.ones(1, dtype=torch.float32, device=device)
 
     # --- handing the bookkeeping over ----------------------------------------------------
     def push(self) -> None:
@@ -86,22 +89,22 @@ class DeviceLRU:
         return slots
 
     def assign(self, layer: int, ids: torch.Tensor,
-               share: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               split: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Books one token's routes `ids` [1, k]: slots [1, k], what to fetch (a slot per
         route, -1 for none) and which routes are left to the CPU ([k] bool).
 
-        Every miss is fetched, or with `share` the first round(share·m) of the m misses in
-        route order; the others keep slot -1 and are not cached."""
+        Every miss is fetched, or with `split` the first round(share·m) of the m misses in
+        route order (`self.share`); the others keep slot -1 and are not cached."""
         if self.fused and self.device.type == "cuda" and self.cache.capacity <= moe_gpu.BOOKS_MAX_SLOTS:
-            return moe_gpu.assign_books(self, layer, ids, share)
+            return moe_gpu.assign_books(self, layer, ids, split)
         E, S = self.cache.E, self.cache.capacity
         flat = ids.reshape(-1) + layer * E  # [k]
         k = flat.numel()
         slots = self.slot_of.index_select(0, flat).long()
         miss = slots < 0
         fetched = miss
-        if share is not None:
-            q = torch.floor(miss.sum() * share + 0.5)  # half up, as the fused kernel rounds
+        if split:
+            q = torch.floor(miss.sum() * self.share[0] + 0.5)  # half up, as the fused kernel rounds
             fetched = miss & (torch.cumsum(miss, 0) <= q)
         now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
         sink_slot = torch.full_like(slots, S)

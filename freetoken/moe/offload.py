@@ -64,7 +64,7 @@ class OffloadExperts:
         if cache is not None:
             self._place()
         self._device_lru = device_lru and policy in ("lru-pcie", "adaptive")
-        self.lru = DeviceLRU(cache, banks, device) if self._device_lru and cache is not None else None
+        self.lru = self._new_lru()
         # adaptive's CPU routes of single-token steps, served without cutting the step's graph
         self.lane = lane.make(banks, device) if cpu_lane and policy == "adaptive" and cache is not None else None
         # adaptive also chooses between the cache (its books on the host or on the device) and
@@ -75,6 +75,13 @@ class OffloadExperts:
         self._prefill_overlap = prefill_overlap
         self.streamer = None
         self._make_streamer()
+
+    def _new_lru(self) -> DeviceLRU | None:
+        if not self._device_lru or self.cache is None:
+            return None
+        lru = DeviceLRU(self.cache, self.banks, self.device)
+        lru.share.fill_(self.tuner.share)
+        return lru
 
     def _mode_chooser(self) -> ModeChooser | None:
         E, L = self.banks.num_experts, len(self.banks.layers)
@@ -262,7 +269,7 @@ class OffloadExperts:
     def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         self._steps["layers"] += 1
         if self.mode == "split" and self.lane is not None:
-            slots, fetch, cpu = self.lru.assign(layer, ids, self.tuner.share)
+            slots, fetch, cpu = self.lru.assign(layer, ids, split=True)
             self.lane.start()
             self.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
             self.lru.fetch(layer, ids, fetch)
@@ -278,7 +285,7 @@ class OffloadExperts:
         the GPU while the CPU computes the others. The host waits for the books' answer (which
         routes are the CPU's), not for the fetch."""
         t_enter = time.perf_counter()
-        slots, fetch, cpu = self.lru.assign(layer, ids, self.tuner.share)
+        slots, fetch, cpu = self.lru.assign(layer, ids, split=True)
         staged = self._stage.pull_async(ids, cpu, x, weights) if self._stage is not None else None
         self.lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
         out = moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"])
@@ -315,6 +322,8 @@ class OffloadExperts:
         if self.mode in ("cache", "split"):
             self.tuner.observe(dt)
             self.tuner.next_arm()
+            if self.lru is not None:  # read by the books on the device, also in captured steps
+                self.lru.share.fill_(self.tuner.share)
 
     def between_steps(self, tokens: int = 1) -> None:
         """Moves to the placement the mode chooser asked for and hands the cache's books to the
@@ -460,7 +469,7 @@ class OffloadExperts:
             self.cache.fixed[:] = False  # adaptive's whole-layer placement, if any, is measured again
             self.cpu_layers, self._fixed_layers, self.mode = set(), set(), "cache"
             kept = self.cache.resize(slots)
-            self.lru = DeviceLRU(self.cache, self.banks, self.device) if self._device_lru else None
+            self.lru = self._new_lru()
             self.modes = self._mode_chooser()
         self.generation += 1
         self._make_streamer()

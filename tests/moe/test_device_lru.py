@@ -157,9 +157,13 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
     for step in range(400):
         layer = int(rng.integers(L))
         ids = torch.from_numpy(rng.choice(E, K, replace=False))[None].to(dev)
-        share = None if step % 3 else float(rng.choice([0.0, 0.34, 0.5, 1.0]))
-        want = ops.assign(layer, ids, share)
-        got = moe_gpu.assign_books(fused, layer, ids, share)
+        split = step % 3 == 0
+        if split:
+            share = float(rng.choice([0.0, 0.34, 0.5, 1.0]))
+            for lru in lrus:
+                lru.share.fill_(share)
+        want = ops.assign(layer, ids, split)
+        got = moe_gpu.assign_books(fused, layer, ids, split)
         for w, g in zip(want, got):
             assert torch.equal(w.cpu(), g.cpu()), f"step {step}"
         for name in ("slot_of", "owner", "stamp"):  # the last entry of each is scratch

@@ -14,7 +14,7 @@ import triton.language as tl
 
 @triton.jit
 def assign_kernel(ids_ptr, slot_of_ptr, owner_ptr, stamp_ptr, clock_ptr, counts_ptr,
-                  slots_out, fetch_out, cpu_out, base, k, S, share,
+                  slots_out, fetch_out, cpu_out, base, k, S, share_ptr,
                   STRIDE: tl.constexpr, HAS_SHARE: tl.constexpr, K: tl.constexpr, BLOCK_S: tl.constexpr):
     r = tl.arange(0, K)
     rmask = r < k
@@ -25,7 +25,7 @@ def assign_kernel(ids_ptr, slot_of_ptr, owner_ptr, stamp_ptr, clock_ptr, counts_
     m = tl.sum(miss.to(tl.int32), axis=0)
     fetched = miss
     if HAS_SHARE:
-        q = tl.floor(m.to(tl.float32) * share + 0.5).to(tl.int32)
+        q = tl.floor(m.to(tl.float32) * tl.load(share_ptr) + 0.5).to(tl.int32)
         fetched = miss & (tl.cumsum(miss.to(tl.int32), axis=0) <= q)
     now = tl.load(clock_ptr) * STRIDE + r
     tl.store(stamp_ptr + slots, now, mask=hit)
