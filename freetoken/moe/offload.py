@@ -210,18 +210,26 @@ class OffloadExperts:
             if self.lru.live:
                 return self._with_device_books(layer, x, ids, weights)
         if self.cache is None or layer in self.cpu_layers:
-            if self.lane is not None and ids.shape[0] == 1 and self.cache is not None:
-                self._steps["cpu_routes"] += ids.numel()
-                self.lane.start()
-                self.lane.post(layer, x, ids, weights)
-                return self.lane.collect(torch.zeros_like(x))
-            return self._all_on_cpu(layer, x, ids, weights)
+            return self._cpu_layer(layer, x, ids, weights)
         if self.streamer is not None and ids.shape[0] > PREFILL_TOKENS:
             return self.streamer(layer, x, ids, weights)
         if layer in self._fixed_layers:
             self.account_device(layer, ids.numel())
             return moe_gpu.experts_from_slots(x, self._fixed_slots[layer][ids], weights, self.cache.slots["gate_up"],
                                               self.cache.slots["down"])
+        return self._with_host_books(layer, x, ids, weights)
+
+    def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
+        if self.lane is not None and ids.shape[0] == 1 and self.cache is not None:
+            self._steps["cpu_routes"] += ids.numel()
+            self.lane.start()
+            self.lane.post(layer, x, ids, weights)
+            return self.lane.collect(torch.zeros_like(x))
+        return self._all_on_cpu(layer, x, ids, weights)
+
+    def _with_host_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The host looks up the layer's experts, fetches q of the misses and computes the rest."""
         t_enter = time.perf_counter()
         x_h, w_h = None, None
         if self._stage is None:

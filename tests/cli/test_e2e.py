@@ -266,7 +266,9 @@ def test_ctrl_c_stops_the_answer_and_returns_to_the_prompt(server, model):
     try:
         pos = term.expect(">>> ")
         pos = term.command("/set verbose", "Set 'verbose' mode.", pos)
-        pos = term.command("/set parameter num_predict 400", "to '400'", pos)
+        # an answer far longer than the terminal's reaction to ^C, however fast the model runs
+        pos = term.command("/set parameter num_ctx 8192", "to '8192'", pos)
+        pos = term.command("/set parameter num_predict 8000", "to '8000'", pos)
         term.send("go on for a while")
         pos = term.expect("go on for a while", pos)
         while len(term.output) <= pos + 4:  # the answer has started
