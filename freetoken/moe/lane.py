@@ -3,9 +3,9 @@
 Where a single-token step gives routes to the CPU (a share of a layer's misses, or a
 whole CPU layer), the host used to wait for the routing, compute, and send the result
 back: the CUDA graph was cut at that layer and each cut cost ~0.25 ms of host work. Here
-GPU kernels post the layer's activations and CPU routes into pinned memory, a C++ loop on
-its own thread (GIL released) computes them as soon as the sequence number moves, and a
-kernel later in the same graph waits for its answer and adds it in (kernels/triton/lane.py,
+the layer's activations and CPU routes are copied into pinned memory, a C++ loop on its own
+thread (GIL released) computes them as soon as the sequence number moves, and a kernel
+later in the same graph waits for its answer and adds it in (kernels/triton/lane.py,
 kernels/cpu/lane.cpp). The GPU's own share of the layer runs in between.
 
 On a machine without CUDA the same mailbox is driven by plain tensor ops, so the loop,
@@ -21,6 +21,7 @@ import weakref
 
 import torch
 
+from freetoken.ftw.hostmem import HostBuffer
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe.banks import HostBanks
 
@@ -28,7 +29,23 @@ log = logging.getLogger(__name__)
 
 MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
-SEQ, DONE, POS, STOP, SERVED, FAILED, TIMEOUTS = range(7)
+SEQ, DONE, STOP, SERVED, FAILED, TIMEOUTS = 0, 1, 3, 4, 5, 6
+
+
+class Mailbox:
+    """One request's bytes, in one buffer so that one copy moves them: activations (fp32),
+    routes (int64, -1 where not the CPU's), route weights (fp32), the layer's position."""
+
+    def __init__(self, hidden: int, device: torch.device, pin: bool = False):
+        a = -(-hidden * 4 // 8) * 8
+        b = a + MAX_ROUTES * 8
+        c = -(-(b + MAX_ROUTES * 4) // 8) * 8
+        self.raw = _pinned(c + 8) if pin else torch.zeros(c + 8, dtype=torch.uint8, device=device)
+        self.x = self.raw[:hidden * 4].view(torch.float32)
+        self.ids = self.raw[a:b].view(torch.int64)
+        self.wts = self.raw[b:b + MAX_ROUTES * 4].view(torch.float32)
+        self.pos = self.raw[c:c + 8].view(torch.int64)
+        self.ids.fill_(-1)
 
 
 class CpuLane:
@@ -40,12 +57,12 @@ class CpuLane:
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.banks[banks.layers[0]][1].shape[1]
         pin = device.type == "cuda"
-        self.ctl = torch.zeros(8, dtype=torch.int64, pin_memory=pin)
-        self.ids = torch.full((MAX_ROUTES,), -1, dtype=torch.int64, pin_memory=pin)
-        self.wts = torch.zeros(MAX_ROUTES, dtype=torch.float32, pin_memory=pin)
-        self.x = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
-        self.out = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
-        # device side: whether this layer posted, and the last sequence number posted
+        self.ctl = (_pinned(64) if pin else torch.zeros(64, dtype=torch.uint8)).view(torch.int64)
+        self.host = Mailbox(hidden, torch.device("cpu"), pin)
+        self.out = (_pinned(hidden * 4) if pin else torch.zeros(hidden * 4, dtype=torch.uint8)).view(torch.float32)
+        # device side: the request before it is copied out, whether this layer posted, and the
+        # last sequence number posted
+        self.dev = Mailbox(hidden, device) if pin else None
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self._banks = ([banks.banks[l][0] for l in banks.layers], [banks.banks[l][1] for l in banks.layers])
@@ -57,7 +74,8 @@ class CpuLane:
         if self._thread is not None and self._thread.is_alive():
             return
         self.ctl[STOP] = 0
-        args = (self.ctl, self.ids, self.wts, self.x, self.out, *self._banks, self.threads, -1)
+        h = self.host
+        args = (self.ctl, h.pos, h.ids, h.wts, h.x, self.out, *self._banks, self.threads, -1)
         self._thread = threading.Thread(target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True)
         self._thread.start()
         # stop the loop when the owner goes away: it holds the banks
@@ -82,15 +100,19 @@ class CpuLane:
         if self.device.type == "cuda":
             from freetoken.kernels.triton import lane
 
-            H = x.shape[-1]
-            lane.post_kernel[(1,)](x, ids, weights, cpu, self.x, self.ids, self.wts, self.ctl, self.pend,
-                                   self.pos[layer], k, H=H, BLOCK_H=1024, K=max(16, 1 << (k - 1).bit_length()))
-            lane.signal_kernel[(1,)](self.ctl, self.pend, self.count, num_warps=1)
+            d = self.dev
+            lane.post_kernel[(1,)](x, ids, weights, cpu, d.x, d.ids, d.wts, d.pos, self.pend, self.count,
+                                   self.pos[layer], k, H=x.shape[-1], BLOCK_H=1024,
+                                   K=max(16, 1 << (k - 1).bit_length()))
+            # the request first, then its number: the second copy starts once the first landed
+            self.host.raw.copy_(d.raw, non_blocking=True)
+            self.ctl[SEQ:SEQ + 1].copy_(self.count, non_blocking=True)
             return
-        self.x.copy_(x.reshape(-1))
-        self.ids[:k] = torch.where(cpu, ids, -1)
-        self.wts[:k] = weights.float()
-        self.ctl[POS] = self.pos[layer]
+        h = self.host
+        h.x.copy_(x.reshape(-1))
+        h.ids[:k] = torch.where(cpu, ids, -1)
+        h.wts[:k] = weights.float()
+        h.pos.fill_(self.pos[layer])
         self.pend.fill_(int(cpu.any()))
         if int(self.pend):
             self.count += 1
@@ -118,6 +140,16 @@ class CpuLane:
         if k not in self._all:
             self._all[k] = torch.ones(k, dtype=torch.bool, device=self.device)
         return self._all[k]
+
+
+def _pinned(nbytes: int) -> torch.Tensor:
+    """Zeroed host bytes registered with CUDA (so kernels address them), outside torch's pinned
+    allocator: copies into its blocks record events, which a captured step must not."""
+    buf = HostBuffer(nbytes)
+    buf.pin()
+    t = buf.tensor("uint8", [nbytes], nbytes)
+    t.zero_()
+    return t
 
 
 def _stop(ctl: torch.Tensor, thread: threading.Thread | None) -> None:

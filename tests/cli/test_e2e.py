@@ -107,6 +107,18 @@ def model(server):
     return "clitest"
 
 
+@pytest.fixture(scope="module")
+def long_model(server):
+    """The same tiny model with room for answers of thousands of tokens."""
+    tmp, env = server
+    project = tmp / "long"
+    fixtures.hf_qwen3_moe(project / "weights", max_position_embeddings=16384)
+    (project / "Modelfile").write_text(MODELFILE + "PARAMETER num_ctx 8192\n")
+    r = cli(env, "create", "clitest-long", "-f", str(project / "Modelfile"), cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    return "clitest-long"
+
+
 def test_create_with_a_missing_from_path(server, tmp_path):
     _, env = server
     (tmp_path / "Modelfile").write_text("FROM ./not-here\n")
@@ -260,14 +272,13 @@ def test_interactive_chat(server, model):
         term.close()
 
 
-def test_ctrl_c_stops_the_answer_and_returns_to_the_prompt(server, model):
+def test_ctrl_c_stops_the_answer_and_returns_to_the_prompt(server, long_model):
     _, env = server
-    term = Terminal([sys.executable, "-m", "freetoken", "run", model], env)
+    term = Terminal([sys.executable, "-m", "freetoken", "run", long_model], env)
     try:
         pos = term.expect(">>> ")
         pos = term.command("/set verbose", "Set 'verbose' mode.", pos)
         # an answer far longer than the terminal's reaction to ^C, however fast the model runs
-        pos = term.command("/set parameter num_ctx 8192", "to '8192'", pos)
         pos = term.command("/set parameter num_predict 8000", "to '8000'", pos)
         term.send("go on for a while")
         pos = term.expect("go on for a while", pos)

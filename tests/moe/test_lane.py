@@ -128,13 +128,14 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_sp
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
 def test_gpu_kernels_drive_the_loop_in_the_interpreter():
-    """The post, signal and collect kernels (run by Triton's interpreter on host tensors)
-    against the loop: the CPU's routes added to y, nothing added where none was posted."""
+    """The post and collect kernels (run by Triton's interpreter on host tensors) against the
+    loop, with the copies a GPU step makes between them: the CPU's routes added to y."""
     from freetoken.kernels.triton import lane as kernels
-    from freetoken.moe.lane import MAX_SPINS
+    from freetoken.moe.lane import MAX_SPINS, SEQ, Mailbox
 
     hb = banks()
     lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    dev = Mailbox(H, torch.device("cpu"))
     lane.start()
     g = torch.Generator().manual_seed(2)
     try:
@@ -142,9 +143,10 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
             x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
             ids, w = torch.randperm(E, generator=g)[:K], torch.rand(K, generator=g)
             cpu = torch.rand(K, generator=g) < 0.5
-            kernels.post_kernel[(1,)](x, ids, w, cpu, lane.x, lane.ids, lane.wts, lane.ctl, lane.pend, step % L, K,
-                                      H=H, BLOCK_H=32, K=16)
-            kernels.signal_kernel[(1,)](lane.ctl, lane.pend, lane.count)
+            kernels.post_kernel[(1,)](x, ids, w, cpu, dev.x, dev.ids, dev.wts, dev.pos, lane.pend, lane.count,
+                                      step % L, K, H=H, BLOCK_H=32, K=16)
+            lane.host.raw.copy_(dev.raw)
+            lane.ctl[SEQ:SEQ + 1].copy_(lane.count)
             out = torch.empty_like(y)
             kernels.collect_kernel[(1,)](y, out, lane.out, lane.ctl, lane.pend, lane.count, MAX_SPINS, H=H, BLOCK_H=32)
             gu, dn = hb.banks[step % L]

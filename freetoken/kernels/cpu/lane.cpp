@@ -1,14 +1,14 @@
 // The CPU lane: serves expert requests that GPU kernels post into pinned host memory.
 //
-// A decode step replayed from one CUDA graph cannot stop for the host. So a kernel writes a
-// layer's activations and CPU routes into a mailbox in pinned memory and raises a sequence
-// number; this loop, on a thread of its own with the GIL released, sees the number change,
+// A decode step replayed from one CUDA graph cannot stop for the host. So the graph copies a
+// layer's activations, CPU routes and layer position into a mailbox in pinned memory and
+// then raises a sequence number; this loop, on a thread of its own with the GIL released, sees the number change,
 // computes those routes with the expert kernel and raises `done`; a later kernel in the
 // same graph spins on `done` before adding the CPU's output. No host round trip per layer.
 //
-// ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [2] layer position (GPU),
-// [3] stop (host), [4] requests served (CPU), [5] requests that failed (CPU),
-// [6] waits the GPU gave up (GPU).
+// ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [3] stop (host), [4] requests
+// served (CPU), [5] requests that failed (CPU), [6] waits the GPU gave up (GPU).
+// The mailbox: pos (the layer's position in the bank lists), ids, wts, x; the answer: out.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -31,10 +31,10 @@ inline void store_release(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOM
 constexpr auto kSpin = std::chrono::milliseconds(2);
 constexpr auto kNap = std::chrono::microseconds(50);
 
-void serve_one(int64_t* c, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
+void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
                torch::Tensor& out, const std::vector<torch::Tensor>& gate_ups,
                const std::vector<torch::Tensor>& downs, int64_t tier) {
-  const int64_t pos = c[2], K = ids.numel(), H = x.numel();
+  const int64_t pos = pos_t.data_ptr<int64_t>()[0], K = ids.numel(), H = x.numel();
   const int64_t* ip = ids.data_ptr<int64_t>();
   const float* wp = wts.data_ptr<float>();
   std::vector<int64_t> exp;
@@ -58,11 +58,12 @@ void serve_one(int64_t* c, const torch::Tensor& ids, const torch::Tensor& wts, c
 
 }  // namespace
 
-void lane_serve(torch::Tensor ctl, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
+void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
                 std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
                 int64_t tier) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 7, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
+  TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() == 1, "lane: bad layer position");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.numel() == out.numel(),
               "lane: bad activations");
   TORCH_CHECK(gate_ups.size() == downs.size(), "lane: banks disagree");
@@ -80,7 +81,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor ids, torch::Tensor wts, torch::
     }
     last = s;
     try {
-      serve_one(c, ids, wts, x, out, gate_ups, downs, tier);
+      serve_one(pos, ids, wts, x, out, gate_ups, downs, tier);
     } catch (const std::exception&) {
       out.zero_();  // the GPU must not wait forever: it gets zeros, and the host sees the count
       c[5] += 1;

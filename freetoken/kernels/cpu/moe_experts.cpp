@@ -362,7 +362,7 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, tor
 }
 
 // lane.cpp
-void lane_serve(torch::Tensor ctl, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
+void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
                 std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
                 int64_t tier);
 

@@ -1,12 +1,15 @@
 """The GPU side of the CPU lane (`freetoken/kernels/cpu/lane.cpp`), capturable in a CUDA graph.
 
-`post_kernel` writes one token's activations and its CPU routes (others as -1) into the
-pinned mailbox; `signal_kernel`, launched after it so that every write of the post has
-completed, raises the sequence number with release semantics at system scope, or does
-nothing when the layer has no CPU routes. `collect_kernel` spins on `done` with volatile
-loads (a read-modify-write would race the CPU's store over PCIe) and adds the CPU's output
-to the GPU's partial sum; after `max_spins` polls it gives up, counts a timeout and adds
-nothing, so a lane that died cannot hang the GPU.
+`post_kernel` writes one token's activations, its CPU routes (others as -1), their weights
+and the layer's position into a device buffer, and moves the device's sequence number on
+when the layer has CPU routes. The caller then copies that buffer, and after it the
+sequence number, into pinned memory with two ordinary copies: the second starts only once
+the first has landed, so the loop never sees a new number before its request — an
+ordering that GPU stores or atomics into host memory over PCIe would not promise.
+`collect_kernel` polls `done` in host memory with volatile loads (a read-modify-write
+would race the CPU's store) and adds the CPU's output to the GPU's partial sum; after
+`max_spins` polls it gives up, counts a timeout and adds nothing, so a lane that died
+cannot hang the GPU.
 """
 
 import triton
@@ -14,7 +17,7 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer_pos", "k"])  # a position of 1 would become a constant
-def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, ctl_ptr, pend_ptr, layer_pos, k,
+def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, mb_pos, pend_ptr, count_ptr, layer_pos, k,
                 H: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr):
     offs = tl.arange(0, BLOCK_H)
     for h0 in range(0, H, BLOCK_H):
@@ -26,16 +29,10 @@ def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, ctl_ptr, pen
     ids = tl.load(ids_ptr + r, mask=rm, other=-1).to(tl.int64)
     tl.store(mb_ids + r, tl.where(cpu, ids, -1), mask=rm)
     tl.store(mb_w + r, tl.load(w_ptr + r, mask=rm, other=0).to(tl.float32), mask=rm)
-    tl.store(ctl_ptr + 2, layer_pos.to(tl.int64))
-    tl.store(pend_ptr, tl.sum(cpu.to(tl.int64), axis=0))
-
-
-@triton.jit
-def signal_kernel(ctl_ptr, pend_ptr, count_ptr):
-    if tl.load(pend_ptr) > 0:
-        seq = tl.load(count_ptr) + 1
-        tl.store(count_ptr, seq)
-        tl.atomic_xchg(ctl_ptr, seq, sem="release", scope="sys")
+    tl.store(mb_pos, layer_pos.to(tl.int64))
+    pend = tl.sum(cpu.to(tl.int64), axis=0) > 0
+    tl.store(pend_ptr, pend.to(tl.int64))
+    tl.store(count_ptr, tl.load(count_ptr) + pend.to(tl.int64))
 
 
 @triton.jit
