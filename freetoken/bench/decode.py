@@ -255,6 +255,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
     for i, cap in enumerate(float(c) for c in args.caps.split(",")):
         results: dict[str, list[tuple[float, dict]]] = {}
         slots: dict[str, int] = {}
+        seen: dict[str, dict] = {}  # where each policy ended up, from the last repeat
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
                 bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
@@ -262,17 +263,27 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 settle = args.settle if policy.startswith("adaptive") else args.settle_fixed
                 bench.decode(mode, settle, 4, 100 + r)
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
+                seen[policy] = placement(bench.backend)
                 # a run cut short by a time limit still leaves each repeat's figure
-                print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s",
-                      file=sys.stderr, flush=True)
+                print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s "
+                      f"{seen[policy]}", file=sys.stderr, flush=True)
                 slots[policy] = bench.backend.cache.capacity
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
-        done = summarize(mode, cap, results, t_dense, S, bws, slots, bench)
+        done = [{**row, **seen[row["policy"]]} for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)]
         for r in done:  # as soon as measured: a run cut short still leaves its figures
             print(json.dumps({**head, **r}), flush=True)
         rows += done
     return rows
+
+
+def placement(backend) -> dict:
+    """Adaptive's placement and share, and the CPU lane's counts, as the backend ended a run."""
+    s = backend.stats()
+    out = {"placement": backend.mode, "share": backend.tuner.share}
+    if "lane" in s:
+        out.update({f"lane_{k}": v for k, v in s["lane"].items()})
+    return out
 
 
 def profile_steps(bench: Bench, mode: str, label: str) -> None:
