@@ -24,9 +24,9 @@ import torch
 
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
+from freetoken.moe import lane
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
-from freetoken.moe import lane
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
