@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
     ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB")
     ap.add_argument("--policies", default="lru-pcie,cpu-misses,static-layers,adaptive",
-                    help="comma-separated; NAME:host keeps the cache's books on the host")
+                    help="comma-separated; NAME:host keeps the cache's books on the host, "
+                         "adaptive:lane serves CPU routes through the CPU lane")
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
