@@ -12,7 +12,6 @@ from freetoken.kernels import reference
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
-BOOKS_MAX_SLOTS = 1 << 15  # the fused books kernel holds every slot's stamp in one program
 
 
 def experts_from_slots(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
@@ -71,28 +70,6 @@ def fetch_experts(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, s
     assert src.is_contiguous() and dst.is_contiguous() and dst[0].numel() == row, "shapes disagree"
     grid = (slots.numel(), triton_cdiv(row, FETCH_BLOCK))
     fetch.fetch_kernel[grid](src, dst, experts, slots, row, BLOCK=FETCH_BLOCK)
-
-
-def assign_books(lru, layer: int, ids: torch.Tensor,
-                 split: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`DeviceLRU.assign` as one kernel launch; same books, same results."""
-    from freetoken.kernels.triton import books
-    from freetoken.moe.device_lru import STRIDE
-
-    flat_ids = ids.reshape(-1)
-    k, S = flat_ids.numel(), lru.cache.capacity
-    slots = torch.empty(k, dtype=torch.int64, device=ids.device)
-    fetch = torch.empty(k, dtype=torch.int32, device=ids.device)
-    cpu = torch.empty(k, dtype=torch.bool, device=ids.device)
-    books.assign_kernel[(1,)](
-        flat_ids, lru.slot_of, lru.owner, lru.stamp, lru.clock, lru.counts[layer], slots, fetch, cpu,
-        layer * lru.cache.E, k, S, lru.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(_pow2(k), 2),
-        BLOCK_S=max(_pow2(S), 16), num_warps=8)
-    return slots.view(ids.shape), fetch, cpu
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def triton_cdiv(a: int, b: int) -> int:

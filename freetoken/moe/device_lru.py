@@ -23,6 +23,7 @@ from freetoken.moe.cache import ExpertCache
 
 NEVER = 2**62  # the stamp of a fixed slot: never a victim
 STRIDE = 1024  # stamps per layer call: more than any top-k
+FUSED_MAX_SLOTS = 1 << 15  # the fused kernel holds every slot's stamp in one program
 
 
 class DeviceLRU:
@@ -95,8 +96,8 @@ class DeviceLRU:
 
         Every miss is fetched, or with `split` the first round(share·m) of the m misses in
         route order (`self.share`); the others keep slot -1 and are not cached."""
-        if self.fused and self.device.type == "cuda" and self.cache.capacity <= moe_gpu.BOOKS_MAX_SLOTS:
-            return moe_gpu.assign_books(self, layer, ids, split)
+        if self.fused and self.device.type == "cuda" and self.cache.capacity <= FUSED_MAX_SLOTS:
+            return self.assign_fused(layer, ids, split)
         E, S = self.cache.E, self.cache.capacity
         flat = ids.reshape(-1) + layer * E  # [k]
         k = flat.numel()
@@ -125,9 +126,29 @@ class DeviceLRU:
         return (torch.where(fetched, v, slots).view(ids.shape), v.masked_fill(~fetched, -1).to(torch.int32),
                 miss & ~fetched)
 
+    def assign_fused(self, layer: int, ids: torch.Tensor,
+                     split: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`assign` as one kernel launch (kernels/triton/books.py): the same books and results."""
+        from freetoken.kernels.triton import books
+
+        flat = ids.reshape(-1)
+        k, S = flat.numel(), self.cache.capacity
+        slots = torch.empty(k, dtype=torch.int64, device=ids.device)
+        fetch = torch.empty(k, dtype=torch.int32, device=ids.device)
+        cpu = torch.empty(k, dtype=torch.bool, device=ids.device)
+        books.assign_kernel[(1,)](
+            flat, self.slot_of, self.owner, self.stamp, self.clock, self.counts[layer], slots, fetch, cpu,
+            layer * self.cache.E, k, S, self.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(_pow2(k), 2),
+            BLOCK_S=max(_pow2(S), 16), num_warps=8)
+        return slots.view(ids.shape), fetch, cpu
+
     def fetch(self, layer: int, ids: torch.Tensor, fetch: torch.Tensor) -> None:
         """Copies the experts `assign` chose to fetch from the pinned host banks into their slots."""
         experts = ids.reshape(-1).to(torch.int32)
         gu, dn = self.banks.banks[layer]
         moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
         moe_gpu.fetch_experts(dn, self.cache.slots["down"], experts, fetch)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()

@@ -40,7 +40,7 @@ class Mailbox:
         a = -(-hidden * 4 // 8) * 8
         b = a + MAX_ROUTES * 8
         c = -(-(b + MAX_ROUTES * 4) // 8) * 8
-        self.raw = _pinned(c + 8) if pin else torch.zeros(c + 8, dtype=torch.uint8, device=device)
+        self.raw = _zeros(c + 8, device, pin)
         self.x = self.raw[:hidden * 4].view(torch.float32)
         self.ids = self.raw[a:b].view(torch.int64)
         self.wts = self.raw[b:b + MAX_ROUTES * 4].view(torch.float32)
@@ -57,9 +57,10 @@ class CpuLane:
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.banks[banks.layers[0]][1].shape[1]
         pin = device.type == "cuda"
-        self.ctl = (_pinned(64) if pin else torch.zeros(64, dtype=torch.uint8)).view(torch.int64)
-        self.host = Mailbox(hidden, torch.device("cpu"), pin)
-        self.out = (_pinned(hidden * 4) if pin else torch.zeros(hidden * 4, dtype=torch.uint8)).view(torch.float32)
+        host = torch.device("cpu")
+        self.ctl = _zeros(64, host, pin).view(torch.int64)
+        self.host = Mailbox(hidden, host, pin)
+        self.out = _zeros(hidden * 4, host, pin).view(torch.float32)
         # device side: the request before it is copied out, whether this layer posted, and the
         # last sequence number posted
         self.dev = Mailbox(hidden, device) if pin else None
@@ -142,9 +143,12 @@ class CpuLane:
         return self._all[k]
 
 
-def _pinned(nbytes: int) -> torch.Tensor:
-    """Zeroed host bytes registered with CUDA (so kernels address them), outside torch's pinned
-    allocator: copies into its blocks record events, which a captured step must not."""
+def _zeros(nbytes: int, device: torch.device, pin: bool) -> torch.Tensor:
+    """Zeroed bytes; with `pin`, host bytes registered with CUDA (so kernels address them),
+    outside torch's pinned allocator: copies into its blocks record events, which a captured
+    step must not."""
+    if not pin:
+        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
     buf = HostBuffer(nbytes)
     buf.pin()
     t = buf.tensor("uint8", [nbytes], nbytes)

@@ -30,7 +30,7 @@ from freetoken.moe.cache import ExpertCache
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import ModeChooser, ShareTuner, Split
 from freetoken.moe.prefill import LayerStreamer
-from freetoken.moe.staging import Staging
+from freetoken.moe.staging import CopyTimings, Staging
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class OffloadExperts:
         self._tick: float | None = None  # when the last decode step started
         self._told_steps = False  # whether the engine calls between_steps (else layer 0 marks a step)
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
-        self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+        self._fetch_times = CopyTimings()
         self._steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
         self.generation = 0  # bumped whenever slot tensors move: captured graphs must be redone
         # where the host's time goes: waiting for the GPU, waiting for the CPU part, in total
@@ -104,10 +104,6 @@ class OffloadExperts:
         h, m, e, f = lru.unpulled().sum(axis=0).tolist()
         return h, m, e, f
 
-    def _count_device(self, misses: int, fetched: int) -> None:
-        self._steps["m"] += misses
-        self._steps["q"] += fetched
-
     def _on_device_path(self, tokens: int) -> bool:
         """Whether a step of `tokens` tokens keeps the cache's books on the device."""
         if self.lru is None or tokens != 1 or self.cache.fixed.any():
@@ -127,7 +123,9 @@ class OffloadExperts:
     def _take_books(self) -> None:
         """The host keeps the cache's books from now on."""
         if self.lru is not None and self.lru.live:
-            self._count_device(*self.lru.pull())
+            misses, fetched = self.lru.pull()
+            self._steps["m"] += misses
+            self._steps["q"] += fetched
 
     def keep_books_on_host(self) -> bool:
         """Stops keeping the cache's books on the device, for good; True if it did."""
@@ -215,8 +213,7 @@ class OffloadExperts:
             return self.streamer(layer, x, ids, weights)
         if layer in self._fixed_layers:
             self.account_device(layer, ids.numel())
-            return moe_gpu.experts_from_slots(x, self._fixed_slots[layer][ids], weights, self.cache.slots["gate_up"],
-                                              self.cache.slots["down"])
+            return self._from_slots(x, self._fixed_slots[layer][ids], weights)
         return self._with_host_books(layer, x, ids, weights)
 
     def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -258,8 +255,7 @@ class OffloadExperts:
         route_slots = torch.from_numpy(slot_map[ids_h]).to(self.device, non_blocking=self.cuda)
         if self._copy_stream is not None and q:
             torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
-        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots["gate_up"],
-                                         self.cache.slots["down"])
+        out = self._from_slots(x, route_slots, weights)
         self.cache.touch(slots)
         self._account(m, q, len(on_cpu), T)
         if len(on_cpu):
@@ -276,27 +272,28 @@ class OffloadExperts:
 
     def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         self._steps["layers"] += 1
-        if self.mode == "split" and self.lane is not None:
-            slots, fetch, cpu = self.lru.assign(layer, ids, split=True)
-            self.lane.start()
-            self.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
-            self.lru.fetch(layer, ids, fetch)
-            return self.lane.collect(moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"],
-                                                                self.cache.slots["down"]))
         if self.mode == "split":
             return self._split(layer, x, ids, weights)
-        return moe_gpu.experts_from_slots(x, self.lru(layer, ids), weights, self.cache.slots["gate_up"],
-                                          self.cache.slots["down"])
+        return self._from_slots(x, self.lru(layer, ids), weights)
+
+    def _from_slots(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"])
 
     def _split(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """One token's layer with the books on the device: a share of the misses fetched by
-        the GPU while the CPU computes the others. The host waits for the books' answer (which
-        routes are the CPU's), not for the fetch."""
+        the GPU while the CPU computes the others. Through the CPU lane nothing here waits (the
+        step stays one graph); otherwise the host waits for the books' answer (which routes
+        are the CPU's), not for the fetch."""
         t_enter = time.perf_counter()
         slots, fetch, cpu = self.lru.assign(layer, ids, split=True)
+        if self.lane is not None:
+            self.lane.start()
+            self.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
+            self.lru.fetch(layer, ids, fetch)
+            return self.lane.collect(self._from_slots(x, slots, weights))
         staged = self._stage.pull_async(ids, cpu, x, weights) if self._stage is not None else None
         self.lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
-        out = moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"])
+        out = self._from_slots(x, slots, weights)
         if staged is not None:
             self._stage.wait()
             ids_t, cpu_t, x, weights = staged
@@ -407,18 +404,7 @@ class OffloadExperts:
             start.record()
             self._copy_in(layer, experts, slots)
             end.record()
-        self._pending.append((q, start, end))
-        self._collect_timings()
-
-    def _collect_timings(self) -> None:
-        """Feeds finished fetch timings to the cost model without waiting for any."""
-        keep = []
-        for q, start, end in self._pending:
-            if end.query():
-                self.split.pcie.observe(q, start.elapsed_time(end) / 1e3)
-            else:
-                keep.append((q, start, end))
-        self._pending = keep[-64:]
+        self._fetch_times.record(q, start, end, self.split.pcie)
 
     def _on_cpu(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
                 cpu_experts: np.ndarray) -> torch.Tensor:

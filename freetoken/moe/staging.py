@@ -47,3 +47,23 @@ class Staging:
 
     def wait(self) -> None:
         self._event.synchronize()
+
+
+class CopyTimings:
+    """Times of queued copies, fed to a cost model as they finish: never waited for."""
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def record(self, n: int, start: torch.cuda.Event, end: torch.cuda.Event, cost) -> None:
+        """Adds one copy of `n` experts between two timing events; `cost.observe(n, seconds)`
+        hears of every copy that has finished by now."""
+        self._pending.append((n, start, end))
+        waiting = []
+        for n, start, end in self._pending:
+            if end.query():
+                cost.observe(n, start.elapsed_time(end) / 1e3)
+            else:
+                waiting.append((n, start, end))
+        self._pending = waiting[-self.keep:]

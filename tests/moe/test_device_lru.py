@@ -140,8 +140,6 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
     after every call of a long stream, with and without a share, around fixed slots."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from freetoken.kernels import moe_gpu
-
     dev = torch.device(device)
     lrus = []
     for _ in range(2):
@@ -163,7 +161,7 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
             for lru in lrus:
                 lru.share.fill_(share)
         want = ops.assign(layer, ids, split)
-        got = moe_gpu.assign_books(fused, layer, ids, split)
+        got = fused.assign_fused(layer, ids, split)
         for w, g in zip(want, got):
             assert torch.equal(w.cpu(), g.cpu()), f"step {step}"
         for name in ("slot_of", "owner", "stamp"):  # the last entry of each is scratch
