@@ -21,7 +21,7 @@ import weakref
 
 import torch
 
-from freetoken.ftw.hostmem import HostBuffer
+from freetoken.ftw.hostmem import HostBuffer, torch_dtype
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe.banks import HostBanks
 
@@ -58,9 +58,9 @@ class CpuLane:
         hidden = banks.banks[banks.layers[0]][1].shape[1]
         pin = device.type == "cuda"
         host = torch.device("cpu")
-        self.ctl = _zeros(64, host, pin).view(torch.int64)
+        self.ctl = _zeros(8, host, pin, "int64")
         self.host = Mailbox(hidden, host, pin)
-        self.out = _zeros(hidden * 4, host, pin).view(torch.float32)
+        self.out = _zeros(hidden, host, pin, "float32")
         # device side: the request before it is copied out, whether this layer posted, and the
         # last sequence number posted
         self.dev = Mailbox(hidden, device) if pin else None
@@ -143,15 +143,17 @@ class CpuLane:
         return self._all[k]
 
 
-def _zeros(nbytes: int, device: torch.device, pin: bool) -> torch.Tensor:
-    """Zeroed bytes; with `pin`, host bytes registered with CUDA (so kernels address them),
+def _zeros(n: int, device: torch.device, pin: bool, dtype: str = "uint8") -> torch.Tensor:
+    """n zeroed elements; with `pin`, host bytes registered with CUDA (so kernels address them),
     outside torch's pinned allocator: copies into its blocks record events, which a captured
-    step must not."""
+    step must not. The tensor returned keeps the registration alive, a view of it does not:
+    the buffer unregisters itself when it is freed."""
     if not pin:
-        return torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        return torch.zeros(n, dtype=torch_dtype(dtype), device=device)
+    nbytes = n * torch_dtype(dtype).itemsize
     buf = HostBuffer(nbytes)
     buf.pin()
-    t = buf.tensor("uint8", [nbytes], nbytes)
+    t = buf.tensor(dtype, [n], nbytes)
     t.zero_()
     return t
 
