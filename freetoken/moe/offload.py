@@ -219,7 +219,7 @@ class OffloadExperts:
     def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
         if self.lane is not None and ids.shape[0] == 1 and self.cache is not None:
-            self._steps["cpu_routes"] += ids.numel()
+            self._account(ids.numel(), 0, ids.numel(), 1)  # one token's top-k: distinct experts
             self.lane.start()
             self.lane.post(layer, x, ids, weights)
             return self.lane.collect(torch.zeros_like(x))

@@ -114,6 +114,13 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         assert backend.mode == mode
         assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
         assert not all(backend.device_only(l, 2) for l in engine.model.moe_layers)
+        before = backend.steps
+        generate(engine, [[9, 8, 7]], 4)
+        d = {k: backend.steps[k] - before[k] for k in ("layers", "m", "cpu_routes")}
+        # every layer of every step is counted (the bench's hit rate and bound divide by them),
+        # and the lane's routes are misses of the cache
+        assert d["layers"] == 4 * len(engine.model.moe_layers)
+        assert d["m"] > 0 and d["cpu_routes"] > 0
         lane = backend.stats()["lane"]
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
         if device == "cuda":
