@@ -236,9 +236,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("huge_pages", "FREETOKEN_HUGE_PAGES", _choice("auto", "on", "off"), "auto",
             "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
             "pages, measured once at load)"),
-    Setting("cpu_lane", "FREETOKEN_CPU_LANE", parse_bool, "0",
+    Setting("cpu_lane", "FREETOKEN_CPU_LANE", _choice("auto", "on", "off"), "auto",
             "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
-            "through pinned memory, so those steps stay one CUDA graph"),
+            "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)"),
     Setting("vram_budget", "FREETOKEN_VRAM_BUDGET", parse_size, "0",
             "total VRAM the engine may use (0: all free memory)"),
     Setting("expert_slots", "FREETOKEN_EXPERT_SLOTS", _nonneg_int, "0",

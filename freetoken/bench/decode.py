@@ -27,7 +27,7 @@ from freetoken.layers.moe import Experts
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
-from freetoken.moe.offload import OffloadExperts
+from freetoken.moe.offload import POLICIES, OffloadExperts
 from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
@@ -70,9 +70,10 @@ class Bench:
         return {**b.steps, **b.timers}
 
     def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
-        """`policy` as the runner has it; "NAME:host" keeps the cache's books on the host
-        (no device-kept books), to measure what they bring; "adaptive:lane" serves CPU routes
-        of single-token steps through the CPU lane."""
+        """`policy` as the runner has it (on a GPU, adaptive's single-token CPU routes go
+        through the CPU lane); "NAME:host" keeps the cache's books on the host (no device-kept
+        books), "adaptive:nolane" serves CPU routes from the host, and "adaptive:lane" through
+        the lane even on a CPU: each measures what the piece it leaves out brings."""
         policy, _, books = policy.partition(":")
         if self.backend is not None:
             self.backend.close()
@@ -99,7 +100,7 @@ class Bench:
         cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
         self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device,
                                       device_lru=self.sm.device.type == "cuda" and books != "host",
-                                      cpu_lane=books == "lane")
+                                      cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"))
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = self.backend
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB")
     ap.add_argument("--policies", default="lru-pcie,cpu-misses,static-layers,adaptive",
                     help="comma-separated; NAME:host keeps the cache's books on the host, "
-                         "adaptive:lane serves CPU routes through the CPU lane")
+                         "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs)")
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="also time resident steps launched from Python, against the CUDA graphs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    for p in args.policies.split(","):  # before the model is built: a typo costs nothing
+        name, _, variant = p.partition(":")
+        if name not in POLICIES or variant not in ("", "host", "lane", "nolane"):
+            ap.error(f"unknown policy {p!r}: one of {', '.join(POLICIES)}, optionally :host, :lane or :nolane")
     cuda = torch.cuda.is_available()
     if not cuda and args.model != "tiny":
         raise SystemExit("bench decode needs a CUDA device for full-size models")

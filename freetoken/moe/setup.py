@@ -28,7 +28,7 @@ class Placement:
     cache_dir: object = None
     slots: int = 0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
     device_cache: str = "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
-    cpu_lane: bool = False  # adaptive's CPU routes of single-token steps through the CPU lane
+    cpu_lane: str = "auto"  # adaptive's CPU routes of single-token steps through the CPU lane: auto (on GPUs), on, off
 
 
 def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
@@ -77,8 +77,11 @@ def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch
     # to several processes, each with a few rows
     device_lru = ranks_on_host == 1 and (placement.device_cache == "on" or (
         placement.device_cache == "auto" and device.type == "cuda"))
+    # the lane serves one process's CPU routes from the whole host's cores
+    cpu_lane = ranks_on_host == 1 and (placement.cpu_lane == "on" or (
+        placement.cpu_lane == "auto" and device.type == "cuda"))
     backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
-                             device, device_lru=device_lru, cpu_lane=placement.cpu_lane and ranks_on_host == 1)
+                             device, device_lru=device_lru, cpu_lane=cpu_lane)
     log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
              cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
              "measured" if measured else "defaults until `freetoken bench bw` runs")

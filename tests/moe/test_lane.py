@@ -104,7 +104,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         pytest.skip("needs CUDA")
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9 if mode == "split" else 8, device=device,
-                         device_cache="on", cpu_lane=True, graphs="capture" if device == "cuda" else "")
+                         device_cache="on", cpu_lane="on", graphs="capture" if device == "cuda" else "")
     backend = engine.model.model.layers[0].mlp.experts.backend
     backend.modes = dispatch.ModeChooser(modes=(mode,))
     try:
@@ -118,9 +118,9 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         generate(engine, [[9, 8, 7]], 4)
         d = {k: backend.steps[k] - before[k] for k in ("layers", "m", "cpu_routes")}
         # every layer of every step is counted (the bench's hit rate and bound divide by them),
-        # and the lane's routes are misses of the cache
+        # and a CPU layer's routes are misses of the cache (split's share may leave the CPU none)
         assert d["layers"] == 4 * len(engine.model.moe_layers)
-        assert d["m"] > 0 and d["cpu_routes"] > 0
+        assert d["m"] > 0 and (d["cpu_routes"] > 0 or mode == "split")
         lane = backend.stats()["lane"]
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
         if device == "cuda":

@@ -30,7 +30,7 @@ def files_of(path: Path) -> dict[str, Path]:
 def make_engine(path: Path, *, pages: int = 64, page_size: int = 16, num_ctx: int = 512,
                 max_running: int = 4, chunk: int = 2048, policy: str = "adaptive", slots: int = 0,
                 device: str = "cpu", graphs: str = "", device_cache: str = "auto",
-                cpu_lane: bool = False) -> Engine:
+                cpu_lane: str = "auto") -> Engine:
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, "auto")

@@ -27,9 +27,12 @@ inline int64_t load_acquire(const int64_t* p) { return __atomic_load_n(p, __ATOM
 inline void store_release(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
 // Spin while requests keep coming (a decode step posts one every few hundred microseconds),
-// then poll gently so an idle lane costs next to nothing.
+// then poll gently, and after a second without work more gently still: a server that idles
+// keeps its lane, and a millisecond once per idle spell is nothing against a first token.
 constexpr auto kSpin = std::chrono::milliseconds(2);
 constexpr auto kNap = std::chrono::microseconds(50);
+constexpr auto kDrowse = std::chrono::seconds(1);
+constexpr auto kLongNap = std::chrono::milliseconds(1);
 
 void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
                torch::Tensor& out, const std::vector<torch::Tensor>& gate_ups,
@@ -75,7 +78,9 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   while (load_acquire(c + 3) == 0) {
     const int64_t s = load_acquire(c);
     if (s == last) {
-      if (std::chrono::steady_clock::now() - busy > kSpin) std::this_thread::sleep_for(kNap);
+      const auto idle = std::chrono::steady_clock::now() - busy;
+      if (idle > kDrowse) std::this_thread::sleep_for(kLongNap);
+      else if (idle > kSpin) std::this_thread::sleep_for(kNap);
       else _mm_pause();
       continue;
     }

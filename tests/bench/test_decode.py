@@ -1,0 +1,30 @@
+"""`freetoken bench decode` on the tiny model (CPU): every policy asked for gives a row whose
+counters add up, and a misspelt policy fails before the model is built."""
+
+import json
+
+import pytest
+
+from freetoken.bench import decode
+
+
+def test_rows_count_every_layer_and_the_lane_reports(capsys):
+    decode.main(["--model", "tiny", "--fractions", "--caps", "0.5", "--tokens", "4", "--warmup", "2",
+                 "--settle", "4", "--settle-fixed", "2", "--repeats", "1", "--policies", "lru-pcie,adaptive:lane",
+                 "--routing", "uniform", "--bw-seconds", "0.1", "--json"])
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    by = {(r["policy"], r["cap"]): r for r in rows}
+    assert set(by) == {("lru-pcie", 0.5), ("adaptive:lane", 0.5)}
+    k = 4 * 4  # the tiny shape's top-k times its MoE layers: a token's routes
+    for p in ("lru-pcie", "adaptive:lane"):
+        r = by[(p, 0.5)]
+        # uniform routing with room for half the experts misses, and every layer is counted
+        assert 0 < r["misses_per_token"] <= k and r["hit_rate"] == pytest.approx(1 - r["misses_per_token"] / k)
+    lane = by[("adaptive:lane", 0.5)]
+    assert lane["lane_failed"] == 0 and lane["lane_timeouts"] == 0
+
+
+def test_a_misspelt_policy_fails_at_once(capsys):
+    with pytest.raises(SystemExit):
+        decode.main(["--model", "tiny", "--policies", "adaptive:fast"])
+    assert "unknown policy 'adaptive:fast'" in capsys.readouterr().err
