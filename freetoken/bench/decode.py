@@ -97,7 +97,8 @@ class Bench:
             used = torch.cuda.memory_allocated() if self.sm.device.type == "cuda" else 0
             room = int(cap_gib * 2**30) - used - ACTIVATION_RESERVE
             slots = int(min(max(room // S, 0), L * E))
-        cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
+        # a cap of 0: no cache, every expert on the CPU (llama.cpp's -ncmoe over all layers)
+        cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device) if cap_gib != 0 else None
         self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device,
                                       device_lru=self.sm.device.type == "cuda" and books != "host",
                                       cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"))
@@ -183,7 +184,7 @@ def measure_bandwidths(seconds: float, cuda: bool) -> tuple[float, float, float,
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
-    ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB")
+    ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB (0: no cache, every expert on the CPU)")
     ap.add_argument("--policies", default="lru-pcie,cpu-misses,static-layers,adaptive",
                     help="comma-separated; NAME:host keeps the cache's books on the host, "
                          "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs)")
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     cols = [("routing", "routing"), ("cap", "GiB"), ("policy", "policy"), ("slots", "slots"), ("tok_s", "tok/s"),
             ("spread", "±"), ("host_ms_per_token", "host ms"), ("sync_ms_per_token", "sync ms"),
             ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"), ("ratio_concurrent_bound", "/bound(conc)"),
-            ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("q_share", "q/m"), ("vs_best_fixed", "/best fixed")]
+            ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("miss_gbps", "miss GB/s"), ("q_share", "q/m"),
+            ("vs_best_fixed", "/best fixed")]
     common.emit(rows, cols, False, head)
 
 
@@ -273,7 +275,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 # a run cut short by a time limit still leaves each repeat's figure
                 print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s "
                       f"{seen[policy]}", file=sys.stderr, flush=True)
-                slots[policy] = bench.backend.cache.capacity
+                slots[policy] = bench.backend.cache.capacity if bench.backend.cache is not None else 0
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
         done = [{**row, **seen[row["policy"]]} for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)]
@@ -311,6 +313,9 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
         d = runs[len(runs) // 2][1]
         tokens_seen = d["layers"] / max(1, len(bench.host.layers))
         miss = d["m"] / max(tokens_seen, 1)
+        if cap == 0:  # no cache: the CPU reads every routed expert, PCIe moves none
+            b_p = p_c = 0.0
+            h_c = b_h
         bound = t_dense + miss * S / ((b_p + b_h) * 1e9)
         bound_c = t_dense + miss * S / ((p_c + h_c) * 1e9)
         k = bench.sm.config["num_experts_per_tok"] * len(bench.host.layers)
@@ -318,6 +323,7 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
                      "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
                      "bound_tok_s": 1 / bound, "ratio_to_bound": bound / t, "ratio_concurrent_bound": bound_c / t,
                      "hit_rate": 1 - miss / k, "misses_per_token": miss, "q_share": d["q"] / max(d["m"], 1),
+                     "miss_gbps": miss * S / t / 1e9,  # expert bytes read from the host a second
                      "vram_budget_gib": cap, "slots": slots[policy], "b_p_gbps": b_p, "b_h_gbps": b_h,
                      "t_dense_ms": t_dense * 1e3, "sync_ms_per_token": d["sync_s"] / tokens_seen * 1e3,
                      "host_ms_per_token": d["host_s"] / tokens_seen * 1e3,

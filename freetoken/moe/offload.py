@@ -66,7 +66,7 @@ class OffloadExperts:
         self._device_lru = device_lru and policy in ("lru-pcie", "adaptive")
         self.lru = self._new_lru()
         # adaptive's CPU routes of single-token steps, served without cutting the step's graph
-        self.lane = lane.make(banks, device) if cpu_lane and policy == "adaptive" and cache is not None else None
+        self.lane = lane.make(banks, device) if cpu_lane and (policy == "adaptive" or cache is None) else None
         # adaptive also chooses between the cache (its books on the host or on the device) and
         # whole layers on the CPU, by measurement
         self.mode = "cache"
@@ -218,7 +218,7 @@ class OffloadExperts:
 
     def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
-        if self.lane is not None and ids.shape[0] == 1 and self.cache is not None:
+        if self.lane is not None and ids.shape[0] == 1:
             self._account(ids.numel(), 0, ids.numel(), 1)  # one token's top-k: distinct experts
             self.lane.start()
             self.lane.post(layer, x, ids, weights)
@@ -371,7 +371,7 @@ class OffloadExperts:
     def device_only(self, layer: int, tokens: int = 1) -> bool:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
         if self.cache is None or layer in self.cpu_layers:
-            return self.cache is not None and self.lane is not None and tokens == 1
+            return self.lane is not None and tokens == 1
         return layer in self._fixed_layers or (self._on_device_path(tokens) and (
             self.mode != "split" or self.lane is not None))
 

@@ -5,23 +5,34 @@ import json
 
 import pytest
 
-from freetoken.bench import decode
+from freetoken.bench import decode, synthmodel
 
 
 def test_rows_count_every_layer_and_the_lane_reports(capsys):
-    decode.main(["--model", "tiny", "--fractions", "--caps", "0.5", "--tokens", "4", "--warmup", "2",
+    decode.main(["--model", "tiny", "--fractions", "--caps", "0,0.5", "--tokens", "4", "--warmup", "2",
                  "--settle", "4", "--settle-fixed", "2", "--repeats", "1", "--policies", "lru-pcie,adaptive:lane",
                  "--routing", "uniform", "--bw-seconds", "0.1", "--json"])
     rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
     by = {(r["policy"], r["cap"]): r for r in rows}
-    assert set(by) == {("lru-pcie", 0.5), ("adaptive:lane", 0.5)}
+    assert set(by) == {(p, c) for p in ("lru-pcie", "adaptive:lane") for c in (0, 0.5)}
     k = 4 * 4  # the tiny shape's top-k times its MoE layers: a token's routes
     for p in ("lru-pcie", "adaptive:lane"):
         r = by[(p, 0.5)]
         # uniform routing with room for half the experts misses, and every layer is counted
         assert 0 < r["misses_per_token"] <= k and r["hit_rate"] == pytest.approx(1 - r["misses_per_token"] / k)
-    lane = by[("adaptive:lane", 0.5)]
-    assert lane["lane_failed"] == 0 and lane["lane_timeouts"] == 0
+    for p in ("lru-pcie", "adaptive:lane"):  # a cap of 0: no cache, every route read from the host
+        r = by[(p, 0)]
+        assert (r["slots"], r["hit_rate"], r["misses_per_token"]) == (0, 0, k)
+        assert r["miss_gbps"] == pytest.approx(k * r["tok_s"] * decode_expert_bytes() / 1e9, rel=1e-6)
+    for c in (0, 0.5):  # without a cache every single-token layer goes through the lane
+        lane = by[("adaptive:lane", c)]
+        assert (lane["lane_served"] > 0 or c) and lane["lane_failed"] == 0 and lane["lane_timeouts"] == 0
+
+
+def decode_expert_bytes() -> int:
+    """Bytes of one expert of the tiny shape (bf16 gate, up and down)."""
+    c = synthmodel.SHAPES["tiny"]
+    return 3 * c["hidden_size"] * c["moe_intermediate_size"] * 2
 
 
 def test_a_misspelt_policy_fails_at_once(capsys):

@@ -87,7 +87,9 @@ def test_a_lane_that_is_not_running_raises_instead_of_hanging():
         lane.collect(torch.zeros(1, H))
 
 
-CASES = [("split", "cuda"), ("layers", "cuda"), ("split", "cpu"), ("layers", "cpu")]
+# "none": no expert cache at all, every layer through the lane (on a GPU the setup always
+# sizes a cache, so only the CPU runs it; the kernels are the ones "layers" uses)
+CASES = [("split", "cuda"), ("layers", "cuda"), ("split", "cpu"), ("layers", "cpu"), ("none", "cpu")]
 
 
 @pytest.mark.parametrize("mode,device", [pytest.param(m, d, marks=[pytest.mark.gpu] if d == "cuda" else [])
@@ -103,15 +105,18 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     path, hf = tiny_model
-    engine = make_engine(path, policy="adaptive", slots=9 if mode == "split" else 8, device=device,
+    engine = make_engine(path, policy="adaptive", slots={"split": 9, "layers": 8, "none": 0}[mode], device=device,
                          device_cache="on", cpu_lane="on", graphs="capture" if device == "cuda" else "")
     backend = engine.model.model.layers[0].mlp.experts.backend
-    backend.modes = dispatch.ModeChooser(modes=(mode,))
+    if mode != "none":
+        backend.modes = dispatch.ModeChooser(modes=(mode,))
+    else:
+        assert backend.cache is None
     try:
         for p in ([(5 * i) % 500 + 3 for i in range(11)], [(7 * i) % 500 + 1 for i in range(40)]):
             (seq,) = generate(engine, [p], 32)  # in split the share tuner tries every share meanwhile
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
-        assert backend.mode == mode
+        assert backend.mode == mode or backend.cache is None
         assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
         assert not all(backend.device_only(l, 2) for l in engine.model.moe_layers)
         before = backend.steps
