@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
-SEQ, DONE, STOP, SERVED, FAILED, TIMEOUTS = 0, 1, 3, 4, 5, 6
+SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 class Mailbox:
@@ -66,6 +66,7 @@ class CpuLane:
         self.dev = Mailbox(hidden, device) if pin else None
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
+        self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
         self._banks = ([banks.banks[l][0] for l in banks.layers], [banks.banks[l][1] for l in banks.layers])
         self._all: dict[int, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
@@ -87,8 +88,13 @@ class CpuLane:
         self._thread = None
 
     def stats(self) -> dict:
-        c = self.ctl.tolist()
-        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS]}
+        """Counts, and per request: routes, the CPU's microseconds, the GPU's polls of `done`
+        (a poll is a read across PCIe, about a microsecond)."""
+        c, n = self.ctl.tolist(), max(int(self.count), 1)
+        per = max(c[SERVED], 1)
+        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS],
+                "routes_per_request": c[ROUTES] / per, "cpu_us_per_request": c[BUSY_NS] / per / 1e3,
+                "polls_per_request": int(self.polls) / n}
 
     # --- inside a step (capturable on a GPU) ------------------------------------------------
     def post(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
@@ -125,7 +131,7 @@ class CpuLane:
             from freetoken.kernels.triton import lane
 
             out = torch.empty_like(y)
-            lane.collect_kernel[(1,)](y, out, self.out, self.ctl, self.pend, self.count, MAX_SPINS,
+            lane.collect_kernel[(1,)](y, out, self.out, self.ctl, self.pend, self.count, self.polls, MAX_SPINS,
                                       H=y.shape[-1], BLOCK_H=1024, num_warps=1)
             return out
         if not int(self.pend):
@@ -134,6 +140,7 @@ class CpuLane:
         while int(self.ctl[DONE]) < seq:
             if time.perf_counter() - t0 > 30 or self._thread is None or not self._thread.is_alive():
                 raise RuntimeError("the CPU lane did not answer")
+            self.polls += 1
             time.sleep(0)
         return y + self.out.view_as(y).to(y.dtype)
 

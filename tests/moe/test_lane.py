@@ -33,6 +33,7 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     lane = CpuLane(hb, torch.device("cpu"), threads=2)
     lane.start()
     g = torch.Generator().manual_seed(1)
+    routes = K  # the whole CPU layer below
     try:
         for step in range(40):
             layer = step % L
@@ -42,6 +43,7 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
             cpu = torch.rand(K, generator=g) < 0.6
             y = torch.randn((1, H), generator=g)
             lane.post(layer, x, ids, w, cpu)
+            routes += int(cpu.sum())
             got = lane.collect(y)
             gu, dn = hb.banks[layer]
             sel = torch.nonzero(cpu).reshape(-1)
@@ -60,6 +62,9 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
         stats = lane.stats()
         assert stats["failed"] == 0 and stats["timeouts"] == 0
         assert stats["served"] == int(lane.count) and stats["served"] >= 20
+        # the CPU's time and routes per request are what the bench reports of the lane
+        assert stats["routes_per_request"] * stats["served"] == pytest.approx(routes)
+        assert stats["cpu_us_per_request"] > 0 and stats["polls_per_request"] >= 0
     finally:
         lane.stop()
     assert lane._thread is None
@@ -160,7 +165,8 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
             lane.host.raw.copy_(dev.raw)
             lane.ctl[SEQ:SEQ + 1].copy_(lane.count)
             out = torch.empty_like(y)
-            kernels.collect_kernel[(1,)](y, out, lane.out, lane.ctl, lane.pend, lane.count, MAX_SPINS, H=H, BLOCK_H=32)
+            kernels.collect_kernel[(1,)](y, out, lane.out, lane.ctl, lane.pend, lane.count, lane.polls, MAX_SPINS,
+                                         H=H, BLOCK_H=32)
             gu, dn = hb.banks[step % L]
             sel = torch.nonzero(cpu).reshape(-1)
             want = y + cpu_kernel.moe_experts(x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[sel], w[sel])

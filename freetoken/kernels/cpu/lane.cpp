@@ -6,8 +6,10 @@
 // computes those routes with the expert kernel and raises `done`; a later kernel in the
 // same graph spins on `done` before adding the CPU's output. No host round trip per layer.
 //
-// ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [3] stop (host), [4] requests
-// served (CPU), [5] requests that failed (CPU), [6] waits the GPU gave up (GPU).
+// ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [2] routes computed (CPU), [3] stop
+// (host), [4] requests served (CPU), [5] requests that failed (CPU), [6] waits the GPU gave
+// up (GPU), [7] nanoseconds spent serving (CPU): with the GPU's polls they show which side
+// a layer waits for.
 // The mailbox: pos (the layer's position in the bank lists), ids, wts, x; the answer: out.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -34,7 +36,7 @@ constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kDrowse = std::chrono::seconds(1);
 constexpr auto kLongNap = std::chrono::milliseconds(1);
 
-void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
+int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
                torch::Tensor& out, const std::vector<torch::Tensor>& gate_ups,
                const std::vector<torch::Tensor>& downs, int64_t tier) {
   const int64_t pos = pos_t.data_ptr<int64_t>()[0], K = ids.numel(), H = x.numel();
@@ -49,7 +51,7 @@ void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch
     }
   }
   out.zero_();
-  if (exp.empty()) return;
+  if (exp.empty()) return 0;
   TORCH_CHECK(pos >= 0 && pos < static_cast<int64_t>(gate_ups.size()), "lane: layer position out of range");
   const int64_t n = static_cast<int64_t>(exp.size());
   auto i64 = torch::TensorOptions().dtype(torch::kInt64);
@@ -57,6 +59,7 @@ void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch
   auto e = torch::from_blob(exp.data(), {n}, i64).clone();
   auto wt = torch::from_blob(w.data(), {n}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
   moe_experts(x.view({1, H}), gate_ups[pos], downs[pos], tok, e, wt, out.view({1, H}), tier);
+  return n;
 }
 
 }  // namespace
@@ -64,7 +67,7 @@ void serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch
 void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
                 std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
                 int64_t tier) {
-  TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 7, "lane: bad control block");
+  TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() == 1, "lane: bad layer position");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.numel() == out.numel(),
@@ -85,14 +88,16 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
       continue;
     }
     last = s;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
-      serve_one(pos, ids, wts, x, out, gate_ups, downs, tier);
+      c[2] += serve_one(pos, ids, wts, x, out, gate_ups, downs, tier);
     } catch (const std::exception&) {
       out.zero_();  // the GPU must not wait forever: it gets zeros, and the host sees the count
       c[5] += 1;
     }
+    busy = std::chrono::steady_clock::now();
+    c[7] += std::chrono::duration_cast<std::chrono::nanoseconds>(busy - t0).count();
     c[4] += 1;
     store_release(c + 1, s);
-    busy = std::chrono::steady_clock::now();
   }
 }

@@ -9,7 +9,8 @@ ordering that GPU stores or atomics into host memory over PCIe would not promise
 `collect_kernel` polls `done` in host memory with volatile loads (a read-modify-write
 would race the CPU's store) and adds the CPU's output to the GPU's partial sum; after
 `max_spins` polls it gives up, counts a timeout and adds nothing, so a lane that died
-cannot hang the GPU.
+cannot hang the GPU. It adds its polls to a device counter: few polls a request mean the
+CPU answered before the GPU's own share was done.
 """
 
 import triton
@@ -36,7 +37,7 @@ def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, mb_pos, pend
 
 
 @triton.jit
-def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, max_spins,
+def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, polls_ptr, max_spins,
                    H: tl.constexpr, BLOCK_H: tl.constexpr):
     offs = tl.arange(0, BLOCK_H)
     if tl.load(pend_ptr) > 0:
@@ -47,6 +48,7 @@ def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, max_spi
             done = tl.load(ctl_ptr + 1, volatile=True)
             spins += 1
         ok = done >= seq
+        tl.store(polls_ptr, tl.load(polls_ptr) + spins)
         if done < seq:
             tl.store(ctl_ptr + 6, tl.load(ctl_ptr + 6, volatile=True) + 1)
         for h0 in range(0, H, BLOCK_H):
