@@ -1,6 +1,6 @@
 """`freetoken bench load`: FTW load speed against a raw O_DIRECT read of the same files
-(taken before and after each load), pin-after-fill against pin-before-fill, huge pages against 4 KiB pages, and parallel against
-serial reading.
+(taken before and after each load), pin-after-fill against pin-before-fill, huge pages
+against 4 KiB pages, and parallel against serial reading.
 
 The synthetic model has Qwen3-30B-A3B-shaped expert banks (128 experts, hidden 2048,
 expert FFN 768, bf16), as many layers as --gib asks for; it is written once per machine.
