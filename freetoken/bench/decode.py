@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from freetoken.bench import bw, common, routing, synthmodel
+from freetoken.layers import norm
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.layers.moe import Experts
 from freetoken.moe.banks import HostBanks
@@ -242,22 +243,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         bench.routes = routing.install_trace(bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device)
         print(f"{mode} routing parameters: {tr.params()}")
     bench.install("resident", None, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
-    bench.decode(mode, 8, 4, 0)
-    runs = [bench.decode(mode, args.tokens, args.warmup, r) for r in range(args.repeats)]
-    t_dense = statistics.median(t for t, _ in runs)
-    d = runs[0][1]
-    n = max(d["layers"] / len(bench.host.layers), 1)
-    rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
-             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
-             "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
-    if args.eager and bench.graphs is not None:  # the same resident steps, every kernel launched from Python
-        graphs, bench.graphs = bench.graphs, None
-        t_eager = statistics.median(bench.decode(mode, args.tokens, args.warmup, r)[0] for r in range(args.repeats))
-        bench.graphs = graphs
-        rows.append({"routing": mode, "cap": "all", "policy": "resident, no graphs", "tok_s": 1 / t_eager,
-                     "t_dense_ms": t_eager * 1e3, "graphs_speedup": t_eager / t_dense})
-        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with CUDA graphs, {1 / t_eager:.1f} without "
-              f"({t_eager / t_dense:.2f}x)", flush=True)
+    t_dense, rows = resident_rows(bench, args, mode)
     if args.profile:
         profile_steps(bench, mode, "resident")
     for i, cap in enumerate(float(c) for c in args.caps.split(",")):
@@ -283,6 +269,44 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
             print(json.dumps({**head, **r}), flush=True)
         rows += done
     return rows
+
+
+def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
+    """T_dense (every expert resident, decode as served), and on a GPU the same steps with
+    the torch norms instead of the fused kernels and, with --eager, without CUDA graphs."""
+    def timed() -> tuple[float, dict]:
+        bench.decode(mode, 8, 4, 0)
+        runs = [bench.decode(mode, args.tokens, args.warmup, r) for r in range(args.repeats)]
+        return statistics.median(t for t, _ in runs), runs[0][1]
+
+    t_dense, d = timed()
+    n = max(d["layers"] / len(bench.host.layers), 1)
+    rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
+             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
+             "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
+    if bench.sm.device.type == "cuda" and norm.FUSED:
+        norm.FUSED = False
+        if bench.graphs is not None:
+            bench.graphs.reset()  # the captured steps hold the fused kernels
+        try:
+            t_torch = timed()[0]
+        finally:
+            norm.FUSED = True
+            if bench.graphs is not None:
+                bench.graphs.reset()
+        rows.append({"routing": mode, "cap": "all", "policy": "resident, torch norms", "tok_s": 1 / t_torch,
+                     "t_dense_ms": t_torch * 1e3, "fused_norms_speedup": t_torch / t_dense})
+        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with the fused norms, {1 / t_torch:.1f} with torch's "
+              f"({t_torch / t_dense:.2f}x)", flush=True)
+    if args.eager and bench.graphs is not None:  # the same resident steps, every kernel launched from Python
+        graphs, bench.graphs = bench.graphs, None
+        t_eager = timed()[0]
+        bench.graphs = graphs
+        rows.append({"routing": mode, "cap": "all", "policy": "resident, no graphs", "tok_s": 1 / t_eager,
+                     "t_dense_ms": t_eager * 1e3, "graphs_speedup": t_eager / t_dense})
+        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with CUDA graphs, {1 / t_eager:.1f} without "
+              f"({t_eager / t_dense:.2f}x)", flush=True)
+    return t_dense, rows
 
 
 def placement(backend) -> dict:

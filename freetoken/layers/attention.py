@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from freetoken.layers import context
-from freetoken.layers.norm import RMSNorm
+from freetoken.layers.norm import RMSNorm, head_norm_rope
 from freetoken.layers.rope import apply_rope
 
 
@@ -30,10 +30,12 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(T, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm is not None:
+            q = head_norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
+            k = head_norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ctx = context.current()
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         k_cache[ctx.slots] = k.to(k_cache.dtype)

@@ -1,9 +1,54 @@
-"""RMSNorm, computed in fp32 and cast back, as the reference implementations do."""
+"""RMSNorm, computed in fp32 and cast back, as the reference implementations do; and the
+per-head q/k RMSNorm followed by rotary embedding that Qwen3's attention applies.
+
+On a GPU each is one Triton kernel (kernels/triton/norm.py) unless FUSED is off; the torch
+code here is what they are tested against and what runs everywhere else.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from freetoken.layers.rope import apply_rope
+
+FUSED = True  # the runner sets it from FREETOKEN_FUSED_NORMS
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return FUSED and x.is_cuda and x.dtype == weight.dtype and x.is_contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _fused(x, weight) and x.shape[-1] <= 16384:
+        from freetoken.kernels.triton import norm
+
+        out = torch.empty_like(x)
+        D = x.shape[-1]
+        norm.rms_norm_kernel[(x.numel() // D,)](x, weight, out, D, eps, BLOCK=triton_block(D))
+        return out
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                   sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by cos/sin [T, D]."""
+    T, heads, D = x.shape
+    if _fused(x, weight) and cos.dtype == x.dtype and cos.is_contiguous() and sin.is_contiguous() \
+            and D == triton_block(D) and D >= 2:
+        from freetoken.kernels.triton import norm
+
+        out = torch.empty_like(x)
+        norm.head_norm_rope_kernel[(T * heads,)](x, weight, cos, sin, out, heads, eps, D=D, HALF=D // 2)
+        return out
+    return apply_rope(rms_norm(x, weight, eps), cos, sin)
+
+
+def triton_block(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
 
 class RMSNorm(nn.Module):
@@ -13,7 +58,4 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
