@@ -1,8 +1,8 @@
 """RMSNorm, and per-head q/k RMSNorm with rotary embedding, one program per row.
 
 At bs=1 a decode step is bound by how many kernels it runs, not by their work: the
-reference RMSNorm is seven small kernels, and a head norm plus rotary embedding over q and
-k some two dozen, per layer. Each of these is one kernel, rounding where the reference
+reference RMSNorm is eight small kernels, and a head norm plus rotary embedding over q and
+k 26, per layer. Each of these is one kernel, rounding where the reference
 rounds (to the activations' dtype after normalising, after the weight, and after each
 product and the sum of the rotation), so they agree with it to the last bit but for the
 order of the sum of squares.
