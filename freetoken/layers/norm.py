@@ -16,7 +16,7 @@ FUSED = True  # the runner sets it from FREETOKEN_FUSED_NORMS
 
 
 def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return FUSED and x.is_cuda and x.dtype == weight.dtype and x.is_contiguous()
+    return FUSED and x.is_cuda and x.dtype == weight.dtype and x.is_contiguous() and x.numel() > 0
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
