@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from freetoken.kernels.triton import block
 from freetoken.layers.rope import apply_rope
 
 FUSED = True  # the runner sets it from FREETOKEN_FUSED_NORMS
@@ -25,7 +26,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
         out = torch.empty_like(x)
         D = x.shape[-1]
-        norm.rms_norm_kernel[(x.numel() // D,)](x, weight, out, D, eps, BLOCK=triton_block(D))
+        norm.rms_norm_kernel[(x.numel() // D,)](x, weight, out, D, eps, BLOCK=block(D))
         return out
     dtype = x.dtype
     x32 = x.float()
@@ -38,17 +39,13 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by cos/sin [T, D]."""
     T, heads, D = x.shape
     if _fused(x, weight) and cos.dtype == x.dtype and cos.is_contiguous() and sin.is_contiguous() \
-            and D == triton_block(D) and D >= 2:
+            and D == block(D) and D >= 2:
         from freetoken.kernels.triton import norm
 
         out = torch.empty_like(x)
         norm.head_norm_rope_kernel[(T * heads,)](x, weight, cos, sin, out, heads, eps, D=D, HALF=D // 2)
         return out
     return apply_rope(rms_norm(x, weight, eps), cos, sin)
-
-
-def triton_block(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 class RMSNorm(nn.Module):

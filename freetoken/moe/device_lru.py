@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from freetoken.kernels import moe_gpu
+from freetoken.kernels.triton import block
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 
@@ -138,8 +139,8 @@ class DeviceLRU:
         cpu = torch.empty(k, dtype=torch.bool, device=ids.device)
         books.assign_kernel[(1,)](
             flat, self.slot_of, self.owner, self.stamp, self.clock, self.counts[layer], slots, fetch, cpu,
-            layer * self.cache.E, k, S, self.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(_pow2(k), 2),
-            BLOCK_S=max(_pow2(S), 16), num_warps=8)
+            layer * self.cache.E, k, S, self.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(block(k), 2),
+            BLOCK_S=max(block(S), 16), num_warps=8)
         return slots.view(ids.shape), fetch, cpu
 
     def fetch(self, layer: int, ids: torch.Tensor, fetch: torch.Tensor) -> None:
@@ -148,7 +149,3 @@ class DeviceLRU:
         gu, dn = self.banks.banks[layer]
         moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
         moe_gpu.fetch_experts(dn, self.cache.slots["down"], experts, fetch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()

@@ -105,12 +105,12 @@ class CpuLane:
         assert x.shape[0] == 1 and k <= MAX_ROUTES, "the lane serves single-token steps"
         cpu = self._everything(k) if cpu is None else cpu
         if self.device.type == "cuda":
-            from freetoken.kernels.triton import lane
+            from freetoken.kernels.triton import block, lane
 
             d = self.dev
             lane.post_kernel[(1,)](x, ids, weights, cpu, d.x, d.ids, d.wts, d.pos, self.pend, self.count,
                                    self.pos[layer], k, H=x.shape[-1], BLOCK_H=1024,
-                                   K=max(16, 1 << (k - 1).bit_length()))
+                                   K=max(16, block(k)))
             # the request first, then its number: the second copy starts once the first landed
             self.host.raw.copy_(d.raw, non_blocking=True)
             self.ctl[SEQ:SEQ + 1].copy_(self.count, non_blocking=True)

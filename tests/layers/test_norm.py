@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from freetoken.kernels.triton import block
 from freetoken.layers import norm
 from freetoken.layers.rope import RotaryEmbedding
 
@@ -66,7 +67,7 @@ def test_kernels_in_the_interpreter(shape):
     x, w, cos, sin = inputs(T, heads, D, dtype, "cpu")
     want_norm, want_rope = reference(x, w, cos, sin)
     out = torch.empty_like(x)
-    kernels.rms_norm_kernel[(T * heads,)](x, w, out, D, 1e-6, BLOCK=norm.triton_block(D))
+    kernels.rms_norm_kernel[(T * heads,)](x, w, out, D, 1e-6, BLOCK=block(D))
     assert close(out, want_norm, dtype)
     out = torch.empty_like(x)
     kernels.head_norm_rope_kernel[(T * heads,)](x, w, cos, sin, out, heads, 1e-6, D=D, HALF=D // 2)
