@@ -131,6 +131,9 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         # and a CPU layer's routes are misses of the cache (split's share may leave the CPU none)
         assert d["layers"] == 4 * len(engine.model.moe_layers)
         assert d["m"] > 0 and (d["cpu_routes"] > 0 or mode == "split")
+        if mode != "split":  # 3 prompt tokens and 3 decode steps, replayed steps included
+            k = engine.model.args.num_experts_per_tok
+            assert d["cpu_routes"] == 6 * k * len(backend.cpu_layers)
         lane = backend.stats()["lane"]
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
         if device == "cuda":
