@@ -236,9 +236,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("huge_pages", "FREETOKEN_HUGE_PAGES", _choice("auto", "on", "off"), "auto",
             "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
             "pages, measured once at load)"),
-    Setting("fused_norms", "FREETOKEN_FUSED_NORMS", parse_bool, "1",
-            "on GPUs each RMSNorm, and each head norm with its rotary embedding, runs as one kernel "
-            "instead of the several of the torch code (decode at bs=1 is bound by kernel count)"),
+    Setting("fused_kernels", "FREETOKEN_FUSED_KERNELS", parse_bool, "1",
+            "on GPUs each RMSNorm, each head norm with its rotary embedding, and the router's softmax and "
+            "top-k run as one kernel each instead of the several of the torch code (decode at bs=1 is "
+            "bound by kernel count)"),
     Setting("cpu_lane", "FREETOKEN_CPU_LANE", _choice("auto", "on", "off"), "auto",
             "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
             "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)"),

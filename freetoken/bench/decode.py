@@ -21,8 +21,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from freetoken import config
 from freetoken.bench import bw, common, routing, synthmodel
-from freetoken.layers import norm
+from freetoken.layers import fused
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.layers.moe import Experts
 from freetoken.moe.banks import HostBanks
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     if not cuda and args.model != "tiny":
         raise SystemExit("bench decode needs a CUDA device for full-size models")
     dev = torch.device("cuda" if cuda else "cpu")
+    fused.ENABLED = config.current().fused_kernels  # as the runner sets it
     head = common.header("decode")
     t0 = time.perf_counter()
     ctx = PROMPT + max(args.warmup + args.tokens, args.settle + 4) + 32
@@ -273,7 +275,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
 
 def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
     """T_dense (every expert resident, decode as served), and on a GPU the same steps with
-    the torch norms instead of the fused kernels and, with --eager, without CUDA graphs."""
+    the torch norms and router instead of the fused kernels and, with --eager, without CUDA graphs."""
     def timed() -> tuple[float, dict]:
         bench.decode(mode, 8, 4, 0)
         runs = [bench.decode(mode, args.tokens, args.warmup, r) for r in range(args.repeats)]
@@ -284,20 +286,19 @@ def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
     rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
              "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
              "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
-    if bench.sm.device.type == "cuda" and norm.FUSED:
-        norm.FUSED = False
+    if bench.sm.device.type == "cuda" and fused.ENABLED:
         if bench.graphs is not None:
             bench.graphs.reset()  # the captured steps hold the fused kernels
         try:
-            t_torch = timed()[0]
+            with fused.disabled():
+                t_torch = timed()[0]
         finally:
-            norm.FUSED = True
             if bench.graphs is not None:
                 bench.graphs.reset()
-        rows.append({"routing": mode, "cap": "all", "policy": "resident, torch norms", "tok_s": 1 / t_torch,
-                     "t_dense_ms": t_torch * 1e3, "fused_norms_speedup": t_torch / t_dense})
-        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with the fused norms, {1 / t_torch:.1f} with torch's "
-              f"({t_torch / t_dense:.2f}x)", flush=True)
+        rows.append({"routing": mode, "cap": "all", "policy": "resident, torch norms and router",
+                     "tok_s": 1 / t_torch, "t_dense_ms": t_torch * 1e3, "fused_kernels_speedup": t_torch / t_dense})
+        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with the fused kernels, {1 / t_torch:.1f} with torch's "
+              f"norms and router ({t_torch / t_dense:.2f}x)", flush=True)
     if args.eager and bench.graphs is not None:  # the same resident steps, every kernel launched from Python
         graphs, bench.graphs = bench.graphs, None
         t_eager = timed()[0]

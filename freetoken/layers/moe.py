@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from freetoken.kernels.triton import block
+from freetoken.layers import fused
+
 
 class ExpertBackend(Protocol):
     def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -29,6 +32,16 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x, self.weight)
+        E = logits.shape[-1]
+        if fused.usable(logits) and E <= 4096 and self.top_k <= E:
+            from freetoken.kernels.triton import router
+
+            T = logits.shape[0]
+            weights = torch.empty((T, self.top_k), dtype=x.dtype, device=x.device)
+            ids = torch.empty((T, self.top_k), dtype=torch.int64, device=x.device)
+            router.topk_softmax_kernel[(T,)](logits, weights, ids, E, RENORM=self.norm_topk_prob, K=self.top_k,
+                                             BLOCK_E=block(E), BLOCK_K=block(self.top_k))
+            return weights, ids
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
         if self.norm_topk_prob:

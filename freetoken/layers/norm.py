@@ -1,8 +1,9 @@
 """RMSNorm, computed in fp32 and cast back, as the reference implementations do; and the
 per-head q/k RMSNorm followed by rotary embedding that Qwen3's attention applies.
 
-On a GPU each is one Triton kernel (kernels/triton/norm.py) unless FUSED is off; the torch
-code here is what they are tested against and what runs everywhere else.
+On a GPU each is one Triton kernel (kernels/triton/norm.py) unless the fused kernels are off
+(layers/fused.py); the torch code here is what they are tested against and what runs
+everywhere else.
 """
 
 from __future__ import annotations
@@ -11,17 +12,12 @@ import torch
 from torch import nn
 
 from freetoken.kernels.triton import block
+from freetoken.layers import fused
 from freetoken.layers.rope import apply_rope
-
-FUSED = True  # the runner sets it from FREETOKEN_FUSED_NORMS
-
-
-def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return FUSED and x.is_cuda and x.dtype == weight.dtype and x.is_contiguous() and x.numel() > 0
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if _fused(x, weight) and x.shape[-1] <= 16384:
+    if fused.usable(x, weight) and x.shape[-1] <= 16384:
         from freetoken.kernels.triton import norm
 
         out = torch.empty_like(x)
@@ -38,7 +34,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
                    sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by cos/sin [T, D]."""
     T, heads, D = x.shape
-    if _fused(x, weight) and cos.dtype == x.dtype and cos.is_contiguous() and sin.is_contiguous() \
+    if fused.usable(x, weight, cos, sin) \
             and D == block(D) and D >= 2:
         from freetoken.kernels.triton import norm
 

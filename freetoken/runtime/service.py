@@ -26,7 +26,7 @@ from freetoken.chat import template as chat_template
 from freetoken.chat.output import OutputParser, style_for
 from freetoken.config import parse_size
 from freetoken.kernels import cpu as cpu_kernel
-from freetoken.layers import norm
+from freetoken.layers import fused
 from freetoken.moe import elastic
 from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
@@ -105,7 +105,7 @@ class ModelService:
         t0 = time.perf_counter_ns()
         if self.cfg.cpu_threads:
             torch.set_num_threads(self.cfg.cpu_threads)
-        norm.FUSED = self.cfg.fused_norms
+        fused.ENABLED = self.cfg.fused_kernels
         # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
         cpu_kernel.extension()
         # one rank per GPU: the others start now and load their experts while this one loads
