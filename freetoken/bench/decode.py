@@ -334,8 +334,8 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
     rows = []
     for policy, runs in results.items():
         times = sorted(t for t, _ in runs)
-        t = statistics.median(times)
-        d = runs[len(runs) // 2][1]
+        # the counters of the run whose time is the median: a row's misses and bound are its own
+        t, d = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
         tokens_seen = d["layers"] / max(1, len(bench.host.layers))
         miss = d["m"] / max(tokens_seen, 1)
         if cap == 0:  # no cache: the CPU reads every routed expert, PCIe moves none

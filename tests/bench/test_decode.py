@@ -39,3 +39,17 @@ def test_a_misspelt_policy_fails_at_once(capsys):
     with pytest.raises(SystemExit):
         decode.main(["--model", "tiny", "--policies", "adaptive:fast"])
     assert "unknown policy 'adaptive:fast'" in capsys.readouterr().err
+
+
+def test_a_row_takes_the_counters_of_its_median_run():
+    from types import SimpleNamespace
+
+    bench = SimpleNamespace(host=SimpleNamespace(layers=[0, 1]),
+                            sm=SimpleNamespace(config={"num_experts_per_tok": 4}))
+    runs = [(0.010, {"layers": 20, "m": 40, "q": 0, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),  # in the order run
+            (0.030, {"layers": 20, "m": 60, "q": 30, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),
+            (0.020, {"layers": 20, "m": 80, "q": 20, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0})]
+    (row,) = decode.summarize("uniform", 8, {"adaptive": runs}, 0.001, 1e6, (50, 60, 40, 50), {"adaptive": 9}, bench)
+    # the median time is the third run's: 8 misses a token (80 over 10 tokens), a quarter fetched
+    assert row["tok_s"] == pytest.approx(50) and row["misses_per_token"] == 8 and row["q_share"] == 0.25
+    assert row["bound_tok_s"] == pytest.approx(1 / (0.001 + 8 * 1e6 / 110e9))
