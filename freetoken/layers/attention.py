@@ -1,4 +1,8 @@
-"""Grouped-query attention over the paged KV pool, with optional per-head q/k RMSNorm."""
+"""Grouped-query attention over the paged KV pool, with optional per-head q/k RMSNorm.
+
+On a GPU the KV write and decode attention run as Triton kernels that read the pool in place
+(kernels/triton/attention.py) unless the fused kernels are off; the torch code here is what
+they are tested against and what runs everywhere else."""
 
 from __future__ import annotations
 
@@ -6,9 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freetoken.layers import context
+from freetoken.kernels.triton import block
+from freetoken.layers import context, fused
 from freetoken.layers.norm import RMSNorm, head_norm_rope
 from freetoken.layers.rope import apply_rope
+
+BLOCK_N = 64  # context positions a program takes at a time
+SPLIT_TOKENS = 256  # context positions per split of a long decode context (one program each)
+MAX_SPLITS = 32
 
 
 class Attention(nn.Module):
@@ -38,24 +47,14 @@ class Attention(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         ctx = context.current()
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
-        k_cache[ctx.slots] = k.to(k_cache.dtype)
-        v_cache[ctx.slots] = v.to(v_cache.dtype)
+        store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            return self.o_proj(self._attend_decode(q, k_cache, v_cache, ctx.decode).reshape(T, -1))
+            return self.o_proj(decode_attention(q, k_cache, v_cache, ctx.decode, self.scale).reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
             out[s.q_start:s.q_start + s.q_len] = self._attend(
                 q[s.q_start:s.q_start + s.q_len], k_cache[s.ctx_slots], v_cache[s.ctx_slots], s.ctx_len)
         return self.o_proj(out.reshape(T, -1))
-
-    def _attend_decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       d: "context.DecodeView") -> torch.Tensor:
-        """q: [B, H, D], one token per sequence, over padded contexts masked by length."""
-        kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
-        vh = v_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=self.scale,
-                                           enable_gqa=self.n_heads != self.n_kv_heads)
-        return o.squeeze(2)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int) -> torch.Tensor:
         """q: [n, H, D] for the last n positions of a context of ctx_len; k/v: [ctx_len, KVH, D]."""
@@ -74,3 +73,55 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale,
                                            enable_gqa=self.n_heads != self.n_kv_heads)
         return o[0].transpose(0, 1)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor) -> None:
+    """k, v [T, KVH, D] into the pool's slots [T]."""
+    if fused.usable(k, v) and fused.usable(k_cache, v_cache) and slots.is_contiguous():
+        from freetoken.kernels.triton import attention as kernels
+
+        W = k.shape[1] * k.shape[2]
+        kernels.store_kv_kernel[(k.shape[0],)](k, v, slots, k_cache, v_cache, W=W, BLOCK=block(W))
+        return
+    k_cache[slots] = k.to(k_cache.dtype)
+    v_cache[slots] = v.to(v_cache.dtype)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: "context.DecodeView",
+                     scale: float) -> torch.Tensor:
+    """q [B, H, D], one token per sequence, over each sequence's first d.lens[b] context
+    positions, found through the block table."""
+    B, H, D = q.shape
+    KVH = k_cache.shape[1]
+    if fused.usable(q, k_cache, v_cache) and D == block(D) and D >= 16 and H % KVH == 0:
+        return _decode_fused(q, k_cache, v_cache, d, scale)
+    if d.ctx_slots is None:
+        d.derive()
+    kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
+    vh = v_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=scale,
+                                       enable_gqa=H != KVH)
+    return o.squeeze(2)
+
+
+def _decode_fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: "context.DecodeView",
+                  scale: float) -> torch.Tensor:
+    from freetoken.kernels.triton import attention as kernels
+
+    B, H, D = q.shape
+    KVH = k_cache.shape[1]
+    G = H // KVH
+    # splits follow the padded length, fixed for a captured step; each spreads the actual one
+    splits = min(MAX_SPLITS, -(-d.block_table.shape[1] * d.page_size // SPLIT_TOKENS))
+    out = torch.empty_like(q)
+    part = lse = out
+    if splits > 1:
+        part = torch.empty((B, H, splits, D), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, H, splits), dtype=torch.float32, device=q.device)
+    kernels.decode_attention_kernel[(B, KVH, splits)](
+        q, k_cache, v_cache, d.block_table, d.lens, out, part, lse, scale, d.block_table.stride(0), H, KVH, splits,
+        GROUP=G, G_BLOCK=max(16, block(G)), D=D, PAGE=d.page_size, BLOCK_N=BLOCK_N, DIRECT=splits == 1)
+    if splits > 1:
+        kernels.merge_splits_kernel[(B * H,)](part, lse, out, splits, D=D, S_BLOCK=max(2, block(splits)))
+    return out
