@@ -226,7 +226,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cuda_graphs", "FREETOKEN_CUDA_GRAPHS", parse_bool, "1",
             "replay decode steps from CUDA graphs (cut at experts ops that need the host)"),
     Setting("cpu_threads", "FREETOKEN_CPU_THREADS", _nonneg_int, "0",
-            "threads for CPU compute; 0 means one per physical core"),
+            "threads for CPU compute (the CPU lane pins one to each of that many physical cores); "
+            "0 means one per physical core"),
     Setting("moe_policy", "FREETOKEN_MOE_POLICY",
             _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"), "adaptive",
             "how routed experts that miss the GPU cache are served"),

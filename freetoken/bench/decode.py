@@ -29,6 +29,7 @@ from freetoken.layers.moe import Experts
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
+from freetoken.moe.lane import StepWait
 from freetoken.moe.offload import POLICIES, OffloadExperts
 from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.runtime.graphs import DecodeGraphs
@@ -61,6 +62,7 @@ class Bench:
         self.kv = KVCache(c["num_hidden_layers"], -(-ctx_tokens // 16), 16, c["num_key_value_heads"], c["head_dim"],
                           sm.dtype, device)
         self.backend = None
+        self.wait = StepWait(sm.model, device)
         self.routes: routing.RouteTable | None = None  # set by the trace and uniform modes
         # decode steps run as the server runs them: replayed from CUDA graphs where possible
         self.graphs = DecodeGraphs(sm.model, self.kv, device, ctx_tokens, capture=graphs, min_ctx=ctx_tokens) \
@@ -107,6 +109,7 @@ class Bench:
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = self.backend
+        self.wait = StepWait(self.sm.model, self.sm.device)  # as the engine waits for a step
         self.backend.warm()
         return self.backend
 
@@ -151,6 +154,7 @@ class Bench:
             logits = self._eager(ids, start, pages)
         if self.routes is not None:
             self.routes.advance(n)
+        self.wait()
         return int(logits[-1].argmax())
 
     def _eager(self, ids: list[int], start: int, pages: list[int]) -> torch.Tensor:

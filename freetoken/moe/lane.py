@@ -50,10 +50,12 @@ class Mailbox:
 
 class CpuLane:
     def __init__(self, banks: HostBanks, device: torch.device, threads: int = 0):
+        """threads: 0 for one on each physical core, each pinned to it."""
         ext = cpu_kernel.extension()
         if ext is None:
             raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
-        self.device, self.threads, self._ext = device, threads, ext
+        cpus = cpu_kernel.physical_cpus()
+        self.device, self.cpus, self._ext = device, cpus[:threads] if threads else cpus, ext
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.banks[banks.layers[0]][1].shape[1]
         pin = device.type == "cuda"
@@ -77,7 +79,7 @@ class CpuLane:
             return
         self.ctl[STOP] = 0
         h = self.host
-        args = (self.ctl, h.pos, h.ids, h.wts, h.x, self.out, *self._banks, self.threads, -1)
+        args = (self.ctl, h.pos, h.ids, h.wts, h.x, self.out, *self._banks, self.cpus, -1)
         self._thread = threading.Thread(target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True)
         self._thread.start()
         # stop the loop when the owner goes away: it holds the banks
@@ -171,11 +173,31 @@ def _stop(ctl: torch.Tensor, thread: threading.Thread | None) -> None:
         thread.join(timeout=5)
 
 
+class StepWait:
+    """Waits for a step's GPU work asleep where a CPU lane computes during steps: a host
+    thread spinning on the GPU would take a core from the lane's pinned workers, and waking
+    costs microseconds against a step's milliseconds."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        from freetoken.layers.moe import Experts
+
+        backends = [getattr(m.backend, "local", m.backend) for m in model.modules() if isinstance(m, Experts)]
+        lanes = any(getattr(b, "lane", None) is not None for b in backends)
+        self._event = torch.cuda.Event(blocking=True) if device.type == "cuda" and lanes else None
+
+    def __call__(self) -> None:
+        if self._event is not None:
+            self._event.record()
+            self._event.synchronize()
+
+
 def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
-    """A lane for `banks`, or None (logged) where the CPU kernel cannot be built. It leaves
-    one core to the thread that launches and waits for the GPU's work."""
+    """A lane for `banks` on every physical core, or None (logged) where the CPU kernel cannot
+    be built. The thread that launches a step waits for it asleep (StepWait), not on a core."""
+    from freetoken import config
+
     try:
-        return CpuLane(banks, device, threads=max(1, torch.get_num_threads() - 1))
+        return CpuLane(banks, device, threads=config.current().cpu_threads)
     except RuntimeError as e:
         log.warning("no CPU lane: %s", e)
         return None

@@ -16,6 +16,7 @@ import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.layers.moe import Experts
+from freetoken.moe.lane import StepWait
 from freetoken.runtime import sampling
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
@@ -44,6 +45,7 @@ class Engine:
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs = graphs
         self._experts = [m for m in model.modules() if isinstance(m, Experts)]
+        self._wait = StepWait(model, device)
         self.num_ctx = num_ctx
         self.scheduler = Scheduler(kv, max_running, prefill_chunk)
         self.requests: dict[int, Request] = {}
@@ -87,6 +89,7 @@ class Engine:
         t0 = time.perf_counter_ns()
         logits = self._execute(plan)
         masks = self._masks(plan)  # grammar masks, computed while the device works
+        self._wait()
         logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
         self._postprocess(plan, logits, masks, t0, t1)

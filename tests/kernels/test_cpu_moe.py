@@ -52,3 +52,15 @@ def test_bad_routes_are_rejected():
     with pytest.raises(RuntimeError, match="route out of range"):
         cpu.moe_experts(torch.randn(1, 8), torch.randn(2, 8, 8), torch.randn(2, 8, 4), torch.tensor([0]),
                         torch.tensor([5]), torch.tensor([1.0]))
+
+
+def test_one_cpu_of_each_physical_core_is_chosen():
+    import os
+    from pathlib import Path
+
+    cpus = cpu.physical_cpus()
+    assert cpus and set(cpus) <= os.sched_getaffinity(0) and cpus == sorted(cpus)
+    topo = [Path(f"/sys/devices/system/cpu/cpu{c}/topology") for c in cpus]
+    if all(t.is_dir() for t in topo):  # no two on one core
+        keys = [(t.joinpath("physical_package_id").read_text(), t.joinpath("core_id").read_text()) for t in topo]
+        assert len(set(keys)) == len(keys)

@@ -65,6 +65,8 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
         # the CPU's time and routes per request are what the bench reports of the lane
         assert stats["routes_per_request"] * stats["served"] == pytest.approx(routes)
         assert stats["cpu_us_per_request"] > 0 and stats["polls_per_request"] >= 0
+        # the loop's thread stays on the first of its cores (its team's workers on the others)
+        assert os.sched_getaffinity(lane._thread.native_id) == {lane.cpus[0]}
     finally:
         lane.stop()
     assert lane._thread is None
@@ -136,8 +138,8 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
             assert d["cpu_routes"] == 6 * k * len(backend.cpu_layers)
         lane = backend.stats()["lane"]
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
-        if device == "cuda":
-            assert engine.graphs.capture
+        if device == "cuda":  # and the engine waits for each step asleep, its cores the lane's
+            assert engine.graphs.capture and engine._wait._event is not None
             assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1}
     finally:
         backend.lane.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -62,6 +63,21 @@ def extension():
                 _failed = True
                 log.warning("CPU expert kernel unavailable (%s); using plain torch", str(e).splitlines()[0])
     return _ext
+
+
+def physical_cpus() -> list[int]:
+    """One logical CPU of each physical core this process may run on, lowest numbers first."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            key = (topo.joinpath("physical_package_id").read_text().strip(),
+                   topo.joinpath("core_id").read_text().strip())
+        except OSError:  # no topology to read: every allowed CPU counts as a core
+            return allowed
+        cores.setdefault(key, cpu)
+    return sorted(cores.values())
 
 
 def tier() -> str:

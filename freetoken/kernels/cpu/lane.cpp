@@ -11,9 +11,12 @@
 // up (GPU), [7] nanoseconds spent serving (CPU): with the GPU's polls they show which side
 // a layer waits for.
 // The mailbox: pos (the layer's position in the bank lists), ids, wts, x; the answer: out.
+// The loop's thread and its team of workers are pinned one to a physical core.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include <sched.h>
 
 #include <chrono>
 #include <cstdint>
@@ -62,10 +65,23 @@ int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const to
   return n;
 }
 
+// One thread of the lane's team on each of `cpus` (one logical CPU per physical core): the
+// team is this thread's own, kept for every later request, so each stays where it streams.
+void pin_team(const std::vector<int64_t>& cpus) {
+  const int64_t n = static_cast<int64_t>(cpus.size());
+  at::set_num_threads(static_cast<int>(n));
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<int>(cpus[begin]), &set);
+    sched_setaffinity(0, sizeof(set), &set);  // best effort: a refusal leaves the thread unpinned
+  });
+}
+
 }  // namespace
 
 void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
-                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
+                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, std::vector<int64_t> cpus,
                 int64_t tier) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
@@ -74,7 +90,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
               "lane: bad activations");
   TORCH_CHECK(gate_ups.size() == downs.size(), "lane: banks disagree");
   at::init_num_threads();
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  if (!cpus.empty()) pin_team(cpus);
   int64_t* c = ctl.data_ptr<int64_t>();
   int64_t last = load_acquire(c + 1);  // a request posted before the loop started is served
   auto busy = std::chrono::steady_clock::now();

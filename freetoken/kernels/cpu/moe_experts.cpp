@@ -5,7 +5,9 @@
 //
 // Two passes over tasks shared by the intra-op threads: pass 1 walks (route, 16-row tile of I)
 // and writes h = silu(g) * u; pass 2 walks (token, 16-row tile of H) and sums the routes' down
-// projections. Weights are bf16 or fp32; accumulation is fp32. The instruction set is chosen
+// projections. Threads take tasks one at a time from a shared counter, so a thread that the
+// OS runs less (another process's, or the host's own thread waiting on the GPU) takes fewer
+// instead of holding up the pass. Weights are bf16 or fp32; accumulation is fp32. The instruction set is chosen
 // at run time: AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <vector>
 
@@ -245,6 +248,18 @@ int best_tier() {
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
+// f(task) for every task in [0, n), each once, over the intra-op threads.
+template <typename F>
+void for_tasks(int64_t n, const F& f) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t task = next.fetch_add(1, std::memory_order_relaxed); task < n;
+         task = next.fetch_add(1, std::memory_order_relaxed)) {
+      f(task);
+    }
+  });
+}
+
 // One row-tile of a matrix-vector product: y[j] = W[row0 + j, :] . x for j < rows.
 template <typename W>
 inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
@@ -282,40 +297,36 @@ void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, co
   std::vector<float> h(R * I);
   std::vector<uint16_t> hb(tier == AVX512BF16 ? R * I : 0);
   const int64_t itiles = (I + kTile - 1) / kTile;
-  at::parallel_for(0, R * itiles, 1, [&](int64_t begin, int64_t end) {
+  for_tasks(R * itiles, [&](int64_t task) {
     float g[kTile], u[kTile];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / itiles, i0 = (task % itiles) * kTile;
-      const int rows = static_cast<int>(std::min<int64_t>(kTile, I - i0));
-      const W* gu = gate_up + exp[r] * 2 * I * H;
-      const float* xr = x + tok[r] * H;
-      const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
-      rows_dot(gu, i0, rows, H, xr, xbr, g, dbf, df, tier);
-      rows_dot(gu, I + i0, rows, H, xr, xbr, u, dbf, df, tier);
-      for (int j = 0; j < rows; ++j) {
-        float v = silu(g[j]) * u[j];
-        h[r * I + i0 + j] = v;
-        if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
-      }
+    const int64_t r = task / itiles, i0 = (task % itiles) * kTile;
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, I - i0));
+    const W* gu = gate_up + exp[r] * 2 * I * H;
+    const float* xr = x + tok[r] * H;
+    const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
+    rows_dot(gu, i0, rows, H, xr, xbr, g, dbf, df, tier);
+    rows_dot(gu, I + i0, rows, H, xr, xbr, u, dbf, df, tier);
+    for (int j = 0; j < rows; ++j) {
+      float v = silu(g[j]) * u[j];
+      h[r * I + i0 + j] = v;
+      if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
     }
   });
   // routes of each token, in order (routes arrive grouped by nothing in particular)
   std::vector<std::vector<int64_t>> by_tok(T);
   for (int64_t r = 0; r < R; ++r) by_tok[tok[r]].push_back(r);
   const int64_t htiles = (H + kTile - 1) / kTile;
-  at::parallel_for(0, T * htiles, 1, [&](int64_t begin, int64_t end) {
+  for_tasks(T * htiles, [&](int64_t task) {
     float y[kTile];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / htiles, r0 = (task % htiles) * kTile;
-      const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
-      float acc[kTile] = {0};
-      for (int64_t r : by_tok[t]) {
-        const W* dn = down + exp[r] * H * I;
-        rows_dot(dn, r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df, tier);
-        for (int j = 0; j < rows; ++j) acc[j] += wt[r] * y[j];
-      }
-      for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
+    const int64_t t = task / htiles, r0 = (task % htiles) * kTile;
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
+    float acc[kTile] = {0};
+    for (int64_t r : by_tok[t]) {
+      const W* dn = down + exp[r] * H * I;
+      rows_dot(dn, r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df, tier);
+      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * y[j];
     }
+    for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
   });
 }
 
@@ -363,7 +374,7 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, tor
 
 // lane.cpp
 void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
-                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, int64_t threads,
+                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, std::vector<int64_t> cpus,
                 int64_t tier);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
