@@ -27,13 +27,14 @@ def spec(files: dict[str, str], **kw) -> RunnerSpec:
 def test_load_complete_cancel_crash(files):
     async def scenario():
         progress = []
-        runner = await Runner.start(spec(files), on_progress=lambda d, t: progress.append((d, t)))
+        # a context long enough that the stream killed below cannot have been sent whole first
+        runner = await Runner.start(spec(files, num_ctx=4096), on_progress=lambda d, t: progress.append((d, t)))
         try:
-            assert runner.alive and runner.info["num_ctx"] == 256
+            assert runner.alive and runner.info["num_ctx"] == 4096
             body = {
                 "kind": "chat",
                 "messages": [{"role": "user", "content": "hi"}],
-                "options": {"num_predict": 3, "num_ctx": 256},
+                "options": {"num_predict": 3, "num_ctx": 4096},
             }
             events = [e async for e in runner.completion(body)]
             assert events[-1]["done"] and events[-1]["eval_count"] <= 3
@@ -43,7 +44,7 @@ def test_load_complete_cancel_crash(files):
                 [x async for x in runner.completion(bad)]
             assert e.value.status == 400 and "temperature" in str(e.value)
             # Leaving a stream early closes the connection; the runner drops the sequence.
-            long = {**body, "options": {"num_predict": 100000, "num_ctx": 256}}
+            long = {**body, "options": {"num_predict": 100000, "num_ctx": 4096}}
             stream = runner.completion(long)
             await anext(stream)
             await stream.aclose()
