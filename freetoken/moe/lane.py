@@ -173,6 +173,11 @@ def _stop(ctl: torch.Tensor, thread: threading.Thread | None) -> None:
         thread.join(timeout=5)
 
 
+def capturing(device: torch.device) -> bool:
+    """Inside a CUDA graph capture an op's Python runs once for every later replay."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class StepWait:
     """Waits for a step's GPU work asleep where a CPU lane computes during steps: a host
     thread spinning on the GPU would take a core from the lane's pinned workers, and waking

@@ -39,11 +39,6 @@ PREFILL_TOKENS = 32  # above this the CPU would be compute-bound: misses are fet
 DECODE_TOKENS = 8  # steps this small tune the PCIe/CPU share
 
 
-def _capturing(device: torch.device) -> bool:
-    """Inside a CUDA graph capture the op's Python runs once for every later replay."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 class OffloadExperts:
     def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
                  device: torch.device, prefill_overlap: bool = True, device_lru: bool = False,
@@ -224,8 +219,7 @@ class OffloadExperts:
     def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
         if self.lane is not None and ids.shape[0] == 1:
-            if not _capturing(self.device):  # a replayed graph counts through account_device
-                self._account(ids.numel(), 0, ids.numel(), 1)  # one token's top-k: distinct experts
+            self.account_device(layer, ids.numel())
             self.lane.start()
             self.lane.post(layer, x, ids, weights)
             return self.lane.collect(torch.zeros_like(x))
@@ -277,8 +271,7 @@ class OffloadExperts:
         return out
 
     def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if not _capturing(self.device):
-            self._steps["layers"] += 1
+        self.account_device(layer, ids.numel())
         if self.mode == "split":
             return self._split(layer, x, ids, weights)
         return self._from_slots(x, self.lru(layer, ids), weights)
@@ -383,13 +376,13 @@ class OffloadExperts:
             self.mode != "split" or self.lane is not None))
 
     def account_device(self, layer: int, routes: int) -> None:
-        """Counts a layer replayed from a captured step (no Python of the op ran)."""
-        self._steps["layers"] += 1
+        """Counts a layer run on the device, eagerly or replayed (a capture counts nothing)."""
+        if lane.capturing(self.device):
+            return
+        lane_layer = self.cache is None or layer in self.cpu_layers  # a token's top-k, all misses
+        self._account(routes if lane_layer else 0, 0, routes if lane_layer else 0, 1)
         if layer in self._fixed_layers:  # the device path counts its hits itself
             self.cache.hits[layer] += routes
-        elif self.cache is None or layer in self.cpu_layers:  # the lane's: one token's routes, all misses
-            self._steps["m"] += routes
-            self._steps["cpu_routes"] += routes
 
     def _choose(self, m: int, T: int) -> int:
         if m == 0:
@@ -488,7 +481,7 @@ class OffloadExperts:
             self._stage.clear()
 
     def stats(self) -> dict:
-        lru = self.lru
+        lru = self.lru  # one look: another thread may drop it
         out = {"policy": self.policy, **self.steps, **self.timers,
                "books": "device" if lru is not None and lru.live else "host",
                "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
