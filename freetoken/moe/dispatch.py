@@ -142,18 +142,23 @@ class ModeChooser:
     the time, and every layer's misses cost PCIe or CPU time; whole CPU layers move the same
     bytes with no bookkeeping (on the GPU machine 1.2–1.6× the host-kept cache at uniform
     routing, 0.7–0.8× with a skewed trace). Which is faster depends on the work being served,
-    so each is measured in turn for `measure` steps after `settle`, the fastest is kept, and
-    all are measured again every `period` steps.
+    so each is measured for `measure` steps (after `settle` steps of each visit), the fastest
+    is kept, and all are measured again every `period` steps. With `rounds` > 1 the modes are
+    visited in turn that many times, each visit taking its share of the samples: a machine
+    whose speed drifts (other work on the host's cores or memory) then slows every mode's
+    samples alike instead of the ones measured last.
     """
 
     def __init__(self, settle: int = 8, measure: int = 12, period: int = 4096,
-                 modes: tuple[str, ...] = ("cache", "layers")):
+                 modes: tuple[str, ...] = ("cache", "layers"), rounds: int = 1):
         self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
+        self.rounds, self._per_visit = rounds, max(1, -(-measure // rounds))
         self.mode = modes[0]
         self.means: dict[str, float] = {}
-        self._plan = list(modes)  # modes still to measure, in order
+        self._plan = list(modes) * rounds  # visits still to make, in order
         self._steps = 0  # steps since the current mode was entered
-        self._samples: list[float] = []
+        self._visit: list[float] = []  # this visit's samples
+        self._samples: dict[str, list[float]] = {}  # each mode's samples of this measurement
         self._since = 0  # steps since the last choice
 
     def observe(self, seconds: float) -> None:
@@ -161,15 +166,19 @@ class ModeChooser:
         self._steps += 1
         if self._plan:
             if self._steps > self.settle:  # the first steps after a switch pay for the switch
-                self._samples.append(seconds)
-            if len(self._samples) >= self.measure:
-                self.means[self._plan.pop(0)] = sorted(self._samples)[len(self._samples) // 2]
-                self._samples, self._steps = [], 0
+                self._visit.append(seconds)
+            if len(self._visit) >= self._per_visit:
+                done = self._plan.pop(0)
+                self._samples.setdefault(done, []).extend(self._visit)
+                self._visit, self._steps = [], 0
+                if done not in self._plan:  # its last visit: its median over all of them
+                    s = sorted(self._samples.pop(done))
+                    self.means[done] = s[len(s) // 2]
                 self.mode = self._plan[0] if self._plan else min(self.means, key=self.means.get)
             return
         self._since += 1
         if self._since >= self.period:  # the others, then the current one again
-            self._plan = [m for m in self.modes if m != self.mode] + [self.mode]
+            self._plan = ([m for m in self.modes if m != self.mode] + [self.mode]) * self.rounds
             self._since, self._steps = 0, 0
             self.mode = self._plan[0]
 

@@ -88,7 +88,7 @@ class OffloadExperts:
         if self.policy != "adaptive" or self.cache is None or self.cache.capacity >= L * E:
             return None
         modes = ("device", "split", "cache", "layers") if self.lru is not None else ("cache", "layers")
-        return ModeChooser(modes=modes)
+        return ModeChooser(modes=modes, rounds=2)
 
     @property
     def steps(self) -> dict:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from freetoken.moe.dispatch import PathCost, Split, q_star
 
 
@@ -97,3 +99,23 @@ def test_mode_chooser_measures_again_after_a_period():
     modes = _run_chooser(chooser, cost, 30)
     assert modes[-1] == "cache"
     assert "cache" in modes[10:14]  # the re-measurement started with the other mode
+
+
+def test_mode_chooser_in_rounds_is_not_fooled_by_a_machine_that_slows_down():
+    from freetoken.moe.dispatch import ModeChooser
+
+    def run(chooser, steps):
+        # layers is the faster; from the fifth step on, every step is 30 ms slower
+        base, modes = {"cache": 0.05, "layers": 0.04}, []
+        for i in range(steps):
+            modes.append(chooser.mode)
+            chooser.observe(base[chooser.mode] + (0.03 if i >= 4 else 0.0))
+        return modes
+
+    one = ModeChooser(settle=0, measure=4, period=100)  # cache measured fast, layers slow
+    run(one, 12)
+    assert one.mode == "cache"
+    two = ModeChooser(settle=0, measure=4, period=100, rounds=2)
+    modes = run(two, 12)
+    assert modes[:8] == ["cache", "cache", "layers", "layers"] * 2  # visits in turn, 2 samples each
+    assert two.mode == "layers" and two.means == pytest.approx({"cache": 0.08, "layers": 0.07})
