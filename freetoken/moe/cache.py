@@ -150,12 +150,12 @@ class ExpertCache:
         self.volatile = 0
         return len(keep)
 
-    def stats(self, more: tuple[int, int, int, int] = (0, 0, 0, 0)) -> dict:
+    def stats(self, more: tuple[int, int, int, int] = (0, 0, 0, 0), used: int | None = None) -> dict:
         """Totals, plus `more` (hits, misses, evictions, fetches) counted elsewhere and not
-        yet added (the device-kept books')."""
+        yet added, and `used` slots as counted there (the device-kept books')."""
         hits, misses = int(self.hits.sum()) + more[0], int(self.misses.sum()) + more[1]
         lookups = hits + misses
         return {"slots": self.capacity, "bytes": self.capacity * self.expert_bytes,
-                "used": int((self.owner >= 0).sum()), "hits": hits, "misses": misses,
+                "used": int((self.owner >= 0).sum()) if used is None else used, "hits": hits, "misses": misses,
                 "fetches": int(self.fetches.sum()) + more[3], "evictions": self.evictions + more[2],
                 "hit_rate": hits / lookups if lookups else 0.0}

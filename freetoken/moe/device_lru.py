@@ -63,6 +63,10 @@ class DeviceLRU:
         only, so any thread may ask (statistics) while steps run."""
         return self.counts.cpu().numpy() - self._pulled
 
+    def used(self) -> int:
+        """Slots holding an expert, by the device's books (reads only, like `unpulled`)."""
+        return int((self.owner[:-1] >= 0).sum())
+
     def pull(self) -> tuple[int, int]:
         """Device → host: from now on the host keeps the books. Returns the misses and the
         fetches counted since the last pull."""

@@ -101,8 +101,7 @@ class OffloadExperts:
         lru = self.lru  # statistics run on other threads: one look at it
         if lru is None or not lru.live:
             return 0, 0, 0, 0
-        h, m, e, f = lru.unpulled().sum(axis=0).tolist()
-        return h, m, e, f
+        return tuple(lru.unpulled().sum(axis=0).tolist())
 
     def _on_device_path(self, tokens: int) -> bool:
         """Whether a step of `tokens` tokens keeps the cache's books on the device."""
@@ -493,8 +492,9 @@ class OffloadExperts:
             out["pcie_share"] = self.tuner.stats()
             if self.modes is not None:
                 out["placement"] = self.modes.stats()
-        if self.cache is not None:
-            out["cache"] = self.cache.stats(self._unpulled())
+        if self.cache is not None:  # while the device keeps the books, it says which slots are used
+            used = lru.used() if lru is not None and lru.live else None
+            out["cache"] = self.cache.stats(self._unpulled(), used)
         if self.streamer is not None:
             out["prefill_streaming"] = dict(self.streamer.stats)
         return out
