@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
-    ap.add_argument("--settle", type=int, default=112,
-                    help="steps run after installing adaptive, unmeasured: it measures its placements meanwhile")
+    ap.add_argument("--settle", type=int, default=144,
+                    help="steps run after installing adaptive, unmeasured: it measures its placements meanwhile "
+                         "(4 modes, each visited twice for 8 settling and 6 timed steps)")
     ap.add_argument("--settle-fixed", type=int, default=64,
                     help="steps run after installing a fixed policy, unmeasured: enough to cycle the cache")
     ap.add_argument("--repeats", type=int, default=3)
