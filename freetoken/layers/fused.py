@@ -1,8 +1,9 @@
 """Whether the layers run their one-kernel Triton forms on a GPU.
 
 At one token a step, decode is bound by how many kernels it launches, not by their work, so
-the norms and the router each have a fused form (kernels/triton/). The torch code beside
-each is what the fused form is tested against and what runs everywhere else.
+the norms, the router, the KV write and decode attention each have a fused form
+(kernels/triton/). The torch code beside each is what the fused form is tested against and
+what runs everywhere else.
 """
 
 from __future__ import annotations

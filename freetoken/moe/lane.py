@@ -94,7 +94,7 @@ class CpuLane:
         (a poll is a read across PCIe, about a microsecond)."""
         c, n = self.ctl.tolist(), max(int(self.count), 1)
         per = max(c[SERVED], 1)
-        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS],
+        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS], "threads": len(self.cpus),
                 "routes_per_request": c[ROUTES] / per, "cpu_us_per_request": c[BUSY_NS] / per / 1e3,
                 "polls_per_request": int(self.polls) / n}
 
