@@ -238,9 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
             "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
             "pages, measured once at load)"),
     Setting("fused_kernels", "FREETOKEN_FUSED_KERNELS", parse_bool, "1",
-            "on GPUs each RMSNorm, each head norm with its rotary embedding, and the router's softmax and "
-            "top-k run as one kernel each instead of the several of the torch code (decode at bs=1 is "
-            "bound by kernel count)"),
+            "on GPUs each RMSNorm, each head norm with its rotary embedding, the router's softmax and "
+            "top-k, the KV write and decode attention run as one kernel each instead of the several of "
+            "the torch code (decode at bs=1 is bound by kernel count)"),
     Setting("cpu_lane", "FREETOKEN_CPU_LANE", _choice("auto", "on", "off"), "auto",
             "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
             "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)"),

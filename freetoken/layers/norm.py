@@ -34,8 +34,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
                    sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by cos/sin [T, D]."""
     T, heads, D = x.shape
-    if fused.usable(x, weight, cos, sin) \
-            and D == block(D) and D >= 2:
+    if fused.usable(x, weight, cos, sin) and D == block(D) and D >= 2:
         from freetoken.kernels.triton import norm
 
         out = torch.empty_like(x)
