@@ -188,12 +188,13 @@ class StepWait:
         from freetoken.layers.moe import Experts
 
         backends = [getattr(m.backend, "local", m.backend) for m in model.modules() if isinstance(m, Experts)]
-        self._lanes = [b for b in backends if getattr(b, "lane", None) is not None]
+        # weakly: a backend replaced (a new cache size, a new policy) must free its slot pool
+        self._lanes = [weakref.ref(b) for b in backends if getattr(b, "lane", None) is not None]
         self._event = torch.cuda.Event(blocking=True) if device.type == "cuda" and self._lanes else None
 
     def asleep(self) -> bool:
         """Whether the step just launched is waited for asleep."""
-        return self._event is not None and any(b.lane_serving() for b in self._lanes)
+        return self._event is not None and any(b is not None and b.lane_serving() for b in (r() for r in self._lanes))
 
     def __call__(self) -> None:
         if self.asleep():

@@ -3,8 +3,10 @@ thread, with the expert kernel's arithmetic, in order, and a stopped lane lets g
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
+import weakref
 
 import pytest
 import torch
@@ -184,6 +186,7 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
 def test_lane_serving_follows_the_placement():
     """Steps are waited for asleep only in placements that post to the lane: a CPU-only model,
     whole CPU layers, or a split of the misses; with every miss fetched nothing is posted."""
+    from freetoken.layers.moe import Experts
     from freetoken.moe.cache import ExpertCache
     from freetoken.moe.dispatch import Split
     from freetoken.moe.lane import StepWait
@@ -208,5 +211,13 @@ def test_lane_serving_follows_the_placement():
         assert only_cpu.lane_serving()
     finally:
         only_cpu.lane.stop()
-    model = torch.nn.Module()  # no experts op: nothing to wait for asleep, and no CUDA event on a CPU
-    assert not StepWait(model, cpu).asleep()
+    experts = Experts(0, E, H, I)
+    experts.backend = only_cpu
+    wait = StepWait(experts, cpu)
+    assert not wait.asleep()  # a CPU has no CUDA event to wait on
+    # a backend replaced between runs must go, slot pool and all: the wait does not hold it
+    gone = weakref.ref(only_cpu)
+    experts.backend = only_cpu = None
+    gc.collect()
+    assert gone() is None
+    wait()
