@@ -49,7 +49,8 @@ class OffloadExperts:
         self.cuda = device.type == "cuda"
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
         self._fixed_layers: set[int] = set()
-        self._copy_stream, self._stage = (torch.cuda.Stream(device), Staging(device)) if self.cuda else (None, None)
+        self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._stage = Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
         self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
         self._tick: float | None = None  # when the last decode step started
@@ -66,11 +67,13 @@ class OffloadExperts:
         self.lru = self._new_lru()
         # adaptive's CPU routes of single-token steps, served without cutting the step's graph
         self.lane = lane.make(banks, device) if cpu_lane and (policy == "adaptive" or cache is None) else None
-        # adaptive also chooses, by measurement, among the cache (its books on the host or on
-        # the device) and whole layers on the CPU
-        self.mode, self.modes = "cache", self._mode_chooser()
+        # adaptive also chooses between the cache (its books on the host or on the device) and
+        # whole layers on the CPU, by measurement
+        self.mode = "cache"
+        self.modes = self._mode_chooser()
         # prefill streams whole layers through two buffers, when the pool has room for them
-        self._prefill_overlap, self.streamer = prefill_overlap, None
+        self._prefill_overlap = prefill_overlap
+        self.streamer = None
         self._make_streamer()
 
     def _new_lru(self) -> DeviceLRU | None:
@@ -364,10 +367,6 @@ class OffloadExperts:
         self.mode = want
         self._tick = None
 
-    def lane_serving(self) -> bool:
-        """Whether single-token steps in the current placement post work to the CPU lane."""
-        return self.lane is not None and (self.cache is None or bool(self.cpu_layers) or self.mode == "split")
-
     def device_only(self, layer: int, tokens: int = 1) -> bool:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
         if self.cache is None or layer in self.cpu_layers:
@@ -437,7 +436,9 @@ class OffloadExperts:
     def _account(self, m: int, q: int, cpu_routes: int, T: int) -> None:
         s = self._steps
         s["m"] += m
-        s["q"], s["cpu_routes"], s["layers"] = s["q"] + q, s["cpu_routes"] + cpu_routes, s["layers"] + 1
+        s["q"] += q
+        s["cpu_routes"] += cpu_routes
+        s["layers"] += 1
 
     @property
     def floor(self) -> int:

@@ -3,10 +3,8 @@ thread, with the expert kernel's arithmetic, in order, and a stopped lane lets g
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import os
-import weakref
 
 import pytest
 import torch
@@ -181,43 +179,3 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
         assert lane.stats()["timeouts"] == 0
     finally:
         lane.stop()
-
-
-def test_lane_serving_follows_the_placement():
-    """Steps are waited for asleep only in placements that post to the lane: a CPU-only model,
-    whole CPU layers, or a split of the misses; with every miss fetched nothing is posted."""
-    from freetoken.layers.moe import Experts
-    from freetoken.moe.cache import ExpertCache
-    from freetoken.moe.dispatch import Split
-    from freetoken.moe.lane import StepWait
-    from freetoken.moe.offload import OffloadExperts
-
-    hb, cpu = banks(), torch.device("cpu")
-    split = Split.from_bandwidths(hb.expert_bytes, 50e9, 70e9)
-    cache = ExpertCache(L, E, E, hb.rows, torch.float32, cpu)
-    backend = OffloadExperts(hb, cache, "adaptive", split, cpu, cpu_lane=True)
-    try:
-        assert backend.lane is not None and not backend.lane_serving()  # misses on the host path
-        backend.mode = "device"
-        assert not backend.lane_serving()
-        backend.mode = "split"
-        assert backend.lane_serving()
-        backend._switch("layers")
-        assert backend.cpu_layers and backend.lane_serving()
-    finally:
-        backend.lane.stop()
-    only_cpu = OffloadExperts(hb, None, "adaptive", split, cpu, cpu_lane=True)
-    try:
-        assert only_cpu.lane_serving()
-    finally:
-        only_cpu.lane.stop()
-    experts = Experts(0, E, H, I)
-    experts.backend = only_cpu
-    wait = StepWait(experts, cpu)
-    assert not wait.asleep()  # a CPU has no CUDA event to wait on
-    # a backend replaced between runs must go, slot pool and all: the wait does not hold it
-    gone = weakref.ref(only_cpu)
-    experts.backend = only_cpu = None
-    gc.collect()
-    assert gone() is None
-    wait()
