@@ -256,7 +256,7 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
     for i, cap in enumerate(float(c) for c in args.caps.split(",")):
         results: dict[str, list[tuple[float, dict]]] = {}
         slots: dict[str, int] = {}
-        seen: dict[str, dict] = {}  # where each policy ended up, from the last repeat
+        seen: dict[str, list[dict]] = {}  # where each policy ended up, repeat by repeat
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
                 bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
@@ -264,14 +264,16 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
                 settle = args.settle if policy.startswith("adaptive") else args.settle_fixed
                 bench.decode(mode, settle, 4, 100 + r)
                 results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
-                seen[policy] = placement(bench.backend)
+                seen.setdefault(policy, []).append(placement(bench.backend))
                 # a run cut short by a time limit still leaves each repeat's figure
                 print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s "
-                      f"{seen[policy]}", file=sys.stderr, flush=True)
+                      f"{seen[policy][-1]}", file=sys.stderr, flush=True)
                 slots[policy] = bench.backend.cache.capacity if bench.backend.cache is not None else 0
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
-        done = [{**row, **seen[row["policy"]]} for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)]
+        # a row's placement is that of the repeat its counters come from
+        done = [{**row, **seen[row["policy"]][row["median_repeat"] - 1]}
+                for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)]
         for r in done:  # as soon as measured: a run cut short still leaves its figures
             print(json.dumps({**head, **r}), flush=True)
         rows += done
@@ -341,7 +343,8 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
     for policy, runs in results.items():
         times = sorted(t for t, _ in runs)
         # the counters of the run whose time is the median: a row's misses and bound are its own
-        t, d = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+        median = sorted(range(len(runs)), key=lambda i: runs[i][0])[len(runs) // 2]
+        t, d = runs[median]
         tokens_seen = d["layers"] / max(1, len(bench.host.layers))
         miss = d["m"] / max(tokens_seen, 1)
         if cap == 0:  # no cache: the CPU reads every routed expert, PCIe moves none
@@ -350,7 +353,7 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
         bound = t_dense + miss * S / ((b_p + b_h) * 1e9)
         bound_c = t_dense + miss * S / ((p_c + h_c) * 1e9)
         k = bench.sm.config["num_experts_per_tok"] * len(bench.host.layers)
-        rows.append({"routing": mode, "cap": cap, "policy": policy, "tok_s": 1 / t,
+        rows.append({"routing": mode, "cap": cap, "policy": policy, "tok_s": 1 / t, "median_repeat": median + 1,
                      "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
                      "bound_tok_s": 1 / bound, "ratio_to_bound": bound / t, "ratio_concurrent_bound": bound_c / t,
                      "hit_rate": 1 - miss / k, "misses_per_token": miss, "q_share": d["q"] / max(d["m"], 1),

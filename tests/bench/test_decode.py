@@ -52,4 +52,5 @@ def test_a_row_takes_the_counters_of_its_median_run():
     (row,) = decode.summarize("uniform", 8, {"adaptive": runs}, 0.001, 1e6, (50, 60, 40, 50), {"adaptive": 9}, bench)
     # the median time is the third run's: 8 misses a token (80 over 10 tokens), a quarter fetched
     assert row["tok_s"] == pytest.approx(50) and row["misses_per_token"] == 8 and row["q_share"] == 0.25
+    assert row["median_repeat"] == 3  # where adaptive's placement is read from too
     assert row["bound_tok_s"] == pytest.approx(1 / (0.001 + 8 * 1e6 / 110e9))
