@@ -139,7 +139,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def _gpus(value: str) -> str | tuple[int, ...]:
-    """"auto", a list of CUDA device indices ("0,1"), or "cpu:N" (N ranks on the CPU)."""
+    """ "auto", a list of CUDA device indices ("0,1"), or "cpu:N" (N ranks on the CPU)."""
     v = value.strip().lower()
     if v == "auto":
         return v
@@ -151,7 +151,9 @@ def _gpus(value: str) -> str | tuple[int, ...]:
     try:
         ids = tuple(int(p) for p in v.split(","))
     except ValueError:
-        raise ValueError(f"expected auto, a list of GPU indices like 0,1, or cpu:N, got {value!r}") from None
+        raise ValueError(
+            f"expected auto, a list of GPU indices like 0,1, or cpu:N, got {value!r}"
+        ) from None
     if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"expected distinct GPU indices >= 0, got {value!r}")
     return ids
@@ -188,83 +190,245 @@ def _default_cache() -> Path:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("host", "FREETOKEN_HOST", parse_host, "127.0.0.1:11434",
-            "address the server binds and clients call", ("OLLAMA_HOST",)),
-    Setting("models", "FREETOKEN_MODELS", _path, None,
-            "model store directory (manifests/ and blobs/)", ("OLLAMA_MODELS",)),
-    Setting("cache_dir", "FREETOKEN_CACHE_DIR", _path, None,
-            "per-machine cache: bandwidth profiles, compiled kernels"),
-    Setting("keep_alive", "FREETOKEN_KEEP_ALIVE", parse_duration, "5m",
-            "how long an idle model stays loaded; negative keeps it forever", ("OLLAMA_KEEP_ALIVE",)),
-    Setting("context_length", "FREETOKEN_CONTEXT_LENGTH", _nonneg_int, "0",
-            "default num_ctx; 0 picks 4096 (capped by the model)", ("OLLAMA_CONTEXT_LENGTH",)),
-    Setting("num_parallel", "FREETOKEN_NUM_PARALLEL", _pos_int, "4",
-            "sequences one model decodes together", ("OLLAMA_NUM_PARALLEL",)),
-    Setting("max_loaded_models", "FREETOKEN_MAX_LOADED_MODELS", _nonneg_int, "0",
-            "models kept loaded at once; 0 means 3", ("OLLAMA_MAX_LOADED_MODELS",)),
-    Setting("max_queue", "FREETOKEN_MAX_QUEUE", _pos_int, "512",
-            "requests waiting per server before 503", ("OLLAMA_MAX_QUEUE",)),
-    Setting("load_timeout", "FREETOKEN_LOAD_TIMEOUT", parse_duration, "5m",
-            "how long a model may take to load", ("OLLAMA_LOAD_TIMEOUT",)),
-    Setting("origins", "FREETOKEN_ORIGINS", _csv, "",
-            "extra CORS origins", ("OLLAMA_ORIGINS",)),
-    Setting("noprune", "FREETOKEN_NOPRUNE", parse_bool, "0",
-            "keep unreferenced blobs at start-up", ("OLLAMA_NOPRUNE",)),
-    Setting("debug", "FREETOKEN_DEBUG", parse_bool, "0",
-            "verbose logging", ("OLLAMA_DEBUG",)),
-    Setting("device", "FREETOKEN_DEVICE", _choice("auto", "cpu", "cuda"), "auto",
-            "where dense weights and the KV cache live"),
-    Setting("gpus", "FREETOKEN_GPUS", _gpus, "auto",
-            "GPUs a runner spreads a model's experts over, one process each: auto (every visible "
-            "one), a list like 0,1, or cpu:N (N ranks on the CPU, to test the distributed path)"),
-    Setting("dtype", "FREETOKEN_DTYPE", _choice("auto", "float32", "bfloat16", "float16"), "auto",
-            "compute dtype; auto keeps the checkpoint's (float32 stays float32 on the CPU)"),
-    Setting("kv_page_size", "FREETOKEN_KV_PAGE_SIZE", _pos_int, "16",
-            "tokens per KV-cache page"),
-    Setting("prefill_chunk", "FREETOKEN_PREFILL_CHUNK", _pos_int, "8192",
-            "most prompt tokens one step prefills (each chunk streams every layer's experts once)"),
-    Setting("cuda_graphs", "FREETOKEN_CUDA_GRAPHS", parse_bool, "1",
-            "replay decode steps from CUDA graphs (cut at experts ops that need the host)"),
-    Setting("cpu_threads", "FREETOKEN_CPU_THREADS", _nonneg_int, "0",
-            "threads for CPU compute (the CPU lane pins one to each of that many physical cores); "
-            "0 means one per physical core"),
-    Setting("moe_policy", "FREETOKEN_MOE_POLICY",
-            _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"), "adaptive",
-            "how routed experts that miss the GPU cache are served"),
-    Setting("device_cache", "FREETOKEN_DEVICE_CACHE", _choice("auto", "on", "off"), "auto",
-            "single-token decode keeps the expert cache's books on the device and fetches misses with a "
-            "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)"),
-    Setting("huge_pages", "FREETOKEN_HUGE_PAGES", _choice("auto", "on", "off"), "auto",
-            "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
-            "pages, measured once at load)"),
-    Setting("fused_kernels", "FREETOKEN_FUSED_KERNELS", parse_bool, "1",
-            "on GPUs each RMSNorm, each head norm with its rotary embedding, the router's softmax and "
-            "top-k, the KV write and decode attention run as one kernel each instead of the several of "
-            "the torch code (decode at bs=1 is bound by kernel count)"),
-    Setting("cpu_lane", "FREETOKEN_CPU_LANE", _choice("auto", "on", "off"), "auto",
-            "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
-            "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)"),
-    Setting("vram_budget", "FREETOKEN_VRAM_BUDGET", parse_size, "0",
-            "total VRAM the engine may use (0: all free memory)"),
-    Setting("expert_slots", "FREETOKEN_EXPERT_SLOTS", _nonneg_int, "0",
-            "expert cache slots instead of sizing from the VRAM budget (on a CPU: a host-memory pool)"),
-    Setting("cache_auto", "FREETOKEN_CACHE_AUTO", parse_bool, "1",
-            "shrink the expert cache when other programs need VRAM, grow it back when they free it"),
-    Setting("cache_headroom", "FREETOKEN_CACHE_HEADROOM", parse_size, "1GiB",
-            "free VRAM the automatic cache sizing leaves for other programs"),
-    Setting("registry", "FREETOKEN_REGISTRY", _registry, "",
-            "default registry for pull and push: host[:port] or http(s)://host[:port]"),
-    Setting("registry_token", "FREETOKEN_REGISTRY_TOKEN", str, "",
-            "bearer token sent to the registry for writes"),
-    Setting("max_transfer_streams", "FREETOKEN_MAX_TRANSFER_STREAMS", _pos_int, "8",
-            "parallel HTTP streams of a pull (ranged parts) or a push (layers)",
-            ("OLLAMA_MAX_TRANSFER_STREAMS",)),
-    Setting("runner_python", "FREETOKEN_RUNNER_PYTHON", str, "",
-            "python executable for runner processes (default: the server's)"),
-    Setting("nohistory", "FREETOKEN_NOHISTORY", parse_bool, "0",
-            "do not save the input history of interactive `run`", ("OLLAMA_NOHISTORY",)),
-    Setting("history_file", "FREETOKEN_HISTORY_FILE", _path, None,
-            "input history of interactive `run` (default: `history` in the user data directory)"),
+    Setting(
+        "host",
+        "FREETOKEN_HOST",
+        parse_host,
+        "127.0.0.1:11434",
+        "address the server binds and clients call",
+        ("OLLAMA_HOST",),
+    ),
+    Setting(
+        "models",
+        "FREETOKEN_MODELS",
+        _path,
+        None,
+        "model store directory (manifests/ and blobs/)",
+        ("OLLAMA_MODELS",),
+    ),
+    Setting(
+        "cache_dir",
+        "FREETOKEN_CACHE_DIR",
+        _path,
+        None,
+        "per-machine cache: bandwidth profiles, compiled kernels",
+    ),
+    Setting(
+        "keep_alive",
+        "FREETOKEN_KEEP_ALIVE",
+        parse_duration,
+        "5m",
+        "how long an idle model stays loaded; negative keeps it forever",
+        ("OLLAMA_KEEP_ALIVE",),
+    ),
+    Setting(
+        "context_length",
+        "FREETOKEN_CONTEXT_LENGTH",
+        _nonneg_int,
+        "0",
+        "default num_ctx; 0 picks 4096 (capped by the model)",
+        ("OLLAMA_CONTEXT_LENGTH",),
+    ),
+    Setting(
+        "num_parallel",
+        "FREETOKEN_NUM_PARALLEL",
+        _pos_int,
+        "4",
+        "sequences one model decodes together",
+        ("OLLAMA_NUM_PARALLEL",),
+    ),
+    Setting(
+        "max_loaded_models",
+        "FREETOKEN_MAX_LOADED_MODELS",
+        _nonneg_int,
+        "0",
+        "models kept loaded at once; 0 means 3",
+        ("OLLAMA_MAX_LOADED_MODELS",),
+    ),
+    Setting(
+        "max_queue",
+        "FREETOKEN_MAX_QUEUE",
+        _pos_int,
+        "512",
+        "requests waiting per server before 503",
+        ("OLLAMA_MAX_QUEUE",),
+    ),
+    Setting(
+        "load_timeout",
+        "FREETOKEN_LOAD_TIMEOUT",
+        parse_duration,
+        "5m",
+        "how long a model may take to load",
+        ("OLLAMA_LOAD_TIMEOUT",),
+    ),
+    Setting("origins", "FREETOKEN_ORIGINS", _csv, "", "extra CORS origins", ("OLLAMA_ORIGINS",)),
+    Setting(
+        "noprune",
+        "FREETOKEN_NOPRUNE",
+        parse_bool,
+        "0",
+        "keep unreferenced blobs at start-up",
+        ("OLLAMA_NOPRUNE",),
+    ),
+    Setting("debug", "FREETOKEN_DEBUG", parse_bool, "0", "verbose logging", ("OLLAMA_DEBUG",)),
+    Setting(
+        "device",
+        "FREETOKEN_DEVICE",
+        _choice("auto", "cpu", "cuda"),
+        "auto",
+        "where dense weights and the KV cache live",
+    ),
+    Setting(
+        "gpus",
+        "FREETOKEN_GPUS",
+        _gpus,
+        "auto",
+        "GPUs a runner spreads a model's experts over, one process each: auto (every visible "
+        "one), a list like 0,1, or cpu:N (N ranks on the CPU, to test the distributed path)",
+    ),
+    Setting(
+        "dtype",
+        "FREETOKEN_DTYPE",
+        _choice("auto", "float32", "bfloat16", "float16"),
+        "auto",
+        "compute dtype; auto keeps the checkpoint's (float32 stays float32 on the CPU)",
+    ),
+    Setting("kv_page_size", "FREETOKEN_KV_PAGE_SIZE", _pos_int, "16", "tokens per KV-cache page"),
+    Setting(
+        "prefill_chunk",
+        "FREETOKEN_PREFILL_CHUNK",
+        _pos_int,
+        "8192",
+        "most prompt tokens one step prefills (each chunk streams every layer's experts once)",
+    ),
+    Setting(
+        "cuda_graphs",
+        "FREETOKEN_CUDA_GRAPHS",
+        parse_bool,
+        "1",
+        "replay decode steps from CUDA graphs (cut at experts ops that need the host)",
+    ),
+    Setting(
+        "cpu_threads",
+        "FREETOKEN_CPU_THREADS",
+        _nonneg_int,
+        "0",
+        "threads for CPU compute (the CPU lane pins one to each of that many physical cores); "
+        "0 means one per physical core",
+    ),
+    Setting(
+        "moe_policy",
+        "FREETOKEN_MOE_POLICY",
+        _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"),
+        "adaptive",
+        "how routed experts that miss the GPU cache are served",
+    ),
+    Setting(
+        "device_cache",
+        "FREETOKEN_DEVICE_CACHE",
+        _choice("auto", "on", "off"),
+        "auto",
+        "single-token decode keeps the expert cache's books on the device and fetches misses "
+        "with a "
+        "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)",
+    ),
+    Setting(
+        "huge_pages",
+        "FREETOKEN_HUGE_PAGES",
+        _choice("auto", "on", "off"),
+        "auto",
+        "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
+        "pages, measured once at load)",
+    ),
+    Setting(
+        "fused_kernels",
+        "FREETOKEN_FUSED_KERNELS",
+        parse_bool,
+        "1",
+        "on GPUs each RMSNorm, each head norm with its rotary embedding, the router's softmax and "
+        "top-k, the KV write and decode attention run as one kernel each instead of the several of "
+        "the torch code (decode at bs=1 is bound by kernel count)",
+    ),
+    Setting(
+        "cpu_lane",
+        "FREETOKEN_CPU_LANE",
+        _choice("auto", "on", "off"),
+        "auto",
+        "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
+        "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)",
+    ),
+    Setting(
+        "vram_budget",
+        "FREETOKEN_VRAM_BUDGET",
+        parse_size,
+        "0",
+        "total VRAM the engine may use (0: all free memory)",
+    ),
+    Setting(
+        "expert_slots",
+        "FREETOKEN_EXPERT_SLOTS",
+        _nonneg_int,
+        "0",
+        "expert cache slots instead of sizing from the VRAM budget (on a CPU: a host-memory pool)",
+    ),
+    Setting(
+        "cache_auto",
+        "FREETOKEN_CACHE_AUTO",
+        parse_bool,
+        "1",
+        "shrink the expert cache when other programs need VRAM, grow it back when they free it",
+    ),
+    Setting(
+        "cache_headroom",
+        "FREETOKEN_CACHE_HEADROOM",
+        parse_size,
+        "1GiB",
+        "free VRAM the automatic cache sizing leaves for other programs",
+    ),
+    Setting(
+        "registry",
+        "FREETOKEN_REGISTRY",
+        _registry,
+        "",
+        "default registry for pull and push: host[:port] or http(s)://host[:port]",
+    ),
+    Setting(
+        "registry_token",
+        "FREETOKEN_REGISTRY_TOKEN",
+        str,
+        "",
+        "bearer token sent to the registry for writes",
+    ),
+    Setting(
+        "max_transfer_streams",
+        "FREETOKEN_MAX_TRANSFER_STREAMS",
+        _pos_int,
+        "8",
+        "parallel HTTP streams of a pull (ranged parts) or a push (layers)",
+        ("OLLAMA_MAX_TRANSFER_STREAMS",),
+    ),
+    Setting(
+        "runner_python",
+        "FREETOKEN_RUNNER_PYTHON",
+        str,
+        "",
+        "python executable for runner processes (default: the server's)",
+    ),
+    Setting(
+        "nohistory",
+        "FREETOKEN_NOHISTORY",
+        parse_bool,
+        "0",
+        "do not save the input history of interactive `run`",
+        ("OLLAMA_NOHISTORY",),
+    ),
+    Setting(
+        "history_file",
+        "FREETOKEN_HISTORY_FILE",
+        _path,
+        None,
+        "input history of interactive `run` (default: `history` in the user data directory)",
+    ),
 )
 
 

@@ -55,10 +55,22 @@ OPTION_TYPES: dict[str, str] = {
 }
 
 # Legacy keys ollama-python still sends: accepted, type-checked loosely, ignored.
-IGNORED: frozenset[str] = frozenset({
-    "numa", "low_vram", "vocab_only", "use_mlock", "mirostat", "mirostat_tau", "mirostat_eta",
-    "tfs_z", "penalize_newline", "embedding_only", "logits_all", "f16_kv",
-})
+IGNORED: frozenset[str] = frozenset(
+    {
+        "numa",
+        "low_vram",
+        "vocab_only",
+        "use_mlock",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "tfs_z",
+        "penalize_newline",
+        "embedding_only",
+        "logits_all",
+        "f16_kv",
+    }
+)
 
 DEFAULTS: dict[str, Any] = {
     "num_keep": 4,
@@ -77,11 +89,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # Options whose change needs the model loaded differently (Ollama reloads for these).
-LOAD_OPTIONS: frozenset[str] = frozenset({"num_ctx", "moe_policy", "vram_budget", "num_gpu", "main_gpu"})
+LOAD_OPTIONS: frozenset[str] = frozenset(
+    {"num_ctx", "moe_policy", "vram_budget", "num_gpu", "main_gpu"}
+)
 
 
 def _type_error(name: str, kind: str, value: Any) -> OptionError:
-    return OptionError(f'option "{name}" must be of type {kind}, got {type(value).__name__} {value!r}')
+    return OptionError(
+        f'option "{name}" must be of type {kind}, got {type(value).__name__} {value!r}'
+    )
 
 
 def coerce(name: str, value: Any, *, from_text: bool = False) -> Any:

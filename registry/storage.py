@@ -49,8 +49,6 @@ def manifest_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-
-
 def _child(parent: Path, part: str) -> Path:
     """`parent/part`, or an existing entry spelled with other case: names match
     case-insensitively, as they do in the local store."""

@@ -35,12 +35,15 @@ def tiny_model(tmp_path_factory):
 def tiny_model_fused(tmp_path_factory):
     """(directory, HF model): fused gate_up_proj layout, transformers-5 config spelling."""
     path = tmp_path_factory.mktemp("tiny-qwen3-moe-fused")
-    return path, fixtures.hf_qwen3_moe(path, seed=2, fused=True, hub_config=False, norm_topk_prob=False)
+    return path, fixtures.hf_qwen3_moe(
+        path, seed=2, fused=True, hub_config=False, norm_topk_prob=False
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_model_sharded(tmp_path_factory):
     """(directory, HF model): several safetensors shards with an index, and a dense MLP layer."""
     path = tmp_path_factory.mktemp("tiny-qwen3-moe-sharded")
-    return path, fixtures.hf_qwen3_moe(path, seed=3, shard_size="200KB", num_hidden_layers=3,
-                                       mlp_only_layers=[1])
+    return path, fixtures.hf_qwen3_moe(
+        path, seed=3, shard_size="200KB", num_hidden_layers=3, mlp_only_layers=[1]
+    )

@@ -34,23 +34,39 @@ TINY = dict(
 
 
 # The smallest real Qwen3-MoE: loads in about a second on a CPU (server, store and CLI tests).
-SYNTH_TINY = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4,
-                  num_experts_per_tok=2)
+SYNTH_TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
 
 
 def rerandomize(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
 
 
-def hf_qwen3_moe(out: Path, *, seed: int = 0, fused: bool = False, shard_size: str | None = None,
-                 hub_config: bool = True, vocab_size: int = 512, **overrides: Any):
+def hf_qwen3_moe(
+    out: Path,
+    *,
+    seed: int = 0,
+    fused: bool = False,
+    shard_size: str | None = None,
+    hub_config: bool = True,
+    vocab_size: int = 512,
+    **overrides: Any,
+):
     """Writes a tiny Qwen3-MoE HF directory (with tokenizer) and returns the fp32 HF model.
 
     fused: save transformers' in-memory layout (gate_up_proj/down_proj) instead of the
@@ -63,8 +79,9 @@ def hf_qwen3_moe(out: Path, *, seed: int = 0, fused: bool = False, shard_size: s
     vocab = synth.write_tokenizer_files(out, vocab_size)
     kw = {**TINY, **overrides}
     rope_theta = kw.pop("rope_theta")
-    cfg = Qwen3MoeConfig(vocab_size=vocab, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-                         **kw)
+    cfg = Qwen3MoeConfig(
+        vocab_size=vocab, rope_parameters={"rope_type": "default", "rope_theta": rope_theta}, **kw
+    )
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
     rerandomize(model, seed)
@@ -93,6 +110,11 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()

@@ -33,11 +33,17 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     d16, dmin16 = d.astype(np.float16), dmin.astype(np.float16)
     d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        sc = np.clip(np.rint(np.where(d[:, None] > 0, scale / d[:, None], 0)), 0, 63).astype(np.uint8)
-        mq = np.clip(np.rint(np.where(dmin[:, None] > 0, m / dmin[:, None], 0)), 0, 63).astype(np.uint8)
+        sc = np.clip(np.rint(np.where(d[:, None] > 0, scale / d[:, None], 0)), 0, 63).astype(
+            np.uint8
+        )
+        mq = np.clip(np.rint(np.where(dmin[:, None] > 0, m / dmin[:, None], 0)), 0, 63).astype(
+            np.uint8
+        )
         eff_d = d[:, None] * sc  # [B, 8]
         eff_m = dmin[:, None] * mq
-        q = np.where(eff_d[:, :, None] > 0, np.rint((sub + eff_m[:, :, None]) / eff_d[:, :, None]), 0)
+        q = np.where(
+            eff_d[:, :, None] > 0, np.rint((sub + eff_m[:, :, None]) / eff_d[:, :, None]), 0
+        )
     q = np.clip(q, 0, 15).astype(np.uint8).reshape(-1, QK_K)
     scales = np.zeros((rows.shape[0], 12), np.uint8)
     scales[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
@@ -45,9 +51,13 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mq[:, 4:8] & 0xF) << 4)
     qs = np.zeros((rows.shape[0], 128), np.uint8)
     for c in range(4):
-        qs[:, c * 32:(c + 1) * 32] = q[:, 64 * c:64 * c + 32] | (q[:, 64 * c + 32:64 * c + 64] << 4)
-    blocks = np.concatenate([d16.view(np.uint8).reshape(-1, 2), dmin16.view(np.uint8).reshape(-1, 2),
-                             scales, qs], axis=1)
+        qs[:, c * 32 : (c + 1) * 32] = q[:, 64 * c : 64 * c + 32] | (
+            q[:, 64 * c + 32 : 64 * c + 64] << 4
+        )
+    blocks = np.concatenate(
+        [d16.view(np.uint8).reshape(-1, 2), dmin16.view(np.uint8).reshape(-1, 2), scales, qs],
+        axis=1,
+    )
     return blocks.reshape(*a.shape[:-1], a.shape[-1] // QK_K * 144)
 
 
@@ -72,7 +82,6 @@ def _tokenizer_kv(w, tok_dir: Path) -> None:
 def write_gguf(model, tok_dir: Path, out: Path, qtype: str = "F32") -> Path:
     """The model's weights as a qwen3moe GGUF; expert (and large) tensors in `qtype`."""
     import gguf
-    from gguf import GGMLQuantizationType as QT
 
     c = model.config
     w = gguf.GGUFWriter(str(out), "qwen3moe")
@@ -137,5 +146,7 @@ def dequantized_state(path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape))
-        out[t.name] = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))).reshape(shape)
+        out[t.name] = torch.from_numpy(
+            np.array(gguf.quants.dequantize(t.data, t.tensor_type))
+        ).reshape(shape)
     return out

@@ -288,7 +288,9 @@ class MessageStream:
             call = Call(id=new_id(*_TOOL_ID), name=start["name"], arguments={}, index=self.calls)
             frames += self._open(_tool_use(call) | {"input": {}})
         if delta := ev.get("tool_call_delta"):
-            frames.append(self._delta({"type": "input_json_delta", "partial_json": delta["arguments"]}))
+            frames.append(
+                self._delta({"type": "input_json_delta", "partial_json": delta["arguments"]})
+            )
         if ev.get("streamed"):  # its deltas went out already: only close its block
             self.calls += len(ev.get("tool_calls") or [])
             return frames + self._close()

@@ -19,12 +19,20 @@ __all__ = ["cache", "resize"]
 
 def _summary(name: str, stats: dict) -> dict:
     experts = stats.get("experts") or {}
-    return {"name": name, "policy": experts.get("policy"), "cache": experts.get("cache"),
-            "cpu_kernel": experts.get("cpu_kernel"), "cpu_layers": experts.get("cpu_layers"),
-            "pcie_ms_per_expert": experts.get("pcie_cost_ms"), "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
-            "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
-            "placement": (experts.get("placement") or {}).get("mode"), "books": experts.get("books"),
-            "kv_pages_total": stats.get("kv_pages_total"), "kv_pages_free": stats.get("kv_pages_free")}
+    return {
+        "name": name,
+        "policy": experts.get("policy"),
+        "cache": experts.get("cache"),
+        "cpu_kernel": experts.get("cpu_kernel"),
+        "cpu_layers": experts.get("cpu_layers"),
+        "pcie_ms_per_expert": experts.get("pcie_cost_ms"),
+        "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
+        "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
+        "placement": (experts.get("placement") or {}).get("mode"),
+        "books": experts.get("books"),
+        "kv_pages_total": stats.get("kv_pages_total"),
+        "kv_pages_free": stats.get("kv_pages_free"),
+    }
 
 
 @handler
@@ -47,6 +55,6 @@ async def resize(request: Request) -> Response:
         raise APIError(404, f"model '{name}' is not loaded")
     request_body = {k: body[k] for k in ("size", "slots") if body.get(k) is not None}
     if not request_body:
-        raise APIError(400, "size (bytes or e.g. \"12GiB\") or slots is required")
+        raise APIError(400, 'size (bytes or e.g. "12GiB") or slots is required')
     result = await runner.resize(request_body)
     return JSONResponse({"model": name, **result})

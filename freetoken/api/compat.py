@@ -8,7 +8,6 @@ runner, and the accumulation of a whole (non-streamed) answer.
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
 import string
@@ -18,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from freetoken import options as opts
-from freetoken.api.errors import APIError, as_api_error, shaped_handler
+from freetoken.api.errors import APIError, shaped_handler
 from freetoken.api.sse import JSONResult, SSEResponse
 from freetoken.api.types import field_of
 

@@ -54,9 +54,17 @@ async def _runner_embed(socket: str, body: dict[str, Any]) -> dict[str, Any]:
     return r.json()
 
 
-async def embed_texts(svc: Services, model: str, inputs: list[str], *, truncate: bool = True,
-                      dimensions: int | None = None, keep_alive: float | None = None,
-                      options: dict[str, Any] | None = None, normalize: bool = True) -> Embedded:
+async def embed_texts(
+    svc: Services,
+    model: str,
+    inputs: list[str],
+    *,
+    truncate: bool = True,
+    dimensions: int | None = None,
+    keep_alive: float | None = None,
+    options: dict[str, Any] | None = None,
+    normalize: bool = True,
+) -> Embedded:
     """Embeds `inputs` with `model` (loading it if need be; no inputs only loads it)."""
     start = time.monotonic_ns()
     plan = await completion.prepare(svc, GenerateRequest(model=model, options=options or {}))
@@ -64,31 +72,58 @@ async def embed_texts(svc: Services, model: str, inputs: list[str], *, truncate:
     try:
         if not inputs:
             return Embedded([], 0, time.monotonic_ns() - start, int(lease.load_duration * 1e9))
-        body = {"input": inputs, "truncate": truncate, "dimensions": dimensions,
-                "normalize": normalize, "options": plan.options}
+        body = {
+            "input": inputs,
+            "truncate": truncate,
+            "dimensions": dimensions,
+            "normalize": normalize,
+            "options": plan.options,
+        }
         out = await _runner_embed(str(lease.runner.socket), body)
     finally:
         lease.release()
-    return Embedded(out["embeddings"], int(out.get("prompt_eval_count") or 0),
-                    time.monotonic_ns() - start, int(lease.load_duration * 1e9))
+    return Embedded(
+        out["embeddings"],
+        int(out.get("prompt_eval_count") or 0),
+        time.monotonic_ns() - start,
+        int(lease.load_duration * 1e9),
+    )
 
 
 @handler
 async def embed(request: Request) -> Response:
     req = EmbedRequest.parse(parse_json(await request.body()))
-    got = await embed_texts(services(request), req.model, req.input, truncate=req.truncate,
-                            dimensions=req.dimensions, keep_alive=req.keep_alive,
-                            options=req.options)
-    return JSONResponse({"model": req.model, "embeddings": got.embeddings,
-                         "total_duration": got.total_ns, "load_duration": got.load_ns,
-                         "prompt_eval_count": got.prompt_eval_count})
+    got = await embed_texts(
+        services(request),
+        req.model,
+        req.input,
+        truncate=req.truncate,
+        dimensions=req.dimensions,
+        keep_alive=req.keep_alive,
+        options=req.options,
+    )
+    return JSONResponse(
+        {
+            "model": req.model,
+            "embeddings": got.embeddings,
+            "total_duration": got.total_ns,
+            "load_duration": got.load_ns,
+            "prompt_eval_count": got.prompt_eval_count,
+        }
+    )
 
 
 @handler
 async def embeddings(request: Request) -> Response:
     req = EmbeddingsRequest.parse(parse_json(await request.body()))
-    got = await embed_texts(services(request), req.model, [req.prompt] if req.prompt else [],
-                            keep_alive=req.keep_alive, options=req.options, normalize=False)
+    got = await embed_texts(
+        services(request),
+        req.model,
+        [req.prompt] if req.prompt else [],
+        keep_alive=req.keep_alive,
+        options=req.options,
+        normalize=False,
+    )
     return JSONResponse({"embedding": got.embeddings[0] if got.embeddings else []})
 
 
@@ -119,9 +154,10 @@ async def v1_embeddings(request: Request) -> Response:
     dims = field_of(body, "dimensions", int)
     if dims is not None and dims <= 0:
         raise APIError(400, "dimensions must be a positive integer")
-    got = await embed_texts(services(request), model, _v1_input(body.get("input")),
-                            dimensions=dims)
-    data = [{"object": "embedding", "embedding": _base64(v) if encoding == "base64" else v,
-             "index": i} for i, v in enumerate(got.embeddings)]
+    got = await embed_texts(services(request), model, _v1_input(body.get("input")), dimensions=dims)
+    data = [
+        {"object": "embedding", "embedding": _base64(v) if encoding == "base64" else v, "index": i}
+        for i, v in enumerate(got.embeddings)
+    ]
     usage = {"prompt_tokens": got.prompt_eval_count, "total_tokens": got.prompt_eval_count}
     return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})

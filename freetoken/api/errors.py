@@ -80,4 +80,4 @@ def shaped_handler(error_body: Callable[[APIError], dict]) -> Callable[[Handler]
 
 
 handler = shaped_handler(lambda err: {"error": err.message})
-handler.__doc__ = "Ollama's error shape: {\"error\": message} with the status."
+handler.__doc__ = 'Ollama\'s error shape: {"error": message} with the status.'

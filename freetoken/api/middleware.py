@@ -42,23 +42,51 @@ __all__ = [
 
 # Local pages on any port, and the schemes desktop and editor app shells load pages from.
 ALLOWED_ORIGINS: tuple[str, ...] = (
-    "http://localhost", "https://localhost", "http://localhost:*", "https://localhost:*",
-    "http://127.0.0.1", "https://127.0.0.1", "http://127.0.0.1:*", "https://127.0.0.1:*",
-    "http://0.0.0.0", "https://0.0.0.0", "http://0.0.0.0:*", "https://0.0.0.0:*",
-    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
+    "http://localhost",
+    "https://localhost",
+    "http://localhost:*",
+    "https://localhost:*",
+    "http://127.0.0.1",
+    "https://127.0.0.1",
+    "http://127.0.0.1:*",
+    "https://127.0.0.1:*",
+    "http://0.0.0.0",
+    "https://0.0.0.0",
+    "http://0.0.0.0:*",
+    "https://0.0.0.0:*",
+    "app://*",
+    "file://*",
+    "tauri://*",
+    "vscode-webview://*",
+    "vscode-file://*",
 )
 
 ALLOWED_METHODS: tuple[str, ...] = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 # What the Ollama, OpenAI and Anthropic SDKs send from a browser.
 ALLOWED_HEADERS: tuple[str, ...] = (
-    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With",
-    "OpenAI-Beta", "x-api-key", "anthropic-version", "anthropic-beta",
+    "Authorization",
+    "Content-Type",
+    "User-Agent",
+    "Accept",
+    "X-Requested-With",
+    "OpenAI-Beta",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
     "anthropic-dangerous-direct-browser-access",
-    "x-stainless-arch", "x-stainless-async", "x-stainless-custom-poll-interval",
-    "x-stainless-helper-method", "x-stainless-lang", "x-stainless-os",
-    "x-stainless-package-version", "x-stainless-poll-helper", "x-stainless-retry-count",
-    "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-timeout",
+    "x-stainless-arch",
+    "x-stainless-async",
+    "x-stainless-custom-poll-interval",
+    "x-stainless-helper-method",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-poll-helper",
+    "x-stainless-retry-count",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-timeout",
 )
 
 _MAX_AGE = str(12 * 3600)  # how long a browser may cache a preflight answer
@@ -72,8 +100,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def _plain(send: Send, status: int, body: bytes = b"",
-                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def _plain(
+    send: Send, status: int, body: bytes = b"", headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
     head = [*headers]
     if body:
         head.append((b"content-type", b"text/plain; charset=utf-8"))
@@ -182,8 +211,10 @@ class CORS:
 
     def _same_origin(self, origin: str, scope: Scope) -> bool:
         host = _header(scope, b"host")
-        return bool(host) and origin.lower() in (f"http://{host}".lower(),
-                                                 f"https://{host}".lower())
+        return bool(host) and origin.lower() in (
+            f"http://{host}".lower(),
+            f"https://{host}".lower(),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         origin = _header(scope, b"origin") if scope["type"] == "http" else None
@@ -198,18 +229,25 @@ class CORS:
             (b"vary", b"Origin"),
         ]
         if scope["method"] == "OPTIONS":
-            await _plain(send, 204, headers=[
-                *common,
-                (b"access-control-allow-methods", ", ".join(ALLOWED_METHODS).encode()),
-                (b"access-control-allow-headers", ", ".join(ALLOWED_HEADERS).encode()),
-                (b"access-control-max-age", _MAX_AGE.encode()),
-            ])
+            await _plain(
+                send,
+                204,
+                headers=[
+                    *common,
+                    (b"access-control-allow-methods", ", ".join(ALLOWED_METHODS).encode()),
+                    (b"access-control-allow-headers", ", ".join(ALLOWED_HEADERS).encode()),
+                    (b"access-control-max-age", _MAX_AGE.encode()),
+                ],
+            )
             return
 
         async def send_with_cors(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ())
-                           if k.lower() != b"access-control-allow-origin"]
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", ())
+                    if k.lower() != b"access-control-allow-origin"
+                ]
                 message = {**message, "headers": [*headers, *common]}
             await send(message)
 

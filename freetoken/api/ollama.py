@@ -98,11 +98,18 @@ def _modelfile_fields(body: dict[str, Any]) -> dict[str, Any]:
     base = field_of(body, "path", str)  # where the Modelfile was: relative FROM paths start there
     if base and source.startswith(("./", "../")):
         source = str(Path(base).expanduser().parent / source)
-    fields = {"from": source, "template": mf.template, "system": mf.system,
-              "parameters": mf.parameters or None, "messages": mf.messages or None,
-              "license": mf.license or None}
-    return {**{k: v for k, v in fields.items() if v is not None},
-            **{k: v for k, v in body.items() if v is not None and k != "modelfile"}}
+    fields = {
+        "from": source,
+        "template": mf.template,
+        "system": mf.system,
+        "parameters": mf.parameters or None,
+        "messages": mf.messages or None,
+        "license": mf.license or None,
+    }
+    return {
+        **{k: v for k, v in fields.items() if v is not None},
+        **{k: v for k, v in body.items() if v is not None and k != "modelfile"},
+    }
 
 
 def _create_spec(body: dict[str, Any]) -> CreateSpec:

@@ -186,8 +186,12 @@ class ChatStream:
             extra = {"logprobs": logprobs} if logprobs and i == 0 else {}
             frames.append(self._chunk(delta, **extra))
         if start := ev.get("tool_call_start"):  # a call whose arguments now stream
-            head = {"index": start["index"], "id": new_id("call_", 8), "type": "function",
-                    "function": {"name": start["name"], "arguments": ""}}
+            head = {
+                "index": start["index"],
+                "id": new_id("call_", 8),
+                "type": "function",
+                "function": {"name": start["name"], "arguments": ""},
+            }
             frames.append(self._chunk({"tool_calls": [head]}))
         if delta := ev.get("tool_call_delta"):
             piece = {"index": delta["index"], "function": {"arguments": delta["arguments"]}}

@@ -54,7 +54,9 @@ class NDJSONResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, lambda: self._stream(send) if self.stream else self._whole(send))
+            await until_disconnect(
+                receive, lambda: self._stream(send) if self.stream else self._whole(send)
+            )
         finally:
             aclose = getattr(self.items, "aclose", None)
             if aclose is not None:

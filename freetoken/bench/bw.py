@@ -40,14 +40,21 @@ class Banks:
     """Enough layers of host banks that a run never reads the same expert from the CPU caches."""
 
     def __init__(self, layers: int, pin: bool):
-        self.layers = [(_bank((E, 2 * I, H), pin, 2 * i), _bank((E, H, I), pin, 2 * i + 1)) for i in range(layers)]
+        self.layers = [
+            (_bank((E, 2 * I, H), pin, 2 * i), _bank((E, H, I), pin, 2 * i + 1))
+            for i in range(layers)
+        ]
         self.expert_bytes = (2 * I * H + H * I) * 2
 
 
-def measure_pcie(banks: Banks, seconds: float, stop: threading.Event | None = None, device: str = "cuda") -> float:
+def measure_pcie(
+    banks: Banks, seconds: float, stop: threading.Event | None = None, device: str = "cuda"
+) -> float:
     dev = torch.device(device)
-    slots = (torch.empty((64, 2 * I, H), dtype=torch.bfloat16, device=dev),
-             torch.empty((64, H, I), dtype=torch.bfloat16, device=dev))
+    slots = (
+        torch.empty((64, 2 * I, H), dtype=torch.bfloat16, device=dev),
+        torch.empty((64, H, I), dtype=torch.bfloat16, device=dev),
+    )
     stream = torch.cuda.Stream(dev)
     rng = np.random.default_rng(0)
     moved, t_end = 0, time.perf_counter() + seconds
@@ -67,7 +74,9 @@ def measure_pcie(banks: Banks, seconds: float, stop: threading.Event | None = No
     return moved / (start.elapsed_time(end) / 1e3) / 1e9
 
 
-def measure_cpu(banks: Banks, seconds: float, isa: str | None = None, stop: threading.Event | None = None) -> float:
+def measure_cpu(
+    banks: Banks, seconds: float, isa: str | None = None, stop: threading.Event | None = None
+) -> float:
     rng = np.random.default_rng(1)
     x = torch.randn(1, H)
     tok = torch.zeros(K, dtype=torch.long)
@@ -119,9 +128,14 @@ def run(seconds: float = 3.0, gib: float = 8.0) -> dict:
     layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
     banks = Banks(layers, pin=cuda)
     measure_cpu(banks, 0.5)  # warm-up: compiles the kernel, spins up threads
-    result = {"cpu_kernel": cpu_kernel.tier(), "threads": torch.get_num_threads(),
-              "cpu_expert_gbps": measure_cpu(banks, seconds), "torch_cpu_expert_gbps": measure_torch_cpu(banks, seconds / 2),
-              "dram_read_gbps": measure_dram(seconds / 2), "bank_gib": layers * E * banks.expert_bytes / 2**30}
+    result = {
+        "cpu_kernel": cpu_kernel.tier(),
+        "threads": torch.get_num_threads(),
+        "cpu_expert_gbps": measure_cpu(banks, seconds),
+        "torch_cpu_expert_gbps": measure_torch_cpu(banks, seconds / 2),
+        "dram_read_gbps": measure_dram(seconds / 2),
+        "bank_gib": layers * E * banks.expert_bytes / 2**30,
+    }
     if cuda:
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
@@ -145,16 +159,30 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps({**head, **r}))
         return
-    rows = [{"path": "CPU expert kernel (B_H)", "gbps": r["cpu_expert_gbps"], "note": r["cpu_kernel"]},
-            {"path": "plain torch CPU experts", "gbps": r["torch_cpu_expert_gbps"],
-             "note": f"kernel is {r['cpu_expert_gbps'] / r['torch_cpu_expert_gbps']:.2f}x"},
-            {"path": "DRAM read (torch sum)", "gbps": r["dram_read_gbps"],
-             "note": f"kernel reaches {r['cpu_expert_gbps'] / r['dram_read_gbps']:.0%}"}]
+    rows = [
+        {"path": "CPU expert kernel (B_H)", "gbps": r["cpu_expert_gbps"], "note": r["cpu_kernel"]},
+        {
+            "path": "plain torch CPU experts",
+            "gbps": r["torch_cpu_expert_gbps"],
+            "note": f"kernel is {r['cpu_expert_gbps'] / r['torch_cpu_expert_gbps']:.2f}x",
+        },
+        {
+            "path": "DRAM read (torch sum)",
+            "gbps": r["dram_read_gbps"],
+            "note": f"kernel reaches {r['cpu_expert_gbps'] / r['dram_read_gbps']:.0%}",
+        },
+    ]
     if "pcie_gbps" in r:
-        rows += [{"path": "PCIe expert gather (B_P)", "gbps": r["pcie_gbps"]},
-                 {"path": "B_P while the CPU runs", "gbps": r["pcie_concurrent_gbps"]},
-                 {"path": "B_H while PCIe runs", "gbps": r["cpu_concurrent_gbps"],
-                  "note": f"sum {r['pcie_concurrent_gbps'] + r['cpu_concurrent_gbps']:.1f} GB/s together"}]
+        rows += [
+            {"path": "PCIe expert gather (B_P)", "gbps": r["pcie_gbps"]},
+            {"path": "B_P while the CPU runs", "gbps": r["pcie_concurrent_gbps"]},
+            {
+                "path": "B_H while PCIe runs",
+                "gbps": r["cpu_concurrent_gbps"],
+                "note": f"sum {r['pcie_concurrent_gbps'] + r['cpu_concurrent_gbps']:.1f} GB/s "
+                "together",
+            },
+        ]
     common.emit(rows, [("path", "path"), ("gbps", "GB/s"), ("note", "")], False, head)
 
 

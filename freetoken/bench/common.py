@@ -16,26 +16,41 @@ def machine() -> dict[str, Any]:
     from freetoken.moe.profile import cpu_model
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"gpu": gpu, "cpu": cpu_model(), "threads": torch.get_num_threads(), "cores": os.cpu_count()}
+    return {
+        "gpu": gpu,
+        "cpu": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+    }
 
 
 def commit() -> str:
     try:
         here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def header(bench: str) -> dict[str, Any]:
-    return {"bench": bench, **machine(), "commit": commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return {
+        "bench": bench,
+        **machine(),
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
-    """A plain-text table; columns are (key, heading); floats are shown with 3 significant digits."""
+    """A plain-text table; columns are (key, heading); floats show 3 significant digits."""
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
@@ -47,9 +62,13 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def emit(rows: list[dict[str, Any]], columns: list[tuple[str, str]], as_json: bool, head: dict[str, Any]) -> None:
-    print(f"# {head['bench']} | gpu={head['gpu']} | cpu={head['cpu']} | threads={head['threads']} | "
-          f"commit={head['commit']} | {head['date']}")
+def emit(
+    rows: list[dict[str, Any]], columns: list[tuple[str, str]], as_json: bool, head: dict[str, Any]
+) -> None:
+    print(
+        f"# {head['bench']} | gpu={head['gpu']} | cpu={head['cpu']} | threads={head['threads']} | "
+        f"commit={head['commit']} | {head['date']}"
+    )
     print(table(rows, columns))
     if as_json:
         for r in rows:

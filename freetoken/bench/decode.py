@@ -39,34 +39,56 @@ PROMPT = 16
 
 
 class Bench:
-    def __init__(self, name: str, device: torch.device, ctx_tokens: int, fractions: bool = False,
-                 graphs: bool = True):
+    def __init__(
+        self,
+        name: str,
+        device: torch.device,
+        ctx_tokens: int,
+        fractions: bool = False,
+        graphs: bool = True,
+    ):
         sm = synthmodel.build(name, device)
         host = HostBanks(sm.banks, sm.dtype, pin=device.type == "cuda")
         sm.banks = {}
         self._setup(sm, host, ctx_tokens, fractions, graphs)
 
     @classmethod
-    def around(cls, sm: synthmodel.SynthModel, ctx_tokens: int) -> "Bench":
+    def around(cls, sm: synthmodel.SynthModel, ctx_tokens: int) -> Bench:
         """A bench over a model whose experts op the caller places (after this allocates the
         KV cache, as a runner does), then sets as `backend`."""
         self = cls.__new__(cls)
         self._setup(sm, None, ctx_tokens, False, True)
         return self
 
-    def _setup(self, sm: synthmodel.SynthModel, host: HostBanks | None, ctx_tokens: int, fractions: bool,
-               graphs: bool) -> None:
+    def _setup(
+        self,
+        sm: synthmodel.SynthModel,
+        host: HostBanks | None,
+        ctx_tokens: int,
+        fractions: bool,
+        graphs: bool,
+    ) -> None:
         self.fractions = fractions
         self.sm, self.host = sm, host
         c, device = sm.config, sm.device
-        self.kv = KVCache(c["num_hidden_layers"], -(-ctx_tokens // 16), 16, c["num_key_value_heads"], c["head_dim"],
-                          sm.dtype, device)
+        self.kv = KVCache(
+            c["num_hidden_layers"],
+            -(-ctx_tokens // 16),
+            16,
+            c["num_key_value_heads"],
+            c["head_dim"],
+            sm.dtype,
+            device,
+        )
         self.backend = None
         self.wait = StepWait(sm.model, device)
         self.routes: routing.RouteTable | None = None  # set by the trace and uniform modes
         # decode steps run as the server runs them: replayed from CUDA graphs where possible
-        self.graphs = DecodeGraphs(sm.model, self.kv, device, ctx_tokens, capture=graphs, min_ctx=ctx_tokens) \
-            if graphs and device.type == "cuda" else None
+        self.graphs = (
+            DecodeGraphs(sm.model, self.kv, device, ctx_tokens, capture=graphs, min_ctx=ctx_tokens)
+            if graphs and device.type == "cuda"
+            else None
+        )
 
     def counters(self) -> dict:
         """This process's expert counters (rank 0's own when the experts are spread over GPUs)."""
@@ -102,10 +124,20 @@ class Bench:
             room = int(cap_gib * 2**30) - used - ACTIVATION_RESERVE
             slots = int(min(max(room // S, 0), L * E))
         # a cap of 0: no cache, every expert on the CPU (llama.cpp's -ncmoe over all layers)
-        cache = ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device) if cap_gib != 0 else None
-        self.backend = OffloadExperts(self.host, cache, policy, split, self.sm.device,
-                                      device_lru=self.sm.device.type == "cuda" and books != "host",
-                                      cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"))
+        cache = (
+            ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
+            if cap_gib != 0
+            else None
+        )
+        self.backend = OffloadExperts(
+            self.host,
+            cache,
+            policy,
+            split,
+            self.sm.device,
+            device_lru=self.sm.device.type == "cuda" and books != "host",
+            cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"),
+        )
         for m in self.sm.model.modules():
             if isinstance(m, Experts):
                 m.backend = self.backend
@@ -114,11 +146,17 @@ class Bench:
         return self.backend
 
     @torch.inference_mode()
-    def decode(self, mode: str, tokens: int, warmup: int, seed: int,
-               at_start: Callable[[], None] | None = None) -> tuple[float, dict]:
+    def decode(
+        self,
+        mode: str,
+        tokens: int,
+        warmup: int,
+        seed: int,
+        at_start: Callable[[], None] | None = None,
+    ) -> tuple[float, dict]:
         """Seconds per token over `tokens` steps after `warmup`, and the counters' change;
         `at_start` runs just before the timed steps."""
-        model, kv, dev = self.sm.model, self.kv, self.sm.device
+        kv, dev = self.kv, self.sm.device
         rng = np.random.default_rng(seed)
         V = self.sm.config["vocab_size"]
         pages = kv.pool.alloc(kv.pages_for(PROMPT + warmup + tokens + 1))
@@ -131,7 +169,9 @@ class Bench:
                     _sync(dev)
                     if at_start is not None:
                         at_start()
-                    before = self.counters()  # reading them may wait for the device: before the clock
+                    before = (
+                        self.counters()
+                    )  # reading them may wait for the device: before the clock
                     t0 = time.perf_counter()
                 tok = int(rng.integers(V)) if mode == "random-tokens" else nxt
                 nxt = self._step([tok], PROMPT + i, pages)
@@ -161,8 +201,13 @@ class Bench:
         n = len(ids)
         ctx_slots = self.kv.slots_of(pages, 0, start + n, self.sm.device)
         positions = torch.arange(start, start + n, device=self.sm.device)
-        ctx = StepContext(positions, ctx_slots[start:], [SeqSpan(0, n, start + n, ctx_slots)], self.kv,
-                          torch.tensor([n - 1], device=self.sm.device))
+        ctx = StepContext(
+            positions,
+            ctx_slots[start:],
+            [SeqSpan(0, n, start + n, ctx_slots)],
+            self.kv,
+            torch.tensor([n - 1], device=self.sm.device),
+        )
         with step_context(ctx):
             h = self.sm.model(torch.tensor(ids, device=self.sm.device), positions)
             return self.sm.model.logits(h[-1:])
@@ -176,7 +221,7 @@ def _sync(device: torch.device, empty: bool = False) -> None:
 
 
 def measure_bandwidths(seconds: float, cuda: bool) -> tuple[float, float, float, float]:
-    """(B_P, B_H, B_P together, B_H together) in GB/s, measured now on the same paths as `bench bw`."""
+    """(B_P, B_H, B_P together, B_H together) in GB/s, measured now on `bench bw`'s paths."""
     banks = bw.Banks(2, pin=cuda)
     bw.measure_cpu(banks, 0.3)
     b_h = bw.measure_cpu(banks, seconds)
@@ -190,32 +235,61 @@ def measure_bandwidths(seconds: float, cuda: bool) -> tuple[float, float, float,
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
-    ap.add_argument("--caps", default="8,24,32", help="VRAM budgets in GiB (0: no cache, every expert on the CPU)")
-    ap.add_argument("--policies", default="lru-pcie,cpu-misses,static-layers,adaptive",
-                    help="comma-separated; NAME:host keeps the cache's books on the host, "
-                         "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs)")
+    ap.add_argument(
+        "--caps",
+        default="8,24,32",
+        help="VRAM budgets in GiB (0: no cache, every expert on the CPU)",
+    )
+    ap.add_argument(
+        "--policies",
+        default="lru-pcie,cpu-misses,static-layers,adaptive",
+        help="comma-separated; NAME:host keeps the cache's books on the host, "
+        "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs)",
+    )
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=16)
-    ap.add_argument("--settle", type=int, default=144,
-                    help="steps run after installing adaptive, unmeasured: it measures its placements meanwhile "
-                         "(4 modes, each visited twice for 8 settling and 6 timed steps)")
-    ap.add_argument("--settle-fixed", type=int, default=64,
-                    help="steps run after installing a fixed policy, unmeasured: enough to cycle the cache")
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=144,
+        help="steps run after installing adaptive, unmeasured: it measures its placements "
+        "meanwhile "
+        "(4 modes, each visited twice for 8 settling and 6 timed steps)",
+    )
+    ap.add_argument(
+        "--settle-fixed",
+        type=int,
+        default=64,
+        help="steps run after installing a fixed policy, unmeasured: enough to cycle the cache",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
-    ap.add_argument("--fractions", action="store_true",
-                    help="read --caps below 1 as fractions of all experts instead of GiB")
-    ap.add_argument("--profile", action="store_true", help="print a torch profile of resident decode steps")
-    ap.add_argument("--no-graphs", action="store_true", help="launch every kernel from Python (no CUDA graphs)")
-    ap.add_argument("--eager", action="store_true",
-                    help="also time resident steps launched from Python, against the CUDA graphs")
+    ap.add_argument(
+        "--fractions",
+        action="store_true",
+        help="read --caps below 1 as fractions of all experts instead of GiB",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="print a torch profile of resident decode steps"
+    )
+    ap.add_argument(
+        "--no-graphs", action="store_true", help="launch every kernel from Python (no CUDA graphs)"
+    )
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time resident steps launched from Python, against the CUDA graphs",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     for p in args.policies.split(","):  # before the model is built: a typo costs nothing
         name, _, variant = p.partition(":")
         if name not in POLICIES or variant not in ("", "host", "lane", "nolane"):
-            ap.error(f"unknown policy {p!r}: one of {', '.join(POLICIES)}, optionally :host, :lane or :nolane")
+            ap.error(
+                f"unknown policy {p!r}: one of {', '.join(POLICIES)}, "
+                "optionally :host, :lane or :nolane"
+            )
     cuda = torch.cuda.is_available()
     if not cuda and args.model != "tiny":
         raise SystemExit("bench decode needs a CUDA device for full-size models")
@@ -225,29 +299,49 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     ctx = PROMPT + max(args.warmup + args.tokens, args.settle + 4) + 32
     bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs)
-    print(f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
-          f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, S = {bench.host.expert_bytes / 1e6:.2f} MB")
+    print(
+        f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
+        f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, "
+        f"S = {bench.host.expert_bytes / 1e6:.2f} MB"
+    )
     b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda)
     print(f"B_P {b_p:.1f} GB/s, B_H {b_h:.1f} GB/s alone; {p_c:.1f} + {h_c:.1f} GB/s together")
     rows = []
     for mode in args.routing.split(","):
         rows += run_mode(bench, args, mode, (b_p, b_h, p_c, h_c), head)
-    cols = [("routing", "routing"), ("cap", "GiB"), ("policy", "policy"), ("slots", "slots"), ("tok_s", "tok/s"),
-            ("spread", "±"), ("host_ms_per_token", "host ms"), ("sync_ms_per_token", "sync ms"),
-            ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"), ("ratio_concurrent_bound", "/bound(conc)"),
-            ("hit_rate", "hit"), ("misses_per_token", "miss/tok"), ("miss_gbps", "miss GB/s"), ("q_share", "q/m"),
-            ("vs_best_fixed", "/best fixed")]
+    cols = [
+        ("routing", "routing"),
+        ("cap", "GiB"),
+        ("policy", "policy"),
+        ("slots", "slots"),
+        ("tok_s", "tok/s"),
+        ("spread", "±"),
+        ("host_ms_per_token", "host ms"),
+        ("sync_ms_per_token", "sync ms"),
+        ("bound_tok_s", "bound"),
+        ("ratio_to_bound", "/bound"),
+        ("ratio_concurrent_bound", "/bound(conc)"),
+        ("hit_rate", "hit"),
+        ("misses_per_token", "miss/tok"),
+        ("miss_gbps", "miss GB/s"),
+        ("q_share", "q/m"),
+        ("vs_best_fixed", "/best fixed"),
+    ]
     common.emit(rows, cols, False, head)
 
 
-def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, float], head: dict) -> list[dict]:
+def run_mode(
+    bench: Bench, args, mode: str, bws: tuple[float, float, float, float], head: dict
+) -> list[dict]:
     b_p, b_h, p_c, h_c = bws
     S = bench.host.expert_bytes
     if mode in ("trace", "uniform"):
         c = bench.sm.config
         kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
         tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
-        bench.routes = routing.install_trace(bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device)
+        bench.routes = routing.install_trace(
+            bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device
+        )
         print(f"{mode} routing parameters: {tr.params()}")
     bench.install("resident", None, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
     t_dense, rows = resident_rows(bench, args, mode)
@@ -259,21 +353,34 @@ def run_mode(bench: Bench, args, mode: str, bws: tuple[float, float, float, floa
         seen: dict[str, list[dict]] = {}  # where each policy ended up, repeat by repeat
         for r in range(args.repeats):
             for policy in args.policies.split(","):  # alternate policies within each repeat
-                bench.install(policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9))
+                bench.install(
+                    policy, cap, Split.from_bandwidths(S, max(b_p, 1e-3) * 1e9, b_h * 1e9)
+                )
                 # settle the cache, and let adaptive measure its shares and placements
                 settle = args.settle if policy.startswith("adaptive") else args.settle_fixed
                 bench.decode(mode, settle, 4, 100 + r)
-                results.setdefault(policy, []).append(bench.decode(mode, args.tokens, args.warmup, r))
+                results.setdefault(policy, []).append(
+                    bench.decode(mode, args.tokens, args.warmup, r)
+                )
                 seen.setdefault(policy, []).append(placement(bench.backend))
                 # a run cut short by a time limit still leaves each repeat's figure
-                print(f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: {1 / results[policy][-1][0]:.1f} tok/s "
-                      f"{seen[policy][-1]}", file=sys.stderr, flush=True)
-                slots[policy] = bench.backend.cache.capacity if bench.backend.cache is not None else 0
+                print(
+                    f"  {mode} {cap:g} GiB {policy} repeat {r + 1}: "
+                    f"{1 / results[policy][-1][0]:.1f} tok/s "
+                    f"{seen[policy][-1]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                slots[policy] = (
+                    bench.backend.cache.capacity if bench.backend.cache is not None else 0
+                )
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
         # a row's placement is that of the repeat its counters come from
-        done = [{**row, **seen[row["policy"]][row["median_repeat"] - 1]}
-                for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)]
+        done = [
+            {**row, **seen[row["policy"]][row["median_repeat"] - 1]}
+            for row in summarize(mode, cap, results, t_dense, S, bws, slots, bench)
+        ]
         for r in done:  # as soon as measured: a run cut short still leaves its figures
             print(json.dumps({**head, **r}), flush=True)
         rows += done
@@ -284,6 +391,7 @@ def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
     """T_dense (every expert resident, decode as served), and on a GPU the same steps with
     the torch code instead of the fused kernels (norms, router, decode attention) and, with
     --eager, without CUDA graphs."""
+
     def timed() -> tuple[float, dict]:
         bench.decode(mode, 8, 4, 0)
         runs = [bench.decode(mode, args.tokens, args.warmup, r) for r in range(args.repeats)]
@@ -291,9 +399,21 @@ def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
 
     t_dense, d = timed()
     n = max(d["layers"] / len(bench.host.layers), 1)
-    rows = [{"routing": mode, "cap": "all", "policy": "resident", "tok_s": 1 / t_dense, "bound_tok_s": 1 / t_dense,
-             "ratio_to_bound": 1.0, "hit_rate": 1.0, "misses_per_token": 0.0, "t_dense_ms": t_dense * 1e3,
-             "sync_ms_per_token": d["sync_s"] / n * 1e3, "host_ms_per_token": d["host_s"] / n * 1e3}]
+    rows = [
+        {
+            "routing": mode,
+            "cap": "all",
+            "policy": "resident",
+            "tok_s": 1 / t_dense,
+            "bound_tok_s": 1 / t_dense,
+            "ratio_to_bound": 1.0,
+            "hit_rate": 1.0,
+            "misses_per_token": 0.0,
+            "t_dense_ms": t_dense * 1e3,
+            "sync_ms_per_token": d["sync_s"] / n * 1e3,
+            "host_ms_per_token": d["host_s"] / n * 1e3,
+        }
+    ]
     if bench.sm.device.type == "cuda" and fused.ENABLED:
         if bench.graphs is not None:
             bench.graphs.reset()  # the captured steps hold the fused kernels
@@ -303,18 +423,43 @@ def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
         finally:
             if bench.graphs is not None:
                 bench.graphs.reset()
-        rows.append({"routing": mode, "cap": "all", "policy": "resident, torch code",
-                     "tok_s": 1 / t_torch, "t_dense_ms": t_torch * 1e3, "fused_kernels_speedup": t_torch / t_dense})
-        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with the fused kernels, {1 / t_torch:.1f} with torch's "
-              f"code for norms, router and attention ({t_torch / t_dense:.2f}x)", flush=True)
-    if args.eager and bench.graphs is not None:  # the same resident steps, every kernel launched from Python
+        rows.append(
+            {
+                "routing": mode,
+                "cap": "all",
+                "policy": "resident, torch code",
+                "tok_s": 1 / t_torch,
+                "t_dense_ms": t_torch * 1e3,
+                "fused_kernels_speedup": t_torch / t_dense,
+            }
+        )
+        print(
+            f"{mode}: resident {1 / t_dense:.1f} tok/s with the fused kernels, "
+            f"{1 / t_torch:.1f} with torch's "
+            f"code for norms, router and attention ({t_torch / t_dense:.2f}x)",
+            flush=True,
+        )
+    if (
+        args.eager and bench.graphs is not None
+    ):  # the same resident steps, every kernel launched from Python
         graphs, bench.graphs = bench.graphs, None
         t_eager = timed()[0]
         bench.graphs = graphs
-        rows.append({"routing": mode, "cap": "all", "policy": "resident, no graphs", "tok_s": 1 / t_eager,
-                     "t_dense_ms": t_eager * 1e3, "graphs_speedup": t_eager / t_dense})
-        print(f"{mode}: resident {1 / t_dense:.1f} tok/s with CUDA graphs, {1 / t_eager:.1f} without "
-              f"({t_eager / t_dense:.2f}x)", flush=True)
+        rows.append(
+            {
+                "routing": mode,
+                "cap": "all",
+                "policy": "resident, no graphs",
+                "tok_s": 1 / t_eager,
+                "t_dense_ms": t_eager * 1e3,
+                "graphs_speedup": t_eager / t_dense,
+            }
+        )
+        print(
+            f"{mode}: resident {1 / t_dense:.1f} tok/s with CUDA graphs, {1 / t_eager:.1f} without "
+            f"({t_eager / t_dense:.2f}x)",
+            flush=True,
+        )
     return t_dense, rows
 
 
@@ -330,7 +475,9 @@ def placement(backend) -> dict:
 def profile_steps(bench: Bench, mode: str, label: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.sm.device.type == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if bench.sm.device.type == "cuda" else []
+    )
     with profile(activities=acts) as prof:
         bench.decode(mode, 8, 2, 7)
     print(f"--- profile of 8 decode steps, {mode} routing, {label}")
@@ -353,15 +500,31 @@ def summarize(mode, cap, results, t_dense, S, bws, slots, bench) -> list[dict]:
         bound = t_dense + miss * S / ((b_p + b_h) * 1e9)
         bound_c = t_dense + miss * S / ((p_c + h_c) * 1e9)
         k = bench.sm.config["num_experts_per_tok"] * len(bench.host.layers)
-        rows.append({"routing": mode, "cap": cap, "policy": policy, "tok_s": 1 / t, "median_repeat": median + 1,
-                     "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
-                     "bound_tok_s": 1 / bound, "ratio_to_bound": bound / t, "ratio_concurrent_bound": bound_c / t,
-                     "hit_rate": 1 - miss / k, "misses_per_token": miss, "q_share": d["q"] / max(d["m"], 1),
-                     "miss_gbps": miss * S / t / 1e9,  # expert bytes read from the host a second
-                     "vram_budget_gib": cap, "slots": slots[policy], "b_p_gbps": b_p, "b_h_gbps": b_h,
-                     "t_dense_ms": t_dense * 1e3, "sync_ms_per_token": d["sync_s"] / tokens_seen * 1e3,
-                     "host_ms_per_token": d["host_s"] / tokens_seen * 1e3,
-                     "cpu_wait_ms_per_token": d["cpu_wait_s"] / tokens_seen * 1e3})
+        rows.append(
+            {
+                "routing": mode,
+                "cap": cap,
+                "policy": policy,
+                "tok_s": 1 / t,
+                "median_repeat": median + 1,
+                "spread": (1 / times[0] - 1 / times[-1]) if len(times) > 1 else 0.0,
+                "bound_tok_s": 1 / bound,
+                "ratio_to_bound": bound / t,
+                "ratio_concurrent_bound": bound_c / t,
+                "hit_rate": 1 - miss / k,
+                "misses_per_token": miss,
+                "q_share": d["q"] / max(d["m"], 1),
+                "miss_gbps": miss * S / t / 1e9,  # expert bytes read from the host a second
+                "vram_budget_gib": cap,
+                "slots": slots[policy],
+                "b_p_gbps": b_p,
+                "b_h_gbps": b_h,
+                "t_dense_ms": t_dense * 1e3,
+                "sync_ms_per_token": d["sync_s"] / tokens_seen * 1e3,
+                "host_ms_per_token": d["host_s"] / tokens_seen * 1e3,
+                "cpu_wait_ms_per_token": d["cpu_wait_s"] / tokens_seen * 1e3,
+            }
+        )
     fixed = [r["tok_s"] for r in rows if r["policy"].split(":")[0] in ("lru-pcie", "cpu-misses")]
     for r in rows:
         r["vs_best_fixed"] = r["tok_s"] / max(fixed) if fixed else None

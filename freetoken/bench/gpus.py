@@ -86,8 +86,15 @@ def summed_pcie(devices: list[str], seconds: float) -> tuple[list[float], float]
 class Config:
     """One configuration, loaded through the runner's own path; `close` frees everything."""
 
-    def __init__(self, files: dict[str, Path], devices: list[str], budget_gib: float, policy: str,
-                 ctx_tokens: int, cache_dir: Path):
+    def __init__(
+        self,
+        files: dict[str, Path],
+        devices: list[str],
+        budget_gib: float,
+        policy: str,
+        ctx_tokens: int,
+        cache_dir: Path,
+    ):
         self.devices, self.budget_gib = devices, budget_gib
         self.name = f"{len(devices)} x {budget_gib:g} GiB"
         placement = loader.Placement(policy, int(budget_gib * GIB), cache_dir, 0)
@@ -95,8 +102,12 @@ class Config:
         t0 = time.perf_counter()
         try:
             device = dist.use(devices[0]).type  # "cuda" now means rank 0's GPU
-            loaded = loader.load(files, device, "auto", experts=self.group.experts if self.group else None)
-            sm = synthmodel.SynthModel(loaded.model, loaded.config, {}, loaded.device, loaded.dtype, 0.0)
+            loaded = loader.load(
+                files, device, "auto", experts=self.group.experts if self.group else None
+            )
+            sm = synthmodel.SynthModel(
+                loaded.model, loaded.config, {}, loaded.device, loaded.dtype, 0.0
+            )
             self.bench = Bench.around(sm, ctx_tokens)
             self.bench.backend = loader.place_experts(loaded, placement, self.group)
         except BaseException:
@@ -131,18 +142,24 @@ class Config:
         torch.cuda.empty_cache()
 
 
-def decode_rows(cfg: Config, mode: str, args, t_dense: float | None, b_sum: float, b_h: float) -> dict:
+def decode_rows(
+    cfg: Config, mode: str, args, t_dense: float | None, b_sum: float, b_h: float
+) -> dict:
     bench, c = cfg.bench, cfg.bench.sm.config
     kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
     tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
-    bench.routes = routing.install_trace(bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device)
+    bench.routes = routing.install_trace(
+        bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device
+    )
     if bench.graphs is not None:
         bench.graphs.reset()  # captured steps read the previous route table
     bench.decode(mode, args.settle, 4, 100)  # settle the caches (and adaptive's choices)
     runs = []
     for r in range(args.repeats):
         before: list[int] = []
-        t, _ = bench.decode(mode, args.tokens, args.warmup, r, at_start=lambda b=before: b.append(cfg.misses()))
+        t, _ = bench.decode(
+            mode, args.tokens, args.warmup, r, at_start=lambda b=before: b.append(cfg.misses())
+        )
         runs.append((t, (cfg.misses() - before[0]) / args.tokens))
     t, miss = sorted(runs)[len(runs) // 2]
     row = {"routing": mode, "tok_s": 1 / t, "misses_per_token": miss}
@@ -152,9 +169,17 @@ def decode_rows(cfg: Config, mode: str, args, t_dense: float | None, b_sum: floa
     return row
 
 
-def run_config(cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head: dict) -> list[dict]:
-    base = {"config": cfg.name, "gpus": len(cfg.devices), "budget_gib": cfg.budget_gib, "slots": cfg.slots(),
-            "load_s": cfg.load_s, "b_p_sum_gbps": b_sum}
+def run_config(
+    cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head: dict
+) -> list[dict]:
+    base = {
+        "config": cfg.name,
+        "gpus": len(cfg.devices),
+        "budget_gib": cfg.budget_gib,
+        "slots": cfg.slots(),
+        "load_s": cfg.load_s,
+        "b_p_sum_gbps": b_sum,
+    }
     rows = []
     for mode in args.routing.split(","):
         row = {**base, **decode_rows(cfg, mode, args, t_dense.get(mode), b_sum, b_h)}
@@ -180,7 +205,9 @@ def run_config(cfg: Config, args, t_dense: dict, b_sum: float, b_h: float, head:
 def parse(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="freetoken bench gpus", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
-    ap.add_argument("--gpus", type=int, default=0, help="GPUs to spread over (default: every visible one)")
+    ap.add_argument(
+        "--gpus", type=int, default=0, help="GPUs to spread over (default: every visible one)"
+    )
     ap.add_argument("--budget", type=float, default=24.0, help="VRAM budget per GPU in GiB")
     ap.add_argument("--policy", default="adaptive")
     ap.add_argument("--routing", default="uniform,trace")
@@ -191,18 +218,29 @@ def parse(argv: list[str] | None):
     ap.add_argument("--prefill", default="2048,8192", help="prompt lengths ('' for none)")
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--bw-seconds", type=float, default=2.0)
-    ap.add_argument("--configs", default="1xB,1xNB,NxB",
-                    help="which of: one GPU at B GiB, one at N·B GiB, N GPUs at B GiB each")
-    ap.add_argument("--profile", action="store_true", help="a torch profile of decode steps of each config")
+    ap.add_argument(
+        "--configs",
+        default="1xB,1xNB,NxB",
+        help="which of: one GPU at B GiB, one at N·B GiB, N GPUs at B GiB each",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="a torch profile of decode steps of each config"
+    )
     ap.add_argument("--dir", type=Path, default=None, help="where the model's FTW is written")
     ap.add_argument("--keep", action="store_true", help="keep the FTW for the next run")
-    ap.add_argument("--cpu-ranks", type=int, default=0,
-                    help="CPU ranks on gloo instead of GPUs (a check of the plumbing, not a benchmark)")
+    ap.add_argument(
+        "--cpu-ranks",
+        type=int,
+        default=0,
+        help="CPU ranks on gloo instead of GPUs (a check of the plumbing, not a benchmark)",
+    )
     ap.add_argument("--json", action="store_true")
     return ap.parse_args(argv)
 
 
-def bandwidths(devices: list[str], seconds: float, cache_dir: Path, head: dict) -> tuple[list[float], float, float]:
+def bandwidths(
+    devices: list[str], seconds: float, cache_dir: Path, head: dict
+) -> tuple[list[float], float, float]:
     """(each GPU's B_P alone, ΣB_P with every link at once, B_H) in GB/s; saved as this
     machine's profile, which every runner's split starts from."""
     if devices[0] == "cpu":  # the plumbing only: whatever profile this machine has, or the defaults
@@ -224,10 +262,16 @@ def main(argv: list[str] | None = None) -> None:
     head = common.header("gpus")
     devices = ["cpu"] * n if args.cpu_ranks else [f"cuda:{i}" for i in range(n)]
     alone, b_sum, b_h = bandwidths(devices, args.bw_seconds, cache_dir, head)
-    print(f"B_P per GPU {', '.join(f'{x:.1f}' for x in alone)} GB/s alone, {b_sum:.1f} together; B_H {b_h:.1f}")
+    print(
+        f"B_P per GPU {', '.join(f'{x:.1f}' for x in alone)} GB/s alone, {b_sum:.1f} together; "
+        f"B_H {b_h:.1f}"
+    )
     shape = synthmodel.SHAPES[args.model]
     expert_bytes = 3 * shape["hidden_size"] * shape["moe_intermediate_size"] * 2
-    out = pick_dir(args.dir, shape["num_hidden_layers"] * shape["num_experts"] * expert_bytes) / args.model
+    out = (
+        pick_dir(args.dir, shape["num_hidden_layers"] * shape["num_experts"] * expert_bytes)
+        / args.model
+    )
     t0 = time.perf_counter()
     files = {p.name: p for p in write_model(args.model, out, torch.device(devices[0])).iterdir()}
     print(f"model written to {out} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -236,29 +280,69 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
-    common.emit(rows, [("config", "config"), ("routing", "routing"), ("slots", "slots"), ("tok_s", "tok/s"),
-                       ("misses_per_token", "miss/tok"), ("bound_tok_s", "bound"), ("ratio_to_bound", "/bound"),
-                       ("load_s", "load s")], False, head)
+    common.emit(
+        rows,
+        [
+            ("config", "config"),
+            ("routing", "routing"),
+            ("slots", "slots"),
+            ("tok_s", "tok/s"),
+            ("misses_per_token", "miss/tok"),
+            ("bound_tok_s", "bound"),
+            ("ratio_to_bound", "/bound"),
+            ("load_s", "load s"),
+        ],
+        False,
+        head,
+    )
 
 
-def run_plans(files: dict[str, Path], devices: list[str], args, cache_dir: Path,
-              bws: tuple[float, float, float], head: dict) -> list[dict]:
+def run_plans(
+    files: dict[str, Path],
+    devices: list[str],
+    args,
+    cache_dir: Path,
+    bws: tuple[float, float, float],
+    head: dict,
+) -> list[dict]:
     """Every expert resident first (T_dense for the bounds), then each configuration asked for."""
     b_one, b_sum, b_h = bws
-    ctx = max([int(x) for x in args.prefill.split(",") if x] + [0]) + args.settle + args.tokens + args.warmup + 64
-    plans = {"resident": ([devices[0]], None), "1xB": ([devices[0]], args.budget),
-             "1xNB": ([devices[0]], len(devices) * args.budget), "NxB": (devices, args.budget)}
+    ctx = (
+        max([int(x) for x in args.prefill.split(",") if x] + [0])
+        + args.settle
+        + args.tokens
+        + args.warmup
+        + 64
+    )
+    plans = {
+        "resident": ([devices[0]], None),
+        "1xB": ([devices[0]], args.budget),
+        "1xNB": ([devices[0]], len(devices) * args.budget),
+        "NxB": (devices, args.budget),
+    }
     rows, t_dense = [], {}
     for name in ["resident", *args.configs.split(",")]:
         devs, budget = plans[name]
-        cfg = Config(files, devs, budget or 0.0, "resident" if budget is None else args.policy, ctx, cache_dir)
+        cfg = Config(
+            files,
+            devs,
+            budget or 0.0,
+            "resident" if budget is None else args.policy,
+            ctx,
+            cache_dir,
+        )
         try:
             if budget is None:
                 for mode in args.routing.split(","):
                     t_dense[mode] = 1 / decode_rows(cfg, mode, args, None, 0, 0)["tok_s"]
-                print(f"resident: T_dense {', '.join(f'{k} {v * 1e3:.1f} ms' for k, v in t_dense.items())}")
+                print(
+                    "resident: T_dense "
+                    + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in t_dense.items())
+                )
             else:
-                rows += run_config(cfg, args, t_dense, b_one if len(devs) == 1 else b_sum, b_h, head)
+                rows += run_config(
+                    cfg, args, t_dense, b_one if len(devs) == 1 else b_sum, b_h, head
+                )
         finally:
             cfg.close()
     return rows

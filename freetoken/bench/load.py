@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from freetoken.bench import common
-from freetoken.ftw import ALIGN, reader
-from freetoken.ftw import hostmem
+from freetoken.ftw import ALIGN, hostmem, reader
 from freetoken.ftw.hostmem import HostBuffer
 from freetoken.ftw.writer import Writer
 
@@ -30,12 +29,16 @@ LAYER_BYTES = E * (2 * I * H + H * I) * 2
 
 def write_synthetic(out: Path, gib: float) -> Path:
     layers = max(1, round(gib * 2**30 / LAYER_BYTES))
-    if (out / "ftw.json").exists() and json.loads((out / "ftw.json").read_text()).get("layers") == layers:
+    if (out / "ftw.json").exists() and json.loads((out / "ftw.json").read_text()).get(
+        "layers"
+    ) == layers:
         return out
     g = torch.Generator().manual_seed(0)
     # one random block, tiled: content does not matter for I/O, but it must not be zeros
-    block = torch.randint(-30000, 30000, (E, 2 * I, H), generator=g, dtype=torch.int16).view(torch.bfloat16)
-    down = block.reshape(-1)[:E * H * I].reshape(E, H, I)
+    block = torch.randint(-30000, 30000, (E, 2 * I, H), generator=g, dtype=torch.int16).view(
+        torch.bfloat16
+    )
+    down = block.reshape(-1)[: E * H * I].reshape(E, H, I)
     (out.parent).mkdir(parents=True, exist_ok=True)
     cfg = out.parent / "bench-config.json"
     cfg.write_text("{}")
@@ -85,19 +88,30 @@ def configs(pin: bool, workers: int, repeats: int) -> list[tuple[str, dict]]:
     par = dict(mode="parallel", workers=workers, pin=pin)
     fill = "pin after fill" if pin else "no pin (no GPU)"
     served = (f"as served: parallel, {fill}, {'huge' if huge else '4 KiB'} pages (measured)", par)
-    others = [(f"parallel, {fill}, 4 KiB pages", dict(par, huge_pages=False)),
-              (f"parallel, {fill}, huge pages", dict(par, huge_pages=True)),
-              (f"serial, {fill}", dict(par, mode="serial"))]
+    others = [
+        (f"parallel, {fill}, 4 KiB pages", dict(par, huge_pages=False)),
+        (f"parallel, {fill}, huge pages", dict(par, huge_pages=True)),
+        (f"serial, {fill}", dict(par, mode="serial")),
+    ]
     if pin:
-        others += [("parallel, pin before fill, 4 KiB pages", dict(par, pin_before_fill=True, huge_pages=False)),
-                   ("parallel, no pin, 4 KiB pages", dict(par, pin=False, huge_pages=False))]
+        others += [
+            (
+                "parallel, pin before fill, 4 KiB pages",
+                dict(par, pin_before_fill=True, huge_pages=False),
+            ),
+            ("parallel, no pin, 4 KiB pages", dict(par, pin=False, huge_pages=False)),
+        ]
     total = len(others) + repeats
-    at = {round(i * (total - 1) / max(repeats - 1, 1)) for i in range(repeats)}  # evenly, first and last
+    at = {
+        round(i * (total - 1) / max(repeats - 1, 1)) for i in range(repeats)
+    }  # evenly, first and last
     rest = iter(others)
     return [served if i in at else next(rest) for i in range(total)]
 
 
-def timed_loads(files: dict[str, Path], shards: list[Path], plan: list[tuple[str, dict]], workers: int) -> list[dict]:
+def timed_loads(
+    files: dict[str, Path], shards: list[Path], plan: list[tuple[str, dict]], workers: int
+) -> list[dict]:
     """Each load between two raw reads of the same files: the disk's own speed drifts by a
     quarter within minutes on a virtual disk, so a load is compared with the raw reads
     around it, not with one taken minutes away."""
@@ -107,9 +121,19 @@ def timed_loads(files: dict[str, Path], shards: list[Path], plan: list[tuple[str
         s = load_once(files, **kw)
         raws.append(raw_read(shards, workers))
         raw = (raws[-2] + raws[-1]) / 2
-        rows.append({"config": name, "gb": s.bytes / 1e9, "seconds": s.seconds, "gbps": s.gbps,
-                     "pin_s": s.pin_seconds, "read_s": s.read_seconds, "direct": s.direct,
-                     "raw_gbps": raw, "ratio_to_raw": s.gbps / raw})
+        rows.append(
+            {
+                "config": name,
+                "gb": s.bytes / 1e9,
+                "seconds": s.seconds,
+                "gbps": s.gbps,
+                "pin_s": s.pin_seconds,
+                "read_s": s.read_seconds,
+                "direct": s.direct,
+                "raw_gbps": raw,
+                "ratio_to_raw": s.gbps / raw,
+            }
+        )
     return rows
 
 
@@ -147,19 +171,39 @@ def main(argv: list[str] | None = None) -> None:
     one = raw_read(shards, 1)
     rows = merge(timed_loads(files, shards, configs(pin, args.workers, args.repeats), args.workers))
     raws = [r["raw_gbps"] for r in rows]
-    print(f"raw O_DIRECT read: {min(raws):.2f}–{max(raws):.2f} GB/s with {args.workers} readers "
-          f"over the run, {one:.2f} with one")
+    print(
+        f"raw O_DIRECT read: {min(raws):.2f}–{max(raws):.2f} GB/s with {args.workers} readers "
+        f"over the run, {one:.2f} with one"
+    )
     rows.append({"config": "raw O_DIRECT read, one reader", "gb": rows[0]["gb"], "gbps": one})
     by = {r["config"]: r for r in rows}
     if pin:
-        after, before = by["parallel, pin after fill, 4 KiB pages"], by["parallel, pin before fill, 4 KiB pages"]
+        after, before = (
+            by["parallel, pin after fill, 4 KiB pages"],
+            by["parallel, pin before fill, 4 KiB pages"],
+        )
         saved = before["seconds"] - after["seconds"]
-        print(f"pin-after-fill saves {saved:.2f} s of {before['seconds']:.2f} s "
-              f"({saved / max(before['pin_s'], 1e-9):.0%} of the pin-before-fill registration cost)")
-    common.emit(rows, [("config", "config"), ("gb", "GB"), ("seconds", "s"), ("gbps", "GB/s"),
-                       ("raw_gbps", "raw GB/s"), ("ratio_to_raw", "/raw"), ("ratio_min", "min"),
-                       ("ratio_max", "max"), ("read_s", "read s"), ("pin_s", "pin s")],
-                args.json, common.header("load"))
+        print(
+            f"pin-after-fill saves {saved:.2f} s of {before['seconds']:.2f} s "
+            f"({saved / max(before['pin_s'], 1e-9):.0%} of the pin-before-fill registration cost)"
+        )
+    common.emit(
+        rows,
+        [
+            ("config", "config"),
+            ("gb", "GB"),
+            ("seconds", "s"),
+            ("gbps", "GB/s"),
+            ("raw_gbps", "raw GB/s"),
+            ("ratio_to_raw", "/raw"),
+            ("ratio_min", "min"),
+            ("ratio_max", "max"),
+            ("read_s", "read s"),
+            ("pin_s", "pin s"),
+        ],
+        args.json,
+        common.header("load"),
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ BENCHES = {
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in BENCHES:
-        print(f"usage: freetoken bench {{{','.join(BENCHES)}}} [options]  (each takes --help)", file=sys.stderr)
+        print(
+            f"usage: freetoken bench {{{','.join(BENCHES)}}} [options]  (each takes --help)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     importlib.import_module(BENCHES[argv[0]]).main(argv[1:])
 

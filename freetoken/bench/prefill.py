@@ -34,7 +34,7 @@ def prefill_seconds(bench: Bench, length: int, chunk: int, seed: int) -> float:
         t0 = time.perf_counter()
         for start in range(0, length, chunk):
             with torch.inference_mode():
-                bench._step(ids[start:start + chunk], start, pages)
+                bench._step(ids[start : start + chunk], start, pages)
         _sync(bench.sm.device)
         return time.perf_counter() - t0
     finally:
@@ -42,7 +42,9 @@ def prefill_seconds(bench: Bench, length: int, chunk: int, seed: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="freetoken bench prefill", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="freetoken bench prefill", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--cap", type=float, default=SLOTS_CAP_GIB, help="VRAM budget in GiB")
     ap.add_argument("--lengths", default="512,2048,8192,16384")
@@ -65,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     compute = {n: prefill_seconds(bench, n, args.chunk, 1) for n in lengths}
     rows = []
     for overlap in (True, False):
-        streamer = bench.install("adaptive", args.cap, split).streamer  # no reference to the backend kept
+        streamer = bench.install(
+            "adaptive", args.cap, split
+        ).streamer  # no reference to the backend kept
         if streamer is None:
             raise SystemExit(f"a {args.cap} GiB budget cannot hold the two layer buffers")
         streamer.overlap = overlap
@@ -77,16 +81,38 @@ def main(argv: list[str] | None = None) -> None:
             fetched = streamer.stats["h2d_experts"] - before
             pcie = fetched * S / (b_p * 1e9)
             floor = max(pcie, compute[n])
-            row = {"prompt": n, "overlap": overlap, "ttft_s": t, "tok_s": n / t, "pcie_bound_s": pcie,
-                   "h2d_experts": fetched, "all_experts": -(-n // args.chunk) * L * E,
-                   "compute_s": compute[n], "ratio_to_floor": floor / t, "vram_budget_gib": args.cap,
-                   "b_p_gbps": b_p, "chunk": args.chunk, "model": args.model}
+            row = {
+                "prompt": n,
+                "overlap": overlap,
+                "ttft_s": t,
+                "tok_s": n / t,
+                "pcie_bound_s": pcie,
+                "h2d_experts": fetched,
+                "all_experts": -(-n // args.chunk) * L * E,
+                "compute_s": compute[n],
+                "ratio_to_floor": floor / t,
+                "vram_budget_gib": args.cap,
+                "b_p_gbps": b_p,
+                "chunk": args.chunk,
+                "model": args.model,
+            }
             print(json.dumps({**head, **row}), flush=True)
             rows.append(row)
         del streamer  # it holds the slot pool, which the next install must be able to free
-    common.emit(rows, [("prompt", "tokens"), ("overlap", "overlap"), ("ttft_s", "TTFT s"), ("tok_s", "tok/s"),
-                       ("pcie_bound_s", "PCIe s"), ("compute_s", "compute s"), ("ratio_to_floor", "/floor")],
-                False, head)
+    common.emit(
+        rows,
+        [
+            ("prompt", "tokens"),
+            ("overlap", "overlap"),
+            ("ttft_s", "TTFT s"),
+            ("tok_s", "tok/s"),
+            ("pcie_bound_s", "PCIe s"),
+            ("compute_s", "compute s"),
+            ("ratio_to_floor", "/floor"),
+        ],
+        False,
+        head,
+    )
 
 
 if __name__ == "__main__":

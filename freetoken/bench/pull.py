@@ -44,8 +44,11 @@ def _serve(root: Path) -> tuple[subprocess.Popen, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "registry", "serve", "--root", str(root), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "registry", "serve", "--root", str(root), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -79,7 +82,9 @@ def _model(store: Store, name: str, nbytes: int, weights: bool = False) -> None:
         digest, _ = w.commit()
     layers.append(mf.Layer(mf.FILE, digest, w.size, "payload.bin"))
     config = store.blobs.put_stream([b'{"model_format":"bench"}'])[0]
-    store.write_manifest(store_name(name), mf.Manifest(mf.Layer(mf.CONFIG, config, 24), tuple(layers)))
+    store.write_manifest(
+        store_name(name), mf.Manifest(mf.Layer(mf.CONFIG, config, 24), tuple(layers))
+    )
 
 
 def store_name(name: str):
@@ -99,8 +104,11 @@ def raw_copy(url: str, size: int, streams: int, out: Path | None) -> float:
 
     def get(i: int) -> None:
         lo, hi = i * part, min(size, (i + 1) * part) - 1
-        with httpx.Client(timeout=None) as c, c.stream("GET", url, headers={"Range": f"bytes={lo}-{hi}"}) as r, \
-                open(out or os.devnull, "r+b" if out else "wb") as f:
+        with (
+            httpx.Client(timeout=None) as c,
+            c.stream("GET", url, headers={"Range": f"bytes={lo}-{hi}"}) as r,
+            open(out or os.devnull, "r+b" if out else "wb") as f,
+        ):
             f.seek(lo)
             for chunk in r.iter_bytes(1 << 20):
                 if out is not None:
@@ -115,8 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken bench pull", description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--streams", type=int, default=8)
-    ap.add_argument("--weights", action="store_true",
-                    help="bf16 weight-like bytes (sent zstd-compressed) instead of incompressible ones")
+    ap.add_argument(
+        "--weights",
+        action="store_true",
+        help="bf16 weight-like bytes (sent zstd-compressed) instead of incompressible ones",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     head = common.header("pull")
@@ -131,10 +142,21 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         if args.json:
             print(json.dumps({**head, **r, "streams": args.streams, "weights": args.weights}))
-    common.emit(rows, [("path", "path"), ("gb", "GB"), ("seconds", "s"), ("gbps", "GB/s"),
-                       ("ratio_to_raw", "/raw"), ("refetched_share", "refetched"),
-                       ("reread_share", "re-read"), ("vs_full_pull_time", "/full time")],
-                False, head)
+    common.emit(
+        rows,
+        [
+            ("path", "path"),
+            ("gb", "GB"),
+            ("seconds", "s"),
+            ("gbps", "GB/s"),
+            ("ratio_to_raw", "/raw"),
+            ("refetched_share", "refetched"),
+            ("reread_share", "re-read"),
+            ("vs_full_pull_time", "/full time"),
+        ],
+        False,
+        head,
+    )
 
 
 def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> list[dict]:
@@ -142,8 +164,10 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
     src = Store(tmp / "src")
     _model(src, name, size, weights)
     push_model(src, name, insecure=True)
-    wire = max((x for x in mf.read(next((tmp / "registry" / "manifests").rglob("latest")))[0].layers),
-               key=lambda x: x.size)
+    wire = max(
+        (x for x in mf.read(next((tmp / "registry" / "manifests").rglob("latest")))[0].layers),
+        key=lambda x: x.size,
+    )
     hub = Transfers(TransferOptions(streams=streams))
     url = f"http://127.0.0.1:{port}/v2/library/bench/blobs/{wire.digest}"
     raw = raw_copy(url, wire.size, streams, tmp / "raw.bin")
@@ -152,7 +176,11 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
     half = Store(tmp / "b")
 
     def stop_half(event: dict) -> None:
-        if event.get("total") and event.get("completed", 0) >= event["total"] // 2 and event["total"] > 1 << 20:
+        if (
+            event.get("total")
+            and event.get("completed", 0) >= event["total"] // 2
+            and event["total"] > 1 << 20
+        ):
             raise _Stop()
 
     try:
@@ -161,15 +189,31 @@ def _measure(tmp: Path, port: int, size: int, streams: int, weights: bool) -> li
         pass
     resumed = pull_model(half, name, insecure=True, transfers=hub)
     gbps = full.fetched_bytes / full.seconds / 1e9
-    return [{"path": "raw ranged copy", "gb": wire.size / 1e9, "gbps": raw, "ratio_to_raw": 1.0},
-            {"path": "raw, bytes dropped", "gb": wire.size / 1e9, "gbps": dropped,
-             "ratio_to_raw": dropped / raw},
-            {"path": "freetoken pull", "gb": full.fetched_bytes / 1e9, "seconds": full.seconds, "gbps": gbps,
-             "ratio_to_raw": gbps / raw, "reread_share": full.reread_bytes / size},
-            {"path": "resume after 50%", "gb": resumed.fetched_bytes / 1e9, "seconds": resumed.seconds,
-             "refetched_share": resumed.fetched_bytes / max(full.fetched_bytes, 1),
-             "reread_share": resumed.reread_bytes / size,
-             "vs_full_pull_time": resumed.seconds / full.seconds}]
+    return [
+        {"path": "raw ranged copy", "gb": wire.size / 1e9, "gbps": raw, "ratio_to_raw": 1.0},
+        {
+            "path": "raw, bytes dropped",
+            "gb": wire.size / 1e9,
+            "gbps": dropped,
+            "ratio_to_raw": dropped / raw,
+        },
+        {
+            "path": "freetoken pull",
+            "gb": full.fetched_bytes / 1e9,
+            "seconds": full.seconds,
+            "gbps": gbps,
+            "ratio_to_raw": gbps / raw,
+            "reread_share": full.reread_bytes / size,
+        },
+        {
+            "path": "resume after 50%",
+            "gb": resumed.fetched_bytes / 1e9,
+            "seconds": resumed.seconds,
+            "refetched_share": resumed.fetched_bytes / max(full.fetched_bytes, 1),
+            "reread_share": resumed.reread_bytes / size,
+            "vs_full_pull_time": resumed.seconds / full.seconds,
+        },
+    ]
 
 
 if __name__ == "__main__":

@@ -45,13 +45,21 @@ def run(bench: Bench, steps: int, shrink_at: int, grow_at: int, mode: str) -> di
             times.append(time.perf_counter() - t0)
     finally:
         bench.kv.pool.release(pages)
-    steady = statistics.median(times[max(0, shrink_at - 32):shrink_at])
-    cold = times[grow_at + 1:grow_at + 33]
-    return {"slots_full": full, "slots_half": full // 2, "steady_step_ms": steady * 1e3,
-            "shrink_stall_ms": (times[shrink_at] - steady) * 1e3, "grow_stall_ms": (times[grow_at] - steady) * 1e3,
-            "shrink_resize_ms": resize_s[shrink_at] * 1e3, "grow_resize_ms": resize_s[grow_at] * 1e3,
-            "failed_steps": failed, "steady_tok_s": 1 / steady, "after_grow_tok_s": len(cold) / sum(cold),
-            "cold_over_steady": (len(cold) / sum(cold)) * steady}
+    steady = statistics.median(times[max(0, shrink_at - 32) : shrink_at])
+    cold = times[grow_at + 1 : grow_at + 33]
+    return {
+        "slots_full": full,
+        "slots_half": full // 2,
+        "steady_step_ms": steady * 1e3,
+        "shrink_stall_ms": (times[shrink_at] - steady) * 1e3,
+        "grow_stall_ms": (times[grow_at] - steady) * 1e3,
+        "shrink_resize_ms": resize_s[shrink_at] * 1e3,
+        "grow_resize_ms": resize_s[grow_at] * 1e3,
+        "failed_steps": failed,
+        "steady_tok_s": 1 / steady,
+        "after_grow_tok_s": len(cold) / sum(cold),
+        "cold_over_steady": (len(cold) / sum(cold)) * steady,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,15 +78,37 @@ def main(argv: list[str] | None = None) -> None:
         c = bench.sm.config
         kw = {} if args.routing == "trace" else {"reuse": 0.0, "zipf": 0.0}
         bench.routes = routing.install_trace(
-            bench.sm.model, routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw),
-            c["num_hidden_layers"], bench.sm.device)
+            bench.sm.model,
+            routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw),
+            c["num_hidden_layers"],
+            bench.sm.device,
+        )
     S = bench.host.expert_bytes
     bench.install("adaptive", args.cap, Split.from_bandwidths(S, 50e9, 50e9))
-    row = {"routing": args.routing, "vram_budget_gib": args.cap, "model": args.model,
-           **run(bench, args.steps, args.steps // 3, 2 * args.steps // 3, args.routing)}
+    row = {
+        "routing": args.routing,
+        "vram_budget_gib": args.cap,
+        "model": args.model,
+        **run(bench, args.steps, args.steps // 3, 2 * args.steps // 3, args.routing),
+    }
     print(json.dumps({**head, **row}), flush=True)
-    common.emit([row], [(k, k) for k in ("slots_full", "steady_tok_s", "shrink_stall_ms", "grow_stall_ms",
-                                          "failed_steps", "after_grow_tok_s", "cold_over_steady")], False, head)
+    common.emit(
+        [row],
+        [
+            (k, k)
+            for k in (
+                "slots_full",
+                "steady_tok_s",
+                "shrink_stall_ms",
+                "grow_stall_ms",
+                "failed_steps",
+                "after_grow_tok_s",
+                "cold_over_steady",
+            )
+        ],
+        False,
+        head,
+    )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,19 @@ MODES = ("random-tokens", "generated", "trace", "uniform")
 
 
 class Trace:
-    def __init__(self, num_layers: int, num_experts: int, k: int, reuse: float = 0.45, zipf: float = 1.1,
-                 seed: int = 0):
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        k: int,
+        reuse: float = 0.45,
+        zipf: float = 1.1,
+        seed: int = 0,
+    ):
         self.E, self.k, self.reuse, self.zipf = num_experts, k, reuse, zipf
         self.rng = np.random.default_rng(seed)
         ranks = np.arange(1, num_experts + 1, dtype=np.float64)
-        p = ranks ** -zipf if zipf > 0 else np.ones(num_experts)
+        p = ranks**-zipf if zipf > 0 else np.ones(num_experts)
         self.p = p / p.sum()
         self.cdf = np.cumsum(self.p)
         self.perm = [self.rng.permutation(num_experts) for _ in range(num_layers)]
@@ -62,10 +69,14 @@ class RouteTable:
     """
 
     def __init__(self, trace: Trace, num_layers: int, steps: int, device: torch.device):
-        table = np.stack([np.stack([trace.next(layer) for layer in range(num_layers)]) for _ in range(steps)])
+        table = np.stack(
+            [np.stack([trace.next(layer) for layer in range(num_layers)]) for _ in range(steps)]
+        )
         self.steps = steps
-        self.per_layer = [torch.from_numpy(np.ascontiguousarray(table[:, layer])).to(device)
-                          for layer in range(num_layers)]  # [steps, k] each
+        self.per_layer = [
+            torch.from_numpy(np.ascontiguousarray(table[:, layer])).to(device)
+            for layer in range(num_layers)
+        ]  # [steps, k] each
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)
 
     def rows(self, layer: int, tokens: int) -> torch.Tensor:
@@ -76,8 +87,9 @@ class RouteTable:
         self.cursor.add_(tokens).remainder_(self.steps)
 
 
-def install_trace(model: torch.nn.Module, trace: Trace, num_layers: int, device: torch.device,
-                  steps: int = 2048) -> RouteTable:
+def install_trace(
+    model: torch.nn.Module, trace: Trace, num_layers: int, device: torch.device, steps: int = 2048
+) -> RouteTable:
     """Routers pick the trace's experts; weights are the router's own softmax at those experts."""
     table = RouteTable(trace, num_layers, steps, device)
     layer_of = {}
@@ -86,7 +98,9 @@ def install_trace(model: torch.nn.Module, trace: Trace, num_layers: int, device:
             layer_of[id(m)] = int(name.split(".")[2])
 
     def forward(self: TopKRouter, x: torch.Tensor):
-        probs = torch.softmax(torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32)
+        probs = torch.softmax(
+            torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32
+        )
         ids = table.rows(layer_of[id(self)], x.shape[0])
         w = torch.gather(probs, 1, ids)
         return (w / w.sum(dim=-1, keepdim=True)).to(x.dtype), ids

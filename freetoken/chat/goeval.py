@@ -213,8 +213,11 @@ class _Run:
         spec = FUNCS[node.name]
         count = len(args) + (final is not _MISSING)
         if count < spec.min_args or (spec.max_args is not None and count > spec.max_args):
-            raise self._err(node.pos, f"wrong number of args for {node.name}: "
-                                      f"want {_arity(spec.min_args, spec.max_args)} got {count}")
+            raise self._err(
+                node.pos,
+                f"wrong number of args for {node.name}: "
+                f"want {_arity(spec.min_args, spec.max_args)} got {count}",
+            )
         operands = [lambda a=a: self.arg(a, dot) for a in args]
         if final is not _MISSING:
             operands.append(lambda: final)

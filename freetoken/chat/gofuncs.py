@@ -137,7 +137,7 @@ def _slice(item: Any, *idx: Any) -> Any:
     for i in bounds:
         if not 0 <= i <= len(seq):
             raise CallError(f"index out of range: {i}")
-    lo, hi = (bounds + [0, len(seq)][len(bounds):])[:2]
+    lo, hi = (bounds + [0, len(seq)][len(bounds) :])[:2]
     if lo > hi:
         raise CallError(f"invalid slice index: {lo} > {hi}")
     if len(bounds) == 3 and bounds[2] < hi:
@@ -176,8 +176,15 @@ def _yesterday_date(*_: Any) -> str:
     return (datetime.date.today() - datetime.timedelta(days=1)).isoformat()
 
 
-_TS_TYPES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
-             "array": "any[]", "object": "Record<string, any>", "null": "null"}
+_TS_TYPES = {
+    "string": "string",
+    "number": "number",
+    "integer": "number",
+    "boolean": "boolean",
+    "array": "any[]",
+    "object": "Record<string, any>",
+    "null": "null",
+}
 
 
 def _ts_property(p: Any) -> str:
@@ -255,8 +262,9 @@ def _printf(fmt: Any, *args: Any) -> str:
     return sprintf(fmt, *args)
 
 
-_HTML = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "'": "&#39;", '"': "&#34;",
-                       "\0": "\uFFFD"})
+_HTML = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", "'": "&#39;", '"': "&#34;", "\0": "\ufffd"}
+)
 
 
 def _width(fmt: str, i: int) -> tuple[int | None, int]:
@@ -317,7 +325,7 @@ def _pad(text: str, width: int | None, flags: str, numeric: bool) -> str:
         return text.ljust(width)
     if "0" in flags and numeric:
         sign = text[0] if text[:1] in "+-" else ""
-        return sign + text[len(sign):].rjust(width - len(sign), "0")
+        return sign + text[len(sign) :].rjust(width - len(sign), "0")
     return text.rjust(width)
 
 

@@ -13,14 +13,26 @@ from freetoken.chat.errors import TemplateError
 
 __all__ = ["KEYWORDS", "Token", "error", "lex", "where"]
 
-KEYWORDS = frozenset({
-    "block", "break", "continue", "define", "else", "end", "false", "if", "nil", "range",
-    "template", "true", "with",
-})
+KEYWORDS = frozenset(
+    {
+        "block",
+        "break",
+        "continue",
+        "define",
+        "else",
+        "end",
+        "false",
+        "if",
+        "nil",
+        "range",
+        "template",
+        "true",
+        "with",
+    }
+)
 _SPACE = " \t\r\n"
 _PUNCT = {"|": "pipe", "(": "lparen", ")": "rparen", ",": "comma", "=": "assign"}
-_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v",
-            "\\": "\\"}
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
 _HEX_WIDTH = {"x": 2, "u": 4, "U": 8}
 _HEX_DIGITS = "0123456789abcdefABCDEF"
 
@@ -123,7 +135,7 @@ class _Lexer:
 
     def _token(self, p: int, spaced: bool) -> Token:
         src, c = self.src, self.src[p]
-        nxt = src[p + 1:p + 2]
+        nxt = src[p + 1 : p + 2]
         if c == ":" and nxt == "=":
             self.pos = p + 2
             return Token("declare", ":=", p, spaced)
@@ -139,7 +151,7 @@ class _Lexer:
             self.pos = q
             if c == "$":
                 return Token("var", src[p:q], p, spaced)
-            return Token("field", src[p + 1:q], p, spaced)
+            return Token("field", src[p + 1 : q], p, spaced)
         if c.isdigit() or (c in "+-." and nxt[:1].isdigit()):
             return self._number(p, spaced)
         if c == ".":
@@ -161,7 +173,7 @@ class _Lexer:
             if end < 0:
                 raise error(src, p, "unterminated raw quoted string")
             self.pos = end + 1
-            return Token("string", src[p + 1:end], p, spaced)
+            return Token("string", src[p + 1 : end], p, spaced)
         q = p + 1
         while q < len(src) and src[q] != quote and src[q] != "\n":
             q += 2 if src[q] == "\\" else 1
@@ -169,19 +181,20 @@ class _Lexer:
             raise error(src, p, "unterminated quoted string")
         self.pos = q + 1
         try:
-            text = _unquote(src[p + 1:q], quote)
+            text = _unquote(src[p + 1 : q], quote)
         except ValueError as e:
             raise error(src, p, str(e)) from None
         if quote == '"':
             return Token("string", text, p, spaced)
         if len(text) != 1:
-            raise error(src, p, f"malformed character constant: {src[p:q + 1]}")
+            raise error(src, p, f"malformed character constant: {src[p : q + 1]}")
         return Token("number", ord(text), p, spaced)
 
     def _number(self, p: int, spaced: bool) -> Token:
         src, q = self.src, p + 1
-        while q < len(src) and (_is_word(src[q]) or src[q] == "."
-                                or (src[q] in "+-" and src[q - 1] in "eEpP")):
+        while q < len(src) and (
+            _is_word(src[q]) or src[q] == "." or (src[q] in "+-" and src[q - 1] in "eEpP")
+        ):
             q += 1
         self.pos = q
         text = src[p:q]
@@ -215,18 +228,18 @@ def _unquote(body: str, quote: str) -> str:
             out.append(c)
             i += 1
             continue
-        e = body[i + 1:i + 2]
+        e = body[i + 1 : i + 2]
         if e in _ESCAPES or e == quote:
             out.append(_ESCAPES.get(e, e))
             i += 2
         elif e in _HEX_WIDTH:
-            digits = body[i + 2:i + 2 + _HEX_WIDTH[e]]
+            digits = body[i + 2 : i + 2 + _HEX_WIDTH[e]]
             if len(digits) != _HEX_WIDTH[e] or any(d not in _HEX_DIGITS for d in digits):
                 raise ValueError(f"invalid escape \\{e}{digits}")
             out.append(chr(int(digits, 16)))
             i += 2 + len(digits)
         elif e and e in "01234567":
-            digits = body[i + 1:i + 4]
+            digits = body[i + 1 : i + 4]
             if len(digits) != 3 or any(d not in "01234567" for d in digits):
                 raise ValueError(f"invalid octal escape \\{digits}")
             out.append(chr(int(digits, 8)))

@@ -12,8 +12,22 @@ from freetoken.chat.errors import TemplateError
 from freetoken.chat.golex import Token, error, lex
 
 __all__ = [
-    "Action", "Branch", "Call", "Chain", "Cmd", "Const", "Dot", "Field", "Func", "Jump", "Nil",
-    "Pipe", "Text", "Tree", "Var", "parse",
+    "Action",
+    "Branch",
+    "Call",
+    "Chain",
+    "Cmd",
+    "Const",
+    "Dot",
+    "Field",
+    "Func",
+    "Jump",
+    "Nil",
+    "Pipe",
+    "Text",
+    "Tree",
+    "Var",
+    "parse",
 ]
 
 
@@ -269,8 +283,11 @@ class _Parser:
             return [], False
         if t1.kind in ("declare", "assign"):
             names, op = [t0.value], t1
-        elif t1.kind == "comma" and self._peek(2).kind == "var" \
-                and self._peek(3).kind in ("declare", "assign"):
+        elif (
+            t1.kind == "comma"
+            and self._peek(2).kind == "var"
+            and self._peek(3).kind in ("declare", "assign")
+        ):
             if context != "range":
                 raise self._err(t0.pos, f"too many declarations in {context}")
             names, op = [t0.value, self._peek(2).value], self._peek(3)

@@ -107,21 +107,35 @@ def _cut_after(nodes: list[Node], name: str) -> list[Node]:
     return cut if found else list(nodes)
 
 
-def render(source: str, messages: list[dict[str, Any]], *, tools: list[Any] | None = None,
-           think: bool | str | None = None, prompt: str | None = None,
-           suffix: str | None = None) -> str:
+def render(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[Any] | None = None,
+    think: bool | str | None = None,
+    prompt: str | None = None,
+    suffix: str | None = None,
+) -> str:
     """The prompt Ollama renders from a Go template for this conversation."""
     tpl = parse(source)
     data: dict[str, Any] = {
-        "System": "", "Prompt": prompt or "", "Response": "", "Suffix": suffix or "",
-        "Messages": [], "Tools": JSONList(), **_think(think),
+        "System": "",
+        "Prompt": prompt or "",
+        "Response": "",
+        "Suffix": suffix or "",
+        "Messages": [],
+        "Tools": JSONList(),
+        **_think(think),
     }
     if prompt and suffix:
         return tpl.execute(data)
     system, turns = _collate(messages)
     if "messages" in tpl.names:
-        data.update(System=system, Messages=[_message(m) for m in turns],
-                    Tools=JSONList(_tool(t) for t in tools or []))
+        data.update(
+            System=system,
+            Messages=[_message(m) for m in turns],
+            Tools=JSONList(_tool(t) for t in tools or []),
+        )
         return tpl.execute(data)
     return _legacy(tpl, turns, data)
 
@@ -133,8 +147,9 @@ def _legacy(tpl: GoTemplate, turns: list[dict[str, Any]], data: dict[str, Any]) 
         role, content = m["role"], m.get("content") or ""
         # A turn is complete when the next one starts: a system message after a prompt or
         # answer, or a user message after an answer. Other roles have no place here.
-        if (role == "system" and (turn["Prompt"] or turn["Response"])) or \
-                (role == "user" and turn["Response"]):
+        if (role == "system" and (turn["Prompt"] or turn["Response"])) or (
+            role == "user" and turn["Response"]
+        ):
             out.append(tpl.execute({**data, **turn}))
             turn = {"System": "", "Prompt": "", "Response": ""}
         key = {"system": "System", "user": "Prompt", "assistant": "Response"}.get(role)
@@ -175,11 +190,18 @@ def _think(think: bool | str | None) -> dict[str, Any]:
 
 def _message(m: dict[str, Any]) -> Struct:
     calls = [_tool_call(c, i) for i, c in enumerate(m.get("tool_calls") or [])]
-    return Struct("Message", {
-        "Role": m["role"], "Content": m.get("content") or "", "Thinking": m.get("thinking") or "",
-        "Images": list(m.get("images") or []), "ToolCalls": calls,
-        "ToolName": m.get("tool_name") or "", "ToolCallID": m.get("tool_call_id") or "",
-    })
+    return Struct(
+        "Message",
+        {
+            "Role": m["role"],
+            "Content": m.get("content") or "",
+            "Thinking": m.get("thinking") or "",
+            "Images": list(m.get("images") or []),
+            "ToolCalls": calls,
+            "ToolName": m.get("tool_name") or "",
+            "ToolCallID": m.get("tool_call_id") or "",
+        },
+    )
 
 
 def _tool_call(call: Any, index: int) -> Struct:
@@ -192,10 +214,14 @@ def _tool_call(call: Any, index: int) -> Struct:
             args = json.loads(args)
         except ValueError:
             pass
-    fields = {"Index": fn.get("index", index), "Name": fn.get("name") or "",
-              "Arguments": JSONMap(args) if isinstance(args, dict) else args or JSONMap()}
-    return Struct("ToolCall", {"ID": call.get("id") or "",
-                               "Function": Struct("ToolCallFunction", fields)})
+    fields = {
+        "Index": fn.get("index", index),
+        "Name": fn.get("name") or "",
+        "Arguments": JSONMap(args) if isinstance(args, dict) else args or JSONMap(),
+    }
+    return Struct(
+        "ToolCall", {"ID": call.get("id") or "", "Function": Struct("ToolCallFunction", fields)}
+    )
 
 
 def _tool(tool: Any) -> Struct:
@@ -205,17 +231,27 @@ def _tool(tool: Any) -> Struct:
     if not isinstance(fn, dict):
         raise TemplateError("template: each tool needs a function")
     params = _parameters(fn.get("parameters"))
-    fn_wire = {"name": fn.get("name") or "", "description": fn.get("description") or "",
-               "parameters": params.wire}
+    fn_wire = {
+        "name": fn.get("name") or "",
+        "description": fn.get("description") or "",
+        "parameters": params.wire,
+    }
     wire: dict[str, Any] = {"type": tool.get("type") or ""}
     if tool.get("items"):
         wire["items"] = tool["items"]
     wire["function"] = fn_wire
-    function = Struct("ToolFunction", {
-        "Name": fn_wire["name"], "Description": fn_wire["description"], "Parameters": params,
-    }, fn_wire)
-    return Struct("Tool", {"Type": wire["type"], "Items": tool.get("items"), "Function": function},
-                  wire)
+    function = Struct(
+        "ToolFunction",
+        {
+            "Name": fn_wire["name"],
+            "Description": fn_wire["description"],
+            "Parameters": params,
+        },
+        fn_wire,
+    )
+    return Struct(
+        "Tool", {"Type": wire["type"], "Items": tool.get("items"), "Function": function}, wire
+    )
 
 
 def _parameters(params: Any) -> Struct:
@@ -226,10 +262,17 @@ def _parameters(params: Any) -> Struct:
         if params.get(key):
             wire[key] = params[key]
     wire["properties"] = None if props is None else {k: p.wire for k, p in props.items()}
-    return Struct("ToolFunctionParameters", {
-        "Type": wire["type"], "Defs": params.get("$defs"), "Items": params.get("items"),
-        "Required": list(params.get("required") or []), "Properties": props,
-    }, wire)
+    return Struct(
+        "ToolFunctionParameters",
+        {
+            "Type": wire["type"],
+            "Defs": params.get("$defs"),
+            "Items": params.get("items"),
+            "Required": list(params.get("required") or []),
+            "Properties": props,
+        },
+        wire,
+    )
 
 
 def _properties(props: Any) -> JSONMap | None:
@@ -257,9 +300,16 @@ def _property(p: Any) -> Struct:
         wire["properties"] = {k: v.wire for k, v in nested.items()}
     if p.get("required"):
         wire["required"] = p["required"]
-    return Struct("ToolProperty", {
-        "AnyOf": any_of, "Type": kind,
-        "Items": p.get("items"), "Description": p.get("description") or "",
-        "Enum": list(p.get("enum") or []), "Properties": nested,
-        "Required": list(p.get("required") or []),
-    }, wire)
+    return Struct(
+        "ToolProperty",
+        {
+            "AnyOf": any_of,
+            "Type": kind,
+            "Items": p.get("items"),
+            "Description": p.get("description") or "",
+            "Enum": list(p.get("enum") or []),
+            "Properties": nested,
+            "Required": list(p.get("required") or []),
+        },
+        wire,
+    )

@@ -10,8 +10,16 @@ from decimal import Decimal
 from typing import Any
 
 __all__ = [
-    "JSONList", "JSONMap", "Struct", "format_float", "format_v", "go_json", "go_quote",
-    "sorted_items", "truth", "type_name",
+    "JSONList",
+    "JSONMap",
+    "Struct",
+    "format_float",
+    "format_v",
+    "go_json",
+    "go_quote",
+    "sorted_items",
+    "truth",
+    "type_name",
 ]
 
 
@@ -54,8 +62,14 @@ def type_name(v: Any) -> str:
         return "<nil>"
     if isinstance(v, Struct):
         return v.type_name
-    for kind, name in ((bool, "bool"), (int, "int"), (float, "float64"), (str, "string"),
-                       ((list, tuple), "[]interface {}"), (dict, "map[string]interface {}")):
+    for kind, name in (
+        (bool, "bool"),
+        (int, "int"),
+        (float, "float64"),
+        (str, "string"),
+        ((list, tuple), "[]interface {}"),
+        (dict, "map[string]interface {}"),
+    ):
         if isinstance(v, kind):
             return name
     return type(v).__name__
@@ -146,9 +160,20 @@ def _json_float(f: float) -> str:
 # encoding/json's escaping: HTML-sensitive characters and line separators become \u escapes.
 _JSON_ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
 _JSON_ESCAPES.update({i: f"\\u{i:04x}" for i in range(0x20)})
-_JSON_ESCAPES.update({ord(c): e for c, e in (('"', '\\"'), ("\\", "\\\\"), ("\n", "\\n"),
-                                              ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"),
-                                              ("\f", "\\f"))})
+_JSON_ESCAPES.update(
+    {
+        ord(c): e
+        for c, e in (
+            ('"', '\\"'),
+            ("\\", "\\\\"),
+            ("\n", "\\n"),
+            ("\r", "\\r"),
+            ("\t", "\\t"),
+            ("\b", "\\b"),
+            ("\f", "\\f"),
+        )
+    }
+)
 _JSON_ESCAPES.update({i: "\ufffd" for i in range(0xD800, 0xE000)})
 
 
@@ -189,8 +214,17 @@ def go_json(v: Any) -> str:
     return "".join(out)
 
 
-_QUOTE_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
-                  "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+_QUOTE_ESCAPES = {
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+    "\\": "\\\\",
+    '"': '\\"',
+}
 
 
 def go_quote(s: str) -> str:

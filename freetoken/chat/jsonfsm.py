@@ -74,8 +74,15 @@ def _ws(w: int, b: int) -> int:
 # pending UTF-8 state -> (lowest, highest) next byte and the state after it; 1..3 are plain
 # continuation bytes still due, 4..7 the restricted second byte after E0, ED, F0 and F4
 # (no overlong forms, no surrogates, nothing past U+10FFFF)
-_CONT = {1: (0x80, 0xBF, 0), 2: (0x80, 0xBF, 1), 3: (0x80, 0xBF, 2),
-         4: (0xA0, 0xBF, 1), 5: (0x80, 0x9F, 1), 6: (0x90, 0xBF, 2), 7: (0x80, 0x8F, 2)}
+_CONT = {
+    1: (0x80, 0xBF, 0),
+    2: (0x80, 0xBF, 1),
+    3: (0x80, 0xBF, 2),
+    4: (0xA0, 0xBF, 1),
+    5: (0x80, 0x9F, 1),
+    6: (0x90, 0xBF, 2),
+    7: (0x80, 0x8F, 2),
+}
 
 
 def string_byte(esc: int, pending: int, b: int) -> tuple[int, int, int] | int | None:
@@ -116,8 +123,7 @@ class Matcher:
 
     def __init__(self, grammar: Grammar):
         self.g = grammar
-        self._steps = (self._root, self._obj, self._key, self._arr, self._str, self._num,
-                       self._lit)
+        self._steps = (self._root, self._obj, self._key, self._arr, self._str, self._num, self._lit)
         self._initial: State = frozenset({((ROOT, LEAD, 0), None)})
 
     # --- the public surface -----------------------------------------------------------
@@ -188,8 +194,11 @@ class Matcher:
             return frame[1] == END or (frame[1] == POST and not self.g.suffix)
         if tag == NUM:
             _, integer, phase, d = frame
-            ended = (phase == ZERO and integer) or (phase == INT and integer and d == INT_DIGITS) \
+            ended = (
+                (phase == ZERO and integer)
+                or (phase == INT and integer and d == INT_DIGITS)
                 or (phase == EXP and d == EXP_DIGITS)
+            )
             return ended and self._terminal(parent)
         if tag == LIT:
             matched = frame[2]

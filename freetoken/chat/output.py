@@ -41,8 +41,12 @@ def style_for(template: str | None) -> Style:
     t = template or ""
     thinks = "<think>" in t or "enable_thinking" in t or ".Think" in t
     calls = "<tool_call>" in t
-    return Style(think_open="<think>" if thinks else None, think_close="</think>" if thinks else None,
-                 call_open="<tool_call>" if calls else None, call_close="</tool_call>" if calls else None)
+    return Style(
+        think_open="<think>" if thinks else None,
+        think_close="</think>" if thinks else None,
+        call_open="<tool_call>" if calls else None,
+        call_close="</tool_call>" if calls else None,
+    )
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -114,7 +118,7 @@ class _CallEnd:
             ch = body[i]
             if self.in_str:
                 self.esc, self.in_str = (False, True) if self.esc else (ch == "\\", ch != '"')
-            elif ch == self.close[0] and self.close.startswith(body[i:i + n]):
+            elif ch == self.close[0] and self.close.startswith(body[i : i + n]):
                 if len(body) - i >= n:
                     return i
                 break  # maybe the marker's start: decided by the next text
@@ -211,7 +215,7 @@ class OutputParser:
             # a string that never closed hid the marker: the call ended there after all
             at = rest.index(close)
             out += self._end_call(rest[:at], close)
-            self._mode, self._buf = "", rest[at + len(close):]
+            self._mode, self._buf = "", rest[at + len(close) :]
             while self._step(out):
                 pass
             return out + self.finish()
@@ -250,7 +254,7 @@ class OutputParser:
         hits = [(at, kind, m) for kind, m in markers if (at := self._find(kind, m)) >= 0]
         if hits:
             at, kind, marker = min(hits)
-            before, self._buf = self._buf[:at], self._buf[at + len(marker):]
+            before, self._buf = self._buf[:at], self._buf[at + len(marker) :]
             self._flush(out, before)
             self._mode = {"think": "think", "call": "call"}.get(kind, "")
             self._thought = self._thought or kind in ("think", "end_think")
@@ -265,8 +269,8 @@ class OutputParser:
                 out += self._args.feed(self._buf)
             return False  # the whole call is emitted once it is complete
         hold = max((_partial_suffix(self._buf, m) for _, m in markers), default=0)
-        text = self._buf[:len(self._buf) - hold]
-        self._buf = self._buf[len(self._buf) - hold:]
+        text = self._buf[: len(self._buf) - hold]
+        self._buf = self._buf[len(self._buf) - hold :]
         self._flush(out, text)
         return False
 
@@ -303,8 +307,12 @@ class OutputParser:
             text = text.lstrip()  # the whitespace between </think> and the answer
             if not text:
                 return
-        if self.tools and not self._calls and (self._held or not self._content_seen) and \
-                (self._held + text).lstrip().startswith("{"):
+        if (
+            self.tools
+            and not self._calls
+            and (self._held or not self._content_seen)
+            and (self._held + text).lstrip().startswith("{")
+        ):
             self._held += text  # maybe a bare JSON call: decided at the end, never leaked
             self._content_seen = True
             return

@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "ANY", "ANY_OBJECT", "Node", "Prop", "SchemaError", "compile_schema", "literal_node",
-    "object_node", "union_node",
+    "ANY",
+    "ANY_OBJECT",
+    "Node",
+    "Prop",
+    "SchemaError",
+    "compile_schema",
+    "literal_node",
+    "object_node",
+    "union_node",
 ]
 
 
@@ -86,8 +93,13 @@ def object_node(props: list[tuple[str, Node, bool]], extra: Node | None) -> Node
     for i in range(len(ps) - 1, -1, -1):
         nxt = i if ps[i].required else nxt
         first[i] = nxt
-    return Node("object", props=ps, extra=extra, first_req=tuple(first),
-                index={p.name: i for i, p in enumerate(ps)})
+    return Node(
+        "object",
+        props=ps,
+        extra=extra,
+        first_req=tuple(first),
+        index={p.name: i for i, p in enumerate(ps)},
+    )
 
 
 def union_node(nodes: list[Node]) -> Node:
@@ -153,8 +165,11 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             out[k] = max(out[k], v)
         elif k in ("maxLength", "maxItems"):
             out[k] = min(out[k], v)
-        elif k in ("items", "additionalProperties") and isinstance(v, dict) \
-                and isinstance(out[k], dict):
+        elif (
+            k in ("items", "additionalProperties")
+            and isinstance(v, dict)
+            and isinstance(out[k], dict)
+        ):
             out[k] = {"allOf": [out[k], v]}
         else:
             out[k] = v
@@ -305,8 +320,14 @@ class _Compiler:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and lo > hi:
             raise _NoValue("minItems exceeds the items the array may hold")
-        return Node("array", prefix=prefix, items=rest, min_items=lo, max_items=hi,
-                    count_cap=max(len(prefix), lo, hi or 0))
+        return Node(
+            "array",
+            prefix=prefix,
+            items=rest,
+            min_items=lo,
+            max_items=hi,
+            count_cap=max(len(prefix), lo, hi or 0),
+        )
 
     def string(self, s: dict[str, Any]) -> Node:
         lo = int(s.get("minLength") or 0)

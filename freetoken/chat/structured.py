@@ -54,13 +54,19 @@ def _named(choice: dict[str, Any]) -> str:
     fn = choice.get("function")
     name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
     if choice.get("type", "function") != "function" or not isinstance(name, str) or not name:
-        raise SchemaError('tool_choice must be "auto", "none", "required" or '
-                          '{"type": "function", "function": {"name": ...}}')
+        raise SchemaError(
+            'tool_choice must be "auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
+        )
     return name
 
 
-def tool_choice(request_choice: Any, option_choice: Any, messages: list[dict[str, Any]] | None,
-                tools: list[Any] | None) -> tuple[str, str | None]:
+def tool_choice(
+    request_choice: Any,
+    option_choice: Any,
+    messages: list[dict[str, Any]] | None,
+    tools: list[Any] | None,
+) -> tuple[str, str | None]:
     """The effective choice as (mode, tool name): mode "auto", "none" or "required"; a
     name when one function is forced.
 
@@ -70,14 +76,17 @@ def tool_choice(request_choice: Any, option_choice: Any, messages: list[dict[str
         if isinstance(request_choice, dict):
             return "required", _named(request_choice)
         if request_choice not in _CHOICES:
-            raise SchemaError(f'invalid tool_choice {request_choice!r}: must be "auto", "none", '
-                              '"required" or a function')
+            raise SchemaError(
+                f'invalid tool_choice {request_choice!r}: must be "auto", "none", '
+                '"required" or a function'
+            )
         return request_choice, None
     if option_choice is None:
         return "auto", None
     if option_choice not in _CHOICES:
-        raise SchemaError(f'invalid tool_choice option {option_choice!r}: must be "auto", '
-                          '"none" or "required"')
+        raise SchemaError(
+            f'invalid tool_choice option {option_choice!r}: must be "auto", "none" or "required"'
+        )
     answered = bool(messages) and messages[-1].get("role") == "tool"
     if option_choice == "required" and (not tools or answered):
         return "auto", None
@@ -91,8 +100,9 @@ def _tool_fn(tool: Any) -> dict[str, Any] | None:
     return fn if isinstance(fn.get("name"), str) and fn["name"] else None
 
 
-def tool_call_grammar(tools: list[Any], name: str | None, call_open: str | None,
-                      call_close: str | None) -> Grammar:
+def tool_call_grammar(
+    tools: list[Any], name: str | None, call_open: str | None, call_close: str | None
+) -> Grammar:
     """One call to one of `tools` (to `name` when given), between the call markers."""
     alts = []
     for fn in filter(None, map(_tool_fn, tools)):
@@ -105,9 +115,13 @@ def tool_call_grammar(tools: list[Any], name: str | None, call_open: str | None,
             raise SchemaError(f'tool "{fn["name"]}": {e}') from None
         if args is ANY:
             args = ANY_OBJECT  # arguments are always an object
-        alts.append(object_node([("name", literal_node([fn["name"]]), True),
-                                 ("arguments", args, True)], None))
+        alts.append(
+            object_node(
+                [("name", literal_node([fn["name"]]), True), ("arguments", args, True)], None
+            )
+        )
     if not alts:
-        raise SchemaError(f'tool "{name}" is not among the tools' if name
-                          else "tool_choice needs tools")
+        raise SchemaError(
+            f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
+        )
     return Grammar(union_node(alts), (call_open or "").encode(), (call_close or "").encode())

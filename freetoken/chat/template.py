@@ -21,7 +21,8 @@ __all__ = ["TemplateError", "capabilities", "is_go_template", "render", "render_
 
 # An action that only Go writes: a field or variable, a comment, or a Go keyword first.
 _GO_ACTION = re.compile(
-    r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with|end|else|template|define|block)(?![\w(]))")
+    r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with|end|else|template|define|block)(?![\w(]))"
+)
 
 
 def _raise(message: str) -> None:
@@ -39,8 +40,9 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=32)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
@@ -50,13 +52,24 @@ def _compile(source: str) -> jinja2.Template:
         raise TemplateError(f"template syntax error at line {e.lineno}: {e.message}") from None
 
 
-def render(source: str, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
-           add_generation_prompt: bool = True, think: bool | None = None,
-           bos_token: str | None = None, eos_token: str | None = None) -> str:
+def render(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    think: bool | None = None,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+) -> str:
     tpl = _compile(source)
-    kw: dict[str, Any] = dict(messages=messages, tools=tools or None,
-                              add_generation_prompt=add_generation_prompt,
-                              bos_token=bos_token or "", eos_token=eos_token or "")
+    kw: dict[str, Any] = dict(
+        messages=messages,
+        tools=tools or None,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=bos_token or "",
+        eos_token=eos_token or "",
+    )
     if think is not None:
         kw["enable_thinking"] = think
     try:
@@ -83,19 +96,33 @@ def is_go_template(source: str) -> bool:
     return True
 
 
-def render_any(source: str, messages: list[dict[str, Any]], *, tools: list[Any] | None = None,
-               think: bool | str | None = None, bos_token: str | None = None,
-               eos_token: str | None = None, prompt: str | None = None,
-               suffix: str | None = None) -> str:
+def render_any(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[Any] | None = None,
+    think: bool | str | None = None,
+    bos_token: str | None = None,
+    eos_token: str | None = None,
+    prompt: str | None = None,
+    suffix: str | None = None,
+) -> str:
     """Renders a Go or a Jinja template, whichever `source` is, for a conversation that
     awaits the assistant's answer. `prompt` and `suffix` are a generate request's (a Go
     template reads them as `.Prompt` and `.Suffix`)."""
     if is_go_template(source):
-        return gotemplate.render(source, messages, tools=tools, think=think, prompt=prompt,
-                                 suffix=suffix)
-    return render(source, messages, tools=tools, add_generation_prompt=True,
-                  think=None if think is None else bool(think),
-                  bos_token=bos_token, eos_token=eos_token)
+        return gotemplate.render(
+            source, messages, tools=tools, think=think, prompt=prompt, suffix=suffix
+        )
+    return render(
+        source,
+        messages,
+        tools=tools,
+        add_generation_prompt=True,
+        think=None if think is None else bool(think),
+        bos_token=bos_token,
+        eos_token=eos_token,
+    )
 
 
 def capabilities(source: str | None) -> list[str]:
@@ -108,10 +135,15 @@ def capabilities(source: str | None) -> list[str]:
             names = gotemplate.parse(source).names
         except TemplateError:
             return caps  # Ollama, too, grants a broken template nothing
-        found = {"tools": "tools" in names, "thinking": bool(names & {"think", "thinking"}),
-                 "insert": "suffix" in names}
+        found = {
+            "tools": "tools" in names,
+            "thinking": bool(names & {"think", "thinking"}),
+            "insert": "suffix" in names,
+        }
     else:
-        found = {"tools": "tools" in source,
-                 "thinking": "enable_thinking" in source or "<think>" in source,
-                 "insert": "suffix" in source}
+        found = {
+            "tools": "tools" in source,
+            "thinking": "enable_thinking" in source or "<think>" in source,
+            "insert": "suffix" in source,
+        }
     return caps + [name for name, present in found.items() if present]

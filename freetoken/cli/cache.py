@@ -1,7 +1,7 @@
 """`freetoken cache`: the GPU expert cache of loaded models, and resizing it live.
 
-    freetoken cache                         one line per loaded model
-    freetoken cache resize [MODEL] SIZE     SIZE like 12GiB, or --slots N
+freetoken cache                         one line per loaded model
+freetoken cache resize [MODEL] SIZE     SIZE like 12GiB, or --slots N
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from freetoken.cli.errors import CommandError
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or resize the GPU expert cache of loaded models")
     p.add_argument("action", nargs="?", choices=["resize"], help="resize a model's expert cache")
-    p.add_argument("targets", nargs="*", metavar="[MODEL] SIZE", help="model (if several are loaded) and size")
+    p.add_argument(
+        "targets", nargs="*", metavar="[MODEL] SIZE", help="model (if several are loaded) and size"
+    )
     p.add_argument("--slots", type=int, help="the new size as a number of expert slots")
 
 
@@ -37,17 +39,36 @@ def _rows(models: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         policy = str(m.get("policy") or "")
         if m.get("placement"):  # adaptive: the shape it measured fastest
             policy += f" ({m['placement']})"
-        rows.append((m["name"], policy, str(c.get("slots", "")),
-                     human_size(c.get("bytes") or 0) if c else "", str(c.get("used", "")),
-                     _pct(c.get("hit_rate")) if c else "", _pct(m.get("fetched_share")),
-                     _ms(m.get("pcie_ms_per_expert")), _ms(m.get("cpu_ms_per_expert"))))
+        rows.append(
+            (
+                m["name"],
+                policy,
+                str(c.get("slots", "")),
+                human_size(c.get("bytes") or 0) if c else "",
+                str(c.get("used", "")),
+                _pct(c.get("hit_rate")) if c else "",
+                _pct(m.get("fetched_share")),
+                _ms(m.get("pcie_ms_per_expert")),
+                _ms(m.get("cpu_ms_per_expert")),
+            )
+        )
     return rows
 
 
 def cmd_cache(args: argparse.Namespace, client: Client) -> int:
     models = (client.call("GET", "/api/cache") or {}).get("models") or []
     if args.action != "resize":
-        head = ("NAME", "POLICY", "SLOTS", "SIZE", "USED", "HIT", "FETCHED", "PCIE MS/EXPERT", "CPU MS/EXPERT")
+        head = (
+            "NAME",
+            "POLICY",
+            "SLOTS",
+            "SIZE",
+            "USED",
+            "HIT",
+            "FETCHED",
+            "PCIE MS/EXPERT",
+            "CPU MS/EXPERT",
+        )
         sys.stdout.write(table(head, _rows(models)) + "\n")
         return 0
     targets = list(args.targets)
@@ -59,10 +80,14 @@ def cmd_cache(args: argparse.Namespace, client: Client) -> int:
     elif len(models) == 1:
         model = models[0]["name"]
     else:
-        raise CommandError("name the model: " + (", ".join(m["name"] for m in models) or "none is loaded"))
+        raise CommandError(
+            "name the model: " + (", ".join(m["name"] for m in models) or "none is loaded")
+        )
     body: dict[str, Any] = {"model": model}
     body.update({"slots": args.slots} if args.slots is not None else {"size": size})
     r = client.call("POST", "/api/cache/resize", body) or {}
-    sys.stdout.write(f"{model}: {r.get('slots')} expert slots ({human_size(r.get('bytes') or 0)}), "
-                     f"{r.get('kept')} experts kept\n")
+    sys.stdout.write(
+        f"{model}: {r.get('slots')} expert slots ({human_size(r.get('bytes') or 0)}), "
+        f"{r.get('kept')} experts kept\n"
+    )
     return 0

@@ -49,16 +49,22 @@ def _parse_line(line: str) -> dict[str, Any]:
 class Client:
     """One connection pool to the server at `base_url` (default: FREETOKEN_HOST)."""
 
-    def __init__(self, base_url: str | None = None, *,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, base_url: str | None = None, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
         if base_url is None:
             from freetoken import config
+
             base_url = config.current().host.url
         self.base_url = base_url.rstrip("/")
         # Loading a large model can take minutes before the first byte, so reads never time
         # out; a proxy named in the environment must not sit between us and a local server.
-        self.http = httpx.Client(base_url=self.base_url, transport=transport, trust_env=False,
-                                 timeout=httpx.Timeout(None, connect=10.0))
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            transport=transport,
+            trust_env=False,
+            timeout=httpx.Timeout(None, connect=10.0),
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -115,8 +121,9 @@ class Client:
             raise
         return True
 
-    def upload_blob(self, digest: str, path: Path,
-                    progress: Callable[[int], None] | None = None) -> None:
+    def upload_blob(
+        self, digest: str, path: Path, progress: Callable[[int], None] | None = None
+    ) -> None:
         """Streams the file as the raw request body; `progress` gets the bytes sent so far."""
         size = path.stat().st_size
 
@@ -129,6 +136,9 @@ class Client:
                     if progress:
                         progress(sent)
 
-        self._send("POST", f"/api/blobs/{digest}", content=chunks(),
-                   headers={"Content-Length": str(size),
-                            "Content-Type": "application/octet-stream"})
+        self._send(
+            "POST",
+            f"/api/blobs/{digest}",
+            content=chunks(),
+            headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+        )

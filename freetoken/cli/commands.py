@@ -26,8 +26,18 @@ from freetoken.cli.errors import CommandError, NotRunning, ServerError
 from freetoken.cli.progress import Progress
 
 __all__ = [
-    "cmd_cp", "cmd_create", "cmd_list", "cmd_ps", "cmd_pull", "cmd_push", "cmd_rm",
-    "cmd_serve", "cmd_show", "cmd_stop", "cmd_version", "transfer",
+    "cmd_cp",
+    "cmd_create",
+    "cmd_list",
+    "cmd_ps",
+    "cmd_pull",
+    "cmd_push",
+    "cmd_rm",
+    "cmd_serve",
+    "cmd_show",
+    "cmd_stop",
+    "cmd_version",
+    "transfer",
 ]
 
 SHOW_FIELDS = ("license", "modelfile", "parameters", "template", "system")
@@ -43,8 +53,14 @@ def cmd_list(args: argparse.Namespace, client: Client) -> int:
     rows = []
     for m in models:
         modified = parse_time(m.get("modified_at"))
-        rows.append((m.get("name") or m.get("model", ""), (m.get("digest") or "")[:12],
-                     human_size(m.get("size") or 0), relative_time(modified) if modified else ""))
+        rows.append(
+            (
+                m.get("name") or m.get("model", ""),
+                (m.get("digest") or "")[:12],
+                human_size(m.get("size") or 0),
+                relative_time(modified) if modified else "",
+            )
+        )
     _out(table(("NAME", "ID", "SIZE", "MODIFIED"), rows))
     return 0
 
@@ -54,9 +70,16 @@ def cmd_ps(args: argparse.Namespace, client: Client) -> int:
     rows = []
     for m in models:
         size, vram = int(m.get("size") or 0), int(m.get("size_vram") or 0)
-        rows.append((m.get("name") or m.get("model", ""), (m.get("digest") or "")[:12],
-                     human_size(size), processor(size, vram),
-                     str(m.get("context_length") or ""), until(m.get("expires_at"))))
+        rows.append(
+            (
+                m.get("name") or m.get("model", ""),
+                (m.get("digest") or "")[:12],
+                human_size(size),
+                processor(size, vram),
+                str(m.get("context_length") or ""),
+                until(m.get("expires_at")),
+            )
+        )
     _out(table(("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"), rows))
     return 0
 
@@ -64,8 +87,9 @@ def cmd_ps(args: argparse.Namespace, client: Client) -> int:
 def cmd_show(args: argparse.Namespace, client: Client) -> int:
     wanted = [f for f in SHOW_FIELDS if getattr(args, f)]
     if len(wanted) > 1:
-        raise CommandError("only one of " + ", ".join(f"'--{f}'" for f in SHOW_FIELDS)
-                           + " can be given")
+        raise CommandError(
+            "only one of " + ", ".join(f"'--{f}'" for f in SHOW_FIELDS) + " can be given"
+        )
     body: dict[str, Any] = {"model": args.model}
     if args.verbose:
         body["verbose"] = True
@@ -109,7 +133,7 @@ def cmd_stop(args: argparse.Namespace, client: Client) -> int:
         _unload(client, args.model)
     except ServerError as e:
         if e.status == 404:
-            raise ServerError(f"couldn't find model \"{args.model}\" to stop", 404) from None
+            raise ServerError(f'couldn\'t find model "{args.model}" to stop', 404) from None
         raise
     return 0
 
@@ -155,8 +179,9 @@ def cmd_version(args: argparse.Namespace, client: Client) -> int:
         server = None
     _out(f"freetoken version is {freetoken.__version__} (Ollama API {api})\n")
     if server and server != api:
-        sys.stderr.write(f"Warning: the server reports version {server}, "
-                         f"this client was built for {api}\n")
+        sys.stderr.write(
+            f"Warning: the server reports version {server}, this client was built for {api}\n"
+        )
     return 0
 
 

@@ -23,7 +23,14 @@ __all__ = ["build_request", "create", "digest_file", "model_files", "resolve_pat
 # What a model directory may contribute: config and tokenizer files, weights (safetensors,
 # FTW shards, GGUF) and the chat template. Anything else (READMEs, images) stays behind.
 MODEL_FILE_PATTERNS = (
-    "*.json", "*.safetensors", "*.ftw", "*.gguf", "*.txt", "*.model", "*.tiktoken", "*.jinja",
+    "*.json",
+    "*.safetensors",
+    "*.ftw",
+    "*.gguf",
+    "*.txt",
+    "*.model",
+    "*.tiktoken",
+    "*.jinja",
 )
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\")
 
@@ -64,9 +71,13 @@ def resolve_path(value: str, base: Path, what: str = "FROM") -> Path | None:
 
 
 def model_files(directory: Path) -> list[Path]:
-    files = [p for p in sorted(directory.iterdir())
-             if not p.name.startswith(".") and p.is_file()
-             and any(fnmatch.fnmatch(p.name, pat) for pat in MODEL_FILE_PATTERNS)]
+    files = [
+        p
+        for p in sorted(directory.iterdir())
+        if not p.name.startswith(".")
+        and p.is_file()
+        and any(fnmatch.fnmatch(p.name, pat) for pat in MODEL_FILE_PATTERNS)
+    ]
     if not files:
         raise CommandError(f"no model files found in '{directory}'")
     return files
@@ -89,6 +100,7 @@ def _upload(client: Client, files: list[tuple[str, Path]], progress: Progress) -
         size = path.stat().st_size
         label = f"copying file {digest}"
         if not client.blob_exists(digest):
+
             def sent(n: int, d: str = digest, lb: str = label, total: int = size) -> None:
                 progress.bar(d, lb, n, total, percent_only=True)
 
@@ -98,8 +110,9 @@ def _upload(client: Client, files: list[tuple[str, Path]], progress: Progress) -
     return digests
 
 
-def build_request(client: Client, name: str, modelfile_path: Path, progress: Progress,
-                  quantize: str | None = None) -> dict[str, Any]:
+def build_request(
+    client: Client, name: str, modelfile_path: Path, progress: Progress, quantize: str | None = None
+) -> dict[str, Any]:
     """Parses the Modelfile, uploads what it refers to, and returns the /api/create body."""
     try:
         text = modelfile_path.read_text(encoding="utf-8")
@@ -148,8 +161,9 @@ def _modelfile_fields(mf: mfmod.Modelfile) -> dict[str, Any]:
     return fields
 
 
-def create(client: Client, name: str, modelfile_path: Path, progress: Progress,
-           quantize: str | None = None) -> None:
+def create(
+    client: Client, name: str, modelfile_path: Path, progress: Progress, quantize: str | None = None
+) -> None:
     try:
         request = build_request(client, name, modelfile_path, progress, quantize)
         for event in client.stream("/api/create", request):

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
-    "go_duration", "human_number", "human_size", "human_span", "parse_time", "processor",
-    "relative_time", "stats_block", "table", "text_width", "until",
+    "go_duration",
+    "human_number",
+    "human_size",
+    "human_span",
+    "parse_time",
+    "processor",
+    "relative_time",
+    "stats_block",
+    "table",
+    "text_width",
+    "until",
 ]
 
 _SECOND = 1_000_000_000
@@ -32,8 +41,10 @@ def text_width(text: str) -> int:
 
 def table(header: Sequence[str], rows: Iterable[Sequence[str]], gap: int = 4) -> str:
     rows = [list(map(str, r)) for r in rows]
-    widths = [max((text_width(r[i]) for r in [list(header), *rows]), default=0)
-              for i in range(len(header))]
+    widths = [
+        max((text_width(r[i]) for r in [list(header), *rows]), default=0)
+        for i in range(len(header))
+    ]
     lines = []
     for r in [list(header), *rows]:
         cells = [c + " " * (widths[i] - text_width(c) + gap) for i, c in enumerate(r)]
@@ -125,11 +136,11 @@ def parse_time(value: Any) -> datetime | None:
         t = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def relative_time(t: datetime, now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     delta = (t - now).total_seconds()
     text = human_span(delta)
     return f"{text} from now" if delta > 0 else f"{text} ago"
@@ -141,7 +152,7 @@ _FOREVER_S = 10 * 365 * 86400
 
 def until(expires_at: Any, now: datetime | None = None) -> str:
     """The UNTIL column of `ps`."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     t = parse_time(expires_at)
     if t is None or t.year <= 1:
         return "Never"
@@ -169,6 +180,7 @@ def _rate(count: int, ns: int) -> str:
 
 def stats_block(m: Mapping[str, Any]) -> str:
     """Ollama's `--verbose` summary of a final response chunk."""
+
     def get(key: str) -> int:
         return int(m.get(key) or 0)
 

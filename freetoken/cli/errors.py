@@ -11,8 +11,10 @@ class CommandError(Exception):
 
 class NotRunning(Exception):
     def __init__(self, url: str) -> None:
-        super().__init__(f"could not connect to the FreeToken server at {url}, is it running? "
-                         "Start it with 'freetoken serve'.")
+        super().__init__(
+            f"could not connect to the FreeToken server at {url}, is it running? "
+            "Start it with 'freetoken serve'."
+        )
         self.url = url
 
 

@@ -92,9 +92,16 @@ class History:
 
 
 class Repl:
-    def __init__(self, client: Client, session: Session, *,
-                 read: Callable[[str], str] | None = None, out: TextIO | None = None,
-                 err: TextIO | None = None, history: History | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        session: Session,
+        *,
+        read: Callable[[str], str] | None = None,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+        history: History | None = None,
+    ) -> None:
         self.client = client
         self.session = session
         self.read = read or input
@@ -104,9 +111,15 @@ class Repl:
         self._info: dict[str, Any] | None = None
         self.settings = SetCommands(self)
         self.commands: dict[str, Callable[[str], bool]] = {
-            "/bye": lambda _: False, "/exit": lambda _: False,
-            "/clear": self._clear, "/set": self.settings.run, "/show": self._show,
-            "/load": self._load, "/save": self._save, "/?": self._help, "/help": self._help,
+            "/bye": lambda _: False,
+            "/exit": lambda _: False,
+            "/clear": self._clear,
+            "/set": self.settings.run,
+            "/show": self._show,
+            "/load": self._load,
+            "/save": self._save,
+            "/?": self._help,
+            "/help": self._help,
         }
 
     def say(self, text: str) -> None:
@@ -170,8 +183,9 @@ class Repl:
     def chat(self, text: str) -> None:
         self.session.messages.append({"role": "user", "content": text})
         try:
-            reply = stream_reply(self.client, "/api/chat", self.session.chat_body(), self.session,
-                                 self.out, self.err)
+            reply = stream_reply(
+                self.client, "/api/chat", self.session.chat_body(), self.session, self.out, self.err
+            )
         except KeyboardInterrupt:
             # The unanswered question is dropped so the history never holds two user turns in a row.
             self.session.messages.pop()
@@ -236,8 +250,11 @@ class Repl:
         name = rest.strip()
         if not name:
             raise CommandError("usage: /save <model>")
-        body: dict[str, Any] = {"model": name, "from": self.session.model,
-                                "messages": list(self.session.messages)}
+        body: dict[str, Any] = {
+            "model": name,
+            "from": self.session.model,
+            "messages": list(self.session.messages),
+        }
         if self.session.options:
             body["parameters"] = dict(self.session.options)
         if self.session.system:

@@ -24,14 +24,23 @@ Handler = Callable[[argparse.Namespace, Client], int]
 def _run(args: argparse.Namespace, client: Client) -> int:
     # Imported here: only `run` needs the REPL and readline.
     from freetoken.cli.run import cmd_run
+
     return cmd_run(args, client)
 
 
 _HANDLERS: dict[str, Handler] = {
-    "create": commands.cmd_create, "show": commands.cmd_show, "run": _run,
-    "stop": commands.cmd_stop, "pull": commands.cmd_pull, "push": commands.cmd_push,
-    "list": commands.cmd_list, "ps": commands.cmd_ps, "cp": commands.cmd_cp,
-    "rm": commands.cmd_rm, "version": commands.cmd_version, "cache": cache_cli.cmd_cache,
+    "create": commands.cmd_create,
+    "show": commands.cmd_show,
+    "run": _run,
+    "stop": commands.cmd_stop,
+    "pull": commands.cmd_pull,
+    "push": commands.cmd_push,
+    "list": commands.cmd_list,
+    "ps": commands.cmd_ps,
+    "cp": commands.cmd_cp,
+    "rm": commands.cmd_rm,
+    "version": commands.cmd_version,
+    "cache": cache_cli.cmd_cache,
 }
 _ALIASES = {"ls": "list", "start": "serve"}
 
@@ -42,15 +51,19 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="*", help="the prompt; without one, start a chat")
     p.add_argument("--verbose", action="store_true", help="print timings after each answer")
     p.add_argument("--format", help="answer format (json)")
-    p.add_argument("--think", metavar="LEVEL",
-                   help="--think, --think=false, or --think=low|medium|high|max")
+    p.add_argument(
+        "--think", metavar="LEVEL", help="--think, --think=false, or --think=low|medium|high|max"
+    )
     p.add_argument("--hidethinking", action="store_true", help="do not print the thinking")
-    p.add_argument("--keepalive", metavar="DURATION",
-                   help="how long the model stays loaded (e.g. 5m)")
-    p.add_argument("--nowordwrap", action="store_true",
-                   help="do not wrap lines at the terminal width")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow an insecure registry when pulling")
+    p.add_argument(
+        "--keepalive", metavar="DURATION", help="how long the model stays loaded (e.g. 5m)"
+    )
+    p.add_argument(
+        "--nowordwrap", action="store_true", help="do not wrap lines at the terminal width"
+    )
+    p.add_argument(
+        "--insecure", action="store_true", help="allow an insecure registry when pulling"
+    )
 
 
 def _add_show(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +76,8 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="freetoken", description="Run Mixture-of-Experts models larger than your GPU.")
+        prog="freetoken", description="Run Mixture-of-Experts models larger than your GPU."
+    )
     parser.add_argument("-v", "--version", action="store_true", help="show version information")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("serve", aliases=["start"], help="start the server")
@@ -89,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("help", help="help about a command").add_argument("topic", nargs="?")
     # Local work that needs no server; each module parses its own options.
     for verb, text in _LOCAL.items():
-        sub.add_parser(verb, help=text[1], add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+        sub.add_parser(verb, help=text[1], add_help=False).add_argument(
+            "rest", nargs=argparse.REMAINDER
+        )
     return parser
 
 
@@ -148,6 +164,7 @@ def main(argv: Sequence[str] | None = None, *, client: Client | None = None) -> 
     if command == "help":
         return _help(parser, args.topic)
     from freetoken.config import ConfigError
+
     try:
         if command == "serve":
             return commands.cmd_serve(args, None)

@@ -33,8 +33,9 @@ class _Status:
 class _Bar:
     """Bytes of one digest; `percent_only` draws `label 45%` as `create` does."""
 
-    def __init__(self, label: str, total: int, percent_only: bool,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, label: str, total: int, percent_only: bool, clock: Callable[[], float]
+    ) -> None:
         self.label, self.total, self.percent_only = label, total, percent_only
         self.completed = 0
         self.clock = clock
@@ -65,7 +66,7 @@ class _Bar:
         if self.percent_only:
             # Shorten the digest rather than lose the percentage off the end of the line.
             room = width - len(f" {pct}%") - 1
-            label = self.label if len(self.label) <= room else self.label[:max(room - 1, 1)] + "…"
+            label = self.label if len(self.label) <= room else self.label[: max(room - 1, 1)] + "…"
             return f"{label} {pct}%"
         prefix = f"{self.label}: {pct:3d}% "
         if self.done:
@@ -82,8 +83,13 @@ class _Bar:
 
 
 class Progress:
-    def __init__(self, out: TextIO | None = None, *, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        out: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         # Like Ollama, progress goes to stderr so that stdout carries only results.
         self.out = out or sys.stderr
         self.tty = self.out.isatty() if tty is None else tty
@@ -100,8 +106,9 @@ class Progress:
             self._lines[key] = _Status(text)
             self._draw(force=True)
 
-    def bar(self, key: str, label: str, completed: int, total: int, *,
-            percent_only: bool = False) -> None:
+    def bar(
+        self, key: str, label: str, completed: int, total: int, *, percent_only: bool = False
+    ) -> None:
         line = self._lines.get(key)
         if not isinstance(line, _Bar):
             line = self._lines[key] = _Bar(label, total, percent_only, self.clock)
@@ -140,7 +147,7 @@ class Progress:
         width = shutil.get_terminal_size().columns
         lines = list(self._lines.values())
         parts = [f"\x1b[{self._drawn}F"] if self._drawn else []
-        for line in lines[self._frozen:]:
+        for line in lines[self._frozen :]:
             # A line longer than the terminal would wrap and break the cursor arithmetic.
             parts.append("\x1b[2K" + line.render(width)[: max(1, width - 1)] + "\n")
         # Finished lines at the top never change again; leaving them out of later redraws

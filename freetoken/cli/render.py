@@ -85,8 +85,14 @@ class AnswerPrinter:
     the answer follows after a blank line.
     """
 
-    def __init__(self, out: TextIO, *, width: int | None = None, color: bool = False,
-                 hide_thinking: bool = False) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        width: int | None = None,
+        color: bool = False,
+        hide_thinking: bool = False,
+    ) -> None:
         self.out = out
         self.color = color
         self.hide_thinking = hide_thinking

@@ -38,9 +38,15 @@ def session_from_args(args: argparse.Namespace) -> Session:
             config.parse_duration(args.keepalive)
         except ValueError as e:
             raise CommandError(f"invalid --keepalive: {e}") from None
-    return Session(model=args.model, format=args.format or None, think=parse_think(args.think),
-                   hide_thinking=args.hidethinking, verbose=args.verbose,
-                   wordwrap=not args.nowordwrap, keep_alive=args.keepalive)
+    return Session(
+        model=args.model,
+        format=args.format or None,
+        think=parse_think(args.think),
+        hide_thinking=args.hidethinking,
+        verbose=args.verbose,
+        wordwrap=not args.nowordwrap,
+        keep_alive=args.keepalive,
+    )
 
 
 def _history() -> History:
@@ -50,6 +56,7 @@ def _history() -> History:
     path = cfg.history_file
     if path is None:
         import platformdirs
+
         path = Path(platformdirs.user_data_dir("freetoken")) / "history"
     return History(path)
 
@@ -83,8 +90,10 @@ def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
             continue
         for r in rows:
             if r.get("total"):
-                err.write(f"\rloading {r['name']}: {r['completed'] / 1e9:.2f}/{r['total'] / 1e9:.2f} GB "
-                          f"({r['gbps']:.2f} GB/s)")
+                err.write(
+                    f"\rloading {r['name']}: {r['completed'] / 1e9:.2f}/{r['total'] / 1e9:.2f} GB "
+                    f"({r['gbps']:.2f} GB/s)"
+                )
                 err.flush()
                 shown = True
     if shown:
@@ -93,8 +102,13 @@ def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
         raise failure[0]
 
 
-def cmd_run(args: argparse.Namespace, client: Client, stdin: TextIO | None = None,
-            out: TextIO | None = None, err: TextIO | None = None) -> int:
+def cmd_run(
+    args: argparse.Namespace,
+    client: Client,
+    stdin: TextIO | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
     session = session_from_args(args)
     ensure_model(client, args.model, args.insecure)

@@ -87,15 +87,20 @@ def _wrap_width(session: Session, out: TextIO) -> int | None:
     return shutil.get_terminal_size().columns - 1
 
 
-def stream_reply(client: Client, path: str, body: dict[str, Any], session: Session,
-                 out: TextIO, err: TextIO) -> Reply:
+def stream_reply(
+    client: Client, path: str, body: dict[str, Any], session: Session, out: TextIO, err: TextIO
+) -> Reply:
     """Streams one answer from /api/chat or /api/generate to `out`.
 
     Ctrl-C (KeyboardInterrupt) propagates after the HTTP stream is closed, which cancels
     the request on the server, and after the terminal is left on a fresh line.
     """
-    printer = AnswerPrinter(out, width=_wrap_width(session, out), color=out.isatty(),
-                            hide_thinking=session.hide_thinking)
+    printer = AnswerPrinter(
+        out,
+        width=_wrap_width(session, out),
+        color=out.isatty(),
+        hide_thinking=session.hide_thinking,
+    )
     content: list[str] = []
     thinking: list[str] = []
     final: dict[str, Any] = {}

@@ -46,9 +46,12 @@ class SetCommands:
     def __init__(self, repl: Repl) -> None:
         self.repl = repl
         self.handlers: dict[str, Callable[[str], None]] = {
-            "parameter": self._parameter, "system": self._system,
-            "think": self._think, "nothink": self._nothink,
-            "format": self._format, "noformat": self._noformat,
+            "parameter": self._parameter,
+            "system": self._system,
+            "think": self._think,
+            "nothink": self._nothink,
+            "format": self._format,
+            "noformat": self._noformat,
             "verbose": lambda _: self._flag("verbose", True, "Set 'verbose' mode."),
             "quiet": lambda _: self._flag("verbose", False, "Set 'quiet' mode."),
             "wordwrap": lambda _: self._flag("wordwrap", True, "Set 'wordwrap' mode."),
@@ -81,8 +84,10 @@ class SetCommands:
         if kind is None:
             close = difflib.get_close_matches(name, list(opts.OPTION_TYPES), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            self.repl.say(f"Unknown parameter '{name}'.{hint} Known parameters: "
-                          + ", ".join(sorted(opts.OPTION_TYPES)))
+            self.repl.say(
+                f"Unknown parameter '{name}'.{hint} Known parameters: "
+                + ", ".join(sorted(opts.OPTION_TYPES))
+            )
             return
         try:
             # Several words set several stop strings, as `PARAMETER stop` lines do.

@@ -87,8 +87,15 @@ def render(resp: Mapping[str, Any], verbose: bool = False) -> str:
     if verbose and resp.get("model_info"):
         sections.append(("Metadata", _metadata_rows(resp["model_info"])))
     if verbose and resp.get("tensors"):
-        sections.append(("Tensors", [(t.get("name", ""), t.get("type", ""), str(t.get("shape", "")))
-                                     for t in resp["tensors"]]))
+        sections.append(
+            (
+                "Tensors",
+                [
+                    (t.get("name", ""), t.get("type", ""), str(t.get("shape", "")))
+                    for t in resp["tensors"]
+                ],
+            )
+        )
     return "\n".join(_section(title, rows) for title, rows in sections if rows) + "\n"
 
 

@@ -50,8 +50,13 @@ def fingerprint(files: dict[str, Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def convert_hf(files: dict[str, Path], out: Path, *, shard_limit: int = DEFAULT_SHARD_LIMIT,
-               progress: Progress | None = None) -> Path:
+def convert_hf(
+    files: dict[str, Path],
+    out: Path,
+    *,
+    shard_limit: int = DEFAULT_SHARD_LIMIT,
+    progress: Progress | None = None,
+) -> Path:
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
@@ -67,9 +72,14 @@ def convert_hf(files: dict[str, Path], out: Path, *, shard_limit: int = DEFAULT_
             for layer, bank in ck.bank_keys():
                 writer.add_bank(layer, bank, ck.bank((layer, bank)))
                 _report(progress, writer, total)
-        meta = {"model_type": config.get("model_type"),
-                "source": {"format": "safetensors", "fingerprint": fingerprint(files),
-                           "files": sorted(p.name for p in sources)}}
+        meta = {
+            "model_type": config.get("model_type"),
+            "source": {
+                "format": "safetensors",
+                "fingerprint": fingerprint(files),
+                "files": sorted(p.name for p in sources),
+            },
+        }
         return writer.close(meta, metadata_files(files))
     except BaseException:
         writer.abort()
@@ -101,10 +111,17 @@ def _progress_printer(json_lines: bool) -> Progress:
         last[0] = now
         rate = done / max(now - t0, 1e-9) / 1e9
         if json_lines:
-            print(json.dumps({"status": "converting model", "completed": done, "total": total}), flush=True)
+            print(
+                json.dumps({"status": "converting model", "completed": done, "total": total}),
+                flush=True,
+            )
         else:
-            print(f"\rconverting {done / 1e9:.2f}/{total / 1e9:.2f} GB ({rate:.2f} GB/s)", end="",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\rconverting {done / 1e9:.2f}/{total / 1e9:.2f} GB ({rate:.2f} GB/s)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     return report
 
@@ -119,10 +136,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     limit = round_up(int(args.shard_gib * 2**30))
     try:
-        out = convert(args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress))
+        out = convert(
+            args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress)
+        )
     except (FtwError, ValueError, OSError) as e:
         print(f"\nerror: {e}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     if args.json_progress:
         print(json.dumps({"status": "success", "path": str(out)}), flush=True)
     else:

@@ -19,8 +19,13 @@ from freetoken.weights import WeightsError, gguf_file
 log = logging.getLogger(__name__)
 
 
-def convert_gguf(src: Path, out: Path, *, shard_limit: int = DEFAULT_SHARD_LIMIT,
-                 progress: Callable[[int, int], None] | None = None) -> Path:
+def convert_gguf(
+    src: Path,
+    out: Path,
+    *,
+    shard_limit: int = DEFAULT_SHARD_LIMIT,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
     reader = gguf_file._open(src)
     kv = gguf_file.metadata(reader)
     cls, _ = gguf_file.model_class(kv)
@@ -53,8 +58,14 @@ def convert_gguf(src: Path, out: Path, *, shard_limit: int = DEFAULT_SHARD_LIMIT
             (meta_dir / "config.json").write_text(json.dumps(config, indent=2))
             from freetoken.ftw.convert import fingerprint
 
-            meta = {"model_type": config["model_type"],
-                    "source": {"format": "gguf", "fingerprint": fingerprint({src.name: src}), "files": [src.name]}}
+            meta = {
+                "model_type": config["model_type"],
+                "source": {
+                    "format": "gguf",
+                    "fingerprint": fingerprint({src.name: src}),
+                    "files": [src.name],
+                },
+            }
             return writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
     except BaseException:
         writer.abort()

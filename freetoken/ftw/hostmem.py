@@ -19,8 +19,13 @@ import torch
 log = logging.getLogger(__name__)
 
 _DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int32": torch.int32,
+    "int64": torch.int64,
 }
 
 
@@ -54,8 +59,12 @@ def huge_pages_pay() -> bool:
         return False
     small = min(_fault_seconds(False) for _ in range(2))
     huge = min(_fault_seconds(True) for _ in range(2))
-    log.info("first-touch of %d MiB: %.1f ms with 4 KiB pages, %.1f ms with huge pages",
-             PROBE_BYTES >> 20, small * 1e3, huge * 1e3)
+    log.info(
+        "first-touch of %d MiB: %.1f ms with 4 KiB pages, %.1f ms with huge pages",
+        PROBE_BYTES >> 20,
+        small * 1e3,
+        huge * 1e3,
+    )
     return huge < small
 
 
@@ -81,7 +90,9 @@ class HostBuffer:
 
     def __init__(self, nbytes: int, huge: bool = False):
         self.nbytes = nbytes
-        self.mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.mm = mmap.mmap(
+            -1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        )
         if huge and hasattr(mmap, "MADV_HUGEPAGE"):
             # transparent huge pages: one fault per 2 MiB instead of 512; the kernel falls
             # back to small pages when it has no free huge ones
@@ -94,8 +105,11 @@ class HostBuffer:
         return ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
 
     def tensor(self, dtype: str, shape: list[int], nbytes: int, offset: int = 0) -> torch.Tensor:
-        raw = (torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes
-               else torch.empty(0, dtype=torch.uint8))
+        raw = (
+            torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes, offset=offset)
+            if nbytes
+            else torch.empty(0, dtype=torch.uint8)
+        )
         t = raw.view(torch_dtype(dtype)).reshape(shape)
         t._ft_host_buffer = self  # keeps the mapping alive as long as the tensor
         return t

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from freetoken.ftw import ALIGN, FORMAT, INDEX, VERSION, FtwError, round_up
-from freetoken.ftw import hostmem
+from freetoken.ftw import ALIGN, FORMAT, INDEX, VERSION, FtwError, hostmem, round_up
 from freetoken.ftw.hostmem import HostBuffer, Pinner
 from freetoken.weights import ModelWeights
 
@@ -53,7 +52,7 @@ class Index:
         return int(self.raw["total_bytes"])
 
     @classmethod
-    def load(cls, files: dict[str, Path]) -> "Index":
+    def load(cls, files: dict[str, Path]) -> Index:
         path = files.get(INDEX)
         if path is None:
             raise FtwError(f"no {INDEX} among the model files")
@@ -64,7 +63,10 @@ class Index:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise FtwError(f"{path}: not an FTW index")
         if raw.get("version") != VERSION:
-            raise FtwError(f"{path}: FTW version {raw.get('version')!r} is not supported (this reader: {VERSION})")
+            raise FtwError(
+                f"{path}: FTW version {raw.get('version')!r} is not supported "
+                f"(this reader: {VERSION})"
+            )
         if raw.get("align") != ALIGN:
             raise FtwError(f"{path}: alignment {raw.get('align')!r} is not {ALIGN}")
         shards = []
@@ -80,14 +82,21 @@ class Index:
         pos = 0
         for s in self.shards:
             if s.offset != pos or s.offset % ALIGN or s.nbytes % ALIGN:
-                raise FtwError(f"{s.path}: shard at offset {s.offset} (+{s.nbytes}) is misaligned or leaves a gap")
+                raise FtwError(
+                    f"{s.path}: shard at offset {s.offset} (+{s.nbytes}) is misaligned or "
+                    "leaves a gap"
+                )
             size = s.path.stat().st_size
             if size < s.nbytes:
-                raise FtwError(f"{s.path}: truncated: {size} bytes, the index says {s.nbytes} "
-                               f"(data ends at logical offset {s.offset + size})")
+                raise FtwError(
+                    f"{s.path}: truncated: {size} bytes, the index says {s.nbytes} "
+                    f"(data ends at logical offset {s.offset + size})"
+                )
             pos += s.nbytes
         if pos != self.total_bytes:
-            raise FtwError(f"{self.path}: shards hold {pos} bytes, total_bytes says {self.total_bytes}")
+            raise FtwError(
+                f"{self.path}: shards hold {pos} bytes, total_bytes says {self.total_bytes}"
+            )
         for t in self.tensors:
             off, n = int(t["offset"]), int(t["nbytes"])
             if off % ALIGN:
@@ -136,7 +145,9 @@ def _pread_full(fd: int, view: memoryview, offset: int, path: Path, logical: int
     while len(view):
         n = os.preadv(fd, [view], offset)
         if n <= 0:
-            raise FtwError(f"{path}: unexpected end of file at offset {offset} (logical offset {logical})")
+            raise FtwError(
+                f"{path}: unexpected end of file at offset {offset} (logical offset {logical})"
+            )
         view, offset, logical = view[n:], offset + n, logical + n
 
 
@@ -153,7 +164,9 @@ def choose_mode(need_bytes: int, available: int | None, workers: int) -> ReadPla
     if workers <= 1:
         return ReadPlan("serial", 1, "one worker")
     if available is not None and available < need_bytes + transient:
-        return ReadPlan("serial", 1, f"{available >> 20} MiB available < {(need_bytes + transient) >> 20} MiB")
+        return ReadPlan(
+            "serial", 1, f"{available >> 20} MiB available < {(need_bytes + transient) >> 20} MiB"
+        )
     return ReadPlan("parallel", workers, "memory allows it")
 
 
@@ -182,11 +195,21 @@ class LoadStats:
         return self.bytes / self.seconds / 1e9 if self.seconds else 0.0
 
 
-def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: bool | None = None,
-         direct: bool = True, verify: bool = False, progress: Progress | None = None,
-         stats: LoadStats | None = None, pin_before_fill: bool = False,
-         experts: tuple[int, int] | None = None, dense: bool = True,
-         huge_pages: bool | None = None) -> ModelWeights:
+def read(
+    files: dict[str, Path],
+    *,
+    workers: int = 8,
+    mode: str = "auto",
+    pin: bool | None = None,
+    direct: bool = True,
+    verify: bool = False,
+    progress: Progress | None = None,
+    stats: LoadStats | None = None,
+    pin_before_fill: bool = False,
+    experts: tuple[int, int] | None = None,
+    dense: bool = True,
+    huge_pages: bool | None = None,
+) -> ModelWeights:
     """All tensors of an FTW model in host memory: dense by name, banks by (layer, bank).
 
     experts=(lo, hi) reads only rows [lo, hi) of every bank (one rank's share, freetoken.dist),
@@ -201,7 +224,11 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     spans = {t["name"]: _span(t, experts) for t in index.tensors if dense or t["kind"] == "bank"}
     tensors = [t for t in index.tensors if t["name"] in spans]
     need = sum(end - start for start, end, _ in spans.values())
-    plan = choose_mode(need, mem_available(), workers) if mode == "auto" else ReadPlan(mode, workers, "requested")
+    plan = (
+        choose_mode(need, mem_available(), workers)
+        if mode == "auto"
+        else ReadPlan(mode, workers, "requested")
+    )
     pin = torch.cuda.is_available() if pin is None else pin
     stats = stats if stats is not None else LoadStats()
     if huge_pages is None:
@@ -225,15 +252,23 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     # Pinning overlaps reading; the load is done when the last bank is pinned.
     stats.seconds = time.perf_counter() - t0
     stats.mode, stats.direct, stats.bytes = plan.mode, fh.direct, need
-    log.info("read %.2f GB of FTW in %.2f s (%.2f GB/s, %s, %s)", need / 1e9, stats.seconds, stats.gbps,
-             plan.mode, "O_DIRECT" if fh.direct else "buffered")
+    log.info(
+        "read %.2f GB of FTW in %.2f s (%.2f GB/s, %s, %s)",
+        need / 1e9,
+        stats.seconds,
+        stats.gbps,
+        plan.mode,
+        "O_DIRECT" if fh.direct else "buffered",
+    )
     weights = ModelWeights(config=config, source="ftw")
     for t in tensors:
         _, _, (skip, shape, nbytes) = spans[t["name"]]
         tensor = buffers[t["name"]].tensor(t["dtype"], shape, nbytes, offset=skip)
         whole = nbytes == int(t["nbytes"])  # the CRC covers whole tensors only
         if verify and whole and zlib.crc32(buffers[t["name"]].view[:nbytes]) != t.get("crc32"):
-            raise FtwError(f"{index.path}: tensor {t['name']} at offset {t['offset']} fails its CRC check")
+            raise FtwError(
+                f"{index.path}: tensor {t['name']} at offset {t['offset']} fails its CRC check"
+            )
         if t["kind"] == "bank":
             weights.banks[(int(t["layer"]), t["bank"])] = tensor
         else:
@@ -241,7 +276,9 @@ def read(files: dict[str, Path], *, workers: int = 8, mode: str = "auto", pin: b
     return weights
 
 
-def _span(t: dict[str, Any], experts: tuple[int, int] | None) -> tuple[int, int, tuple[int, list[int], int]]:
+def _span(
+    t: dict[str, Any], experts: tuple[int, int] | None
+) -> tuple[int, int, tuple[int, list[int], int]]:
     """The aligned byte range of a tensor to read, and where in it the wanted bytes are:
     (start, end, (skip, shape, nbytes)). Direct I/O needs both ends on ALIGN boundaries."""
     nbytes, shape = int(t["nbytes"]), list(t["shape"])
@@ -253,13 +290,23 @@ def _span(t: dict[str, Any], experts: tuple[int, int] | None) -> tuple[int, int,
     return start, round_up(hi * row), (lo * row - start, [hi - lo, *shape[1:]], (hi - lo) * row)
 
 
-def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _Files,
-              buffers: dict[str, HostBuffer], plan: ReadPlan, pinner: Pinner | None,
-              progress: Progress | None, total: int) -> None:
+def _read_all(
+    index: Index,
+    tensors: list[dict],
+    spans: dict[str, tuple],
+    fh: _Files,
+    buffers: dict[str, HostBuffer],
+    plan: ReadPlan,
+    pinner: Pinner | None,
+    progress: Progress | None,
+    total: int,
+) -> None:
     jobs: list[tuple[dict, int, int]] = []  # (tensor, start, length) in buffer-relative bytes
     for t in tensors:
         first, end, _ = spans[t["name"]]
-        jobs += [(t, start, min(CHUNK, end - first - start)) for start in range(0, end - first, CHUNK)]
+        jobs += [
+            (t, start, min(CHUNK, end - first - start)) for start in range(0, end - first, CHUNK)
+        ]
     remaining = {t["name"]: spans[t["name"]][1] - spans[t["name"]][0] for t in tensors}
     lock = threading.Lock()
     done = [0]
@@ -269,8 +316,13 @@ def _read_all(index: Index, tensors: list[dict], spans: dict[str, tuple], fh: _F
         view = buffers[t["name"]].view
         first = spans[t["name"]][0]  # where the buffer starts in the tensor
         for shard, off, n, dst in index.segments(int(t["offset"]) + first + start, length):
-            _pread_full(fh.fds[shard.path], view[start + dst:start + dst + n], off, shard.path,
-                        shard.offset + off)
+            _pread_full(
+                fh.fds[shard.path],
+                view[start + dst : start + dst + n],
+                off,
+                shard.path,
+                shard.offset + off,
+            )
         with lock:
             remaining[t["name"]] -= length
             finished = remaining[t["name"]] == 0

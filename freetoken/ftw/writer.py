@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from freetoken.ftw import ALIGN, DEFAULT_SHARD_LIMIT, FORMAT, INDEX, VERSION, FtwError, bank_name, round_up
+from freetoken.ftw import (
+    ALIGN,
+    DEFAULT_SHARD_LIMIT,
+    FORMAT,
+    INDEX,
+    VERSION,
+    FtwError,
+    bank_name,
+    round_up,
+)
 
 _ZEROS = bytes(ALIGN)
 
@@ -80,18 +89,28 @@ class Writer:
         used = self.pos - self._shard_start
         if self._file is None or (padded <= self.shard_limit and used + padded > self.shard_limit):
             self._open_shard()
-        entry.update(dtype=dtype_name(t.dtype), shape=list(t.shape), offset=self.pos, nbytes=len(data),
-                     crc32=zlib.crc32(data))
+        entry.update(
+            dtype=dtype_name(t.dtype),
+            shape=list(t.shape),
+            offset=self.pos,
+            nbytes=len(data),
+            crc32=zlib.crc32(data),
+        )
         self._write(data)
         if padded > len(data):
-            self._write(memoryview(_ZEROS[:padded - len(data)]))
+            self._write(memoryview(_ZEROS[: padded - len(data)]))
         self.tensors.append(entry)
 
     def add_dense(self, name: str, t: torch.Tensor) -> None:
         self._add({"name": name, "kind": "dense"}, t)
 
     def add_bank(self, layer: int, bank: str, t: torch.Tensor, quant: str | None = None) -> None:
-        entry: dict[str, Any] = {"name": bank_name(layer, bank), "kind": "bank", "layer": layer, "bank": bank}
+        entry: dict[str, Any] = {
+            "name": bank_name(layer, bank),
+            "kind": "bank",
+            "layer": layer,
+            "bank": bank,
+        }
         if quant:
             entry["quant"] = quant
         self._add(entry, t)
@@ -101,9 +120,17 @@ class Writer:
         self._close_shard()
         for name, src in (metadata_files or {}).items():
             shutil.copyfile(src, self.tmp / name)
-        index = {"format": FORMAT, "version": VERSION, "align": ALIGN, "shard_limit": self.shard_limit,
-                 "total_bytes": self.pos, "shards": self.shards, "tensors": self.tensors,
-                 **meta, "metadata_files": sorted(metadata_files or {})}
+        index = {
+            "format": FORMAT,
+            "version": VERSION,
+            "align": ALIGN,
+            "shard_limit": self.shard_limit,
+            "total_bytes": self.pos,
+            "shards": self.shards,
+            "tensors": self.tensors,
+            **meta,
+            "metadata_files": sorted(metadata_files or {}),
+        }
         (self.tmp / INDEX).write_text(json.dumps(index, indent=1))
         for f in self.tmp.iterdir():
             with open(f, "rb") as fh:

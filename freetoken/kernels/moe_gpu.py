@@ -14,8 +14,13 @@ SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats 
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
 
 
-def experts_from_slots(x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor,
-                       gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def experts_from_slots(
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
     """x [T, H]; slots/weights [T, k]; gate_up [S, 2I, H]; down [S, H, I] -> [T, H] in x's dtype."""
     T, k = slots.shape
     if x.is_cuda and T <= SMALL_BATCH:
@@ -46,15 +51,19 @@ def _triton_small(x, slots, weights, gate_up, down) -> torch.Tensor:
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
     bi, bh = 16, 256
-    moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](x, gate_up, flat_slots, h, H, I, K=k,
-                                                            BLOCK_I=bi, BLOCK_H=bh)
+    moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
+        x, gate_up, flat_slots, h, H, I, K=k, BLOCK_I=bi, BLOCK_H=bh
+    )
     bo, bk = 32, 256
-    moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](h, down, flat_slots, flat_w, out, H, I,
-                                                         BLOCK_H=bo, BLOCK_I=bk)
+    moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](
+        h, down, flat_slots, flat_w, out, H, I, BLOCK_H=bo, BLOCK_I=bk
+    )
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
 
 
-def fetch_experts(src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, slots: torch.Tensor) -> None:
+def fetch_experts(
+    src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, slots: torch.Tensor
+) -> None:
     """dst[slots[r]] = src[experts[r]] for every route r whose slot is >= 0.
 
     src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool. On a GPU the

@@ -12,8 +12,13 @@ def expert_ffn(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> to
     return F.linear(F.silu(gate) * up, down)
 
 
-def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
     """Σ_j weights[t, j] · expert[ids[t, j]](x[t]) for banks gate_up [E, 2I, H], down [E, H, I].
 
     Each routed expert runs once over the tokens that chose it; accumulation is in the
@@ -26,7 +31,7 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     k = ids.shape[1]
     start = 0
     for e, n in zip(experts.tolist(), counts.tolist()):
-        sel = order[start:start + n]
+        sel = order[start : start + n]
         start += n
         tok = sel // k
         y = expert_ffn(x[tok], gate_up[e].to(x.dtype), down[e].to(x.dtype))

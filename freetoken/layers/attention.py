@@ -21,8 +21,18 @@ MAX_SPLITS = 32
 
 
 class Attention(nn.Module):
-    def __init__(self, layer: int, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
-                 qk_norm: bool = False, bias: bool = False, eps: float = 1e-6):
+    def __init__(
+        self,
+        layer: int,
+        hidden: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        qk_norm: bool = False,
+        bias: bool = False,
+        eps: float = 1e-6,
+    ):
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -49,14 +59,22 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            return self.o_proj(decode_attention(q, k_cache, v_cache, ctx.decode, self.scale).reshape(T, -1))
+            return self.o_proj(
+                decode_attention(q, k_cache, v_cache, ctx.decode, self.scale).reshape(T, -1)
+            )
         out = torch.empty_like(q)
         for s in ctx.seqs:
-            out[s.q_start:s.q_start + s.q_len] = self._attend(
-                q[s.q_start:s.q_start + s.q_len], k_cache[s.ctx_slots], v_cache[s.ctx_slots], s.ctx_len)
+            out[s.q_start : s.q_start + s.q_len] = self._attend(
+                q[s.q_start : s.q_start + s.q_len],
+                k_cache[s.ctx_slots],
+                v_cache[s.ctx_slots],
+                s.ctx_len,
+            )
         return self.o_proj(out.reshape(T, -1))
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int
+    ) -> torch.Tensor:
         """q: [n, H, D] for the last n positions of a context of ctx_len; k/v: [ctx_len, KVH, D]."""
         n = q.shape[0]
         # 4-D inputs with enable_gqa let SDPA pick a fused kernel and skip repeating K/V per head
@@ -70,13 +88,25 @@ class Attention(nn.Module):
             # query i sits at position ctx_len - n + i and sees keys up to it
             qpos = torch.arange(ctx_len - n, ctx_len, device=q.device)[:, None]
             mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=self.scale,
-                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        o = F.scaled_dot_product_attention(
+            qh,
+            kh,
+            vh,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=self.n_heads != self.n_kv_heads,
+        )
         return o[0].transpose(0, 1)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
     """k, v [T, KVH, D] into the pool's slots [T]."""
     if fused.usable(k, v) and fused.usable(k_cache, v_cache) and slots.is_contiguous():
         from freetoken.kernels.triton import attention as kernels
@@ -88,8 +118,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_cache: tor
     v_cache[slots] = v.to(v_cache.dtype)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: "context.DecodeView",
-                     scale: float) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    d: context.DecodeView,
+    scale: float,
+) -> torch.Tensor:
     """q [B, H, D], one token per sequence, over each sequence's first d.lens[b] context
     positions, found through the block table."""
     B, H, D = q.shape
@@ -100,13 +135,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         d.derive()
     kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
     vh = v_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=scale,
-                                       enable_gqa=H != KVH)
+    o = F.scaled_dot_product_attention(
+        q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=scale, enable_gqa=H != KVH
+    )
     return o.squeeze(2)
 
 
-def _decode_fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: "context.DecodeView",
-                  scale: float) -> torch.Tensor:
+def _decode_fused(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    d: context.DecodeView,
+    scale: float,
+) -> torch.Tensor:
     from freetoken.kernels.triton import attention as kernels
 
     B, H, D = q.shape
@@ -120,8 +161,28 @@ def _decode_fused(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part = torch.empty((B, H, splits, D), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, H, splits), dtype=torch.float32, device=q.device)
     kernels.decode_attention_kernel[(B, KVH, splits)](
-        q, k_cache, v_cache, d.block_table, d.lens, out, part, lse, scale, d.block_table.stride(0), H, KVH, splits,
-        GROUP=G, G_BLOCK=max(16, block(G)), D=D, PAGE=d.page_size, BLOCK_N=BLOCK_N, DIRECT=splits == 1)
+        q,
+        k_cache,
+        v_cache,
+        d.block_table,
+        d.lens,
+        out,
+        part,
+        lse,
+        scale,
+        d.block_table.stride(0),
+        H,
+        KVH,
+        splits,
+        GROUP=G,
+        G_BLOCK=max(16, block(G)),
+        D=D,
+        PAGE=d.page_size,
+        BLOCK_N=BLOCK_N,
+        DIRECT=splits == 1,
+    )
     if splits > 1:
-        kernels.merge_splits_kernel[(B * H,)](part, lse, out, splits, D=D, S_BLOCK=max(2, block(splits)))
+        kernels.merge_splits_kernel[(B * H,)](
+            part, lse, out, splits, D=D, S_BLOCK=max(2, block(splits))
+        )
     return out

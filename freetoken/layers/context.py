@@ -17,7 +17,8 @@ __all__ = ["DecodeView", "KVStore", "SeqSpan", "StepContext", "current", "step_c
 
 
 class KVStore:
-    """The paged KV pool as flat slot arrays: k[layer] / v[layer] are [num_slots, kv_heads, head_dim]."""
+    """The paged KV pool as flat slot arrays: k[layer] / v[layer] are
+    [num_slots, kv_heads, head_dim]."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]

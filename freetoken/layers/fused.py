@@ -18,8 +18,13 @@ ENABLED = True  # the runner sets it from FREETOKEN_FUSED_KERNELS
 
 def usable(x: torch.Tensor, *same_dtype: torch.Tensor) -> bool:
     """A fused kernel takes contiguous, non-empty GPU tensors of one dtype."""
-    return (ENABLED and x.is_cuda and x.is_contiguous() and x.numel() > 0
-            and all(t.dtype == x.dtype and t.is_contiguous() for t in same_dtype))
+    return (
+        ENABLED
+        and x.is_cuda
+        and x.is_contiguous()
+        and x.numel() > 0
+        and all(t.dtype == x.dtype and t.is_contiguous() for t in same_dtype)
+    )
 
 
 @contextlib.contextmanager

@@ -18,8 +18,9 @@ from freetoken.layers import fused
 
 
 class ExpertBackend(Protocol):
-    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        ...
+    def __call__(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class TopKRouter(nn.Module):
@@ -39,8 +40,16 @@ class TopKRouter(nn.Module):
             T = logits.shape[0]
             weights = torch.empty((T, self.top_k), dtype=x.dtype, device=x.device)
             ids = torch.empty((T, self.top_k), dtype=torch.int64, device=x.device)
-            router.topk_softmax_kernel[(T,)](logits, weights, ids, E, RENORM=self.norm_topk_prob, K=self.top_k,
-                                             BLOCK_E=block(E), BLOCK_K=block(self.top_k))
+            router.topk_softmax_kernel[(T,)](
+                logits,
+                weights,
+                ids,
+                E,
+                RENORM=self.norm_topk_prob,
+                K=self.top_k,
+                BLOCK_E=block(E),
+                BLOCK_K=block(self.top_k),
+            )
             return weights, ids
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
@@ -60,13 +69,22 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.backend is None:
-            raise RuntimeError(f"experts of layer {self.layer} have no backend: load the model with the loader")
+            raise RuntimeError(
+                f"experts of layer {self.layer} have no backend: load the model with the loader"
+            )
         return self.backend(self.layer, x, ids, weights)
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, layer: int, hidden: int, intermediate: int, num_experts: int, top_k: int,
-                 norm_topk_prob: bool):
+    def __init__(
+        self,
+        layer: int,
+        hidden: int,
+        intermediate: int,
+        num_experts: int,
+        top_k: int,
+        norm_topk_prob: bool,
+    ):
         super().__init__()
         self.gate = TopKRouter(hidden, num_experts, top_k, norm_topk_prob)
         self.experts = Experts(layer, num_experts, hidden, intermediate)

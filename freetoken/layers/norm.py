@@ -30,15 +30,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
-def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
-                   sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by cos/sin [T, D]."""
+def head_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by
+    cos/sin [T, D]."""
     T, heads, D = x.shape
     if fused.usable(x, weight, cos, sin) and D == block(D) and D >= 2:
         from freetoken.kernels.triton import norm
 
         out = torch.empty_like(x)
-        norm.head_norm_rope_kernel[(T * heads,)](x, weight, cos, sin, out, heads, eps, D=D, HALF=D // 2)
+        norm.head_norm_rope_kernel[(T * heads,)](
+            x, weight, cos, sin, out, heads, eps, D=D, HALF=D // 2
+        )
         return out
     return apply_rope(rms_norm(x, weight, eps), cos, sin)
 

@@ -20,10 +20,17 @@ class RotaryEmbedding(nn.Module):
             return
         d = self.head_dim
         with torch.no_grad():
-            self.inv_freq.copy_(1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32,
-                                                                   device=self.inv_freq.device) / d)))
+            self.inv_freq.copy_(
+                1.0
+                / (
+                    self.theta
+                    ** (torch.arange(0, d, 2, dtype=torch.float32, device=self.inv_freq.device) / d)
+                )
+            )
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -105,8 +105,12 @@ def model_info(config: dict[str, Any]) -> dict[str, Any]:
         f"{a}.feed_forward_length": int(_first(config, "intermediate_size", default=0)),
         f"{a}.attention.head_count": nq,
         f"{a}.attention.head_count_kv": int(_first(config, "num_key_value_heads", default=nq)),
-        f"{a}.attention.key_length": int(_first(config, "head_dim", default=config["hidden_size"] // nq)),
-        f"{a}.attention.layer_norm_rms_epsilon": float(_first(config, "rms_norm_eps", default=1e-6)),
+        f"{a}.attention.key_length": int(
+            _first(config, "head_dim", default=config["hidden_size"] // nq)
+        ),
+        f"{a}.attention.layer_norm_rms_epsilon": float(
+            _first(config, "rms_norm_eps", default=1e-6)
+        ),
         f"{a}.rope.freq_base": rope_theta(config),
         f"{a}.vocab_size": int(config["vocab_size"]),
     }
@@ -114,5 +118,7 @@ def model_info(config: dict[str, Any]) -> dict[str, Any]:
     if e:
         info[f"{a}.expert_count"] = e
         info[f"{a}.expert_used_count"] = int(_first(config, "num_experts_per_tok", default=0))
-        info[f"{a}.expert_feed_forward_length"] = int(_first(config, "moe_intermediate_size", default=0))
+        info[f"{a}.expert_feed_forward_length"] = int(
+            _first(config, "moe_intermediate_size", default=0)
+        )
     return info

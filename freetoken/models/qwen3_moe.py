@@ -44,7 +44,7 @@ class ModelArgs:
     max_position_embeddings: int = 4096
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "ModelArgs":
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelArgs:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names and v is not None}
         kw["num_experts"] = num_experts(cfg)  # num_experts or num_local_experts
@@ -55,18 +55,35 @@ class ModelArgs:
         return cls(**kw)
 
     def is_moe_layer(self, i: int) -> bool:
-        return (self.num_experts > 0 and i not in self.mlp_only_layers
-                and (i + 1) % self.decoder_sparse_step == 0)
+        return (
+            self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0
+        )
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, a: ModelArgs, i: int):
         super().__init__()
-        self.self_attn = Attention(i, a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
-                                   a.head_dim, qk_norm=True, bias=a.attention_bias, eps=a.rms_norm_eps)
+        self.self_attn = Attention(
+            i,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            a.head_dim,
+            qk_norm=True,
+            bias=a.attention_bias,
+            eps=a.rms_norm_eps,
+        )
         if a.is_moe_layer(i):
-            self.mlp = SparseMoeBlock(i, a.hidden_size, a.moe_intermediate_size, a.num_experts,
-                                      a.num_experts_per_tok, a.norm_topk_prob)
+            self.mlp = SparseMoeBlock(
+                i,
+                a.hidden_size,
+                a.moe_intermediate_size,
+                a.num_experts,
+                a.num_experts_per_tok,
+                a.norm_topk_prob,
+            )
         else:
             self.mlp = GatedMLP(a.hidden_size, a.intermediate_size)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -95,17 +112,32 @@ class Qwen3MoeModel(nn.Module):
 
 # GGUF tensor names (llama.cpp's qwen3moe) -> this model's names; experts map to banks.
 GGUF_DENSE = {
-    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate_inp": "mlp.gate", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-GGUF_EXPERTS = {"ffn_gate_exps": ("gate_up", 0), "ffn_up_exps": ("gate_up", 1), "ffn_down_exps": ("down", None)}
+GGUF_EXPERTS = {
+    "ffn_gate_exps": ("gate_up", 0),
+    "ffn_up_exps": ("gate_up", 1),
+    "ffn_down_exps": ("down", None),
+}
 
 _EXPERT = re.compile(
     r"model\.layers\.(\d+)\.mlp\.experts\."
-    r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$")
+    r"(?:(\d+)\.(gate_proj|up_proj|down_proj)\.weight|(gate_up_proj|down_proj))$"
+)
 
 
 class Model(nn.Module):
@@ -116,7 +148,7 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "Model":
+    def from_config(cls, config: dict[str, Any]) -> Model:
         return cls(ModelArgs.from_dict(config))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -170,13 +202,17 @@ class Model(nn.Module):
         g = lambda key, default=None: kv.get(f"{arch}.{key}", default)  # noqa: E731
         heads = int(g("attention.head_count"))
         return {
-            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-            "hidden_size": int(g("embedding_length")), "num_hidden_layers": int(g("block_count")),
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_size": int(g("embedding_length")),
+            "num_hidden_layers": int(g("block_count")),
             "intermediate_size": int(g("feed_forward_length", 0)),
             "moe_intermediate_size": int(g("expert_feed_forward_length")),
-            "num_attention_heads": heads, "num_key_value_heads": int(g("attention.head_count_kv", heads)),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(g("attention.head_count_kv", heads)),
             "head_dim": int(g("attention.key_length", int(g("embedding_length")) // heads)),
-            "num_experts": int(g("expert_count")), "num_experts_per_tok": int(g("expert_used_count")),
+            "num_experts": int(g("expert_count")),
+            "num_experts_per_tok": int(g("expert_used_count")),
             # llama.cpp always renormalises the top-k weights of qwen3moe
             "norm_topk_prob": True,
             "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),

@@ -22,8 +22,15 @@ def _release_device_memory(device: torch.device) -> None:
 
 
 class ExpertCache:
-    def __init__(self, num_layers: int, num_experts: int, capacity: int,
-                 rows: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        capacity: int,
+        rows: dict[str, tuple[int, ...]],
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.L, self.E = num_layers, num_experts
         self.rows, self.dtype, self.device = rows, dtype, device
         self.capacity = 0
@@ -39,8 +46,10 @@ class ExpertCache:
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
-        self.slots = {b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-                      for b, shape in self.rows.items()}
+        self.slots = {
+            b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
+            for b, shape in self.rows.items()
+        }
         self.owner = np.full(capacity, -1, dtype=np.int64)  # flat id layer * E + expert
         self.last_use = np.full(capacity, -1, dtype=np.int64)  # -1: empty
         self.fixed = np.zeros(capacity, dtype=bool)
@@ -76,11 +85,13 @@ class ExpertCache:
         key = self.last_use.astype(np.float64)
         # Volatile slots (prefill's buffers) are refilled last among equals: what decode
         # caches elsewhere survives the next prefill.
-        key[:self.volatile] += 0.5
+        key[: self.volatile] += 0.5
         key[self.fixed] = np.inf
         key[protect[protect >= 0]] = np.inf
         if n > int(np.isfinite(key).sum()):
-            raise CacheFull(f"layer {layer} needs {n} slots; {int(np.isfinite(key).sum())} can be freed")
+            raise CacheFull(
+                f"layer {layer} needs {n} slots; {int(np.isfinite(key).sum())} can be freed"
+            )
         victims = np.argpartition(key, n - 1)[:n] if n < len(key) else np.arange(n)
         victims = victims[np.argsort(key[victims], kind="stable")]
         old = self.owner[victims]
@@ -117,19 +128,27 @@ class ExpertCache:
         """
         fixed = np.flatnonzero(self.fixed & (self.owner >= 0))
         if len(fixed) > capacity:
-            raise CacheFull(f"{len(fixed)} experts are fixed in place; {capacity} slots cannot hold them")
+            raise CacheFull(
+                f"{len(fixed)} experts are fixed in place; {capacity} slots cannot hold them"
+            )
         used = np.flatnonzero(~self.fixed & (self.owner >= 0))
-        used = used[np.argsort(-self.last_use[used], kind="stable")][:max(0, capacity - len(fixed))]
+        used = used[np.argsort(-self.last_use[used], kind="stable")][
+            : max(0, capacity - len(fixed))
+        ]
         keep = np.concatenate([fixed, used]) if keep_warm else fixed
         old = self.slots
         try:
-            new = {b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-                   for b, shape in self.rows.items()}
+            new = {
+                b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
+                for b, shape in self.rows.items()
+            }
         except torch.OutOfMemoryError:
             self.slots, old, keep = {}, None, fixed[:0]
             _release_device_memory(self.device)
-            new = {b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-                   for b, shape in self.rows.items()}
+            new = {
+                b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
+                for b, shape in self.rows.items()
+            }
         # kept experts go to the top of the pool, away from prefill's buffers at the bottom
         top = capacity - len(keep)
         if old is not None and len(keep):
@@ -150,12 +169,20 @@ class ExpertCache:
         self.volatile = 0
         return len(keep)
 
-    def stats(self, more: tuple[int, int, int, int] = (0, 0, 0, 0), used: int | None = None) -> dict:
+    def stats(
+        self, more: tuple[int, int, int, int] = (0, 0, 0, 0), used: int | None = None
+    ) -> dict:
         """Totals, plus `more` (hits, misses, evictions, fetches) counted elsewhere and not
         yet added, and `used` slots as counted there (the device-kept books')."""
         hits, misses = int(self.hits.sum()) + more[0], int(self.misses.sum()) + more[1]
         lookups = hits + misses
-        return {"slots": self.capacity, "bytes": self.capacity * self.expert_bytes,
-                "used": int((self.owner >= 0).sum()) if used is None else used, "hits": hits, "misses": misses,
-                "fetches": int(self.fetches.sum()) + more[3], "evictions": self.evictions + more[2],
-                "hit_rate": hits / lookups if lookups else 0.0}
+        return {
+            "slots": self.capacity,
+            "bytes": self.capacity * self.expert_bytes,
+            "used": int((self.owner >= 0).sum()) if used is None else used,
+            "hits": hits,
+            "misses": misses,
+            "fetches": int(self.fetches.sum()) + more[3],
+            "evictions": self.evictions + more[2],
+            "hit_rate": hits / lookups if lookups else 0.0,
+        }

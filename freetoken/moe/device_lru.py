@@ -36,7 +36,9 @@ class DeviceLRU:
         self.owner = torch.full((S + 1,), -1, dtype=torch.int64, device=device)
         self.stamp = torch.full((S + 1,), NEVER, dtype=torch.int64, device=device)
         self.clock = torch.zeros(1, dtype=torch.int64, device=device)
-        self.counts = torch.zeros((L, 4), dtype=torch.int64, device=device)  # hits, misses, evictions, fetches
+        self.counts = torch.zeros(
+            (L, 4), dtype=torch.int64, device=device
+        )  # hits, misses, evictions, fetches
         self._pulled = np.zeros((L, 4), dtype=np.int64)  # the counts already added to the host's
         self.live = False  # True while this copy is the authoritative one
         self.fused = True  # one kernel per layer on a GPU (the device ops below are its reference)
@@ -71,8 +73,10 @@ class DeviceLRU:
         """Device → host: from now on the host keeps the books. Returns the misses and the
         fetches counted since the last pull."""
         c = self.cache
-        slot_of, owner, stamp, counts, clock = (t.cpu().numpy().copy() for t in (
-            self.slot_of[:-1], self.owner[:-1], self.stamp[:-1], self.counts, self.clock))
+        slot_of, owner, stamp, counts, clock = (
+            t.cpu().numpy().copy()
+            for t in (self.slot_of[:-1], self.owner[:-1], self.stamp[:-1], self.counts, self.clock)
+        )
         counts, self._pulled = counts - self._pulled, counts
         c.slot_of[:] = slot_of.reshape(c.L, c.E)
         c.owner[:] = owner
@@ -94,8 +98,9 @@ class DeviceLRU:
         self.fetch(layer, ids, fetch)
         return slots
 
-    def assign(self, layer: int, ids: torch.Tensor,
-               split: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def assign(
+        self, layer: int, ids: torch.Tensor, split: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Books one token's routes `ids` [1, k]: slots [1, k], what to fetch (a slot per
         route, -1 for none) and which routes are left to the CPU ([k] bool).
 
@@ -115,7 +120,9 @@ class DeviceLRU:
         now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
         sink_slot = torch.full_like(slots, S)
         self.stamp.scatter_(0, torch.where(miss, sink_slot, slots), now)  # hits: used now
-        self.stamp[S:].fill_(NEVER)  # (a scalar written by indexing would be a host copy: not capturable)
+        self.stamp[S:].fill_(
+            NEVER
+        )  # (a scalar written by indexing would be a host copy: not capturable)
         victims = torch.topk(self.stamp[:S], k, largest=False).indices  # oldest first
         v = victims.index_select(0, (torch.cumsum(fetched, 0) - 1).clamp(min=0))
         target = torch.where(fetched, v, sink_slot)
@@ -126,13 +133,19 @@ class DeviceLRU:
         self.owner.scatter_(0, target, flat.masked_fill(~fetched, -1))
         self.stamp.scatter_(0, target, now)
         self.stamp[S:].fill_(NEVER)
-        self.counts[layer] += torch.stack([(~miss).sum(), miss.sum(), (old >= 0).sum(), fetched.sum()])
+        self.counts[layer] += torch.stack(
+            [(~miss).sum(), miss.sum(), (old >= 0).sum(), fetched.sum()]
+        )
         self.clock += 1
-        return (torch.where(fetched, v, slots).view(ids.shape), v.masked_fill(~fetched, -1).to(torch.int32),
-                miss & ~fetched)
+        return (
+            torch.where(fetched, v, slots).view(ids.shape),
+            v.masked_fill(~fetched, -1).to(torch.int32),
+            miss & ~fetched,
+        )
 
-    def assign_fused(self, layer: int, ids: torch.Tensor,
-                     split: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def assign_fused(
+        self, layer: int, ids: torch.Tensor, split: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`assign` as one kernel launch (kernels/triton/books.py): the same books and results."""
         from freetoken.kernels.triton import books
 
@@ -142,13 +155,30 @@ class DeviceLRU:
         fetch = torch.empty(k, dtype=torch.int32, device=ids.device)
         cpu = torch.empty(k, dtype=torch.bool, device=ids.device)
         books.assign_kernel[(1,)](
-            flat, self.slot_of, self.owner, self.stamp, self.clock, self.counts[layer], slots, fetch, cpu,
-            layer * self.cache.E, k, S, self.share, STRIDE=STRIDE, HAS_SHARE=split, K=max(block(k), 2),
-            BLOCK_S=max(block(S), 16), num_warps=8)
+            flat,
+            self.slot_of,
+            self.owner,
+            self.stamp,
+            self.clock,
+            self.counts[layer],
+            slots,
+            fetch,
+            cpu,
+            layer * self.cache.E,
+            k,
+            S,
+            self.share,
+            STRIDE=STRIDE,
+            HAS_SHARE=split,
+            K=max(block(k), 2),
+            BLOCK_S=max(block(S), 16),
+            num_warps=8,
+        )
         return slots.view(ids.shape), fetch, cpu
 
     def fetch(self, layer: int, ids: torch.Tensor, fetch: torch.Tensor) -> None:
-        """Copies the experts `assign` chose to fetch from the pinned host banks into their slots."""
+        """Copies the experts `assign` chose to fetch from the pinned host banks into their
+        slots."""
         experts = ids.reshape(-1).to(torch.int32)
         gu, dn = self.banks.banks[layer]
         moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)

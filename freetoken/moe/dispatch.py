@@ -71,12 +71,13 @@ class Split:
         return best_q
 
     @classmethod
-    def from_bandwidths(cls, expert_bytes: int, b_p: float, b_h: float) -> "Split":
+    def from_bandwidths(cls, expert_bytes: int, b_p: float, b_h: float) -> Split:
         return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h))
 
 
 class ShareTuner:
-    """Chooses, step by step, the share of a layer's misses fetched over PCIe, by measured step time.
+    """Chooses, step by step, the share of a layer's misses fetched over PCIe, by measured
+    step time.
 
     The costs a micro-benchmark cannot see (host round trips, thread hand-offs, the two paths
     sharing host DRAM) can make the bandwidth split q* slower end to end than sending every
@@ -108,7 +109,11 @@ class ShareTuner:
         if seconds <= 0:
             return
         i = self.arm
-        self.mean[i] = seconds if self.mean[i] is None else (1 - self.alpha) * self.mean[i] + self.alpha * seconds
+        self.mean[i] = (
+            seconds
+            if self.mean[i] is None
+            else (1 - self.alpha) * self.mean[i] + self.alpha * seconds
+        )
         self.count[i] += 1
 
     def next_arm(self) -> float:
@@ -124,8 +129,11 @@ class ShareTuner:
         return self.share
 
     def stats(self) -> dict:
-        return {"share": self.share, "step_ms": [None if m is None else m * 1e3 for m in self.mean],
-                "steps": list(self.count)}
+        return {
+            "share": self.share,
+            "step_ms": [None if m is None else m * 1e3 for m in self.mean],
+            "steps": list(self.count),
+        }
 
 
 class ModeChooser:
@@ -149,8 +157,14 @@ class ModeChooser:
     samples alike instead of the ones measured last.
     """
 
-    def __init__(self, settle: int = 8, measure: int = 12, period: int = 4096,
-                 modes: tuple[str, ...] = ("cache", "layers"), rounds: int = 1):
+    def __init__(
+        self,
+        settle: int = 8,
+        measure: int = 12,
+        period: int = 4096,
+        modes: tuple[str, ...] = ("cache", "layers"),
+        rounds: int = 1,
+    ):
         self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
         self.rounds, self._per_visit = rounds, max(1, -(-measure // rounds))
         self.mode = modes[0]
@@ -183,5 +197,8 @@ class ModeChooser:
             self.mode = self._plan[0]
 
     def stats(self) -> dict:
-        return {"mode": self.mode, "step_ms": {k: v * 1e3 for k, v in self.means.items()},
-                "measuring": bool(self._plan)}
+        return {
+            "mode": self.mode,
+            "step_ms": {k: v * 1e3 for k, v in self.means.items()},
+            "measuring": bool(self._plan),
+        }

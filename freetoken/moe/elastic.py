@@ -20,8 +20,15 @@ GROW_AFTER_S = 3.0
 POLL_S = 0.25
 
 
-def target(capacity: int, floor: int, ceiling: int, free: int, headroom: int, expert_bytes: int,
-           grow_ok: bool) -> int | None:
+def target(
+    capacity: int,
+    floor: int,
+    ceiling: int,
+    free: int,
+    headroom: int,
+    expert_bytes: int,
+    grow_ok: bool,
+) -> int | None:
     """The slot count to resize to now, or None to stay."""
     if free < headroom // 2 and capacity > floor:
         drop = -(-(headroom - free) // expert_bytes)
@@ -36,16 +43,28 @@ def target(capacity: int, floor: int, ceiling: int, free: int, headroom: int, ex
 class Watcher:
     """Polls free VRAM on a thread and asks for resizes through `resize(slots)`."""
 
-    def __init__(self, free_bytes: Callable[[], int], capacity: Callable[[], int], floor: int,
-                 ceiling: Callable[[], int], headroom: int, expert_bytes: int,
-                 resize: Callable[[int], object]):
-        self.free_bytes, self.capacity, self.floor, self.ceiling = free_bytes, capacity, floor, ceiling
+    def __init__(
+        self,
+        free_bytes: Callable[[], int],
+        capacity: Callable[[], int],
+        floor: int,
+        ceiling: Callable[[], int],
+        headroom: int,
+        expert_bytes: int,
+        resize: Callable[[int], object],
+    ):
+        self.free_bytes, self.capacity, self.floor, self.ceiling = (
+            free_bytes,
+            capacity,
+            floor,
+            ceiling,
+        )
         self.headroom, self.expert_bytes, self.resize = headroom, expert_bytes, resize
         self._stop = threading.Event()
         self._high_since: float | None = None
         self.thread = threading.Thread(target=self._run, name="vram-watcher", daemon=True)
 
-    def start(self) -> "Watcher":
+    def start(self) -> Watcher:
         self.thread.start()
         return self
 
@@ -57,10 +76,19 @@ class Watcher:
         high = free > 2 * self.headroom
         self._high_since = (self._high_since or now) if high else None
         grow_ok = self._high_since is not None and now - self._high_since >= GROW_AFTER_S
-        want = target(self.capacity(), self.floor, self.ceiling(), free, self.headroom, self.expert_bytes,
-                      grow_ok)
+        want = target(
+            self.capacity(),
+            self.floor,
+            self.ceiling(),
+            free,
+            self.headroom,
+            self.expert_bytes,
+            grow_ok,
+        )
         if want is not None and want != self.capacity():
-            log.info("free VRAM %.2f GiB: resizing the expert cache to %d slots", free / 2**30, want)
+            log.info(
+                "free VRAM %.2f GiB: resizing the expert cache to %d slots", free / 2**30, want
+            )
             self.resize(want)
             self._high_since = None
             return want

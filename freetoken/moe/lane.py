@@ -41,10 +41,10 @@ class Mailbox:
         b = a + MAX_ROUTES * 8
         c = -(-(b + MAX_ROUTES * 4) // 8) * 8
         self.raw = _zeros(c + 8, device, pin)
-        self.x = self.raw[:hidden * 4].view(torch.float32)
+        self.x = self.raw[: hidden * 4].view(torch.float32)
         self.ids = self.raw[a:b].view(torch.int64)
-        self.wts = self.raw[b:b + MAX_ROUTES * 4].view(torch.float32)
-        self.pos = self.raw[c:c + 8].view(torch.int64)
+        self.wts = self.raw[b : b + MAX_ROUTES * 4].view(torch.float32)
+        self.pos = self.raw[c : c + 8].view(torch.int64)
         self.ids.fill_(-1)
 
 
@@ -69,7 +69,10 @@ class CpuLane:
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
-        self._banks = ([banks.banks[l][0] for l in banks.layers], [banks.banks[l][1] for l in banks.layers])
+        self._banks = (
+            [banks.banks[l][0] for l in banks.layers],
+            [banks.banks[l][1] for l in banks.layers],
+        )
         self._all: dict[int, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
 
@@ -80,7 +83,9 @@ class CpuLane:
         self.ctl[STOP] = 0
         h = self.host
         args = (self.ctl, h.pos, h.ids, h.wts, h.x, self.out, *self._banks, self.cpus, -1)
-        self._thread = threading.Thread(target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True)
+        self._thread = threading.Thread(
+            target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True
+        )
         self._thread.start()
         # stop the loop when the owner goes away: it holds the banks
         weakref.finalize(self, _stop, self.ctl, self._thread)
@@ -94,15 +99,31 @@ class CpuLane:
         (a poll is a read across PCIe, about a microsecond)."""
         c, n = self.ctl.tolist(), max(int(self.count), 1)
         per = max(c[SERVED], 1)
-        return {"served": c[SERVED], "failed": c[FAILED], "timeouts": c[TIMEOUTS], "threads": len(self.cpus),
-                "routes_per_request": c[ROUTES] / per, "cpu_us_per_request": c[BUSY_NS] / per / 1e3,
-                "polls_per_request": int(self.polls) / n}
+        return {
+            "served": c[SERVED],
+            "failed": c[FAILED],
+            "timeouts": c[TIMEOUTS],
+            "threads": len(self.cpus),
+            "routes_per_request": c[ROUTES] / per,
+            "cpu_us_per_request": c[BUSY_NS] / per / 1e3,
+            "polls_per_request": int(self.polls) / n,
+        }
 
     # --- inside a step (capturable on a GPU) ------------------------------------------------
-    def post(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-             cpu: torch.Tensor | None = None) -> None:
+    def post(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        cpu: torch.Tensor | None = None,
+    ) -> None:
         """Posts one token's routes that `cpu` [k] marks (all of them with None) to the lane."""
-        ids, weights, x = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), x.contiguous()
+        ids, weights, x = (
+            ids.reshape(-1).contiguous(),
+            weights.reshape(-1).contiguous(),
+            x.contiguous(),
+        )
         k = ids.numel()
         assert x.shape[0] == 1 and k <= MAX_ROUTES, "the lane serves single-token steps"
         cpu = self._everything(k) if cpu is None else cpu
@@ -110,12 +131,26 @@ class CpuLane:
             from freetoken.kernels.triton import block, lane
 
             d = self.dev
-            lane.post_kernel[(1,)](x, ids, weights, cpu, d.x, d.ids, d.wts, d.pos, self.pend, self.count,
-                                   self.pos[layer], k, H=x.shape[-1], BLOCK_H=1024,
-                                   K=max(16, block(k)))
+            lane.post_kernel[(1,)](
+                x,
+                ids,
+                weights,
+                cpu,
+                d.x,
+                d.ids,
+                d.wts,
+                d.pos,
+                self.pend,
+                self.count,
+                self.pos[layer],
+                k,
+                H=x.shape[-1],
+                BLOCK_H=1024,
+                K=max(16, block(k)),
+            )
             # the request first, then its number: the second copy starts once the first landed
             self.host.raw.copy_(d.raw, non_blocking=True)
-            self.ctl[SEQ:SEQ + 1].copy_(self.count, non_blocking=True)
+            self.ctl[SEQ : SEQ + 1].copy_(self.count, non_blocking=True)
             return
         h = self.host
         h.x.copy_(x.reshape(-1))
@@ -133,8 +168,19 @@ class CpuLane:
             from freetoken.kernels.triton import lane
 
             out = torch.empty_like(y)
-            lane.collect_kernel[(1,)](y, out, self.out, self.ctl, self.pend, self.count, self.polls, MAX_SPINS,
-                                      H=y.shape[-1], BLOCK_H=1024, num_warps=1)
+            lane.collect_kernel[(1,)](
+                y,
+                out,
+                self.out,
+                self.ctl,
+                self.pend,
+                self.count,
+                self.polls,
+                MAX_SPINS,
+                H=y.shape[-1],
+                BLOCK_H=1024,
+                num_warps=1,
+            )
             return out
         if not int(self.pend):
             return y
@@ -186,7 +232,11 @@ class StepWait:
     def __init__(self, model: torch.nn.Module, device: torch.device):
         from freetoken.layers.moe import Experts
 
-        backends = [getattr(m.backend, "local", m.backend) for m in model.modules() if isinstance(m, Experts)]
+        backends = [
+            getattr(m.backend, "local", m.backend)
+            for m in model.modules()
+            if isinstance(m, Experts)
+        ]
         lanes = any(getattr(b, "lane", None) is not None for b in backends)
         self._event = torch.cuda.Event(blocking=True) if device.type == "cuda" and lanes else None
 

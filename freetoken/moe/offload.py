@@ -40,21 +40,39 @@ DECODE_TOKENS = 8  # steps this small tune the PCIe/CPU share
 
 
 class OffloadExperts:
-    def __init__(self, banks: HostBanks, cache: ExpertCache | None, policy: str, split: Split,
-                 device: torch.device, prefill_overlap: bool = True, device_lru: bool = False,
-                 cpu_lane: bool = False):
+    def __init__(
+        self,
+        banks: HostBanks,
+        cache: ExpertCache | None,
+        policy: str,
+        split: Split,
+        device: torch.device,
+        prefill_overlap: bool = True,
+        device_lru: bool = False,
+        cpu_lane: bool = False,
+    ):
         if policy not in POLICIES:
             raise ValueError(f"unknown MoE policy {policy!r} (choose from {', '.join(POLICIES)})")
-        self.banks, self.cache, self.policy, self.split, self.device = banks, cache, policy, split, device
+        self.banks, self.cache, self.policy, self.split, self.device = (
+            banks,
+            cache,
+            policy,
+            split,
+            device,
+        )
         self.cuda = device.type == "cuda"
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
         self._fixed_layers: set[int] = set()
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._stage = Staging(device) if self.cuda else None
         # the bandwidth split's share of misses over PCIe is where the tuner starts
-        self.tuner = ShareTuner(split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert))
+        self.tuner = ShareTuner(
+            split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert)
+        )
         self._tick: float | None = None  # when the last decode step started
-        self._told_steps = False  # whether the engine calls between_steps (else layer 0 marks a step)
+        self._told_steps = (
+            False  # whether the engine calls between_steps (else layer 0 marks a step)
+        )
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self._fetch_times = CopyTimings()
         self._steps = {"q": 0, "m": 0, "cpu_routes": 0, "layers": 0}
@@ -66,7 +84,11 @@ class OffloadExperts:
         self._device_lru = device_lru and policy in ("lru-pcie", "adaptive")
         self.lru = self._new_lru()
         # adaptive's CPU routes of single-token steps, served without cutting the step's graph
-        self.lane = lane.make(banks, device) if cpu_lane and (policy == "adaptive" or cache is None) else None
+        self.lane = (
+            lane.make(banks, device)
+            if cpu_lane and (policy == "adaptive" or cache is None)
+            else None
+        )
         # adaptive also chooses between the cache (its books on the host or on the device) and
         # whole layers on the CPU, by measurement
         self.mode = "cache"
@@ -87,7 +109,9 @@ class OffloadExperts:
         E, L = self.banks.num_experts, len(self.banks.layers)
         if self.policy != "adaptive" or self.cache is None or self.cache.capacity >= L * E:
             return None
-        modes = ("device", "split", "cache", "layers") if self.lru is not None else ("cache", "layers")
+        modes = (
+            ("device", "split", "cache", "layers") if self.lru is not None else ("cache", "layers")
+        )
         return ModeChooser(modes=modes, rounds=2)
 
     @property
@@ -140,18 +164,27 @@ class OffloadExperts:
     def _make_streamer(self) -> None:
         self.streamer = None
         if self.policy in ("adaptive", "lru-pcie", "cpu-misses") and LayerStreamer.possible(
-                self.cache, self.banks.num_experts):
-            self.streamer = LayerStreamer(self.banks, self.cache, self.banks.layers, self.device,
-                                          self._copy_stream, self._prefill_overlap)
+            self.cache, self.banks.num_experts
+        ):
+            self.streamer = LayerStreamer(
+                self.banks,
+                self.cache,
+                self.banks.layers,
+                self.device,
+                self._copy_stream,
+                self._prefill_overlap,
+            )
 
     # --- placement -------------------------------------------------------------------
     def _place(self) -> None:
         L, E = len(self.banks.layers), self.banks.num_experts
         if self.policy == "resident":
             if self.cache.capacity < L * E:
-                raise ValueError(f"the resident policy needs {L * E} expert slots "
-                                 f"({L * E * self.cache.expert_bytes / 2**30:.1f} GiB); the budget gives "
-                                 f"{self.cache.capacity}")
+                raise ValueError(
+                    f"the resident policy needs {L * E} expert slots "
+                    f"({L * E * self.cache.expert_bytes / 2**30:.1f} GiB); the budget gives "
+                    f"{self.cache.capacity}"
+                )
             self._fix_layers(self.banks.layers)
         elif self.policy == "static-layers":
             self._place_layers()
@@ -160,8 +193,8 @@ class OffloadExperts:
         """The first layers on the CPU, as many of the last as fit fixed in slots."""
         L, E = len(self.banks.layers), self.banks.num_experts
         fit = min(L, self.cache.capacity // E)
-        self.cpu_layers = set(self.banks.layers[:L - fit])
-        self._fix_layers(self.banks.layers[L - fit:])
+        self.cpu_layers = set(self.banks.layers[: L - fit])
+        self._fix_layers(self.banks.layers[L - fit :])
 
     def _fix_layers(self, gpu_layers: list[int]) -> None:
         E = self.banks.num_experts
@@ -191,7 +224,7 @@ class OffloadExperts:
         per = min(self.banks.num_experts, free // max(1, len(layers)))
         for layer in layers:
             have = self.cache.slot_of[layer] >= 0
-            candidates = rng.permutation(np.flatnonzero(~have))[:max(0, per - int(have.sum()))]
+            candidates = rng.permutation(np.flatnonzero(~have))[: max(0, per - int(have.sum()))]
             if len(candidates):
                 slots = self.cache.allocate(layer, candidates, np.empty(0, dtype=np.int64))
                 self._copy_in(layer, candidates, slots)
@@ -199,7 +232,9 @@ class OffloadExperts:
             torch.cuda.synchronize(self.device)
 
     # --- the op ----------------------------------------------------------------------
-    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         if self.policy == "adaptive" and layer == self.banks.layers[0] and not self._told_steps:
             self._step_started(ids.shape[0])
         if self.lru is not None:
@@ -215,7 +250,9 @@ class OffloadExperts:
             return self._from_slots(x, self._fixed_slots[layer][ids], weights)
         return self._with_host_books(layer, x, ids, weights)
 
-    def _cpu_layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _cpu_layer(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
         if self.lane is not None and ids.shape[0] == 1:
             self.account_device(layer, ids.numel())
@@ -224,14 +261,18 @@ class OffloadExperts:
             return self.lane.collect(torch.zeros_like(x))
         return self._all_on_cpu(layer, x, ids, weights)
 
-    def _with_host_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _with_host_books(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """The host looks up the layer's experts, fetches q of the misses and computes the rest."""
         t_enter = time.perf_counter()
         x_h, w_h = None, None
         if self._stage is None:
             ids_h = ids.cpu().numpy()
         elif self.policy in ("adaptive", "cpu-misses"):  # the CPU may need the activations too
-            ids_t, x_h, w_h = self._stage.pull(ids, x, weights)  # the one host round trip of the layer
+            ids_t, x_h, w_h = self._stage.pull(
+                ids, x, weights
+            )  # the one host round trip of the layer
             ids_h = ids_t.numpy()
         else:
             ids_h = self._stage.pull(ids)[0].numpy()
@@ -262,23 +303,36 @@ class OffloadExperts:
             # joins the kernel's thread team: a worker thread would leave the host thread fighting
             # the kernel's pinned threads for a core, and cost a hand-off per layer.
             t_wait = time.perf_counter()
-            partial = self._on_cpu(layer, x if x_h is None else x_h, ids_h, weights if w_h is None else w_h,
-                                   experts[on_cpu])
+            partial = self._on_cpu(
+                layer,
+                x if x_h is None else x_h,
+                ids_h,
+                weights if w_h is None else w_h,
+                experts[on_cpu],
+            )
             self.timers["cpu_wait_s"] += time.perf_counter() - t_wait
             out = out + partial.to(device=self.device, dtype=out.dtype, non_blocking=self.cuda)
         self.timers["host_s"] += time.perf_counter() - t_enter
         return out
 
-    def _with_device_books(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _with_device_books(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         self.account_device(layer, ids.numel())
         if self.mode == "split":
             return self._split(layer, x, ids, weights)
         return self._from_slots(x, self.lru(layer, ids), weights)
 
-    def _from_slots(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"])
+    def _from_slots(
+        self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        return moe_gpu.experts_from_slots(
+            x, slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"]
+        )
 
-    def _split(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _split(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """One token's layer with the books on the device: a share of the misses fetched by
         the GPU while the CPU computes the others. Through the CPU lane nothing here waits (the
         step stays one graph); otherwise the host waits for the books' answer (which routes
@@ -363,7 +417,12 @@ class OffloadExperts:
                 self.cpu_layers, self._fixed_layers = set(), set()
                 self._make_streamer()
             self.generation += 1  # captured steps are cut differently in each mode
-        log.debug("adaptive placement: %s -> %s (step ms %s)", self.mode, want, self.modes.stats()["step_ms"])
+        log.debug(
+            "adaptive placement: %s -> %s (step ms %s)",
+            self.mode,
+            want,
+            self.modes.stats()["step_ms"],
+        )
         self.mode = want
         self._tick = None
 
@@ -371,8 +430,9 @@ class OffloadExperts:
         """True where a step of this layer needs no host work (so it can run inside a CUDA graph)."""
         if self.cache is None or layer in self.cpu_layers:
             return self.lane is not None and tokens == 1
-        return layer in self._fixed_layers or (self._on_device_path(tokens) and (
-            self.mode != "split" or self.lane is not None))
+        return layer in self._fixed_layers or (
+            self._on_device_path(tokens) and (self.mode != "split" or self.lane is not None)
+        )
 
     def account_device(self, layer: int, routes: int) -> None:
         """Counts a layer run on the device, eagerly or replayed (a capture counts nothing)."""
@@ -409,8 +469,14 @@ class OffloadExperts:
             end.record()
         self._fetch_times.record(q, start, end, self.split.pcie)
 
-    def _on_cpu(self, layer: int, x: torch.Tensor, ids_h: np.ndarray, weights: torch.Tensor,
-                cpu_experts: np.ndarray) -> torch.Tensor:
+    def _on_cpu(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        ids_h: np.ndarray,
+        weights: torch.Tensor,
+        cpu_experts: np.ndarray,
+    ) -> torch.Tensor:
         """The routes to `cpu_experts`, computed from the host banks; fp32 [T, H]."""
         sel = np.isin(ids_h, cpu_experts)
         tok, col = np.nonzero(sel)
@@ -419,17 +485,31 @@ class OffloadExperts:
         gu, dn = self.banks.banks[layer]
         exp = torch.from_numpy(ids_h[tok, col].astype(np.int64))
         # pinned, so the result goes back to the GPU without a staging copy
-        out = self._stage.buf("partial", tuple(x_h.shape), torch.float32).zero_() if self._stage is not None else None
+        out = (
+            self._stage.buf("partial", tuple(x_h.shape), torch.float32).zero_()
+            if self._stage is not None
+            else None
+        )
         t0 = time.perf_counter()
-        result = cpu_kernel.moe_experts(x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h, out=out)
+        result = cpu_kernel.moe_experts(
+            x_h, gu, dn, torch.from_numpy(tok.astype(np.int64)), exp, w_h, out=out
+        )
         self.split.cpu.observe(len(cpu_experts), time.perf_counter() - t0)
         return result
 
-    def _all_on_cpu(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def _all_on_cpu(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         T, k = ids.shape
         gu, dn = self.banks.banks[layer]
-        out = cpu_kernel.moe_experts(x.float().cpu(), gu, dn, torch.arange(T).repeat_interleave(k),
-                                     ids.reshape(-1).cpu(), weights.reshape(-1).float().cpu())
+        out = cpu_kernel.moe_experts(
+            x.float().cpu(),
+            gu,
+            dn,
+            torch.arange(T).repeat_interleave(k),
+            ids.reshape(-1).cpu(),
+            weights.reshape(-1).float().cpu(),
+        )
         self._account(len(torch.unique(ids)), 0, T * k, T)
         return out.to(device=x.device, dtype=x.dtype)
 
@@ -452,7 +532,9 @@ class OffloadExperts:
         L, E = len(self.banks.layers), self.banks.num_experts
         slots = min(int(slots), L * E)
         if slots < self.floor:
-            raise ValueError(f"{slots} expert slots is below the floor of {self.floor} (one layer's experts)")
+            raise ValueError(
+                f"{slots} expert slots is below the floor of {self.floor} (one layer's experts)"
+            )
         if self.policy == "resident" and slots < L * E:
             raise ValueError(f"the resident policy needs all {L * E} expert slots")
         self._take_books()
@@ -463,15 +545,21 @@ class OffloadExperts:
             kept = self.cache.resize(slots, keep_warm=False)
             self._place()
         else:
-            self.cache.fixed[:] = False  # adaptive's whole-layer placement, if any, is measured again
+            self.cache.fixed[:] = (
+                False  # adaptive's whole-layer placement, if any, is measured again
+            )
             self.cpu_layers, self._fixed_layers, self.mode = set(), set(), "cache"
             kept = self.cache.resize(slots)
             self.lru = self._new_lru()
             self.modes = self._mode_chooser()
         self.generation += 1
         self._make_streamer()
-        log.info("expert cache resized to %d slots (%.2f GiB), %d experts kept", slots,
-                 slots * self.cache.expert_bytes / 2**30, kept)
+        log.info(
+            "expert cache resized to %d slots (%.2f GiB), %d experts kept",
+            slots,
+            slots * self.cache.expert_bytes / 2**30,
+            kept,
+        )
         return {"slots": slots, "kept": kept, "bytes": slots * self.cache.expert_bytes}
 
     def close(self) -> None:
@@ -481,11 +569,18 @@ class OffloadExperts:
 
     def stats(self) -> dict:
         lru = self.lru  # one look: another thread may drop it
-        out = {"policy": self.policy, **self.steps, **self.timers,
-               "books": "device" if lru is not None and lru.live else "host",
-               "pcie_cost_ms": self.split.pcie.per_expert * 1e3, "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
-               "cpu_cost_ms": self.split.cpu.per_expert * 1e3, "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
-               "cpu_kernel": cpu_kernel.tier(), "cpu_layers": sorted(self.cpu_layers)}
+        out = {
+            "policy": self.policy,
+            **self.steps,
+            **self.timers,
+            "books": "device" if lru is not None and lru.live else "host",
+            "pcie_cost_ms": self.split.pcie.per_expert * 1e3,
+            "pcie_fixed_ms": self.split.pcie.fixed * 1e3,
+            "cpu_cost_ms": self.split.cpu.per_expert * 1e3,
+            "cpu_fixed_ms": self.split.cpu.fixed * 1e3,
+            "cpu_kernel": cpu_kernel.tier(),
+            "cpu_layers": sorted(self.cpu_layers),
+        }
         if self.lane is not None:
             out["lane"] = self.lane.stats()
         if self.policy == "adaptive":

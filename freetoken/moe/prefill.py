@@ -26,8 +26,15 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 
 class LayerStreamer:
-    def __init__(self, banks: HostBanks, cache: ExpertCache, layers: list[int], device: torch.device,
-                 copy_stream: torch.cuda.Stream | None, overlap: bool = True):
+    def __init__(
+        self,
+        banks: HostBanks,
+        cache: ExpertCache,
+        layers: list[int],
+        device: torch.device,
+        copy_stream: torch.cuda.Stream | None,
+        overlap: bool = True,
+    ):
         self.banks, self.cache, self.layers, self.device = banks, cache, layers, device
         self.E = banks.num_experts
         self.copy_stream, self.overlap = copy_stream, overlap
@@ -42,10 +49,15 @@ class LayerStreamer:
     @staticmethod
     def possible(cache: ExpertCache | None, num_experts: int) -> bool:
         """Streaming needs both buffers without touching experts fixed in place."""
-        return (cache is not None and cache.capacity >= 2 * num_experts
-                and not cache.fixed[:2 * num_experts].any())
+        return (
+            cache is not None
+            and cache.capacity >= 2 * num_experts
+            and not cache.fixed[: 2 * num_experts].any()
+        )
 
-    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         i = self.layers.index(layer)
         if i == 0:
             self._begin()
@@ -56,8 +68,9 @@ class LayerStreamer:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self._ready[buf])
         route_slots = ids + self.base[buf]
-        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots["gate_up"],
-                                         self.cache.slots["down"])
+        out = moe_gpu.experts_from_slots(
+            x, route_slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"]
+        )
         if self.cuda:
             self._released[buf] = torch.cuda.current_stream(self.device).record_event()
         if i + 1 == len(self.layers):
@@ -81,8 +94,8 @@ class LayerStreamer:
     def _end(self) -> None:
         """Hands the buffers back; the last two layers' experts in them stay usable as cached."""
         c, E = self.cache, self.E
-        c.fixed[:2 * E] = False
-        c.last_use[:2 * E] = -1  # the first to be overwritten
+        c.fixed[: 2 * E] = False
+        c.last_use[: 2 * E] = -1  # the first to be overwritten
         for i in range(max(0, len(self.layers) - 2), len(self.layers)):
             layer, base = self.layers[i], self.base[i % 2]
             fresh = np.flatnonzero(c.slot_of[layer] < 0)  # not cached elsewhere already
@@ -96,7 +109,9 @@ class LayerStreamer:
             self._fill(layer, buf)
             return
         stream = self.copy_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # x and earlier slots are settled
+        stream.wait_stream(
+            torch.cuda.current_stream(self.device)
+        )  # x and earlier slots are settled
         if self._released[buf] is not None:
             stream.wait_event(self._released[buf])  # the layer that read this buffer is done
         with torch.cuda.stream(stream):
@@ -106,12 +121,14 @@ class LayerStreamer:
             self._ready[buf].synchronize()
 
     def _fill(self, layer: int, buf: int) -> None:
-        c, E, base = self.cache, self.E, self.base[buf]
+        c, base = self.cache, self.base[buf]
         cached = c.slot_of[layer]
         gu, dn = self.banks.banks[layer]
         for start, end in _runs(cached < 0):  # from host memory, contiguous runs at once
-            c.slots["gate_up"][base + start:base + end].copy_(gu[start:end], non_blocking=self.cuda)
-            c.slots["down"][base + start:base + end].copy_(dn[start:end], non_blocking=self.cuda)
+            c.slots["gate_up"][base + start : base + end].copy_(
+                gu[start:end], non_blocking=self.cuda
+            )
+            c.slots["down"][base + start : base + end].copy_(dn[start:end], non_blocking=self.cuda)
             self.stats["h2d_experts"] += end - start
         for e in np.flatnonzero(cached >= 0).tolist():  # already on the GPU: device to device
             for bank in ("gate_up", "down"):

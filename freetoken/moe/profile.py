@@ -63,5 +63,9 @@ def bandwidths(cache_dir: Path) -> tuple[float, float, bool]:
     """(B_P, B_H) in bytes/s and whether they were measured on this machine."""
     prof = load(cache_dir)
     if prof and prof.get("cpu_expert_gbps"):
-        return (float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9, float(prof["cpu_expert_gbps"]) * 1e9, True)
+        return (
+            float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9,
+            float(prof["cpu_expert_gbps"]) * 1e9,
+            True,
+        )
     return DEFAULT_PCIE_GBPS * 1e9, DEFAULT_CPU_GBPS * 1e9, False

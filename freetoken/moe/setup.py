@@ -26,12 +26,18 @@ class Placement:
     policy: str
     vram_budget: int  # bytes; 0 = the free memory of the device
     cache_dir: object = None
-    slots: int = 0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
-    device_cache: str = "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
+    slots: int = (
+        0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
+    )
+    device_cache: str = (
+        "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
+    )
     cpu_lane: str = "auto"  # adaptive's CPU routes of single-token steps through the CPU lane: auto (on GPUs), on, off
 
 
-def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device) -> int:
+def cache_slots(
+    budget: int, expert_bytes: int, num_layers: int, num_experts: int, device: torch.device
+) -> int:
     """How many experts fit in what the budget leaves after weights and KV are allocated."""
     used = torch.cuda.memory_allocated(device)
     if budget <= 0:
@@ -40,20 +46,32 @@ def cache_slots(budget: int, expert_bytes: int, num_layers: int, num_experts: in
     room = budget - used - ACTIVATION_RESERVE
     slots = min(room // expert_bytes, num_layers * num_experts)
     if slots < num_experts:
-        raise WeightsError(f"the VRAM budget of {budget / 2**30:.1f} GiB leaves room for {max(slots, 0)} experts; "
-                           f"at least {num_experts} (one layer's) are needed")
+        raise WeightsError(
+            f"the VRAM budget of {budget / 2**30:.1f} GiB leaves room for {max(slots, 0)} experts; "
+            f"at least {num_experts} (one layer's) are needed"
+        )
     return int(slots)
 
 
-def install(model: nn.Module, banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch.dtype,
-            placement: Placement) -> OffloadExperts:
+def install(
+    model: nn.Module,
+    banks: dict[BankKey, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    placement: Placement,
+) -> OffloadExperts:
     backend = build(banks, device, dtype, placement)
     attach(model, backend, backend.banks.layers)
     return backend
 
 
-def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch.dtype, placement: Placement,
-          ranks_on_host: int = 1) -> OffloadExperts:
+def build(
+    banks: dict[BankKey, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    placement: Placement,
+    ranks_on_host: int = 1,
+) -> OffloadExperts:
     """The offload backend over `banks`: every expert, or one rank's share of them.
 
     `ranks_on_host` backends run side by side on one machine (freetoken.dist): each has its
@@ -61,30 +79,53 @@ def build(banks: dict[BankKey, torch.Tensor], device: torch.device, dtype: torch
     starts its split from an equal share of B_H.
     """
     if placement.policy not in POLICIES:
-        raise ValueError(f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})")
+        raise ValueError(
+            f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})"
+        )
     host = HostBanks(banks, dtype, pin=device.type == "cuda")
     cache = None
     slots = placement.slots
     if device.type == "cuda" and not slots:
-        slots = cache_slots(placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device)
+        slots = cache_slots(
+            placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device
+        )
     slots = min(slots, len(host.layers) * host.num_experts)  # more than every expert is waste
     if slots:
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
-    b_p, b_h, measured = profile.bandwidths(placement.cache_dir) if placement.cache_dir else (
-        profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
+    b_p, b_h, measured = (
+        profile.bandwidths(placement.cache_dir)
+        if placement.cache_dir
+        else (profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
+    )
     b_h /= ranks_on_host
     # the device-kept books serve one process's whole cache; ranks route a token's experts
     # to several processes, each with a few rows
-    device_lru = ranks_on_host == 1 and (placement.device_cache == "on" or (
-        placement.device_cache == "auto" and device.type == "cuda"))
+    device_lru = ranks_on_host == 1 and (
+        placement.device_cache == "on"
+        or (placement.device_cache == "auto" and device.type == "cuda")
+    )
     # the lane serves one process's CPU routes from the whole host's cores
-    cpu_lane = ranks_on_host == 1 and (placement.cpu_lane == "on" or (
-        placement.cpu_lane == "auto" and device.type == "cuda"))
-    backend = OffloadExperts(host, cache, placement.policy, Split.from_bandwidths(host.expert_bytes, b_p, b_h),
-                             device, device_lru=device_lru, cpu_lane=cpu_lane)
-    log.info("experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)", placement.policy,
-             cache.capacity if cache else 0, host.expert_bytes / 2**20, b_p / 1e9, b_h / 1e9,
-             "measured" if measured else "defaults until `freetoken bench bw` runs")
+    cpu_lane = ranks_on_host == 1 and (
+        placement.cpu_lane == "on" or (placement.cpu_lane == "auto" and device.type == "cuda")
+    )
+    backend = OffloadExperts(
+        host,
+        cache,
+        placement.policy,
+        Split.from_bandwidths(host.expert_bytes, b_p, b_h),
+        device,
+        device_lru=device_lru,
+        cpu_lane=cpu_lane,
+    )
+    log.info(
+        "experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)",
+        placement.policy,
+        cache.capacity if cache else 0,
+        host.expert_bytes / 2**20,
+        b_p / 1e9,
+        b_h / 1e9,
+        "measured" if measured else "defaults until `freetoken bench bw` runs",
+    )
     return backend
 
 

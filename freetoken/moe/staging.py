@@ -66,4 +66,4 @@ class CopyTimings:
                 cost.observe(n, start.elapsed_time(end) / 1e3)
             else:
                 waiting.append((n, start, end))
-        self._pending = waiting[-self.keep:]
+        self._pending = waiting[-self.keep :]

@@ -51,24 +51,39 @@ def _oci_message(response: httpx.Response) -> str:
 class RegistryClient:
     """One connection pool to one registry; safe to share between threads."""
 
-    def __init__(self, base_url: str, token: str = "", *,
-                 transport: httpx.BaseTransport | None = None, read_timeout: float = 30.0,
-                 max_connections: int = 16):
+    def __init__(
+        self,
+        base_url: str,
+        token: str = "",
+        *,
+        transport: httpx.BaseTransport | None = None,
+        read_timeout: float = 30.0,
+        max_connections: int = 16,
+    ):
         self.base_url = base_url.rstrip("/")
         self.token = token
-        headers = {"User-Agent": f"freetoken/{freetoken.__version__} ({platform.machine()} "
-                                 f"{platform.system().lower()}) Python/{platform.python_version()}"}
+        headers = {
+            "User-Agent": f"freetoken/{freetoken.__version__} ({platform.machine()} "
+            f"{platform.system().lower()}) Python/{platform.python_version()}"
+        }
         if token:
             headers["Authorization"] = f"Bearer {token}"
         # A read that waits `read_timeout` for a byte is a stalled transfer: the caller retries.
         timeout = httpx.Timeout(read_timeout, connect=_CONNECT_TIMEOUT_S)
-        limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         # HTTP(S)_PROXY and NO_PROXY apply, as for Ollama, except to a loopback registry.
         local = is_loopback(httpx.URL(self.base_url).netloc.decode())
-        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
-                                 limits=limits, transport=transport, follow_redirects=True,
-                                 trust_env=not local)
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=limits,
+            transport=transport,
+            follow_redirects=True,
+            trust_env=not local,
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -96,8 +111,11 @@ class RegistryClient:
         text = str(e) or type(e).__name__
         tls = self.base_url.startswith("https:")
         if isinstance(e, httpx.ConnectError) and "SSL" in text and tls:
-            return RegistryError(f"cannot speak https to {self.base_url}: {text} "
-                                 "(use --insecure for a plain-http registry)", 502)
+            return RegistryError(
+                f"cannot speak https to {self.base_url}: {text} "
+                "(use --insecure for a plain-http registry)",
+                502,
+            )
         return TransientError(f"registry {self.base_url}: {text}", 502)
 
     def _check(self, response: httpx.Response, method: str, url: str) -> httpx.Response:
@@ -105,8 +123,11 @@ class RegistryClient:
         if status < 400:
             return response
         if status in (401, 403):
-            hint = ("the registry rejected the token in FREETOKEN_REGISTRY_TOKEN" if self.token else
-                    "the registry needs a token: set FREETOKEN_REGISTRY_TOKEN")
+            hint = (
+                "the registry rejected the token in FREETOKEN_REGISTRY_TOKEN"
+                if self.token
+                else "the registry needs a token: set FREETOKEN_REGISTRY_TOKEN"
+            )
             raise RegistryError(f"unauthorized: {method} {self.base_url}{url}: {hint}", 401)
         message = f"registry {self.base_url}: {method} {url}: {_oci_message(response)}"
         if status >= 500 or status == 429:
@@ -127,8 +148,12 @@ class RegistryClient:
         return self._check(response, "GET", url).content
 
     def put_manifest(self, repo: str, tag: str, data: bytes) -> None:
-        self._request("PUT", f"/v2/{repo}/manifests/{tag}", content=data,
-                      headers={"Content-Type": mf.MANIFEST})
+        self._request(
+            "PUT",
+            f"/v2/{repo}/manifests/{tag}",
+            content=data,
+            headers={"Content-Type": mf.MANIFEST},
+        )
 
     # -- blobs -----------------------------------------------------------------------------
 
@@ -155,7 +180,8 @@ class RegistryClient:
             elif not (response.status_code == 200 and start == 0):
                 # A 200 answers with the whole blob; only the first part can use that.
                 raise RegistryError(
-                    f"registry {self.base_url} ignored a Range request for {digest}", 502)
+                    f"registry {self.base_url} ignored a Range request for {digest}", 502
+                )
             yield response
 
     # -- uploads ---------------------------------------------------------------------------
@@ -166,14 +192,18 @@ class RegistryClient:
 
     def upload_chunk(self, location: str, chunks: Iterable[bytes], start: int, length: int) -> str:
         """PATCHes `length` bytes at offset `start`; returns where the upload goes on."""
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(length),
-                   "Content-Range": f"{start}-{start + length - 1}"}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(length),
+            "Content-Range": f"{start}-{start + length - 1}",
+        }
         response = self._request("PATCH", location, content=chunks, headers=headers)
         return self._location(response, default=location)
 
     def finish_upload(self, location: str, digest: str) -> None:
-        self._request("PUT", location, params={"digest": digest}, content=b"",
-                      headers={"Content-Length": "0"})
+        self._request(
+            "PUT", location, params={"digest": digest}, content=b"", headers={"Content-Length": "0"}
+        )
 
     def _location(self, response: httpx.Response, default: str | None = None) -> str:
         headers = response.headers
@@ -182,7 +212,8 @@ class RegistryClient:
             if default is not None:
                 return default
             raise RegistryError(
-                f"registry {self.base_url} started an upload without a Location", 502)
+                f"registry {self.base_url} started an upload without a Location", 502
+            )
         # Relative locations are resolved against the registry, absolute ones used as given.
         return str(self.http.base_url.join(location)) if location.startswith("/") else location
 
@@ -192,4 +223,5 @@ def _check_content_range(response: httpx.Response, start: int, end: int) -> None
     want = f"bytes {start}-{end - 1}/"
     if not value.startswith(want):
         raise RegistryError(
-            f"registry answered Content-Range {value!r} for bytes {start}-{end - 1}", 502)
+            f"registry answered Content-Range {value!r} for bytes {start}-{end - 1}", 502
+        )

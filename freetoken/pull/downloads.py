@@ -51,8 +51,9 @@ def os_error(e: OSError, what: str) -> RegistryError:
 class Download:
     """One blob being fetched into `<blobs>/<digest>-partial`, then published."""
 
-    def __init__(self, hub: Transfers, blobs: BlobStore, layer: WireLayer, client: RegistryClient,
-                 repo: str):
+    def __init__(
+        self, hub: Transfers, blobs: BlobStore, layer: WireLayer, client: RegistryClient, repo: str
+    ):
         self.hub = hub
         self.blobs = blobs
         self.layer = layer
@@ -133,8 +134,9 @@ class Download:
             self._queue_frames()
         self._parts_left = len(todo)
         self._pending = len(todo) + 1
-        threading.Thread(target=self._publish, daemon=True,
-                         name=f"publish-{self.layer.digest[7:19]}").start()
+        threading.Thread(
+            target=self._publish, daemon=True, name=f"publish-{self.layer.digest[7:19]}"
+        ).start()
         if todo:
             self.hub._enqueue(self, todo)
 
@@ -142,8 +144,10 @@ class Download:
         """The queue that carries frames to the hash, with room for every frame the
         streams can have in flight, and the frames already in the partial file."""
         layout = self.layout
-        spans = [(layout.frame_at(p.offset), layout.frame_at(p.start), layout.frame_at(p.end))
-                 for p in self.parts]
+        spans = [
+            (layout.frame_at(p.offset), layout.frame_at(p.start), layout.frame_at(p.end))
+            for p in self.parts
+        ]
         self.on_disk = {k for first, resume, _ in spans for k in range(first, resume)}
         per_part = max((end - first for first, _, end in spans), default=1)
         streams = self.hub.options.streams
@@ -152,8 +156,17 @@ class Download:
     def _run_part(self, part: Part) -> None:
         try:
             if not self.cancelled.is_set():
-                fetch_part(self.client, self.repo, self.layer.digest, part, self.partial,
-                           self.hub.options, self.cancelled, self._on_bytes, self.frames)
+                fetch_part(
+                    self.client,
+                    self.repo,
+                    self.layer.digest,
+                    part,
+                    self.partial,
+                    self.hub.options,
+                    self.cancelled,
+                    self._on_bytes,
+                    self.frames,
+                )
         except Cancelled:
             pass
         except OSError as e:
@@ -251,19 +264,25 @@ class Transfers:
         self._workers = 0
         self._clients: dict[tuple[Any, ...], RegistryClient] = {}
 
-    def client(self, base_url: str, token: str, transport: httpx.BaseTransport | None = None
-               ) -> RegistryClient:
+    def client(
+        self, base_url: str, token: str, transport: httpx.BaseTransport | None = None
+    ) -> RegistryClient:
         """A pooled client per registry; downloads outlive the pull that started them."""
         key = (base_url, token, transport)
         with self.lock:
             if key not in self._clients:
                 self._clients[key] = RegistryClient(
-                    base_url, token, transport=transport, read_timeout=self.options.stall_timeout,
-                    max_connections=self.options.streams + 4)
+                    base_url,
+                    token,
+                    transport=transport,
+                    read_timeout=self.options.stall_timeout,
+                    max_connections=self.options.streams + 4,
+                )
             return self._clients[key]
 
-    def acquire(self, blobs: BlobStore, layer: WireLayer, client: RegistryClient,
-                repo: str) -> Download:
+    def acquire(
+        self, blobs: BlobStore, layer: WireLayer, client: RegistryClient, repo: str
+    ) -> Download:
         """The download of `layer` into `blobs`, shared with any pull already fetching it."""
         key = partial_path(blobs.root, layer.digest)
         with self.lock:

@@ -28,8 +28,16 @@ import zstandard
 from freetoken.pull.client import TransientError
 from freetoken.pull.wire import WireLayer
 
-__all__ = ["BLOCK", "ZSTD_LEVEL", "CorruptFrame", "FrameQueue", "Layout", "aligned_buffer",
-           "compress_frames", "decode_frame"]
+__all__ = [
+    "BLOCK",
+    "ZSTD_LEVEL",
+    "CorruptFrame",
+    "FrameQueue",
+    "Layout",
+    "aligned_buffer",
+    "compress_frames",
+    "decode_frame",
+]
 
 ZSTD_LEVEL = 3
 BLOCK = 4096  # offsets, sizes and buffers of direct I/O are multiples of this
@@ -44,8 +52,13 @@ class CorruptFrame(TransientError):
 class Layout:
     """Where the wire bytes of a blob go in its partial file."""
 
-    def __init__(self, wire_size: int, file_size: int | None = None, frame_size: int = 0,
-                 frames: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        wire_size: int,
+        file_size: int | None = None,
+        frame_size: int = 0,
+        frames: tuple[int, ...] = (),
+    ):
         self.wire_size = wire_size
         self.framed = bool(frames)
         self.file_size = file_size if self.framed and file_size is not None else wire_size
@@ -121,8 +134,9 @@ def decode_frame(frame: memoryview, size: int, out: memoryview) -> None:
     except zstandard.ZstdError as e:
         raise CorruptFrame(str(e)) from None
     if got != size or more:
-        raise CorruptFrame(f"it decompresses to {'more than ' if more else ''}{got} bytes, "
-                           f"not {size}")
+        raise CorruptFrame(
+            f"it decompresses to {'more than ' if more else ''}{got} bytes, not {size}"
+        )
 
 
 class FrameQueue:
@@ -149,8 +163,12 @@ class FrameQueue:
     def buffer(self, k: int) -> mmap.mmap | None:
         """A buffer for frame k; None once the download stops."""
         with self.changed:
-            self.changed.wait_for(lambda: self.stopped or (
-                k < self.next + self.window and (self.free or self.made < self.limit)))
+            self.changed.wait_for(
+                lambda: (
+                    self.stopped
+                    or (k < self.next + self.window and (self.free or self.made < self.limit))
+                )
+            )
             if self.stopped:
                 return None
             if self.free:
@@ -198,13 +216,14 @@ def aligned_buffer(size: int) -> mmap.mmap:
     return buffer
 
 
-def compress_frames(src: Path, dst: BinaryIO, frame_size: int,
-                    on_bytes: Callable[[int], None] | None = None
-                    ) -> tuple[str, int, tuple[int, ...]]:
+def compress_frames(
+    src: Path, dst: BinaryIO, frame_size: int, on_bytes: Callable[[int], None] | None = None
+) -> tuple[str, int, tuple[int, ...]]:
     """Writes `src` to `dst` as independent frames; returns (digest, size, frame sizes).
     `on_bytes` hears of each frame's file bytes (and may raise to stop)."""
-    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=0, write_checksum=True,
-                                    write_content_size=True)
+    cctx = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, threads=0, write_checksum=True, write_content_size=True
+    )
     digest = hashlib.sha256()
     frames = []
     with open(src, "rb") as f:

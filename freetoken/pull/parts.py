@@ -42,8 +42,17 @@ from freetoken.pull.frames import (
 )
 from freetoken.pull.sha256 import Sha256
 
-__all__ = ["Cancelled", "Part", "PartialFile", "TransferOptions", "Verified", "fetch_part",
-           "open_direct", "partial_path", "plan_parts"]
+__all__ = [
+    "Cancelled",
+    "Part",
+    "PartialFile",
+    "TransferOptions",
+    "Verified",
+    "fetch_part",
+    "open_direct",
+    "partial_path",
+    "plan_parts",
+]
 
 _WRITE_BUFFER = 1 << 20
 
@@ -142,7 +151,7 @@ class PartialFile:
 
     def _state_files(self) -> list[Path]:
         prefix = self.path.name + "-"
-        return [p for p in self.path.parent.glob(prefix + "*") if p.name[len(prefix):].isdigit()]
+        return [p for p in self.path.parent.glob(prefix + "*") if p.name[len(prefix) :].isdigit()]
 
     def _saved(self, plan: list[Part]) -> dict[int, int]:
         """Part number -> bytes completed, for the state files that fit the plan."""
@@ -245,8 +254,9 @@ class PartialFile:
 
     def save_verified(self, verified: Verified) -> None:
         """Records a hash state; the caller has made the bytes before it durable."""
-        self._replace(self.verified_path, {"Offset": verified.offset,
-                                           "Sha256": verified.state.hex()})
+        self._replace(
+            self.verified_path, {"Offset": verified.offset, "Sha256": verified.state.hex()}
+        )
 
     def _replace(self, path: Path, obj: dict[str, Any]) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -326,13 +336,13 @@ def fetch_part(
                 raise Cancelled
             before = part.completed
             try:
-                _stream_part(client, repo, digest, part, partial, opts, cancelled, on_bytes,
-                             frames)
+                _stream_part(client, repo, digest, part, partial, opts, cancelled, on_bytes, frames)
             except TransientError as e:
                 failures = 0 if part.completed > before else failures + 1
                 if failures > opts.retries:
-                    raise RegistryError(f"downloading {digest}: {e} "
-                                        f"(gave up after {failures} tries)", e.status) from None
+                    raise RegistryError(
+                        f"downloading {digest}: {e} (gave up after {failures} tries)", e.status
+                    ) from None
                 if cancelled.wait(opts.backoff * 2 ** (failures - 1) if failures else 0):
                     raise Cancelled from None
     finally:
@@ -340,9 +350,17 @@ def fetch_part(
             partial.save(part)
 
 
-def _stream_part(client: RegistryClient, repo: str, digest: str, part: Part, partial: PartialFile,
-                 opts: TransferOptions, cancelled: threading.Event,
-                 on_bytes: Callable[[int], None], frames: FrameQueue | None) -> None:
+def _stream_part(
+    client: RegistryClient,
+    repo: str,
+    digest: str,
+    part: Part,
+    partial: PartialFile,
+    opts: TransferOptions,
+    cancelled: threading.Event,
+    on_bytes: Callable[[int], None],
+    frames: FrameQueue | None,
+) -> None:
     sink: _PlainSink | _FrameSink
     if partial.layout.framed:
         assert frames is not None, "a framed blob's frames go to the hash through a queue"
@@ -361,15 +379,23 @@ def _stream_part(client: RegistryClient, repo: str, digest: str, part: Part, par
     if cancelled.is_set() and not part.done:
         raise Cancelled
     if not part.done:
-        raise TransientError(f"registry {client.base_url} closed the stream of {digest} "
-                             f"at byte {part.start} of {part.end}", 502)
+        raise TransientError(
+            f"registry {client.base_url} closed the stream of {digest} "
+            f"at byte {part.start} of {part.end}",
+            502,
+        )
 
 
 class _PlainSink:
     """Bytes written as they are, about a MiB per system call."""
 
-    def __init__(self, part: Part, partial: PartialFile, opts: TransferOptions,
-                 on_bytes: Callable[[int], None]):
+    def __init__(
+        self,
+        part: Part,
+        partial: PartialFile,
+        opts: TransferOptions,
+        on_bytes: Callable[[int], None],
+    ):
         self.part, self.partial, self.opts, self.on_bytes = part, partial, opts, on_bytes
         self.buffer: list[bytes] = []
         self.pending = 0
@@ -400,23 +426,29 @@ class _FrameSink:
     not decode raises CorruptFrame. The bytes of a frame cut short are dropped: a frame
     decodes only whole."""
 
-    def __init__(self, part: Part, partial: PartialFile, opts: TransferOptions,
-                 on_bytes: Callable[[int], None], frames: FrameQueue):
+    def __init__(
+        self,
+        part: Part,
+        partial: PartialFile,
+        opts: TransferOptions,
+        on_bytes: Callable[[int], None],
+        frames: FrameQueue,
+    ):
         self.part, self.partial, self.opts, self.on_bytes = part, partial, opts, on_bytes
         self.queue = frames
         self.layout = layout = partial.layout
         self.k = layout.frame_at(part.start)
-        self.frame = _frame_buffer(max(layout.frames[self.k:layout.frame_at(part.end - 1) + 1]))
+        self.frame = _frame_buffer(max(layout.frames[self.k : layout.frame_at(part.end - 1) + 1]))
         self.pending = 0  # bytes of frame k gathered so far
         self.saved = part.completed
 
     def feed(self, chunk: bytes) -> None:
         data = memoryview(chunk)
         while data and not self.part.done:
-            take = data[:self.layout.frames[self.k] - self.pending]
-            self.frame[self.pending:self.pending + len(take)] = take
+            take = data[: self.layout.frames[self.k] - self.pending]
+            self.frame[self.pending : self.pending + len(take)] = take
             self.pending += len(take)
-            data = data[len(take):]
+            data = data[len(take) :]
             if self.pending == self.layout.frames[self.k]:
                 self._decode()
 
@@ -433,8 +465,9 @@ class _FrameSink:
         except CorruptFrame as e:
             self.queue.give_back(out)
             start = self.layout.starts[k]
-            raise CorruptFrame(f"frame {k} (bytes {start}-{start + n - 1}) does not decode: {e}",
-                               502) from None
+            raise CorruptFrame(
+                f"frame {k} (bytes {start}-{start + n - 1}) does not decode: {e}", 502
+            ) from None
         except BaseException:
             self.queue.give_back(out)
             raise

@@ -90,7 +90,7 @@ def _hash_file(d: Download, fd: int, sha: Sha256, pos: int, saver: _Checkpoints)
         ready = d.wait_file(pos)
         while pos < ready:
             # Into one reused buffer: fresh memory for each read costs page faults.
-            n = os.preadv(fd, [view[:min(len(buffer), ready - pos)]], pos)
+            n = os.preadv(fd, [view[: min(len(buffer), ready - pos)]], pos)
             if n <= 0:
                 raise OSError(f"{d.partial.path.name} is shorter than its parts say")
             sha.update(view[:n])
@@ -208,7 +208,8 @@ def _publish_one_frame(d: Download) -> None:
         with _WriteBehind(w) as out:
             try:
                 reader = zstandard.ZstdDecompressor().stream_reader(
-                    src, read_size=1 << 20, read_across_frames=True, closefd=False)
+                    src, read_size=1 << 20, read_across_frames=True, closefd=False
+                )
                 while chunk := reader.read(_READ):
                     out.write(chunk)
             except zstandard.ZstdError as e:

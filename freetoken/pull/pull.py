@@ -60,8 +60,12 @@ class PullStats:
 
 
 def _event(layer: WireLayer, completed: int) -> Progress:
-    return {"status": f"pulling {layer.digest[7:19]}", "digest": layer.digest,
-            "total": layer.size, "completed": completed}
+    return {
+        "status": f"pulling {layer.digest[7:19]}",
+        "digest": layer.digest,
+        "total": layer.size,
+        "completed": completed,
+    }
 
 
 def pull(
@@ -130,12 +134,19 @@ def _fetch_manifest(client: RegistryClient, remote: Remote) -> WireManifest:
     try:
         return WireManifest.from_bytes(data)
     except mf.ManifestError as e:
-        raise RegistryError(f"registry {remote.base_url} sent a bad manifest for {remote}: {e}",
-                            502) from None
+        raise RegistryError(
+            f"registry {remote.base_url} sent a bad manifest for {remote}: {e}", 502
+        ) from None
 
 
-def _fetch_blobs(store: Store, hub: Transfers, client: RegistryClient, remote: Remote,
-                 blobs: list[WireLayer], stats: PullStats) -> Iterator[Progress]:
+def _fetch_blobs(
+    store: Store,
+    hub: Transfers,
+    client: RegistryClient,
+    remote: Remote,
+    blobs: list[WireLayer],
+    stats: PullStats,
+) -> Iterator[Progress]:
     """Fetches every blob the store lacks, reporting each blob's bytes as they arrive;
     returns the store digests it fetched."""
     downloads: dict[str, Download] = {}
@@ -159,8 +170,9 @@ def _fetch_blobs(store: Store, hub: Transfers, client: RegistryClient, remote: R
             hub.release(d)
 
 
-def _watch(hub: Transfers, downloads: list[Download],
-           reported: dict[int, int]) -> Iterator[Progress]:
+def _watch(
+    hub: Transfers, downloads: list[Download], reported: dict[int, int]
+) -> Iterator[Progress]:
     """Reports each download's bytes as they change (`reported`: what was last said)."""
     while True:
         # Taken before the byte counts, so the last report of each blob is its whole size.
@@ -190,18 +202,24 @@ def _converted(store: Store, wire: WireManifest) -> Iterator[Progress]:
     """Converts the GGUF layer to FTW; returns the manifest with FTW files in its place."""
     ggufs = [x for x in wire.layers if x.media_type == mf.GGUF]
     if len(ggufs) > 1:
-        raise RegistryError("the model has more than one GGUF layer (projectors and adapters "
-                            "are not supported)", 400)
+        raise RegistryError(
+            "the model has more than one GGUF layer (projectors and adapters are not supported)",
+            400,
+        )
     try:
         layers, model_config = yield from convert_into_store(
-            store, {"model.gguf": store.blobs.path(ggufs[0].digest)})
+            store, {"model.gguf": store.blobs.path(ggufs[0].digest)}
+        )
     except CreateError as e:
         raise RegistryError(str(e)) from None
     # The pulled layers that stay: template, params, system, messages, licenses, and any
     # file the conversion did not produce itself.
     names = {x.name for x in layers}
-    kept = [x.local for x in wire.layers
-            if x.media_type != mf.GGUF and not (x.name is not None and x.name in names)]
+    kept = [
+        x.local
+        for x in wire.layers
+        if x.media_type != mf.GGUF and not (x.name is not None and x.name in names)
+    ]
     config_blob, _ = store.blobs.put_stream([json.dumps(model_config).encode()])
     config_layer = mf.Layer(mf.CONFIG, config_blob, store.blobs.size(config_blob))
     return mf.Manifest(config_layer, tuple(layers + kept))

@@ -64,11 +64,20 @@ class PushStats:
 class _Upload:
     """One blob of the model: compressed if it is a large file, then sent unless present."""
 
-    def __init__(self, store: Store, layer: mf.Layer, client: RegistryClient, repo: str,
-                 opts: TransferOptions):
+    def __init__(
+        self,
+        store: Store,
+        layer: mf.Layer,
+        client: RegistryClient,
+        repo: str,
+        opts: TransferOptions,
+    ):
         self.store, self.layer, self.client, self.repo, self.opts = store, layer, client, repo, opts
-        self.compress = (layer.media_type == mf.FILE and layer.size > COMPRESS_ABOVE
-                         and layer.digest not in _plain)
+        self.compress = (
+            layer.media_type == mf.FILE
+            and layer.size > COMPRESS_ABOVE
+            and layer.digest not in _plain
+        )
         self.wire: WireLayer | None = None if self.compress else WireLayer.of(layer)
         if self.compress and (known := _zstd_digests.get((layer.digest, opts.frame_size))):
             self.wire = self._framed(*known)
@@ -84,11 +93,23 @@ class _Upload:
         layer, wire, out = self.layer, self.wire, []
         if self.compressing or self.compressed:
             done = layer.size if self.compressed else self.completed
-            out.append({"status": f"compressing {layer.digest[7:19]}", "digest": layer.digest,
-                        "total": layer.size, "completed": done})
+            out.append(
+                {
+                    "status": f"compressing {layer.digest[7:19]}",
+                    "digest": layer.digest,
+                    "total": layer.size,
+                    "completed": done,
+                }
+            )
         if wire is not None and not self.compressing:
-            out.append({"status": f"pushing {wire.digest[7:19]}", "digest": wire.digest,
-                        "total": wire.size, "completed": self.completed})
+            out.append(
+                {
+                    "status": f"pushing {wire.digest[7:19]}",
+                    "digest": wire.digest,
+                    "total": wire.size,
+                    "completed": self.completed,
+                }
+            )
         return out
 
     def run(self, cancelled: threading.Event) -> None:
@@ -138,8 +159,11 @@ class _Upload:
         layer = self.layer
         if self.completed != layer.size:  # the wire manifest would promise other bytes
             tmp.unlink(missing_ok=True)
-            raise RegistryError(f"{layer.name} has {self.completed} bytes in the store, but its "
-                                f"manifest says {layer.size}", 500)
+            raise RegistryError(
+                f"{layer.name} has {self.completed} bytes in the store, but its "
+                f"manifest says {layer.size}",
+                500,
+            )
         self.completed = 0
         self.compressing, self.compressed = False, True
         if size > WORTH_COMPRESSING * layer.size:
@@ -155,8 +179,9 @@ class _Upload:
 
     def _framed(self, digest: str, size: int, frames: tuple[int, ...]) -> WireLayer:
         layer = self.layer
-        return WireLayer(ZSTD, digest, size, layer.name, layer.digest, layer.size,
-                         self.opts.frame_size, frames)
+        return WireLayer(
+            ZSTD, digest, size, layer.name, layer.digest, layer.size, self.opts.frame_size, frames
+        )
 
     def _send(self, path: Path, cancelled: threading.Event) -> None:
         failures = 0
@@ -167,8 +192,9 @@ class _Upload:
             except TransientError as e:
                 failures += 1
                 if failures > self.opts.retries:
-                    raise RegistryError(f"uploading {self.wire and self.wire.digest}: {e}",
-                                        e.status) from None
+                    raise RegistryError(
+                        f"uploading {self.wire and self.wire.digest}: {e}", e.status
+                    ) from None
                 self.completed = 0
                 if cancelled.wait(self.opts.backoff * 2 ** (failures - 1)):
                     raise Cancelled from None
@@ -194,8 +220,9 @@ class _Upload:
                 raise Cancelled
             block = f.read(min(1 << 20, left))
             if not block:
-                raise RegistryError(f"{f.name} is shorter than its {self.wire and self.wire.size}"
-                                    " bytes")
+                raise RegistryError(
+                    f"{f.name} is shorter than its {self.wire and self.wire.size} bytes"
+                )
             left -= len(block)
             yield block
             self.completed += len(block)
@@ -219,8 +246,13 @@ def push(
     yield {"status": "retrieving manifest"}
     view = store.resolve(local)
     stats.name = view.display
-    client = RegistryClient(remote.base_url, cfg.registry_token, transport=transport,
-                            read_timeout=opts.stall_timeout, max_connections=opts.streams + 2)
+    client = RegistryClient(
+        remote.base_url,
+        cfg.registry_token,
+        transport=transport,
+        read_timeout=opts.stall_timeout,
+        max_connections=opts.streams + 2,
+    )
     try:
         jobs: dict[str, _Upload] = {}
         for layer in (view.manifest.config, *view.manifest.layers):
@@ -228,8 +260,9 @@ def push(
         yield from _run(list(jobs.values()), opts)
         stats.sent_bytes = sum(j.sent for j in jobs.values())
         stats.skipped_bytes = sum(j.wire.size for j in jobs.values() if j.skipped and j.wire)
-        wire = WireManifest(_wire(jobs, view.manifest.config),
-                            tuple(_wire(jobs, x) for x in view.manifest.layers))
+        wire = WireManifest(
+            _wire(jobs, view.manifest.config), tuple(_wire(jobs, x) for x in view.manifest.layers)
+        )
         yield {"status": "pushing manifest"}
         client.put_manifest(remote.repo, remote.name.tag, wire.to_bytes())
     finally:
@@ -267,8 +300,13 @@ def _run(jobs: list[_Upload], opts: TransferOptions) -> Iterator[Progress]:
             cancelled.set()  # uploads still running stop at their next chunk
 
 
-def push_model(store: Store, name: str, insecure: bool = False,
-               progress: Callable[[Progress], None] | None = None, **kw: Any) -> PushStats:
+def push_model(
+    store: Store,
+    name: str,
+    insecure: bool = False,
+    progress: Callable[[Progress], None] | None = None,
+    **kw: Any,
+) -> PushStats:
     """Runs a push to its end (calling `progress` with each object); returns what it sent."""
     stats = PushStats()
     start = time.perf_counter()

@@ -22,8 +22,16 @@ from typing import Any
 from freetoken.store import manifest as mf
 from freetoken.store.names import DEFAULT_HOST, InvalidName, Name, parse_digest
 
-__all__ = ["FRAMES", "FRAME_SIZE", "ZSTD", "Remote", "WireLayer", "WireManifest", "is_loopback",
-           "locate"]
+__all__ = [
+    "FRAMES",
+    "FRAME_SIZE",
+    "ZSTD",
+    "Remote",
+    "WireLayer",
+    "WireManifest",
+    "is_loopback",
+    "locate",
+]
 
 ZSTD = mf.FILE + "+zstd"
 # Annotations of a +zstd layer in independent frames: the uncompressed bytes of every frame
@@ -74,16 +82,21 @@ class WireLayer:
         return mf.Layer(self.media_type, self.digest, self.size, self.name)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest,
-                               "size": self.size}
+        out: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
         if self.name is not None:
             out["name"] = self.name
         if self.compressed:
             out["uncompressed_digest"] = self.uncompressed_digest
             out["uncompressed_size"] = self.uncompressed_size
         if self.framed:
-            out["annotations"] = {FRAME_SIZE: str(self.frame_size),
-                                  FRAMES: ",".join(map(str, self.frames))}
+            out["annotations"] = {
+                FRAME_SIZE: str(self.frame_size),
+                FRAMES: ",".join(map(str, self.frames)),
+            }
         return out
 
     @classmethod
@@ -109,7 +122,8 @@ class WireLayer:
             raise mf.ManifestError(f"file layer {layer.digest} has no name")
         if layer.compressed and None in (layer.uncompressed_digest, layer.uncompressed_size):
             raise mf.ManifestError(
-                f"compressed layer {layer.digest} lacks uncompressed_digest/size")
+                f"compressed layer {layer.digest} lacks uncompressed_digest/size"
+            )
         if layer.frames and not layer.compressed:
             layer = cls(layer.media_type, layer.digest, layer.size, layer.name)
         if layer.framed and not _table_fits(layer):
@@ -151,9 +165,13 @@ def _table_fits(layer: WireLayer) -> bool:
     larger than zstd can make of its bytes (a pull sizes its buffers by the table)."""
     fsize, usize = layer.frame_size or 0, layer.uncompressed_size or 0
     largest = fsize + (fsize >> 7) + (1 << 17)  # above zstd's bound for fsize bytes
-    return (0 < fsize <= MAX_FRAME_SIZE and usize > 0
-            and all(0 < n <= largest for n in layer.frames)
-            and sum(layer.frames) == layer.size and len(layer.frames) == -(-usize // fsize))
+    return (
+        0 < fsize <= MAX_FRAME_SIZE
+        and usize > 0
+        and all(0 < n <= largest for n in layer.frames)
+        and sum(layer.frames) == layer.size
+        and len(layer.frames) == -(-usize // fsize)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +199,9 @@ class WireManifest:
         layers = obj.get("layers") or []
         if not isinstance(layers, list):
             raise mf.ManifestError("layers is not a list")
-        return cls(WireLayer.from_json(obj["config"]),
-                   tuple(WireLayer.from_json(x) for x in layers))
+        return cls(
+            WireLayer.from_json(obj["config"]), tuple(WireLayer.from_json(x) for x in layers)
+        )
 
     def blobs(self) -> list[WireLayer]:
         """Every blob to fetch, the config first (as Ollama lists them), each digest once."""
@@ -246,7 +265,8 @@ def locate(text: str, registry: str = "", insecure: bool = False) -> tuple[Name,
     local = Name.parse(text)
     if local.digest:
         raise InvalidName(
-            f"invalid model name {text!r}: pulling or pushing by digest is not supported")
+            f"invalid model name {text!r}: pulling or pushing by digest is not supported"
+        )
     reg_scheme, reg_host = _split_registry(registry)
     explicit = text.strip().split("://", 1)[0] if "://" in text else None
     remote = Name.parse(text, default_host=reg_host)

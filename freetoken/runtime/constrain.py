@@ -110,8 +110,15 @@ class Constraint:
     such a section as the very first token instead (a model that may think first).
     """
 
-    def __init__(self, masks: GrammarMasks, end_ids: frozenset[int], *, thinking: bool = False,
-                 think_close: bytes | None = None, think_open_ids: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        masks: GrammarMasks,
+        end_ids: frozenset[int],
+        *,
+        thinking: bool = False,
+        think_close: bytes | None = None,
+        think_open_ids: frozenset[int] = frozenset(),
+    ):
         self.masks = masks
         self.end_ids = sorted(end_ids)
         self.state = masks.matcher.initial()
@@ -161,8 +168,8 @@ class Constraint:
         seen = self._seen + data
         at = seen.find(self.think_close)
         if at < 0:
-            self._seen = seen[-len(self.think_close):]
+            self._seen = seen[-len(self.think_close) :]
             return
         self.waiting = self._first = False
-        rest = seen[at + len(self.think_close):]
+        rest = seen[at + len(self.think_close) :]
         self.state = self.masks.matcher.feed(self.state, rest) or self.state

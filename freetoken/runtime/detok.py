@@ -19,19 +19,19 @@ class Detokenizer:
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        before = self.decode(self.ids[self.prefix:self.read])
-        after = self.decode(self.ids[self.prefix:])
+        before = self.decode(self.ids[self.prefix : self.read])
+        after = self.decode(self.ids[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character decodes to U+FFFD)."""
-        before = self.decode(self.ids[self.prefix:self.read])
-        after = self.decode(self.ids[self.prefix:])
+        before = self.decode(self.ids[self.prefix : self.read])
+        after = self.decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
 
 class StopMatcher:
@@ -49,8 +49,8 @@ class StopMatcher:
             out, self.pending = self.pending[:cut], ""
             return out, True
         hold = self._partial_suffix()
-        out = self.pending[:len(self.pending) - hold]
-        self.pending = self.pending[len(self.pending) - hold:]
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(self.pending) - hold :]
         return out, False
 
     def flush(self) -> str:

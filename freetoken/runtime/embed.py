@@ -30,11 +30,15 @@ def mean_hidden(engine: Engine, ids: list[int], chunk: int) -> torch.Tensor | No
         for start in range(0, len(ids), chunk):
             n = min(chunk, len(ids) - start)
             ctx_slots = kv.slots_of(pages, 0, start + n, dev)
-            ctx = StepContext(positions=torch.arange(start, start + n, device=dev),
-                              slots=ctx_slots[start:], seqs=[SeqSpan(0, n, start + n, ctx_slots)],
-                              kv=kv, logits_index=torch.empty(0, dtype=torch.long, device=dev))
+            ctx = StepContext(
+                positions=torch.arange(start, start + n, device=dev),
+                slots=ctx_slots[start:],
+                seqs=[SeqSpan(0, n, start + n, ctx_slots)],
+                kv=kv,
+                logits_index=torch.empty(0, dtype=torch.long, device=dev),
+            )
             with step_context(ctx):
-                hidden = engine.model(tokens[start:start + n], ctx.positions)  # [n, H]
+                hidden = engine.model(tokens[start : start + n], ctx.positions)  # [n, H]
             part = hidden.float().sum(dim=0)
             total = part if total is None else total + part
         return (total / len(ids)).cpu()

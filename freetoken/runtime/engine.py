@@ -40,8 +40,17 @@ class Request:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, kv: KVCache, device: torch.device,
-                 num_ctx: int, max_running: int, prefill_chunk: int, graphs: DecodeGraphs | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        kv: KVCache,
+        device: torch.device,
+        num_ctx: int,
+        max_running: int,
+        prefill_chunk: int,
+        graphs: DecodeGraphs | None = None,
+    ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs = graphs
         self._experts = [m for m in model.modules() if isinstance(m, Experts)]
@@ -55,14 +64,20 @@ class Engine:
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
-        req = Request(seq, on_output, Detokenizer(self.tokenizer.decode), StopMatcher(seq.params.stop),
-                      sampling.make_generator(seq.params))
+        req = Request(
+            seq,
+            on_output,
+            Detokenizer(self.tokenizer.decode),
+            StopMatcher(seq.params.stop),
+            sampling.make_generator(seq.params),
+        )
         with self._lock:
             self._inbox.append(("add", req))
             self._lock.notify()
 
     def call_between_steps(self, fn: Callable[[], object]) -> Future:
-        """Runs fn on the engine thread before the next step (resizes happen here, never mid-step)."""
+        """Runs fn on the engine thread before the next step (resizes happen here, never
+        mid-step)."""
         fut: Future = Future()
         with self._lock:
             self._inbox.append(("call", (fn, fut)))
@@ -122,10 +137,16 @@ class Engine:
     @torch.inference_mode()
     def _execute(self, plan: Plan) -> torch.Tensor:
         self._between_steps(sum(n for _, n in plan))
-        if self.graphs is not None and decode_plan(plan) and self.graphs.fits(
-                len(plan), max(seq.num_tokens for seq, _ in plan)):
-            return self.graphs.run([seq.tokens[seq.num_cached] for seq, _ in plan],
-                                   [seq.num_cached for seq, _ in plan], [seq.pages for seq, _ in plan])
+        if (
+            self.graphs is not None
+            and decode_plan(plan)
+            and self.graphs.fits(len(plan), max(seq.num_tokens for seq, _ in plan))
+        ):
+            return self.graphs.run(
+                [seq.tokens[seq.num_cached] for seq, _ in plan],
+                [seq.num_cached for seq, _ in plan],
+                [seq.pages for seq, _ in plan],
+            )
         ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
@@ -133,17 +154,23 @@ class Engine:
         sample_rows: list[int] = []
         for seq, n in plan:
             start = seq.num_cached
-            ids += seq.tokens[start:start + n]
+            ids += seq.tokens[start : start + n]
             positions += range(start, start + n)
             ctx_slots = self.kv.slots_of(seq.pages, 0, start + n, self.device)
-            spans.append(SeqSpan(q_start=len(ids) - n, q_len=n, ctx_len=start + n, ctx_slots=ctx_slots))
+            spans.append(
+                SeqSpan(q_start=len(ids) - n, q_len=n, ctx_len=start + n, ctx_slots=ctx_slots)
+            )
             slots.append(ctx_slots[start:])
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
         dev = self.device
         ctx = StepContext(
-            positions=torch.tensor(positions, device=dev), slots=torch.cat(slots), seqs=spans, kv=self.kv,
-            logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev))
+            positions=torch.tensor(positions, device=dev),
+            slots=torch.cat(slots),
+            seqs=spans,
+            kv=self.kv,
+            logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+        )
         with step_context(ctx):
             hidden = self.model(torch.tensor(ids, device=dev), ctx.positions)
             if not sample_rows:
@@ -153,11 +180,15 @@ class Engine:
     @staticmethod
     def _masks(plan: Plan) -> list[torch.Tensor | None]:
         """For each sequence that samples this step, its grammar's mask (None: free)."""
-        return [seq.constraint.mask() if seq.constraint is not None else None
-                for seq, n in plan if seq.num_cached + n == seq.num_tokens]
+        return [
+            seq.constraint.mask() if seq.constraint is not None else None
+            for seq, n in plan
+            if seq.num_cached + n == seq.num_tokens
+        ]
 
-    def _postprocess(self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None],
-                     t0: int, t1: int) -> None:
+    def _postprocess(
+        self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None], t0: int, t1: int
+    ) -> None:
         row = 0
         for seq, n in plan:
             seq.num_cached += n

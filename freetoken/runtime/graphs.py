@@ -53,13 +53,23 @@ class _Bucket:
     ctx: StepContext
     input_ids: torch.Tensor
     segments: list[tuple[torch.cuda.CUDAGraph, _Cut | None]] = field(default_factory=list)
-    on_device: list[tuple[object, int, int]] = field(default_factory=list)  # (backend, layer, routes) in graphs
+    on_device: list[tuple[object, int, int]] = field(
+        default_factory=list
+    )  # (backend, layer, routes) in graphs
     logits: torch.Tensor | None = None
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, max_ctx: int,
-                 capture: bool = True, max_batch: int = 8, min_ctx: int = 0):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv: KVCache,
+        device: torch.device,
+        max_ctx: int,
+        capture: bool = True,
+        max_batch: int = 8,
+        min_ctx: int = 0,
+    ):
         self.model, self.kv, self.device = model, kv, device
         self.capture = capture and device.type == "cuda"
         self.max_batch = max_batch
@@ -90,8 +100,10 @@ class DecodeGraphs:
 
     def _version(self) -> tuple:
         # a new backend, or a resize of the same one, moves the tensors the graphs read
-        return tuple((id(b), getattr(b, "generation", 0)) for b in {id(m.backend): m.backend
-                                                                      for m in self._experts}.values())
+        return tuple(
+            (id(b), getattr(b, "generation", 0))
+            for b in {id(m.backend): m.backend for m in self._experts}.values()
+        )
 
     @torch.inference_mode()
     def run(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
@@ -113,8 +125,11 @@ class DecodeGraphs:
                 self._capture(bk)
             except RuntimeError as e:  # an op that cannot be captured: decode on, uncaptured
                 if self._books_to_host():
-                    log.warning("CUDA graph capture failed with the expert cache's books on the device; "
-                                "keeping them on the host: %s", e)
+                    log.warning(
+                        "CUDA graph capture failed with the expert cache's books on the device; "
+                        "keeping them on the host: %s",
+                        e,
+                    )
                     return self.run(tokens, positions, pages)
                 log.warning("CUDA graph capture failed, decoding without graphs: %s", e)
                 self.capture = False
@@ -134,24 +149,32 @@ class DecodeGraphs:
     def _new_bucket(self, B: int, max_ctx: int) -> _Bucket:
         P = max_ctx // self.kv.page_size
         packed = torch.zeros(B * (4 + P), dtype=torch.long, device=self.device)
-        ids, pos, slots, lens = (packed[i * B:(i + 1) * B] for i in range(4))
-        table = packed[4 * B:].view(B, P)
+        ids, pos, slots, lens = (packed[i * B : (i + 1) * B] for i in range(4))
+        table = packed[4 * B :].view(B, P)
         view = DecodeView(block_table=table, lens=lens, page_size=self.kv.page_size)
-        ctx = StepContext(positions=pos, slots=slots, seqs=[], kv=self.kv,
-                          logits_index=torch.arange(B, device=self.device), decode=view)
+        ctx = StepContext(
+            positions=pos,
+            slots=slots,
+            seqs=[],
+            kv=self.kv,
+            logits_index=torch.arange(B, device=self.device),
+            decode=view,
+        )
         return _Bucket(B, max_ctx, packed, ctx, ids)
 
-    def _load(self, bk: _Bucket, tokens: list[int], positions: list[int], pages: list[list[int]]) -> None:
+    def _load(
+        self, bk: _Bucket, tokens: list[int], positions: list[int], pages: list[list[int]]
+    ) -> None:
         B, page = bk.batch, self.kv.page_size
         P = bk.max_ctx // page
         host = np.zeros(B * (4 + P), dtype=np.int64)
         host[:B] = tokens
-        host[B:2 * B] = positions
+        host[B : 2 * B] = positions
         for i, (p, seq_pages) in enumerate(zip(positions, pages)):
             host[2 * B + i] = seq_pages[p // page] * page + p % page
             host[3 * B + i] = p + 1
             n = min(len(seq_pages), P)
-            host[4 * B + i * P:4 * B + i * P + n] = seq_pages[:n]
+            host[4 * B + i * P : 4 * B + i * P + n] = seq_pages[:n]
         bk.packed.copy_(torch.from_numpy(host), non_blocking=False)
 
     def _forward(self, bk: _Bucket) -> torch.Tensor:
@@ -186,8 +209,13 @@ class DecodeGraphs:
                     m.backend = b
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.captures += 1
-        log.info("decode step captured: batch %d, context %d, %d graphs, %d experts ops inside them",
-                 bk.batch, bk.max_ctx, len(bk.segments), len(bk.on_device))
+        log.info(
+            "decode step captured: batch %d, context %d, %d graphs, %d experts ops inside them",
+            bk.batch,
+            bk.max_ctx,
+            len(bk.segments),
+            len(bk.on_device),
+        )
 
     def _replay(self, bk: _Bucket) -> torch.Tensor:
         for graph, cut in bk.segments:
@@ -226,7 +254,9 @@ class _Cutter:
         self.bk.on_device.clear()
 
     def wrap(self, backend):
-        def op(layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        def op(
+            layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+        ) -> torch.Tensor:
             device_only = getattr(backend, "device_only", None)
             if device_only is not None and device_only(layer, ids.shape[0]):
                 self.bk.on_device.append((backend, layer, ids.numel()))

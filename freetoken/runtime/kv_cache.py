@@ -52,13 +52,27 @@ class PagePool:
 class KVCache(KVStore):
     """K and V for every layer as [num_pages * page_size, kv_heads, head_dim] slot arrays."""
 
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.page_size = page_size
         self.pool = PagePool(num_pages)
         slots = num_pages * page_size
-        self.k = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [
+            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.v = [
+            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
 
     @property
     def bytes(self) -> int:
@@ -67,7 +81,9 @@ class KVCache(KVStore):
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
-    def slots_of(self, pages: list[int], start: int, end: int, device: torch.device) -> torch.Tensor:
+    def slots_of(
+        self, pages: list[int], start: int, end: int, device: torch.device
+    ) -> torch.Tensor:
         """Slot index of token positions [start, end) of a sequence holding `pages`."""
         pos = torch.arange(start, end)
         page_idx = torch.tensor(pages, dtype=torch.long)[pos // self.page_size]

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from freetoken import models
-from freetoken import ftw
+from freetoken import ftw, models
 from freetoken.ftw import reader as ftw_reader
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
@@ -52,9 +51,15 @@ def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> to
     return torch.bfloat16 if (device.type == "cuda" and dtype == torch.float16) else dtype
 
 
-def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
-                 progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None,
-                 dense: bool = True, huge_pages: str = "auto") -> ModelWeights:
+def read_weights(
+    files: dict[str, Path],
+    model_cls: type,
+    dtype: torch.dtype,
+    progress: ftw_reader.Progress | None = None,
+    experts: tuple[int, int] | None = None,
+    dense: bool = True,
+    huge_pages: str = "auto",
+) -> ModelWeights:
     """Dense tensors and expert banks from whichever source the files hold.
 
     experts=(lo, hi) keeps only those rows of every bank and dense=False no dense tensors
@@ -65,7 +70,9 @@ def read_weights(files: dict[str, Path], model_cls: type, dtype: torch.dtype,
         raise WeightsError("the model has no config.json")
     if ftw.INDEX in files:
         huge = {"on": True, "off": False}.get(huge_pages)  # auto: measured by the reader
-        return ftw_reader.read(files, progress=progress, experts=experts, dense=dense, huge_pages=huge)
+        return ftw_reader.read(
+            files, progress=progress, experts=experts, dense=dense, huge_pages=huge
+        )
     gguf = gguf_path(files)
     if gguf is not None:
         weights = gguf_file.read(gguf, dtype)
@@ -98,27 +105,37 @@ def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]
     return {**files, "config.json": scratch / "config.json", **{n: scratch / n for n in names}}
 
 
-def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device,
-                dtype: torch.dtype) -> None:
+def _load_dense(
+    model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> None:
     params = dict(model.named_parameters())
     missing = [n for n in params if n not in dense and not n.endswith("lm_head.weight")]
     if missing:
         raise WeightsError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
     unexpected = [n for n in dense if n not in params]
     if unexpected:
-        raise WeightsError(f"checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}")
+        raise WeightsError(
+            f"checkpoint has {len(unexpected)} unexpected tensors, e.g. {unexpected[:3]}"
+        )
     for name, p in params.items():
         t = dense.get(name)
         if t is None:
             continue
         if tuple(t.shape) != tuple(p.shape):
-            raise WeightsError(f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}")
+            raise WeightsError(
+                f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}"
+            )
         p.data = t.to(device=device, dtype=dtype)
 
 
-def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: str = "auto",
-         progress: ftw_reader.Progress | None = None, experts: tuple[int, int] | None = None,
-         huge_pages: str = "auto") -> Loaded:
+def load(
+    files: dict[str, Path],
+    device_setting: str = "auto",
+    dtype_setting: str = "auto",
+    progress: ftw_reader.Progress | None = None,
+    experts: tuple[int, int] | None = None,
+    huge_pages: str = "auto",
+) -> Loaded:
     """The model with its dense weights on the device; the expert banks (rows [lo, hi) of
     each with `experts`) stay in host memory for `place_experts`."""
     if "config.json" not in files:
@@ -139,18 +156,30 @@ def load(files: dict[str, Path], device_setting: str = "auto", dtype_setting: st
     # buffers (rope frequencies) were created on meta; compute them for real
     model.apply(_reset_buffers)
     model.eval()
-    log.info("loaded %s (%s) on %s as %s", models.arch_for(config).model_type, weights.source, device, dtype)
+    log.info(
+        "loaded %s (%s) on %s as %s",
+        models.arch_for(config).model_type,
+        weights.source,
+        device,
+        dtype,
+    )
     return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
 
 
-def load_banks(files: dict[str, Path], device_setting: str, dtype_setting: str,
-               experts: tuple[int, int], huge_pages: str = "auto") -> tuple[dict, torch.dtype]:
+def load_banks(
+    files: dict[str, Path],
+    device_setting: str,
+    dtype_setting: str,
+    experts: tuple[int, int],
+    huge_pages: str = "auto",
+) -> tuple[dict, torch.dtype]:
     """Rows [lo, hi) of every expert bank and their dtype, without the dense weights (a rank
     that serves only experts, freetoken.dist)."""
     config = json.loads(Path(files["config.json"]).read_text())
     dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
-    weights = read_weights(files, models.load_class(config), dtype, experts=experts, dense=False,
-                           huge_pages=huge_pages)
+    weights = read_weights(
+        files, models.load_class(config), dtype, experts=experts, dense=False, huge_pages=huge_pages
+    )
     return weights.banks, dtype
 
 
@@ -162,7 +191,9 @@ def place_experts(loaded: Loaded, placement: Placement, group=None):
     if group is not None:
         from freetoken.dist import experts as dist_experts
 
-        backend = dist_experts.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, group)
+        backend = dist_experts.install(
+            loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, group
+        )
     else:
         backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
     loaded.banks = {}  # the backend's host banks own them now

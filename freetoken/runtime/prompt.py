@@ -60,10 +60,15 @@ class PromptBuilder:
             return "".join(m["content"] for m in messages)
         generate = req.get("kind") == "generate"
         return chat_template.render_any(
-            source, messages, tools=req.get("tools"), think=req.get("think"),
-            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token,
+            source,
+            messages,
+            tools=req.get("tools"),
+            think=req.get("think"),
+            bos_token=self.tokenizer.bos_token,
+            eos_token=self.tokenizer.eos_token,
             prompt=req.get("prompt") if generate else None,
-            suffix=req.get("suffix") if generate else None)
+            suffix=req.get("suffix") if generate else None,
+        )
 
     def build(self, req: dict[str, Any], num_ctx: int) -> Prompt:
         truncate = req.get("truncate", True) is not False
@@ -83,8 +88,9 @@ class PromptBuilder:
             text, ids = self._drop_messages(messages, req, num_ctx)
         return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
 
-    def _drop_messages(self, messages: list[dict[str, Any]], req: dict[str, Any],
-                       num_ctx: int) -> tuple[str, list[int]]:
+    def _drop_messages(
+        self, messages: list[dict[str, Any]], req: dict[str, Any], num_ctx: int
+    ) -> tuple[str, list[int]]:
         kept = list(messages)
         while True:
             droppable = [i for i, m in enumerate(kept[:-1]) if m["role"] != "system"]
@@ -105,9 +111,11 @@ class PromptBuilder:
         if len(p.ids) <= limit:
             return p
         if not truncate:
-            raise PromptError(f"the input length ({len(p.ids)} tokens) exceeds the context length "
-                              f"({num_ctx} tokens)")
+            raise PromptError(
+                f"the input length ({len(p.ids)} tokens) exceeds the context length "
+                f"({num_ctx} tokens)"
+            )
         keep = max(0, min(num_keep, limit))
-        p.ids = p.ids[:keep] + p.ids[len(p.ids) - (limit - keep):]
+        p.ids = p.ids[:keep] + p.ids[len(p.ids) - (limit - keep) :]
         p.truncated = True
         return p

@@ -18,8 +18,8 @@ import os
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -104,8 +104,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parent-pid", type=int, default=0)
     args = ap.parse_args(argv)
     cfg = settings.current()
-    logging.basicConfig(level=logging.DEBUG if cfg.debug else logging.INFO,
-                        format="%(asctime)s runner %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if cfg.debug else logging.INFO,
+        format="%(asctime)s runner %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
     spec: dict[str, Any] = json.loads(Path(args.spec).read_text())
     service = ModelService(spec, cfg)
     # imported before the engine thread starts importing too (imports racing across threads
@@ -115,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=service.load_and_run, name="engine", daemon=True).start()
     if args.parent_pid:
         threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), uds=args.socket, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(service), uds=args.socket, log_level="warning", lifespan="off")
+    )
     server.run()
 
 

@@ -30,14 +30,20 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "SamplingParams":
+    def from_options(cls, options: dict[str, Any]) -> SamplingParams:
         o = opts.merge(options)
         return cls(
-            temperature=float(o["temperature"]), top_k=int(o["top_k"]), top_p=float(o["top_p"]),
-            min_p=float(o["min_p"]), repeat_penalty=float(o["repeat_penalty"]),
-            repeat_last_n=int(o["repeat_last_n"]), presence_penalty=float(o["presence_penalty"]),
-            frequency_penalty=float(o["frequency_penalty"]), seed=int(o["seed"]),
-            num_predict=int(o["num_predict"]), stop=tuple(o["stop"] or ()),
+            temperature=float(o["temperature"]),
+            top_k=int(o["top_k"]),
+            top_p=float(o["top_p"]),
+            min_p=float(o["min_p"]),
+            repeat_penalty=float(o["repeat_penalty"]),
+            repeat_last_n=int(o["repeat_last_n"]),
+            presence_penalty=float(o["presence_penalty"]),
+            frequency_penalty=float(o["frequency_penalty"]),
+            seed=int(o["seed"]),
+            num_predict=int(o["num_predict"]),
+            stop=tuple(o["stop"] or ()),
         )
 
     @property
@@ -51,10 +57,15 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
     return torch.Generator().manual_seed(params.seed)
 
 
-def apply_penalties(logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx: int) -> torch.Tensor:
+def apply_penalties(
+    logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx: int
+) -> torch.Tensor:
     n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
-    if n == 0 or not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
-                                 and p.frequency_penalty == 0.0):
+    if (
+        n == 0
+        or not history
+        or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+    ):
         return logits
     recent = torch.tensor(history[-n:], dtype=torch.long)
     ids, counts = torch.unique(recent, return_counts=True)
@@ -68,8 +79,13 @@ def apply_penalties(logits: torch.Tensor, history: list[int], p: SamplingParams,
     return logits
 
 
-def sample(logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx: int,
-           generator: torch.Generator | None) -> int:
+def sample(
+    logits: torch.Tensor,
+    history: list[int],
+    p: SamplingParams,
+    num_ctx: int,
+    generator: torch.Generator | None,
+) -> int:
     """One token from fp32 logits [V] (on the CPU)."""
     logits = apply_penalties(logits.float(), history, p, num_ctx)
     if p.greedy:
@@ -91,8 +107,9 @@ def sample(logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx:
     return int(idx[choice])
 
 
-def token_logprobs(logits: torch.Tensor, token: int,
-                   top: int) -> tuple[float, list[tuple[int, float]]]:
+def token_logprobs(
+    logits: torch.Tensor, token: int, top: int
+) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's log-probability and the `top` most likely (id, log-probability),
     from the log-softmax of fp32 logits [V] (the model's distribution after the grammar mask,
     before penalties and temperature)."""

@@ -113,22 +113,47 @@ class ModelService:
         device = dist.use(ranks[0]).type
         placement = self._placement()
         if len(ranks) > 1:
-            self.group = dist.launch(ranks, self.files, placement, self.cfg.dtype, on_death=_exit_runner)
-        loaded = loader.load(self.files, device, self.cfg.dtype, progress=self._progress,
-                             experts=self.group.experts if self.group else None, huge_pages=self.cfg.huge_pages)
+            self.group = dist.launch(
+                ranks, self.files, placement, self.cfg.dtype, on_death=_exit_runner
+            )
+        loaded = loader.load(
+            self.files,
+            device,
+            self.cfg.dtype,
+            progress=self._progress,
+            experts=self.group.experts if self.group else None,
+            huge_pages=self.cfg.huge_pages,
+        )
         tokenizer = Tokenizer(self.files)
         model = loaded.model
         a = model.args
         page = self.cfg.kv_page_size
         pages = (-(-self.num_ctx // page)) * self.num_parallel
-        kv = KVCache(a.num_hidden_layers, pages, page, a.num_key_value_heads, a.head_dim,
-                     loaded.dtype, loaded.device)
+        kv = KVCache(
+            a.num_hidden_layers,
+            pages,
+            page,
+            a.num_key_value_heads,
+            a.head_dim,
+            loaded.dtype,
+            loaded.device,
+        )
         self.experts = loader.place_experts(loaded, placement, self.group)
         graphs = None
         if loaded.device.type == "cuda" and self.cfg.cuda_graphs:
-            graphs = DecodeGraphs(model, kv, loaded.device, self.num_ctx, max_batch=self.num_parallel)
-        self.engine = Engine(model, tokenizer, kv, loaded.device, self.num_ctx, self.num_parallel,
-                             self.cfg.prefill_chunk, graphs)
+            graphs = DecodeGraphs(
+                model, kv, loaded.device, self.num_ctx, max_batch=self.num_parallel
+            )
+        self.engine = Engine(
+            model,
+            tokenizer,
+            kv,
+            loaded.device,
+            self.num_ctx,
+            self.num_parallel,
+            self.cfg.prefill_chunk,
+            graphs,
+        )
         self.builder = PromptBuilder(tokenizer, self.spec.get("template"))
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
         self.masks = MaskCache(Vocab.from_tokenizer(tokenizer.tok, a.vocab_size))
@@ -137,33 +162,51 @@ class ModelService:
         on_gpu = loaded.device.type == "cuda"
         banks = self.experts.bank_bytes if self.group else self.experts.banks.total_bytes
         followers_vram = sum(self.experts.vram[1:]) if self.group else 0
-        self.sizes = {"size": dense + banks + kv.bytes,
-                      "size_vram": (torch.cuda.memory_allocated(loaded.device) if on_gpu else 0) + followers_vram,
-                      "kv_cache_bytes": kv.bytes,
-                      "expert_cache_bytes": self.experts.stats().get("cache", {}).get("bytes", 0)}
+        self.sizes = {
+            "size": dense + banks + kv.bytes,
+            "size_vram": (torch.cuda.memory_allocated(loaded.device) if on_gpu else 0)
+            + followers_vram,
+            "kv_cache_bytes": kv.bytes,
+            "expert_cache_bytes": self.experts.stats().get("cache", {}).get("bytes", 0),
+        }
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
 
     def _placement(self) -> loader.Placement:
         opts_ = self.spec.get("options") or {}
         budget = opts_.get("vram_budget")
-        return loader.Placement(policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
-                                vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
-                                cache_dir=self.cfg.cache_dir, slots=self.cfg.expert_slots,
-                                device_cache=self.cfg.device_cache, cpu_lane=self.cfg.cpu_lane)
+        return loader.Placement(
+            policy=str(opts_.get("moe_policy") or self.cfg.moe_policy),
+            vram_budget=parse_size(str(budget)) if budget else self.cfg.vram_budget,
+            cache_dir=self.cfg.cache_dir,
+            slots=self.cfg.expert_slots,
+            device_cache=self.cfg.device_cache,
+            cpu_lane=self.cfg.cpu_lane,
+        )
 
     def _start_watcher(self) -> None:
         """Automatic cache sizing where the cache lives on a GPU others may share."""
         cache = self.experts.cache
         # NOTE: it watches one GPU; with several ranks the caches are sized by hand (/resize)
-        if cache is None or self.engine.device.type != "cuda" or not self.cfg.cache_auto or self.group:
+        if (
+            cache is None
+            or self.engine.device.type != "cuda"
+            or not self.cfg.cache_auto
+            or self.group
+        ):
             return
         self.ceiling = cache.capacity
         dev = self.engine.device
         self.watcher = elastic.Watcher(
-            free_bytes=lambda: torch.cuda.mem_get_info(dev)[0], capacity=lambda: self.experts.cache.capacity,
-            floor=self.experts.floor, ceiling=lambda: self.ceiling, headroom=self.cfg.cache_headroom,
+            free_bytes=lambda: torch.cuda.mem_get_info(dev)[0],
+            capacity=lambda: self.experts.cache.capacity,
+            floor=self.experts.floor,
+            ceiling=lambda: self.ceiling,
+            headroom=self.cfg.cache_headroom,
             expert_bytes=cache.expert_bytes,
-            resize=lambda n: self.engine.call_between_steps(lambda: self.experts.resize(n)).result(60)).start()
+            resize=lambda n: self.engine.call_between_steps(lambda: self.experts.resize(n)).result(
+                60
+            ),
+        ).start()
 
     async def resize(self, body: dict[str, Any]) -> dict[str, Any]:
         """A manual resize ({"slots": n} or {"size": "12GiB" | bytes}); it also becomes the ceiling."""
@@ -208,11 +251,21 @@ class ModelService:
     # --- event loop ------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         if self.status == "ok":
-            return {"status": "ok", "info": {"load_duration": self.load_ns, "num_ctx": self.num_ctx,
-                                             "device": str(self.engine.device), **self.sizes}}
+            return {
+                "status": "ok",
+                "info": {
+                    "load_duration": self.load_ns,
+                    "num_ctx": self.num_ctx,
+                    "device": str(self.engine.device),
+                    **self.sizes,
+                },
+            }
         if self.status == "error":
             return {"status": "error", "error": self.error}
-        return {"status": "loading", "progress": {"completed": self.loaded_bytes, "total": self.total_bytes}}
+        return {
+            "status": "loading",
+            "progress": {"completed": self.loaded_bytes, "total": self.total_bytes},
+        }
 
     def stats(self) -> dict[str, Any]:
         out = {"status": self.status, **(self.engine.stats() if self.engine else {})}
@@ -250,8 +303,13 @@ class ModelService:
             raise RequestError(str(e)) from None
         seq.top_logprobs = _top_logprobs(req)
         calls = forced is not None or not req.get("format")  # a formatted answer is content
-        handle = Handle(seq, asyncio.Queue(), len(prompt.ids), req.get("kind", "chat"),
-                        self._parser(req, prompt.text, calls))
+        handle = Handle(
+            seq,
+            asyncio.Queue(),
+            len(prompt.ids),
+            req.get("kind", "chat"),
+            self._parser(req, prompt.text, calls),
+        )
 
         def on_output(s: Sequence, text: str, finished: bool) -> None:
             for event in self._events(handle, text, finished):
@@ -272,8 +330,12 @@ class ModelService:
             req, _ = self._resolve(req, opts.validate(req.get("options")))  # as start() does
             # a context too large to ever truncate: the count is of the whole rendered request
             prompt = self.builder.build(req, 1 << 62)
-        except (opts.OptionError, structured.SchemaError, PromptError,
-                chat_template.TemplateError) as e:
+        except (
+            opts.OptionError,
+            structured.SchemaError,
+            PromptError,
+            chat_template.TemplateError,
+        ) as e:
             raise RequestError(str(e)) from None
         return {"count": len(prompt.ids)}
 
@@ -301,7 +363,7 @@ class ModelService:
         vectors = []
         for ids in batch:  # one at a time, so decoding steps run in between
             vec = await self._mean_hidden(ids)
-            vectors.append(embedding.normalize(vec, dims) if unit else vec[:dims or None].tolist())
+            vectors.append(embedding.normalize(vec, dims) if unit else vec[: dims or None].tolist())
         return {"embeddings": vectors, "prompt_eval_count": sum(len(ids) for ids in batch)}
 
     def _embed_ids(self, text: str, num_ctx: int, truncate: bool) -> list[int]:
@@ -323,8 +385,9 @@ class ModelService:
                 return vec
             await asyncio.sleep(0.05)  # the KV pool is full: wait for sequences to end
 
-    def _resolve(self, req: dict[str, Any],
-                 options: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    def _resolve(
+        self, req: dict[str, Any], options: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
         """The request as the runner serves it, and the forced tool call: None, "" (any offered
         tool) or a tool name. Thinking defaults on where the template supports it (as Ollama
         does); tool_choice "none" keeps the tools out of the prompt."""
@@ -333,8 +396,12 @@ class ModelService:
             req["think"] = True
         if req.get("kind") == "generate" and req.get("images"):
             raise RequestError("this model does not support images")
-        mode, name = structured.tool_choice(req.get("tool_choice"), options.get("tool_choice"),
-                                            req.get("messages"), req.get("tools"))
+        mode, name = structured.tool_choice(
+            req.get("tool_choice"),
+            options.get("tool_choice"),
+            req.get("messages"),
+            req.get("tools"),
+        )
         if mode == "none":
             req["tools"] = None
         return req, (name or "") if mode == "required" else None
@@ -342,18 +409,24 @@ class ModelService:
     def _style(self, req: dict[str, Any]):
         return style_for(req.get("template") or self.builder.template)
 
-    def _constraint(self, req: dict[str, Any], forced: str | None, prompt_text: str,
-                    end_ids: frozenset[int]) -> Constraint | None:
+    def _constraint(
+        self, req: dict[str, Any], forced: str | None, prompt_text: str, end_ids: frozenset[int]
+    ) -> Constraint | None:
         """The grammar the answer follows: a forced tool call, else the `format`, else none."""
         style = self._style(req)
         if forced is not None:
             tools = req.get("tools") or []
             key = ["call", tools, forced, style.call_open, style.call_close]
-            masks = self.masks.get(key, lambda: structured.tool_call_grammar(
-                tools, forced or None, style.call_open, style.call_close))
+            masks = self.masks.get(
+                key,
+                lambda: structured.tool_call_grammar(
+                    tools, forced or None, style.call_open, style.call_close
+                ),
+            )
         elif req.get("format"):
-            masks = self.masks.get(["format", req["format"]],
-                                   lambda: structured.format_grammar(req["format"]))
+            masks = self.masks.get(
+                ["format", req["format"]], lambda: structured.format_grammar(req["format"])
+            )
         else:
             return None
         if req.get("raw") or not style.think_close:
@@ -362,11 +435,17 @@ class ModelService:
         # model's first token) has ended
         opened = prompt_text.rstrip().endswith(style.think_open)
         opening = self.engine.tokenizer.special_ids([style.think_open])
-        return Constraint(masks, end_ids, thinking=opened, think_close=style.think_close.encode(),
-                          think_open_ids=opening if req.get("think") is not False else frozenset())
+        return Constraint(
+            masks,
+            end_ids,
+            thinking=opened,
+            think_close=style.think_close.encode(),
+            think_open_ids=opening if req.get("think") is not False else frozenset(),
+        )
 
-    def _parser(self, req: dict[str, Any], prompt_text: str,
-                calls: bool = True) -> OutputParser | None:
+    def _parser(
+        self, req: dict[str, Any], prompt_text: str, calls: bool = True
+    ) -> OutputParser | None:
         """How this model's output splits into content, thinking and tool calls (not for raw).
         calls=False: an answer held to a `format` is content, even if it looks like a call."""
         if req.get("raw"):
@@ -374,21 +453,32 @@ class ModelService:
         style = self._style(req)
         # a prompt that ends inside an opened thinking section means the answer starts there
         opened = bool(style.think_open) and prompt_text.rstrip().endswith(style.think_open)
-        return OutputParser(style, tools=calls and bool(req.get("tools")), thinking=opened,
-                            show_thinking=req.get("think") is not False,
-                            stream_calls=bool(req.get("stream_tool_calls")))
+        return OutputParser(
+            style,
+            tools=calls and bool(req.get("tools")),
+            thinking=opened,
+            show_thinking=req.get("think") is not False,
+            stream_calls=bool(req.get("stream_tool_calls")),
+        )
 
     def _logprobs(self, seq: Sequence) -> list[dict[str, Any]]:
         """The logprobs of tokens sampled since the last call, as the events carry them."""
         taken, seq.logprobs = seq.logprobs, []
-        return [{**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in alts]}
-                if seq.top_logprobs else self._token(t, lp) for t, lp, alts in taken]
+        return [
+            {**self._token(t, lp), "top_logprobs": [self._token(i, v) for i, v in alts]}
+            if seq.top_logprobs
+            else self._token(t, lp)
+            for t, lp, alts in taken
+        ]
 
     def _token(self, token: int, logprob: float) -> dict[str, Any]:
         data = self.masks.vocab.bytes[token] if token < self.masks.vocab.size else b""
         # a control token has no text; its name stands in for it
-        text = data.decode("utf-8", "replace") if data else (
-            self.engine.tokenizer.tok.id_to_token(token) or "")
+        text = (
+            data.decode("utf-8", "replace")
+            if data
+            else (self.engine.tokenizer.tok.id_to_token(token) or "")
+        )
         return {"token": text, "logprob": logprob, "bytes": list(data or text.encode())}
 
     def _events(self, handle: Handle, text: str, finished: bool) -> list[dict[str, Any]]:
@@ -441,7 +531,8 @@ def _exit_runner(why: str) -> None:
 def _top_logprobs(req: dict[str, Any]) -> int | None:
     """How many alternatives each token's logprobs list (None: no logprobs)."""
     top = req.get("top_logprobs")
-    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
-                            or not 0 <= top <= 20):
+    if top is not None and (
+        isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20
+    ):
         raise RequestError("top_logprobs must be between 0 and 20")
     return (top or 0) if req.get("logprobs") or top else None

@@ -32,7 +32,9 @@ class Tokenizer:
             self.chat_template = named.get("default") or next(iter(named.values()), None)
         self.add_bos = bool(self.config.get("add_bos_token", False)) and self.bos_token is not None
         self.eos_ids = self._eos_ids(gen, model_cfg)
-        self.generation_defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in gen}
+        self.generation_defaults = {
+            k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p") if k in gen
+        }
 
     def _eos_ids(self, gen: dict, model_cfg: dict) -> frozenset[int]:
         ids: set[int] = set()

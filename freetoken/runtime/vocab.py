@@ -114,8 +114,9 @@ class Trie:
             i = self.end[i]
         return out
 
-    def walk(self, state: Any, advance: Callable[[Any, int], Any], out: list[int],
-             node: int = 0) -> int:
+    def walk(
+        self, state: Any, advance: Callable[[Any, int], Any], out: list[int], node: int = 0
+    ) -> int:
         """Appends to `out` every token whose bytes `advance` accepts from `state` (a falsy
         result rejects), of the whole trie or of the subtree under `node`; returns how many
         nodes it visited."""
@@ -179,8 +180,10 @@ class Vocab:
         self._chars = np.array([s[2] for s in shapes], dtype=np.int64)
         self._len = np.array([len(b) for b in self.bytes], dtype=np.int32)
         # after a backslash: an escape letter, then plain content
-        tails = [_string_shape(b[1:]) if b and b[0] in _ESCAPE_LETTERS else (1, False, 0)
-                 for b in self.bytes]
+        tails = [
+            _string_shape(b[1:]) if b and b[0] in _ESCAPE_LETTERS else (1, False, 0)
+            for b in self.bytes
+        ]
         self._escaped = np.array([t[0] == 0 and t[1] for t in tails], dtype=bool)
         self._escaped_chars = np.array([t[2] for t in tails], dtype=np.int64)
         self._first = {self.trie.byte[i]: i for i in self.trie.children(0)}

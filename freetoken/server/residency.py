@@ -220,8 +220,13 @@ class Residency:
             if now - last_logged[0] >= 2.0 or done == total:
                 last_logged[0] = now
                 rate = done / max(now - entry.load_started, 1e-9) / 1e9
-                log.info("loading %s: %.2f/%.2f GB (%.2f GB/s)", entry.view.display, done / 1e9,
-                         total / 1e9, rate)
+                log.info(
+                    "loading %s: %.2f/%.2f GB (%.2f GB/s)",
+                    entry.view.display,
+                    done / 1e9,
+                    total / 1e9,
+                    rate,
+                )
 
         try:
             runner = await self._start_runner(
@@ -332,8 +337,15 @@ class Residency:
                 continue
             done, total = e.load_progress
             elapsed = max(time.monotonic() - e.load_started, 1e-9)
-            out.append({"name": e.view.display, "completed": done, "total": total,
-                        "gbps": done / elapsed / 1e9, "seconds": elapsed})
+            out.append(
+                {
+                    "name": e.view.display,
+                    "completed": done,
+                    "total": total,
+                    "gbps": done / elapsed / 1e9,
+                    "seconds": elapsed,
+                }
+            )
         return out
 
     def ps(self) -> list[dict[str, Any]]:

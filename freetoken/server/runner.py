@@ -68,7 +68,8 @@ def _error_text(body: bytes) -> str:
 
 
 def refusal(status: int, body: bytes) -> RunnerError:
-    """The error for a runner's non-200 answer: a 4xx is the request's fault, the rest the runner's."""
+    """The error for a runner's non-200 answer: a 4xx is the request's fault, the rest
+    the runner's."""
     text = _error_text(body)
     return RunnerRequestError(status, text) if 400 <= status < 500 else RunnerError(text)
 
@@ -216,7 +217,9 @@ class Runner:
     async def resize(self, body: dict[str, Any]) -> dict[str, Any]:
         """Resizes the runner's expert cache; a refusal raises RunnerRequestError (400)."""
         try:
-            r = await self._client.post("/resize", json=body, timeout=httpx.Timeout(10.0, read=120.0))
+            r = await self._client.post(
+                "/resize", json=body, timeout=httpx.Timeout(10.0, read=120.0)
+            )
         except httpx.TransportError as e:
             raise RunnerError(f"lost the connection to the model runner: {e}") from None
         if r.status_code != 200:

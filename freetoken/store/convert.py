@@ -60,12 +60,19 @@ def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
             except ValueError:
                 continue
             if event.get("status") == "converting model":
-                yield {"status": "converting model", "total": event.get("total"),
-                       "completed": event.get("completed")}
+                yield {
+                    "status": "converting model",
+                    "total": event.get("total"),
+                    "completed": event.get("completed"),
+                }
         err = proc.stderr.read() if proc.stderr else ""
         if proc.wait() != 0:
-            last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [f"exit code {proc.returncode}"]
-            raise ConversionFailed(f"converting {src.name} to FTW failed: {last[0].removeprefix('error: ')}")
+            last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [
+                f"exit code {proc.returncode}"
+            ]
+            raise ConversionFailed(
+                f"converting {src.name} to FTW failed: {last[0].removeprefix('error: ')}"
+            )
     finally:
         if proc.poll() is None:
             proc.kill()

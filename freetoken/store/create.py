@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from freetoken.store.models import ModelView, Store
 
 __all__ = [
-    "CreateError", "CreatePlan", "CreateSpec", "convert_into_store", "is_path", "plan_create",
+    "CreateError",
+    "CreatePlan",
+    "CreateSpec",
+    "convert_into_store",
+    "is_path",
+    "plan_create",
 ]
 
 # Files of a model directory worth keeping: configs, weights, tokenizer data, templates.
@@ -202,12 +207,12 @@ class CreatePlan:
         self.store.write_manifest(self.name, mf.Manifest(config, tuple(layers)))
         yield {"status": "success"}
 
-
     def _converted(self) -> Iterator[dict[str, Any]]:
         """Converts the source to FTW and adds its files as layers (the source is not kept)."""
         blobs = self.store.blobs
         source: Path | dict[str, Path] = (
-            self.copy_from if self.copy_from is not None
+            self.copy_from
+            if self.copy_from is not None
             else {n: blobs.path(d) for n, d in self.upload_files.items()}
         )
         layers, self.model_config = yield from convert_into_store(self.store, source)

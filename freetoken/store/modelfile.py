@@ -17,8 +17,17 @@ from freetoken import options as opts
 __all__ = ["Modelfile", "ModelfileError", "parse", "render"]
 
 _INSTRUCTIONS = {
-    "from", "parameter", "template", "system", "adapter", "license", "message",
-    "requires", "renderer", "parser", "draft",
+    "from",
+    "parameter",
+    "template",
+    "system",
+    "adapter",
+    "license",
+    "message",
+    "requires",
+    "renderer",
+    "parser",
+    "draft",
 }
 _ROLES = {"system", "user", "assistant", "tool"}
 
@@ -48,7 +57,7 @@ def _read_value(text: str, pos: int, line_no: int) -> tuple[str, int]:
         end = text.find('"""', pos + 3)
         if end < 0:
             raise ModelfileError(f"line {line_no}: unterminated triple-quoted string")
-        return text[pos + 3:end], end + 3
+        return text[pos + 3 : end], end + 3
     eol = text.find("\n", pos)
     eol = len(text) if eol < 0 else eol
     line = text[pos:eol].strip()
@@ -111,12 +120,17 @@ def parse(text: str) -> Modelfile:
     return mf
 
 
-def _apply(mf: Modelfile, instr: str, value: str, line_no: int,
-           pair: tuple[str, str] | None = None) -> None:
+def _apply(
+    mf: Modelfile, instr: str, value: str, line_no: int, pair: tuple[str, str] | None = None
+) -> None:
     if instr == "from":
         mf.from_ = value
     elif instr == "parameter":
-        key, raw = pair if pair and pair[0] and pair[1] != "" else _split_first(value, line_no, "PARAMETER")
+        key, raw = (
+            pair
+            if pair and pair[0] and pair[1] != ""
+            else _split_first(value, line_no, "PARAMETER")
+        )
         key = key.lower()
         if key not in opts.OPTION_TYPES and key not in opts.IGNORED:
             raise ModelfileError(f"line {line_no}: unknown parameter {key!r}")
@@ -156,7 +170,11 @@ def render(mf: Modelfile, header: str | None = None) -> str:
     for key, value in mf.parameters.items():
         values = value if isinstance(value, list) else [value]
         for v in values:
-            shown = json.dumps(v) if isinstance(v, str) else (str(v).lower() if isinstance(v, bool) else v)
+            shown = (
+                json.dumps(v)
+                if isinstance(v, str)
+                else (str(v).lower() if isinstance(v, bool) else v)
+            )
             lines.append(f"PARAMETER {key} {shown}")
     for msg in mf.messages:
         lines.append(f"MESSAGE {msg['role']} {_quote(msg['content'])}")

@@ -19,9 +19,8 @@ from typing import Any
 
 from freetoken import models as archs
 from freetoken.chat.template import capabilities as template_capabilities
-from freetoken.store import convert
+from freetoken.store import convert, modelfile
 from freetoken.store import manifest as mf
-from freetoken.store import modelfile
 from freetoken.store.blobs import BlobStore
 from freetoken.store.create import CreatePlan, CreateSpec, plan_create
 from freetoken.store.names import InvalidName, Name

@@ -10,7 +10,14 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_NAMESPACE", "DEFAULT_TAG", "InvalidName", "Name", "parse_digest"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_TAG",
+    "InvalidName",
+    "Name",
+    "parse_digest",
+]
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
@@ -45,7 +52,7 @@ class Name:
     digest: str | None = None
 
     @classmethod
-    def parse(cls, text: str, default_host: str | None = None) -> "Name":
+    def parse(cls, text: str, default_host: str | None = None) -> Name:
         raw = text.strip()
         if not raw:
             raise InvalidName("invalid model name: empty")
@@ -71,19 +78,26 @@ class Name:
             host, namespace = parts[0], parts[1]
         elif len(parts) == 2:
             namespace = parts[0]
-        name = cls(host=host, namespace=namespace, model=last, tag=tag, scheme=scheme, digest=digest)
+        name = cls(
+            host=host, namespace=namespace, model=last, tag=tag, scheme=scheme, digest=digest
+        )
         name.validate(text)
         return name
 
     def validate(self, text: str | None = None) -> None:
         shown = text if text is not None else str(self)
-        checks = ((_HOST, self.host), (_NAMESPACE, self.namespace), (_MODEL, self.model), (_TAG, self.tag))
+        checks = (
+            (_HOST, self.host),
+            (_NAMESPACE, self.namespace),
+            (_MODEL, self.model),
+            (_TAG, self.tag),
+        )
         for pattern, part in checks:
             # ".." alone would be a legal model or tag by the grammar but is a path escape.
             if not pattern.fullmatch(part) or part in (".", ".."):
                 raise InvalidName(f"invalid model name {shown!r}")
 
-    def with_tag(self, tag: str) -> "Name":
+    def with_tag(self, tag: str) -> Name:
         return replace(self, tag=tag)
 
     @property

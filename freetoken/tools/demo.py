@@ -15,16 +15,26 @@ from pathlib import Path
 
 from freetoken.tools import synth
 
-DEMO_SHAPE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=16,
-                  num_experts_per_tok=4)
+DEMO_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=16,
+    num_experts_per_tok=4,
+)
 SYSTEM = "You are a helpful assistant."
 PARAMETERS = {"temperature": 0.7, "num_ctx": 2048, "num_predict": 64, "stop": ["<|im_end|>"]}
 
 
 def modelfile_text(source: str) -> str:
-    lines = ["# The FreeToken demo: a small random-weight Qwen3-MoE (it answers in gibberish).",
-             f"FROM {source}"]
+    lines = [
+        "# The FreeToken demo: a small random-weight Qwen3-MoE (it answers in gibberish).",
+        f"FROM {source}",
+    ]
     for key, value in PARAMETERS.items():
         for v in value if isinstance(value, list) else [value]:
             lines.append(f"PARAMETER {key} {json.dumps(v) if isinstance(v, str) else v}")

@@ -36,7 +36,9 @@ def build(root: Path) -> None:
     if root.exists():
         shutil.rmtree(root)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(root), host=PORT_HOST, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(root), host=PORT_HOST, port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -46,8 +48,12 @@ def build(root: Path) -> None:
             modelfile = demo.write_demo(Path(tmp) / "demo")
             store = Store(Path(tmp) / "store")
             name = f"{PORT_HOST}:{port}/library/demo:latest"
-            spec = CreateSpec(name=name, from_=str(modelfile.parent / "weights"),
-                              system=demo.SYSTEM, parameters=demo.PARAMETERS)
+            spec = CreateSpec(
+                name=name,
+                from_=str(modelfile.parent / "weights"),
+                system=demo.SYSTEM,
+                parameters=demo.PARAMETERS,
+            )
             for _ in store.plan_create(spec).run():
                 pass
             from freetoken.pull import push_model

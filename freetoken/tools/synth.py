@@ -15,8 +15,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "CHAT_TEMPLATE", "MARKUP_TOKENS", "SPECIAL_TOKENS", "qwen3_moe_config", "train_tokenizer",
-    "write_qwen3_moe", "write_tokenizer_files",
+    "CHAT_TEMPLATE",
+    "MARKUP_TOKENS",
+    "SPECIAL_TOKENS",
+    "qwen3_moe_config",
+    "train_tokenizer",
+    "write_qwen3_moe",
+    "write_tokenizer_files",
 ]
 
 # Control tokens (never shown as text) and, as in Qwen3's tokenizer, markup tokens that are
@@ -30,9 +35,11 @@ CHAT_TEMPLATE = (
     "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}"
     "{%- if tools or sys is not none -%}"
     "{{- '<|im_start|>system\\n' -}}"
-    "{%- if sys is not none -%}{{- sys -}}{%- if tools -%}{{- '\\n\\n' -}}{%- endif -%}{%- endif -%}"
+    "{%- if sys is not none -%}{{- sys -}}"
+    "{%- if tools -%}{{- '\\n\\n' -}}{%- endif -%}{%- endif -%}"
     "{%- if tools -%}"
-    "{{- 'You can call these tools. Answer with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\\n<tools>\\n' -}}"
+    "{{- 'You can call these tools. Answer with "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.\\n<tools>\\n\' -}}'
     "{%- for t in tools -%}{{- t | tojson -}}{{- '\\n' -}}{%- endfor -%}"
     "{{- '</tools>' -}}"
     "{%- endif -%}"
@@ -55,9 +62,28 @@ CHAT_TEMPLATE = (
 )
 
 _CORPUS_MODULES = [
-    "collections", "json", "re", "os", "pathlib", "functools", "itertools", "string",
-    "textwrap", "argparse", "logging", "dataclasses", "enum", "heapq", "csv",
-    "datetime", "decimal", "fractions", "statistics", "random", "shutil", "tempfile",
+    "collections",
+    "json",
+    "re",
+    "os",
+    "pathlib",
+    "functools",
+    "itertools",
+    "string",
+    "textwrap",
+    "argparse",
+    "logging",
+    "dataclasses",
+    "enum",
+    "heapq",
+    "csv",
+    "datetime",
+    "decimal",
+    "fractions",
+    "statistics",
+    "random",
+    "shutil",
+    "tempfile",
 ]
 
 
@@ -75,7 +101,15 @@ def _corpus() -> list[str]:
 
 def train_tokenizer(vocab_size: int = 512):
     """A byte-level BPE `tokenizers.Tokenizer` trained on stdlib docstrings (deterministic)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -159,7 +193,12 @@ def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any
         return (1.0 + 0.1 * torch.randn(n, generator=g)).to(tdtype)
 
     h, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
-    nq, nkv, inter, e = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["moe_intermediate_size"], cfg["num_experts"]
+    nq, nkv, inter, e = (
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["moe_intermediate_size"],
+        cfg["num_experts"],
+    )
     t: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": mat(v, h),
         "model.norm.weight": norm(h),
@@ -184,8 +223,9 @@ def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any
     return t
 
 
-def write_qwen3_moe(out: Path, *, seed: int = 0, vocab_size: int = 512, dtype: str = "float32",
-                    **overrides: Any) -> Path:
+def write_qwen3_moe(
+    out: Path, *, seed: int = 0, vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+) -> Path:
     """A complete random Qwen3-MoE directory: config, weights, tokenizer, generation config."""
     from safetensors.torch import save_file
 
@@ -198,5 +238,7 @@ def write_qwen3_moe(out: Path, *, seed: int = 0, vocab_size: int = 512, dtype: s
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"eos_token_id": [eos], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    save_file(_random_tensors(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        _random_tensors(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     return out

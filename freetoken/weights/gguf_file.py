@@ -22,8 +22,10 @@ from freetoken.weights import ModelWeights, WeightsError
 log = logging.getLogger(__name__)
 
 # llama.cpp's split regex for the Qwen2/Qwen3 tokenizers ("tokenizer.ggml.pre" = qwen2).
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 _GGUF_ARCH_TO_TYPE = {a.gguf_arch: a.model_type for a in models.ARCHITECTURES.values()}
 
@@ -53,8 +55,10 @@ def model_class(kv: dict[str, Any]) -> tuple[type, str]:
     arch = kv.get("general.architecture")
     model_type = _GGUF_ARCH_TO_TYPE.get(arch)
     if model_type is None:
-        raise WeightsError(f"unsupported GGUF architecture {arch!r} "
-                           f"(supported: {', '.join(sorted(_GGUF_ARCH_TO_TYPE))})")
+        raise WeightsError(
+            f"unsupported GGUF architecture {arch!r} "
+            f"(supported: {', '.join(sorted(_GGUF_ARCH_TO_TYPE))})"
+        )
     return models.load_class({"model_type": model_type}), arch
 
 
@@ -62,7 +66,9 @@ def config_of(reader, kv: dict[str, Any]) -> dict[str, Any]:
     cls, arch = model_class(kv)
     config = cls.config_from_gguf(kv, arch)
     names = {t.name for t in reader.tensors}
-    config["vocab_size"] = len(kv.get("tokenizer.ggml.tokens") or []) or _shape(reader, "token_embd.weight")[0]
+    config["vocab_size"] = (
+        len(kv.get("tokenizer.ggml.tokens") or []) or _shape(reader, "token_embd.weight")[0]
+    )
     config["tie_word_embeddings"] = "output.weight" not in names
     config["torch_dtype"] = "float32"
     eos = kv.get("tokenizer.ggml.eos_token_id")
@@ -94,10 +100,15 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
     kv = metadata(reader)
     cls, _ = model_class(kv)
     weights = ModelWeights(config=config_of(reader, kv), source="gguf")
-    quantized = sorted({t.tensor_type.name for t in reader.tensors if int(t.tensor_type) not in _FLOAT_TYPES})
+    quantized = sorted(
+        {t.tensor_type.name for t in reader.tensors if int(t.tensor_type) not in _FLOAT_TYPES}
+    )
     if quantized:
-        log.warning("%s: dequantizing %s tensors (no quantized expert kernel for them yet)",
-                    path.name, "/".join(quantized))
+        log.warning(
+            "%s: dequantizing %s tensors (no quantized expert kernel for them yet)",
+            path.name,
+            "/".join(quantized),
+        )
     halves: dict[tuple[int, str], dict[int | None, torch.Tensor]] = {}
     for t in reader.tensors:
         key = cls.gguf_key(t.name)
@@ -122,9 +133,12 @@ def _pre_tokenizer(pre: str | None):
     from tokenizers import Regex, pre_tokenizers
 
     if pre in ("qwen2", "qwen35", "deepseek-llm"):
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     if pre not in (None, "default", "gpt-2", "gpt2"):
         log.warning("GGUF pre-tokenizer %r is not known; using the GPT-2 split", pre)
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -132,27 +146,38 @@ def _pre_tokenizer(pre: str | None):
 
 def write_tokenizer_files(path: Path, out: Path) -> list[str]:
     """tokenizer.json, tokenizer_config.json and generation_config.json from GGUF metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models as tmodels
+    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers import models as tmodels
 
     kv = metadata(_open(path))
     if kv.get("tokenizer.ggml.model") != "gpt2":
-        raise WeightsError(f"{path}: tokenizer {kv.get('tokenizer.ggml.model')!r} is not supported (gpt2 BPE is)")
+        raise WeightsError(
+            f"{path}: tokenizer {kv.get('tokenizer.ggml.model')!r} is not supported (gpt2 BPE is)"
+        )
     tokens = list(kv["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in kv.get("tokenizer.ggml.merges") or []]
     tok = Tokenizer(tmodels.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     tok.pre_tokenizer = _pre_tokenizer(kv.get("tokenizer.ggml.pre"))
     tok.decoder = decoders.ByteLevel()
     types = list(kv.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    special = [AddedToken(tokens[i], special=True, normalized=False) for i, ty in enumerate(types) if ty in (3, 4)]
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, ty in enumerate(types)
+        if ty in (3, 4)
+    ]
     tok.add_special_tokens(special)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     ids = {k: kv.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast",
-           "bos_token": tokens[ids["bos"]] if ids["bos"] is not None and kv.get("tokenizer.ggml.add_bos_token") else None,
-           "eos_token": tokens[ids["eos"]] if ids["eos"] is not None else None,
-           "add_bos_token": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
-           "chat_template": kv.get("tokenizer.chat_template")}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tokens[ids["bos"]]
+        if ids["bos"] is not None and kv.get("tokenizer.ggml.add_bos_token")
+        else None,
+        "eos_token": tokens[ids["eos"]] if ids["eos"] is not None else None,
+        "add_bos_token": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": kv.get("tokenizer.chat_template"),
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"eos_token_id": [int(ids["eos"])]} if ids["eos"] is not None else {}
     (out / "generation_config.json").write_text(json.dumps(gen))

@@ -29,7 +29,9 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
         names = list(dict.fromkeys(weight_map.values()))
         missing = [n for n in names if n not in files]
         if missing:
-            raise WeightsError(f"checkpoint index names files that are missing: {', '.join(missing)}")
+            raise WeightsError(
+                f"checkpoint index names files that are missing: {', '.join(missing)}"
+            )
         return [Path(files[n]) for n in names]
     found = sorted(n for n in files if n.endswith(".safetensors"))
     if not found:
@@ -40,8 +42,12 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
 class Checkpoint:
     """Open safetensors files, with tensor names sorted into dense weights and expert pieces."""
 
-    def __init__(self, files: dict[str, Path], expert_key: Callable[[str], ExpertKey | None],
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        files: dict[str, Path],
+        expert_key: Callable[[str], ExpertKey | None],
+        dtype: torch.dtype | None = None,
+    ):
         self.config = json.loads(Path(files["config.json"]).read_text())
         self.experts = num_experts(self.config)
         self.dtype = dtype
@@ -62,7 +68,7 @@ class Checkpoint:
     def close(self) -> None:
         self._stack.close()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -89,10 +95,12 @@ class Checkpoint:
             if bank is None:
                 bank = torch.empty((self.experts, rows, t.shape[1]), dtype=t.dtype)
             lo = 0 if k.half is None else k.half * t.shape[0]
-            bank[k.expert, lo:lo + t.shape[0]].copy_(t)
+            bank[k.expert, lo : lo + t.shape[0]].copy_(t)
             filled += 1 if k.half is not None else 2
         if bank is None or filled != self.experts * 2:
-            raise WeightsError(f"experts of layer {key[0]} bank {key[1]} are incomplete in the checkpoint")
+            raise WeightsError(
+                f"experts of layer {key[0]} bank {key[1]} are incomplete in the checkpoint"
+            )
         return bank
 
     def dense_items(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -100,8 +108,11 @@ class Checkpoint:
             yield name, self.tensor(name)
 
 
-def read(files: dict[str, Path], expert_key: Callable[[str], ExpertKey | None],
-         dtype: torch.dtype | None = None) -> ModelWeights:
+def read(
+    files: dict[str, Path],
+    expert_key: Callable[[str], ExpertKey | None],
+    dtype: torch.dtype | None = None,
+) -> ModelWeights:
     with Checkpoint(files, expert_key, dtype) as ck:
         weights = ModelWeights(config=ck.config, source="safetensors")
         weights.dense = dict(ck.dense_items())

@@ -366,16 +366,26 @@ def test_tool_input_streams_as_generated(claude, script):
         {"tool_call_start": {"index": 0, "name": "get_weather"}},
         {"tool_call_delta": {"index": 0, "arguments": '{"city": '}},
         {"tool_call_delta": {"index": 0, "arguments": '"Oslo"}'}},
-        {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}], "streamed": True},
+        {
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+            "streamed": True,
+        },
         done_event(),
     ]
     bodies = script(live)
-    with claude.messages.stream(model="tiny", max_tokens=50, messages=HI, tools=[WEATHER]) as stream:
-        deltas = [e.delta.partial_json for e in stream if e.type == "content_block_delta"
-                  and e.delta.type == "input_json_delta"]
+    with claude.messages.stream(
+        model="tiny", max_tokens=50, messages=HI, tools=[WEATHER]
+    ) as stream:
+        deltas = [
+            e.delta.partial_json
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        ]
         final = stream.get_final_message()
     assert bodies[0]["stream_tool_calls"] is True
     assert deltas == ['{"city": ', '"Oslo"}']
     [block] = final.content
-    assert block.type == "tool_use" and block.name == "get_weather" and block.input == {"city": "Oslo"}
+    assert (
+        block.type == "tool_use" and block.name == "get_weather" and block.input == {"city": "Oslo"}
+    )
     assert final.stop_reason == "tool_use"

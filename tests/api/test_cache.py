@@ -25,11 +25,18 @@ def cache_server(tiny_model, tmp_path_factory):
 
 def test_cache_listing_resize_and_errors(cache_server):
     srv, http = cache_server
-    assert http.post("/api/generate", json={"model": "moe", "prompt": "hi", "stream": False,
-                                            "options": {"num_predict": 4}}).status_code == 200
+    assert (
+        http.post(
+            "/api/generate",
+            json={"model": "moe", "prompt": "hi", "stream": False, "options": {"num_predict": 4}},
+        ).status_code
+        == 200
+    )
     [m] = http.get("/api/cache").json()["models"]
     assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
-    assert m["placement"] in ("cache", "layers") and m["books"] == "host"  # no device-kept books on a CPU
+    assert (
+        m["placement"] in ("cache", "layers") and m["books"] == "host"
+    )  # no device-kept books on a CPU
     r = http.post("/api/cache/resize", json={"model": "moe", "slots": 8})
     assert r.status_code == 200 and r.json()["slots"] == 8
     assert http.get("/api/cache").json()["models"][0]["cache"]["slots"] == 8

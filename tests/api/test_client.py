@@ -5,7 +5,7 @@ import os
 import re
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import ollama
@@ -178,7 +178,11 @@ def test_runner_refusal_keeps_its_status(http):
     # the client.
     r = http.post(
         "/api/chat",
-        json={"model": "tiny", "format": {"type": "nope"}, "messages": [{"role": "user", "content": "hi"}]},
+        json={
+            "model": "tiny",
+            "format": {"type": "nope"},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
     )
     assert r.status_code == 400 and "unknown type" in r.json()["error"]
 
@@ -216,7 +220,7 @@ def test_load_unload_and_ps(client, http):
     assert r["done_reason"] == "load" and r["message"] == {"role": "assistant", "content": ""}
     [entry] = [m for m in client.ps().models if m.model == "endless:latest"]
     assert entry.context_length == 4096 and entry.size > 0 and entry.details.family == "qwen3moe"
-    assert entry.expires_at > datetime(2200, 1, 1, tzinfo=timezone.utc)  # keep_alive -1: forever
+    assert entry.expires_at > datetime(2200, 1, 1, tzinfo=UTC)  # keep_alive -1: forever
     # An unload asked for while a request streams waits for that request to finish.
     stream = client.generate("endless", prompt="go", stream=True, options={"num_predict": 300})
     next(stream)
@@ -232,7 +236,9 @@ def test_load_unload_and_ps(client, http):
 
 def test_create_in_the_modelfile_form(http):
     text = 'FROM tiny\nSYSTEM """Be kind."""\nPARAMETER temperature 0.3\nMESSAGE user hello\n'
-    r = http.post("/api/create", json={"model": "from-modelfile", "modelfile": text, "stream": False})
+    r = http.post(
+        "/api/create", json={"model": "from-modelfile", "modelfile": text, "stream": False}
+    )
     assert r.status_code == 200 and r.json() == {"status": "success"}
     shown = http.post("/api/show", json={"model": "from-modelfile"}).json()
     assert shown["system"] == "Be kind." and "temperature" in shown["parameters"]
@@ -241,4 +247,6 @@ def test_create_in_the_modelfile_form(http):
     assert r.status_code == 400 and "no FROM line" in r.json()["error"]
     r = http.post("/api/create", json={"model": "x", "modelfile": "FROM tiny\nADAPTER ./lora.gguf"})
     assert r.status_code == 400 and "adapters" in r.json()["error"]
-    assert http.request("DELETE", "/api/delete", json={"model": "from-modelfile"}).status_code == 200
+    assert (
+        http.request("DELETE", "/api/delete", json={"model": "from-modelfile"}).status_code == 200
+    )

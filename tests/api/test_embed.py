@@ -51,8 +51,9 @@ def test_empty_input_only_loads_the_model(http):
     assert r.status_code == 200 and r.json()["embeddings"] == []
 
 
-@pytest.mark.parametrize("body", [{"input": 3}, {"input": [1, 2]}, {"input": {"a": 1}},
-                                  {"input": ["ok", None]}])
+@pytest.mark.parametrize(
+    "body", [{"input": 3}, {"input": [1, 2]}, {"input": {"a": 1}}, {"input": ["ok", None]}]
+)
 def test_invalid_input_type(http, body):
     r = http.post("/api/embed", json={"model": "tiny", **body})
     assert r.status_code == 400 and r.json()["error"] == "invalid input type"
@@ -81,8 +82,10 @@ def test_v1_embeddings_float_and_base64(http):
     assert [d["index"] for d in body["data"]] == [0, 1]
     assert all(d["object"] == "embedding" and len(d["embedding"]) == HIDDEN for d in body["data"])
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
-    r = http.post("/v1/embeddings", json={"model": "tiny", "input": "Hello",
-                                          "encoding_format": "base64", "dimensions": 4})
+    r = http.post(
+        "/v1/embeddings",
+        json={"model": "tiny", "input": "Hello", "encoding_format": "base64", "dimensions": 4},
+    )
     raw = base64.b64decode(r.json()["data"][0]["embedding"])
     vec = struct.unpack("<4f", raw)
     assert abs(norm(vec) - 1) < 1e-5

@@ -77,10 +77,22 @@ def test_preflight_from_an_allowed_origin_is_204(app_client, origin):
     methods = {m.strip() for m in r.headers["access-control-allow-methods"].split(",")}
     assert {"GET", "POST", "DELETE", "HEAD", "OPTIONS"} <= methods
     allowed = {h.strip().lower() for h in r.headers["access-control-allow-headers"].split(",")}
-    want = {"authorization", "content-type", "user-agent", "accept", "x-requested-with",
-            "openai-beta", "x-stainless-os", "x-stainless-lang", "x-stainless-arch",
-            "x-stainless-runtime", "x-stainless-runtime-version",
-            "x-stainless-package-version", "x-stainless-retry-count", "x-stainless-timeout"}
+    want = {
+        "authorization",
+        "content-type",
+        "user-agent",
+        "accept",
+        "x-requested-with",
+        "openai-beta",
+        "x-stainless-os",
+        "x-stainless-lang",
+        "x-stainless-arch",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+        "x-stainless-package-version",
+        "x-stainless-retry-count",
+        "x-stainless-timeout",
+    }
     assert want <= allowed
     assert int(r.headers["access-control-max-age"]) > 0
 
@@ -97,11 +109,15 @@ def test_requests_from_other_origins_are_403(app_client, origin):
     # Not just a response the browser hides: the request never reaches a route, so a foreign
     # page cannot even send a "simple" POST that pulls or creates a model.
     assert app_client.get("/api/tags", headers={"Origin": origin}).status_code == 403
-    r = app_client.post("/api/pull", headers={"Origin": origin, "Content-Type": "text/plain"},
-                        content=b'{"model": "x"}')
+    r = app_client.post(
+        "/api/pull",
+        headers={"Origin": origin, "Content-Type": "text/plain"},
+        content=b'{"model": "x"}',
+    )
     assert r.status_code == 403
-    r = app_client.options("/api/chat", headers={"Origin": origin,
-                                                 "Access-Control-Request-Method": "POST"})
+    r = app_client.options(
+        "/api/chat", headers={"Origin": origin, "Access-Control-Request-Method": "POST"}
+    )
     assert r.status_code == 403
     assert "access-control-allow-origin" not in r.headers
 
@@ -114,8 +130,9 @@ def test_without_an_origin_there_are_no_cors_headers(app_client):
 
 def test_error_responses_carry_cors_headers_too(app_client):
     # A browser client must be able to read the error message, not just see a CORS failure.
-    r = app_client.post("/api/show", json={"model": "nope"},
-                        headers={"Origin": "http://localhost:3000"})
+    r = app_client.post(
+        "/api/show", json={"model": "nope"}, headers={"Origin": "http://localhost:3000"}
+    )
     assert r.status_code == 404 and r.json() == {"error": "model 'nope' not found"}
     assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
     r = app_client.get("/no/such/route", headers={"Origin": "http://localhost:3000"})
@@ -126,8 +143,10 @@ def test_error_responses_carry_cors_headers_too(app_client):
 def test_a_same_origin_request_passes_without_cors(tmp_path):
     # Bound to all interfaces and called by its LAN address from a page it serves itself.
     with _client(tmp_path, FREETOKEN_HOST="0.0.0.0:11434") as c:
-        r = c.get("/api/version", headers={"Host": "192.168.1.20:11434",
-                                           "Origin": "http://192.168.1.20:11434"})
+        r = c.get(
+            "/api/version",
+            headers={"Host": "192.168.1.20:11434", "Origin": "http://192.168.1.20:11434"},
+        )
     assert r.status_code == 200
     assert "access-control-allow-origin" not in r.headers
 
@@ -136,13 +155,20 @@ def test_a_same_origin_request_passes_without_cors(tmp_path):
 def test_origins_setting_adds_origins_and_wildcards(tmp_path, var):
     env = {var: "https://chat.example.com, chrome-extension://*,http://*.corp.example"}
     with _client(tmp_path, **env) as c:
-        for origin in ("https://chat.example.com", "chrome-extension://abcdef",
-                       "http://ui.corp.example", "http://localhost:3000"):
+        for origin in (
+            "https://chat.example.com",
+            "chrome-extension://abcdef",
+            "http://ui.corp.example",
+            "http://localhost:3000",
+        ):
             r = c.get("/api/version", headers={"Origin": origin})
             assert r.status_code == 200, origin
             assert r.headers["access-control-allow-origin"] == origin
-        for origin in ("https://evil.example", "http://chat.example.com",
-                       "https://ui.corp.example"):
+        for origin in (
+            "https://evil.example",
+            "http://chat.example.com",
+            "https://ui.corp.example",
+        ):
             assert c.get("/api/version", headers={"Origin": origin}).status_code == 403, origin
 
 
@@ -224,9 +250,18 @@ def test_missing_host_header_is_allowed():
 
 @pytest.mark.parametrize(
     "bind, loopback",
-    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True),
-     ("localhost", True), ("0.0.0.0", False), ("::", False), ("", False),
-     ("192.168.1.20", False), ("10.1.2.3", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        ("192.168.1.20", False),
+        ("10.1.2.3", False),
+    ],
 )
 def test_is_loopback_bind(bind, loopback):
     assert is_loopback_bind(bind) is loopback
@@ -237,13 +272,20 @@ def test_guarded_app_refuses_foreign_hosts(app_client, host):
     r = app_client.get("/api/tags", headers={"Host": host})
     assert r.status_code == 403
     # before CORS: a rebinding page gets no preflight answer either
-    r = app_client.options("/api/tags", headers={"Host": host, "Origin": "http://localhost:3000",
-                                                 "Access-Control-Request-Method": "GET"})
+    r = app_client.options(
+        "/api/tags",
+        headers={
+            "Host": host,
+            "Origin": "http://localhost:3000",
+            "Access-Control-Request-Method": "GET",
+        },
+    )
     assert r.status_code == 403
 
 
-@pytest.mark.parametrize("host", ["localhost:11434", "[::1]:11434", "foo.localhost",
-                                  "192.168.0.9:11434"])
+@pytest.mark.parametrize(
+    "host", ["localhost:11434", "[::1]:11434", "foo.localhost", "192.168.0.9:11434"]
+)
 def test_guarded_app_serves_local_hosts(app_client, host):
     assert app_client.get("/api/tags", headers={"Host": host}).status_code == 200
 
@@ -269,8 +311,11 @@ def test_guard_when_bound_to_localhost_by_name(tmp_path):
 
 @pytest.mark.parametrize(
     "headers",
-    [{"Authorization": "Bearer ollama-local"}, {"Authorization": "Basic Zm9vOmJhcg=="},
-     {"x-api-key": "sk-ant-whatever", "anthropic-version": "2023-06-01"}],
+    [
+        {"Authorization": "Bearer ollama-local"},
+        {"Authorization": "Basic Zm9vOmJhcg=="},
+        {"x-api-key": "sk-ant-whatever", "anthropic-version": "2023-06-01"},
+    ],
 )
 def test_authorization_headers_are_ignored(app_client, headers):
     assert app_client.get("/api/tags", headers=headers).json() == {"models": []}
@@ -291,9 +336,14 @@ def test_real_server_guard_and_cors(live):
         assert c.get("/").text == "Ollama is running"
         assert c.get("/", headers={"Host": "evil.example"}).status_code == 403
         assert c.get("/", headers={"Host": f"localhost:{live.port}"}).status_code == 200
-        r = c.options("/v1/chat/completions", headers={
-            "Origin": "vscode-webview://abc", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type,openai-beta"})
+        r = c.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": "vscode-webview://abc",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type,openai-beta",
+            },
+        )
         assert r.status_code == 204
         assert r.headers["access-control-allow-origin"] == "vscode-webview://abc"
         assert c.get("/api/tags", headers={"Origin": "https://evil.example"}).status_code == 403

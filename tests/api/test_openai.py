@@ -560,8 +560,12 @@ LIVE = [
     {"tool_call_delta": {"index": 0, "arguments": '{"city": '}},
     {"tool_call_delta": {"index": 0, "arguments": '"Tōkyō", '}},
     {"tool_call_delta": {"index": 0, "arguments": '"unit": "c"}'}},
-    {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Tōkyō", "unit": "c"}}}],
-     "streamed": True},
+    {
+        "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Tōkyō", "unit": "c"}}}
+        ],
+        "streamed": True,
+    },
     done_event(),
 ]
 
@@ -572,8 +576,15 @@ def test_arguments_stream_as_generated_and_are_not_sent_twice(oai, script):
         chunks = [e.chunk for e in stream if e.type == "chunk"]
         final = stream.get_final_completion()
     assert bodies[0]["stream_tool_calls"] is True
-    pieces = [d.function.arguments for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
-    assert pieces == ["", '{"city": ', '"Tōkyō", ', '"unit": "c"}']  # the head, then each delta once
+    pieces = [
+        d.function.arguments for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []
+    ]
+    assert pieces == [
+        "",
+        '{"city": ',
+        '"Tōkyō", ',
+        '"unit": "c"}',
+    ]  # the head, then each delta once
     [call] = final.choices[0].message.tool_calls
     assert json.loads(call.function.arguments) == {"city": "Tōkyō", "unit": "c"}
     assert final.choices[0].finish_reason == "tool_calls"

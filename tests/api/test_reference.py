@@ -33,7 +33,7 @@ def _hf_continuation(hf, path, n):
     ids = tok.encode(PROMPT)
     out = fixtures.hf_greedy(hf, ids, n)
     stops = [i for i, t in enumerate(out) if t in tok.eos_ids]
-    out = out[:stops[0]] if stops else out
+    out = out[: stops[0]] if stops else out
     return ids, out, tok.decode(out)
 
 
@@ -42,8 +42,16 @@ def test_raw_greedy_generation_matches_transformers(ref_server, model):
     """Both the Hugging Face directory and the F32 GGUF made from it were converted to FTW."""
     http, hf, path = ref_server
     _, _, text = _hf_continuation(hf, path, 32)
-    r = http.post("/api/generate", json={"model": model, "prompt": PROMPT, "raw": True, "stream": False,
-                                         "options": {"temperature": 0, "num_predict": 32}})
+    r = http.post(
+        "/api/generate",
+        json={
+            "model": model,
+            "prompt": PROMPT,
+            "raw": True,
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 32},
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["response"] == text
 
@@ -52,8 +60,16 @@ def test_streamed_greedy_tokens_match_transformers_token_for_token(ref_server):
     http, hf, path = ref_server
     prompt_ids, out_ids, text = _hf_continuation(hf, path, 32)
     # a non-raw request returns `context`: the token ids of prompt and answer
-    r = http.post("/api/generate", json={"model": "ref", "prompt": PROMPT, "template": "{{ messages[0].content }}",
-                                         "stream": False, "options": {"temperature": 0, "num_predict": 32}})
+    r = http.post(
+        "/api/generate",
+        json={
+            "model": "ref",
+            "prompt": PROMPT,
+            "template": "{{ messages[0].content }}",
+            "stream": False,
+            "options": {"temperature": 0, "num_predict": 32},
+        },
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["context"] == prompt_ids + out_ids
@@ -63,15 +79,39 @@ def test_streamed_greedy_tokens_match_transformers_token_for_token(ref_server):
 def test_prompt_longer_than_num_ctx(ref_server):
     http, _, _ = ref_server
     long = "word " * 600
-    r = http.post("/api/generate", json={"model": "ref", "prompt": long, "raw": True, "stream": False,
-                                         "options": {"num_ctx": 128, "num_predict": 4}})
+    r = http.post(
+        "/api/generate",
+        json={
+            "model": "ref",
+            "prompt": long,
+            "raw": True,
+            "stream": False,
+            "options": {"num_ctx": 128, "num_predict": 4},
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] < 128
-    r = http.post("/api/generate", json={"model": "ref", "prompt": long, "raw": True, "stream": False,
-                                         "truncate": False, "options": {"num_ctx": 128, "num_predict": 4}})
+    r = http.post(
+        "/api/generate",
+        json={
+            "model": "ref",
+            "prompt": long,
+            "raw": True,
+            "stream": False,
+            "truncate": False,
+            "options": {"num_ctx": 128, "num_predict": 4},
+        },
+    )
     assert r.status_code == 400
     assert "exceeds the context length" in r.json()["error"]
-    r = http.post("/api/chat", json={"model": "ref", "stream": False, "truncate": False,
-                                     "messages": [{"role": "user", "content": long}],
-                                     "options": {"num_ctx": 128}})
+    r = http.post(
+        "/api/chat",
+        json={
+            "model": "ref",
+            "stream": False,
+            "truncate": False,
+            "messages": [{"role": "user", "content": long}],
+            "options": {"num_ctx": 128},
+        },
+    )
     assert r.status_code == 400

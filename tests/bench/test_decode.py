@@ -9,9 +9,32 @@ from freetoken.bench import decode, synthmodel
 
 
 def test_rows_count_every_layer_and_the_lane_reports(capsys):
-    decode.main(["--model", "tiny", "--fractions", "--caps", "0,0.5", "--tokens", "4", "--warmup", "2",
-                 "--settle", "4", "--settle-fixed", "2", "--repeats", "1", "--policies", "lru-pcie,adaptive:lane",
-                 "--routing", "uniform", "--bw-seconds", "0.1", "--json"])
+    decode.main(
+        [
+            "--model",
+            "tiny",
+            "--fractions",
+            "--caps",
+            "0,0.5",
+            "--tokens",
+            "4",
+            "--warmup",
+            "2",
+            "--settle",
+            "4",
+            "--settle-fixed",
+            "2",
+            "--repeats",
+            "1",
+            "--policies",
+            "lru-pcie,adaptive:lane",
+            "--routing",
+            "uniform",
+            "--bw-seconds",
+            "0.1",
+            "--json",
+        ]
+    )
     rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
     by = {(r["policy"], r["cap"]): r for r in rows}
     assert set(by) == {(p, c) for p in ("lru-pcie", "adaptive:lane") for c in (0, 0.5)}
@@ -19,14 +42,22 @@ def test_rows_count_every_layer_and_the_lane_reports(capsys):
     for p in ("lru-pcie", "adaptive:lane"):
         r = by[(p, 0.5)]
         # uniform routing with room for half the experts misses, and every layer is counted
-        assert 0 < r["misses_per_token"] <= k and r["hit_rate"] == pytest.approx(1 - r["misses_per_token"] / k)
+        assert 0 < r["misses_per_token"] <= k and r["hit_rate"] == pytest.approx(
+            1 - r["misses_per_token"] / k
+        )
     for p in ("lru-pcie", "adaptive:lane"):  # a cap of 0: no cache, every route read from the host
         r = by[(p, 0)]
         assert (r["slots"], r["hit_rate"], r["misses_per_token"]) == (0, 0, k)
-        assert r["miss_gbps"] == pytest.approx(k * r["tok_s"] * decode_expert_bytes() / 1e9, rel=1e-6)
+        assert r["miss_gbps"] == pytest.approx(
+            k * r["tok_s"] * decode_expert_bytes() / 1e9, rel=1e-6
+        )
     for c in (0, 0.5):  # without a cache every single-token layer goes through the lane
         lane = by[("adaptive:lane", c)]
-        assert (lane["lane_served"] > 0 or c) and lane["lane_failed"] == 0 and lane["lane_timeouts"] == 0
+        assert (
+            (lane["lane_served"] > 0 or c)
+            and lane["lane_failed"] == 0
+            and lane["lane_timeouts"] == 0
+        )
 
 
 def decode_expert_bytes() -> int:
@@ -44,13 +75,25 @@ def test_a_misspelt_policy_fails_at_once(capsys):
 def test_a_row_takes_the_counters_of_its_median_run():
     from types import SimpleNamespace
 
-    bench = SimpleNamespace(host=SimpleNamespace(layers=[0, 1]),
-                            sm=SimpleNamespace(config={"num_experts_per_tok": 4}))
-    runs = [(0.010, {"layers": 20, "m": 40, "q": 0, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),  # in the order run
-            (0.030, {"layers": 20, "m": 60, "q": 30, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),
-            (0.020, {"layers": 20, "m": 80, "q": 20, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0})]
-    (row,) = decode.summarize("uniform", 8, {"adaptive": runs}, 0.001, 1e6, (50, 60, 40, 50), {"adaptive": 9}, bench)
+    bench = SimpleNamespace(
+        host=SimpleNamespace(layers=[0, 1]), sm=SimpleNamespace(config={"num_experts_per_tok": 4})
+    )
+    runs = [
+        (
+            0.010,
+            {"layers": 20, "m": 40, "q": 0, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0},
+        ),  # in the order run
+        (0.030, {"layers": 20, "m": 60, "q": 30, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),
+        (0.020, {"layers": 20, "m": 80, "q": 20, "sync_s": 0, "host_s": 0, "cpu_wait_s": 0}),
+    ]
+    (row,) = decode.summarize(
+        "uniform", 8, {"adaptive": runs}, 0.001, 1e6, (50, 60, 40, 50), {"adaptive": 9}, bench
+    )
     # the median time is the third run's: 8 misses a token (80 over 10 tokens), a quarter fetched
-    assert row["tok_s"] == pytest.approx(50) and row["misses_per_token"] == 8 and row["q_share"] == 0.25
+    assert (
+        row["tok_s"] == pytest.approx(50)
+        and row["misses_per_token"] == 8
+        and row["q_share"] == 0.25
+    )
     assert row["median_repeat"] == 3  # where adaptive's placement is read from too
     assert row["bound_tok_s"] == pytest.approx(1 / (0.001 + 8 * 1e6 / 110e9))

@@ -21,8 +21,15 @@ def test_the_served_load_repeats_spread_out(pin, repeats):
 
 
 def test_merge_keeps_the_median_repeat_and_the_spread():
-    rows = [{"config": "a", "ratio_to_raw": r, "gbps": r} for r in (0.9, 0.7, 1.1)] + \
-           [{"config": "b", "ratio_to_raw": 0.5, "gbps": 0.5}]
+    rows = [{"config": "a", "ratio_to_raw": r, "gbps": r} for r in (0.9, 0.7, 1.1)] + [
+        {"config": "b", "ratio_to_raw": 0.5, "gbps": 0.5}
+    ]
     a, b = load.merge(rows)
-    assert (a["config"], a["ratio_to_raw"], a["ratio_min"], a["ratio_max"], a["repeats"]) == ("a", 0.9, 0.7, 1.1, 3)
+    assert (a["config"], a["ratio_to_raw"], a["ratio_min"], a["ratio_max"], a["repeats"]) == (
+        "a",
+        0.9,
+        0.7,
+        1.1,
+        3,
+    )
     assert b["ratio_to_raw"] == 0.5 and b["repeats"] == 1 and "ratio_min" not in b

@@ -17,8 +17,12 @@ def test_bench_pull_measures_every_path(capsys, weights):
     bench.main(args)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     rows = {r["path"]: r for r in map(json.loads, lines)}
-    assert set(rows) == {"raw ranged copy", "raw, bytes dropped", "freetoken pull",
-                         "resume after 50%"}
+    assert set(rows) == {
+        "raw ranged copy",
+        "raw, bytes dropped",
+        "freetoken pull",
+        "resume after 50%",
+    }
     assert all(r["weights"] is weights and r["streams"] == 4 for r in rows.values())
     assert rows["freetoken pull"]["ratio_to_raw"] > 0
     resume = rows["resume after 50%"]

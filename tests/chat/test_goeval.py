@@ -55,8 +55,10 @@ def test_trim_markers_and_comments():
 def test_literals():
     assert run('{{ "a\\tb\\u00e9\\x41\\101\\"" }}') == 'a\tbéAA"'
     assert run("{{ `raw\\n` }}") == "raw\\n"
-    assert run("{{ 42 }} {{ -1.5 }} {{ 0x1F }} {{ 1e3 }} {{ 'a' }} {{ 1_000 }} {{ 010 }}") == \
-        "42 -1.5 31 1000 97 1000 8"
+    assert (
+        run("{{ 42 }} {{ -1.5 }} {{ 0x1F }} {{ 1e3 }} {{ 'a' }} {{ 1_000 }} {{ 010 }}")
+        == "42 -1.5 31 1000 97 1000 8"
+    )
     assert run("{{ true }} {{ false }}") == "true false"
     with pytest.raises(TemplateError, match="nil is not a command"):
         run("{{ nil }}")
@@ -116,8 +118,10 @@ def test_range():
 
 
 def test_break_and_continue():
-    src = ("{{ range .Xs }}{{ if eq . 2 }}{{ continue }}{{ end }}"
-           "{{ if eq . 4 }}{{ break }}{{ end }}{{ . }}{{ end }}")
+    src = (
+        "{{ range .Xs }}{{ if eq . 2 }}{{ continue }}{{ end }}"
+        "{{ if eq . 4 }}{{ break }}{{ end }}{{ . }}{{ end }}"
+    )
     assert run(src, {"Xs": [1, 2, 3, 4, 5]}) == "13"
 
 
@@ -133,22 +137,46 @@ def test_define_template_and_block():
         run('{{ define "r" }}{{ template "r" . }}{{ end }}{{ template "r" }}')
 
 
-@pytest.mark.parametrize("value, truth", [
-    (False, False), (True, True), (0, False), (1, True), (0.0, False), (-0.5, True),
-    ("", False), ("0", True), ("false", True), ([], False), ([0], True), ({}, False),
-    ({"a": 0}, True), (None, False), (Struct("Empty", {}), True),
-])
+@pytest.mark.parametrize(
+    "value, truth",
+    [
+        (False, False),
+        (True, True),
+        (0, False),
+        (1, True),
+        (0.0, False),
+        (-0.5, True),
+        ("", False),
+        ("0", True),
+        ("false", True),
+        ([], False),
+        ([0], True),
+        ({}, False),
+        ({"a": 0}, True),
+        (None, False),
+        (Struct("Empty", {}), True),
+    ],
+)
 def test_go_truthiness(value, truth):
     assert run("{{ if . }}T{{ else }}F{{ end }}", value) == ("T" if truth else "F")
     assert run("{{ not . }}", value) == ("false" if truth else "true")
 
 
-@pytest.mark.parametrize("value, printed", [
-    (["a", 1, True, None], "[a 1 true <nil>]"),
-    ({"b": 1, "a": [1, 2]}, "map[a:[1 2] b:1]"),
-    (1.5, "1.5"), (2.0, "2"), (123456.0, "123456"), (1e6, "1e+06"), (1234567.0, "1.234567e+06"),
-    (0.0001, "0.0001"), (1e-5, "1e-05"), (-2.5e-7, "-2.5e-07"),
-])
+@pytest.mark.parametrize(
+    "value, printed",
+    [
+        (["a", 1, True, None], "[a 1 true <nil>]"),
+        ({"b": 1, "a": [1, 2]}, "map[a:[1 2] b:1]"),
+        (1.5, "1.5"),
+        (2.0, "2"),
+        (123456.0, "123456"),
+        (1e6, "1e+06"),
+        (1234567.0, "1.234567e+06"),
+        (0.0001, "0.0001"),
+        (1e-5, "1e-05"),
+        (-2.5e-7, "-2.5e-07"),
+    ],
+)
 def test_values_print_as_go_prints_them(value, printed):
     assert run("{{ . }}", value) == printed
 

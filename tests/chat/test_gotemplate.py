@@ -12,32 +12,42 @@ from freetoken.chat import gotemplate
 from freetoken.chat.errors import TemplateError
 
 SYSTEM = "You are a helpful assistant."
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name", "minLength": 1},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name", "minLength": 1},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
             },
-            "required": ["city"],
         },
-    },
-}]
+    }
+]
 # As Ollama re-encodes it: its own key order (required before properties), unknown keys
 # (minLength) dropped, compact.
-TOOL_JSON = ('{"type":"function","function":{"name":"get_weather","description":"Current weather '
-             'for a city","parameters":{"type":"object","required":["city"],"properties":{"city":'
-             '{"type":"string","description":"City name"},"unit":{"type":"string","enum":'
-             '["celsius","fahrenheit"]}}}}}')
+TOOL_JSON = (
+    '{"type":"function","function":{"name":"get_weather","description":"Current weather '
+    'for a city","parameters":{"type":"object","required":["city"],"properties":{"city":'
+    '{"type":"string","description":"City name"},"unit":{"type":"string","enum":'
+    '["celsius","fahrenheit"]}}}}}'
+)
 CHAT = [
     {"role": "system", "content": SYSTEM},
     {"role": "user", "content": "What's the weather in Paris?"},
-    {"role": "assistant", "content": "", "thinking": "I should look it up.", "tool_calls": [
-        {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "thinking": "I should look it up.",
+        "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+        ],
+    },
     {"role": "tool", "content": "18°C and sunny", "tool_name": "get_weather"},
     {"role": "assistant", "content": "It is 18°C and sunny in Paris."},
     {"role": "user", "content": "And in Tokyo?"},
@@ -58,10 +68,13 @@ def system(c: str) -> dict:
 
 # --- the rule: .Messages once, or legacy turn by turn ----------------------------------
 
+
 def test_a_template_reading_messages_runs_once():
     src = "{{ range .Messages }}[{{ .Role }}:{{ .Content }}]{{ end }}<{{ .Response }}>"
-    assert gotemplate.render(src, [user("a"), assistant("b"), user("c")]) == \
-        "[user:a][assistant:b][user:c]<>"
+    assert (
+        gotemplate.render(src, [user("a"), assistant("b"), user("c")])
+        == "[user:a][assistant:b][user:c]<>"
+    )
 
 
 def test_legacy_runs_per_turn_and_cuts_the_last_after_response():
@@ -72,20 +85,26 @@ def test_legacy_runs_per_turn_and_cuts_the_last_after_response():
 
 def test_legacy_cut_inside_a_block_keeps_its_condition():
     src = "U:{{ .Prompt }}\nA:{{ if true }}{{ .Response }}<eos>{{ else }}never{{ end }}\n"
-    assert gotemplate.render(src, [user("q1"), assistant("a1"), user("q2")]) == \
-        "U:q1\nA:a1<eos>\nU:q2\nA:"
+    assert (
+        gotemplate.render(src, [user("q1"), assistant("a1"), user("q2")])
+        == "U:q1\nA:a1<eos>\nU:q2\nA:"
+    )
 
 
 def test_legacy_without_response_gets_it_appended():
     # as Ollama does, so that earlier answers are part of the prompt
-    assert gotemplate.render("<{{ .Prompt }}>", [user("q1"), assistant("a1"), user("q2")]) == \
-        "<q1>a1<q2>"
+    assert (
+        gotemplate.render("<{{ .Prompt }}>", [user("q1"), assistant("a1"), user("q2")])
+        == "<q1>a1<q2>"
+    )
 
 
 def test_legacy_system_after_a_prompt_starts_a_new_turn():
     src = "{{ if .System }}S:{{ .System }}\n{{ end }}U:{{ .Prompt }}\nA:{{ .Response }}\n"
-    assert gotemplate.render(src, [system("s1"), user("q1"), system("s2"), user("q2")]) == \
-        "S:s1\nU:q1\nA:\nS:s2\nU:q2\nA:"
+    assert (
+        gotemplate.render(src, [system("s1"), user("q1"), system("s2"), user("q2")])
+        == "S:s1\nU:q1\nA:\nS:s2\nU:q2\nA:"
+    )
 
 
 def test_legacy_with_a_started_answer_continues_it():
@@ -96,8 +115,14 @@ def test_legacy_with_a_started_answer_continues_it():
 
 def test_messages_are_collated_as_ollama_does():
     src = "{{ .System }}|{{ range .Messages }}{{ .Role }}={{ .Content }};{{ end }}"
-    chat = [system("a"), user("x"), user("y"), {"role": "tool", "content": "t1"},
-            {"role": "tool", "content": "t2"}, system("b")]
+    chat = [
+        system("a"),
+        user("x"),
+        user("y"),
+        {"role": "tool", "content": "t1"},
+        {"role": "tool", "content": "t2"},
+        system("b"),
+    ]
     assert gotemplate.render(src, chat) == "a\n\nb|system=a;user=x\n\ny;tool=t1;tool=t2;system=b;"
 
 
@@ -107,8 +132,11 @@ def _call(name: str) -> dict:
 
 def test_merged_assistant_messages_keep_every_tool_call():
     src = "{{ range .Messages }}{{ range .ToolCalls }}{{ .Function.Name }};{{ end }}{{ end }}"
-    chat = [user("q"), {"role": "assistant", "content": "", "tool_calls": [_call("a")]},
-            {"role": "assistant", "content": "", "tool_calls": [_call("b")]}]
+    chat = [
+        user("q"),
+        {"role": "assistant", "content": "", "tool_calls": [_call("a")]},
+        {"role": "assistant", "content": "", "tool_calls": [_call("b")]},
+    ]
     assert gotemplate.render(src, chat) == "a;b;"
 
 
@@ -116,8 +144,10 @@ FIM = "{{ if .Suffix }}<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>{{ else }}{{ 
 
 
 def test_prompt_and_suffix_fill_in_the_middle():
-    assert gotemplate.render(FIM, [user("def add(")], prompt="def add(", suffix="return x") == \
-        "<PRE> def add( <SUF>return x <MID>"
+    assert (
+        gotemplate.render(FIM, [user("def add(")], prompt="def add(", suffix="return x")
+        == "<PRE> def add( <SUF>return x <MID>"
+    )
     assert gotemplate.render(FIM, [user("hello")]) == "hello"
 
 
@@ -126,10 +156,16 @@ def test_a_generate_prompt_is_also_dot_prompt():
     assert gotemplate.render(src, [user("hi")], prompt="hi") == "hi|hi"
 
 
-@pytest.mark.parametrize("think, shown", [
-    (None, "false||false"), (True, "true|medium|true"), (False, "false||true"),
-    ("low", "true|low|true"), ("max", "true|high|true"),
-])
+@pytest.mark.parametrize(
+    "think, shown",
+    [
+        (None, "false||false"),
+        (True, "true|medium|true"),
+        (False, "false||true"),
+        ("low", "true|low|true"),
+        ("max", "true|high|true"),
+    ],
+)
 def test_think_values(think, shown):
     src = "{{ range .Messages }}{{ end }}{{ .Think }}|{{ .ThinkLevel }}|{{ .IsThinkSet }}"
     assert gotemplate.render(src, [user("q")], think=think) == shown
@@ -137,40 +173,57 @@ def test_think_values(think, shown):
 
 # --- what messages and tools look like to a template ----------------------------------
 
+
 def test_message_fields():
-    src = ("{{ range .Messages }}{{ .Role }}|{{ .Thinking }}|{{ .ToolName }}|{{ .ToolCallID }}|"
-           "{{ range .ToolCalls }}{{ .ID }}#{{ .Function.Index }}:{{ .Function.Name }}"
-           "{{ .Function.Arguments }}"
-           "{{ range $k, $v := .Function.Arguments }} {{ $k }}={{ $v }}{{ end }}"
-           "{{ end }};{{ end }}")
+    src = (
+        "{{ range .Messages }}{{ .Role }}|{{ .Thinking }}|{{ .ToolName }}|{{ .ToolCallID }}|"
+        "{{ range .ToolCalls }}{{ .ID }}#{{ .Function.Index }}:{{ .Function.Name }}"
+        "{{ .Function.Arguments }}"
+        "{{ range $k, $v := .Function.Arguments }} {{ $k }}={{ $v }}{{ end }}"
+        "{{ end }};{{ end }}"
+    )
     chat = [
-        {"role": "assistant", "content": "", "thinking": "hm", "tool_calls": [
-            {"id": "call_1", "function": {"name": "f", "arguments": {"z": 1, "a": "x"}}},
-            {"function": {"index": 5, "name": "g", "arguments": '{"q": [1, 2]}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "thinking": "hm",
+            "tool_calls": [
+                {"id": "call_1", "function": {"name": "f", "arguments": {"z": 1, "a": "x"}}},
+                {"function": {"index": 5, "name": "g", "arguments": '{"q": [1, 2]}'}},
+            ],
+        },
         {"role": "tool", "content": "r", "tool_name": "f", "tool_call_id": "call_1"},
     ]
     assert gotemplate.render(src, chat) == (
-        'assistant|hm|||call_1#0:f{"z":1,"a":"x"} a=x z=1#5:g{"q":[1,2]} q=[1 2];'
-        "tool||f|call_1|;")
+        'assistant|hm|||call_1#0:f{"z":1,"a":"x"} a=x z=1#5:g{"q":[1,2]} q=[1 2];tool||f|call_1|;'
+    )
 
 
 def test_tool_fields_and_printing():
-    src = ("{{ range .Messages }}{{ end }}{{ range .Tools }}{{ .Type }} {{ .Function.Name }}: "
-           "{{ .Function.Description }} ({{ .Function.Parameters.Type }}, "
-           "required {{ .Function.Parameters.Required }})"
-           "{{ range $n, $p := .Function.Parameters.Properties }} {{ $n }}:{{ $p.Type }}"
-           "{{ with $p.Enum }}{{ . }}{{ end }}{{ end }}\n"
-           "{{ . }}\n{{ .Function.Parameters.Properties }}{{ end }}")
+    src = (
+        "{{ range .Messages }}{{ end }}{{ range .Tools }}{{ .Type }} {{ .Function.Name }}: "
+        "{{ .Function.Description }} ({{ .Function.Parameters.Type }}, "
+        "required {{ .Function.Parameters.Required }})"
+        "{{ range $n, $p := .Function.Parameters.Properties }} {{ $n }}:{{ $p.Type }}"
+        "{{ with $p.Enum }}{{ . }}{{ end }}{{ end }}\n"
+        "{{ . }}\n{{ .Function.Parameters.Properties }}{{ end }}"
+    )
     assert gotemplate.render(src, [user("q")], tools=TOOLS) == (
         "function get_weather: Current weather for a city (object, required [city])"
         " city:string unit:string[celsius fahrenheit]\n" + TOOL_JSON + "\n"
         '{"city":{"type":"string","description":"City name"},'
-        '"unit":{"type":"string","enum":["celsius","fahrenheit"]}}')
+        '"unit":{"type":"string","enum":["celsius","fahrenheit"]}}'
+    )
 
 
 def test_no_tools_reads_as_false():
-    assert gotemplate.render("{{ range .Messages }}{{ end }}{{ if .Tools }}T{{ else }}F{{ end }}"
-                             "{{ len .Tools }}", [user("q")]) == "F0"
+    assert (
+        gotemplate.render(
+            "{{ range .Messages }}{{ end }}{{ if .Tools }}T{{ else }}F{{ end }}{{ len .Tools }}",
+            [user("q")],
+        )
+        == "F0"
+    )
 
 
 def test_malformed_input_is_a_template_error():
@@ -181,8 +234,10 @@ def test_malformed_input_is_a_template_error():
 
 
 def test_identifiers_are_what_ollama_calls_vars():
-    tpl = gotemplate.parse('{{ define "t" }}{{ .Suffix }}{{ end }}{{ range $i, $m := .Messages }}'
-                           '{{ $.Tools }}{{ (index $m.ToolCalls 0).Function }}{{ end }}')
+    tpl = gotemplate.parse(
+        '{{ define "t" }}{{ .Suffix }}{{ end }}{{ range $i, $m := .Messages }}'
+        "{{ $.Tools }}{{ (index $m.ToolCalls 0).Function }}{{ end }}"
+    )
     assert tpl.names >= {"suffix", "messages", "tools", "toolcalls", "function", "$m", "$"}
     assert "$i" not in tpl.names  # declared, never read
 
@@ -245,12 +300,15 @@ def test_chatml_with_tools():
         "<|im_start|>user\n<tool_response>\n18°C and sunny\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\nIt is 18°C and sunny in Paris.<|im_end|>\n"
         "<|im_start|>user\nAnd in Tokyo?<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_chatml_without_tools_or_system():
-    assert gotemplate.render(CHATML, [user("hi")]) == \
-        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        gotemplate.render(CHATML, [user("hi")])
+        == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 LLAMA3 = """\
@@ -297,15 +355,15 @@ def test_llama3_headers_with_tools():
     assert gotemplate.render(LLAMA3, CHAT, tools=TOOLS) == (
         "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.\n\n"
         "Cutting Knowledge Date: December 2023\n\nYou can call these functions. To call one, "
-        'answer {"name": <name>, "parameters": <arguments>}.\n\n'
-        + TOOL_JSON + "<|eot_id|>"
+        'answer {"name": <name>, "parameters": <arguments>}.\n\n' + TOOL_JSON + "<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nWhat's the weather in Paris?<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
         '{"name": "get_weather", "parameters": {"city":"Paris","unit":"celsius"}}<|eot_id|>'
         "<|start_header_id|>ipython<|end_header_id|>\n\n18°C and sunny<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\nIt is 18°C and sunny in Paris.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\nAnd in Tokyo?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
 
 
 LEGACY = """{{ if .System }}{{ .System }}
@@ -323,7 +381,8 @@ def test_legacy_alpaca_style():
     assert gotemplate.render(LEGACY, CHAT, tools=TOOLS) == (
         "You are a helpful assistant.\n\n### Instruction:\nWhat's the weather in Paris?\n\n"
         "### Response:\nIt is 18°C and sunny in Paris.</s>\n"
-        "### Instruction:\nAnd in Tokyo?\n\n### Response:\n")
+        "### Instruction:\nAnd in Tokyo?\n\n### Response:\n"
+    )
 
 
 MISTRAL = """\
@@ -352,7 +411,8 @@ def test_mistral_inst_with_tools():
         '[TOOL_RESULTS] {"content": "18°C and sunny"}[/TOOL_RESULTS]'
         " It is 18°C and sunny in Paris.</s>"
         "[AVAILABLE_TOOLS] [" + TOOL_JSON + "][/AVAILABLE_TOOLS]"
-        "[INST] You are a helpful assistant.\n\nAnd in Tokyo?[/INST]")
+        "[INST] You are a helpful assistant.\n\nAnd in Tokyo?[/INST]"
+    )
 
 
 TYPESCRIPT = """\
@@ -405,4 +465,5 @@ def test_typescript_tools_and_thinking(think, tail):
         '<|call|>functions.get_weather {"city":"Paris","unit":"celsius"}<|end|>'
         "<|tool|>functions.get_weather: 18°C and sunny<|end|>"
         "<|assistant|>It is 18°C and sunny in Paris.<|end|>"
-        "<|user|>And in Tokyo?<|end|><|assistant|>" + tail)
+        "<|user|>And in Tokyo?<|end|><|assistant|>" + tail
+    )

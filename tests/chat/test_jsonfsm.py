@@ -41,56 +41,143 @@ PERSON = {
 
 CASES = [
     # (schema, complete instances, valid prefixes that are not complete, invalid texts)
-    (PERSON,
-     ['{"name": "Al", "age": 3}', '{"name":"Al","age":-30,"tags":["x"],"pet":null}',
-      '{\n  "name": "é",\n  "age": 0\n}'],
-     ['{"name": "Al"', '{"name": "Al", "age": 3, "tags": [', '{"name": "Al", "age": 3, "tags": ["'],
-     ['{"age": 3, "name": "Al"}', '{"name": "", "age": 1}', '{"name": "abcdef", "age": 1}',
-      '{"name": "Al"}', '{"name": "Al", "age": 1.5}', '{"name": "Al", "age": 01}',
-      '{"name": "Al", "age": 1, "tags": []}', '{"name": "Al", "age": 1, "tags": ["a","b","c"]}',
-      '{"name": "Al", "age": 1, "extra": 1}', '{"name": "Al", "age": 1,}', '{"name": "Al", "age": 1} ']),
-    ({"type": "number"},
-     ["0", "-0", "12", "1.5", "1e10", "-2.5E-3"],
-     ["-", "1.", "1e", "1e+"],
-     ["01", "1.e3", ".5", "+1", "1ee", "NaN"]),
+    (
+        PERSON,
+        [
+            '{"name": "Al", "age": 3}',
+            '{"name":"Al","age":-30,"tags":["x"],"pet":null}',
+            '{\n  "name": "é",\n  "age": 0\n}',
+        ],
+        [
+            '{"name": "Al"',
+            '{"name": "Al", "age": 3, "tags": [',
+            '{"name": "Al", "age": 3, "tags": ["',
+        ],
+        [
+            '{"age": 3, "name": "Al"}',
+            '{"name": "", "age": 1}',
+            '{"name": "abcdef", "age": 1}',
+            '{"name": "Al"}',
+            '{"name": "Al", "age": 1.5}',
+            '{"name": "Al", "age": 01}',
+            '{"name": "Al", "age": 1, "tags": []}',
+            '{"name": "Al", "age": 1, "tags": ["a","b","c"]}',
+            '{"name": "Al", "age": 1, "extra": 1}',
+            '{"name": "Al", "age": 1,}',
+            '{"name": "Al", "age": 1} ',
+        ],
+    ),
+    (
+        {"type": "number"},
+        ["0", "-0", "12", "1.5", "1e10", "-2.5E-3"],
+        ["-", "1.", "1e", "1e+"],
+        ["01", "1.e3", ".5", "+1", "1ee", "NaN"],
+    ),
     ({"type": "boolean"}, ["true", "false"], ["tr", "f"], ["True", "tru e", "null"]),
     ({"type": "null"}, ["null"], ["nu"], ["nil"]),
-    ({"enum": ["red", 1, 12, None, [1, 2], {"a": True}]},
-     ['"red"', "1", "12", "null", "[1, 2]", '{"a": true}'],
-     ['"re', "[1"],
-     ['"blue"', "2", "123", '"red" ', "[1,2]"]),
-    ({"const": "x\"y"}, ['"x\\"y"'], ['"x\\'], ['"xy"']),
-    ({"type": "string"}, ['"a\\n\\u00e9\\"b"', '"日本"', '"🙂"'], ['"\\u00'],
-     ['"a\nb"', '"\\x"', '"\\u00g0"', '"abc']),
-    ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
-     ['[1, "a"]', "[1]", "[]"], ["[1,"], ['[1, "a", 2]', '["a"]']),
-    ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, ["[1,2]", "[1, 2, 3]"],
-     ["[1"], ["[1]", "[]", "[1,]"]),
-    ({"anyOf": [{"type": "object", "properties": {"k": {"const": "a"}, "v": {"type": "string"}},
-                 "required": ["k", "v"]},
-                {"type": "object", "properties": {"k": {"const": "b"}, "v": {"type": "integer"}},
-                 "required": ["k", "v"]}]},
-     ['{"k": "a", "v": "s"}', '{"k": "b", "v": 7}'], ['{"k": "b", "v": 7'],
-     ['{"k": "a", "v": 7}', '{"k": "b", "v": "s"}', '{"k": "c", "v": 1}']),
+    (
+        {"enum": ["red", 1, 12, None, [1, 2], {"a": True}]},
+        ['"red"', "1", "12", "null", "[1, 2]", '{"a": true}'],
+        ['"re', "[1"],
+        ['"blue"', "2", "123", '"red" ', "[1,2]"],
+    ),
+    ({"const": 'x"y'}, ['"x\\"y"'], ['"x\\'], ['"xy"']),
+    (
+        {"type": "string"},
+        ['"a\\n\\u00e9\\"b"', '"日本"', '"🙂"'],
+        ['"\\u00'],
+        ['"a\nb"', '"\\x"', '"\\u00g0"', '"abc'],
+    ),
+    (
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+        ['[1, "a"]', "[1]", "[]"],
+        ["[1,"],
+        ['[1, "a", 2]', '["a"]'],
+    ),
+    (
+        {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+        ["[1,2]", "[1, 2, 3]"],
+        ["[1"],
+        ["[1]", "[]", "[1,]"],
+    ),
+    (
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"k": {"const": "a"}, "v": {"type": "string"}},
+                    "required": ["k", "v"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"k": {"const": "b"}, "v": {"type": "integer"}},
+                    "required": ["k", "v"],
+                },
+            ]
+        },
+        ['{"k": "a", "v": "s"}', '{"k": "b", "v": 7}'],
+        ['{"k": "b", "v": 7'],
+        ['{"k": "a", "v": 7}', '{"k": "b", "v": "s"}', '{"k": "c", "v": 1}'],
+    ),
     ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ['"s"', "3"], [], ["3.5", "true"]),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}},
-     ['{"a": 1, "b": true, "c": false}', '{"z": true}', "{}"], [],
-     ['{"b": 1}', '{"a": 1, "a": 2}', '{"b": true, "b": false}', '{"b": true, "a": 1}']),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "boolean"},
+        },
+        ['{"a": 1, "b": true, "c": false}', '{"z": true}', "{}"],
+        [],
+        ['{"b": 1}', '{"a": 1, "a": 2}', '{"b": true, "b": false}', '{"b": true, "a": 1}'],
+    ),
     ({"type": "object"}, ['{"any": [1, {"x": null}], "thing": "y"}', "{}"], [], ["[]", "1"]),
-    ({"$defs": {"T": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                       "kids": {"type": "array", "items": {"$ref": "#/$defs/T"}}},
-                      "required": ["v"]}},
-      "$ref": "#/$defs/T"},
-     ['{"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3}]}'], [], ['{"v": 1, "kids": [{}]}']),
-    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
-     ['{"a": 1, "b": "x"}'], [], ['{"a": 1}', '{"b": "x"}']),
+    (
+        {
+            "$defs": {
+                "T": {
+                    "type": "object",
+                    "properties": {
+                        "v": {"type": "integer"},
+                        "kids": {"type": "array", "items": {"$ref": "#/$defs/T"}},
+                    },
+                    "required": ["v"],
+                }
+            },
+            "$ref": "#/$defs/T",
+        },
+        ['{"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3}]}'],
+        [],
+        ['{"v": 1, "kids": [{}]}'],
+    ),
+    (
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"]},
+            ]
+        },
+        ['{"a": 1, "b": "x"}'],
+        [],
+        ['{"a": 1}', '{"b": "x"}'],
+    ),
     ("json", ['{"a": [1, 2.5, "x", true, null, {}]}', "{}"], ['{"a":'], ["[1]", '"x"', "1"]),
     # a branch that cannot meet the sibling "type" is dropped, as a validator reads it
-    ({"anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"},
-     ['"x"'], ['"'], ["null", '"y"']),
-    ({"anyOf": [{"$ref": "#/$defs/N"}, {"type": "integer"}], "type": ["integer", "string"],
-      "$defs": {"N": {"type": "null"}}}, ["3"], [], ["null", '"s"']),
+    (
+        {"anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"},
+        ['"x"'],
+        ['"'],
+        ["null", '"y"'],
+    ),
+    (
+        {
+            "anyOf": [{"$ref": "#/$defs/N"}, {"type": "integer"}],
+            "type": ["integer", "string"],
+            "$defs": {"N": {"type": "null"}},
+        },
+        ["3"],
+        [],
+        ["null", '"s"'],
+    ),
 ]
 
 
@@ -142,14 +229,21 @@ def test_utf8_split_across_tokens():
     assert not m.feed(m.initial(), b'"\xff')
 
 
-@pytest.mark.parametrize("schema", [
-    False, {"type": "nope"}, {"enum": []}, {"type": "array", "minItems": 3, "maxItems": 1},
-    {"$ref": "#/$defs/missing"}, {"$ref": "http://example.com/s.json"},
-    {"type": "object", "properties": {"a": False}, "required": ["a"]},
-    {"allOf": [{"type": "string"}, {"type": "integer"}]},
-    {"anyOf": [{"type": "null"}, {"enum": [1]}], "type": "string"},  # no branch is left
-    {"anyOf": [{"type": "nope"}, {"type": "string"}]},  # a broken branch is never dropped
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        False,
+        {"type": "nope"},
+        {"enum": []},
+        {"type": "array", "minItems": 3, "maxItems": 1},
+        {"$ref": "#/$defs/missing"},
+        {"$ref": "http://example.com/s.json"},
+        {"type": "object", "properties": {"a": False}, "required": ["a"]},
+        {"allOf": [{"type": "string"}, {"type": "integer"}]},
+        {"anyOf": [{"type": "null"}, {"enum": [1]}], "type": "string"},  # no branch is left
+        {"anyOf": [{"type": "nope"}, {"type": "string"}]},  # a broken branch is never dropped
+    ],
+)
 def test_unusable_schemas_are_refused(schema):
     with pytest.raises(SchemaError):
         compile_schema(schema)
@@ -168,8 +262,10 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
     kind = rng.choice(["object", "object", "array"] if depth == 0 and rng.random() < 0.7 else kinds)
     if kind == "object":
         names = rng.sample(_NAMES, rng.randint(0, 4))
-        s: dict = {"type": "object",
-                   "properties": {n: random_schema(rng, depth + 1) for n in names}}
+        s: dict = {
+            "type": "object",
+            "properties": {n: random_schema(rng, depth + 1) for n in names},
+        }
         s["required"] = [n for n in names if rng.random() < 0.6]
         extra = rng.choice([None, None, True, False, "schema"])
         if extra == "schema":
@@ -195,7 +291,10 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
             s["maxLength"] = s.get("minLength", 0) + rng.randint(0, 4)
         return s
     if kind == "enum":
-        return {"enum": rng.sample(_SCALARS, rng.randint(1, 4)) + ([[1, "a"]] if rng.random() < 0.2 else [])}
+        return {
+            "enum": rng.sample(_SCALARS, rng.randint(1, 4))
+            + ([[1, "a"]] if rng.random() < 0.2 else [])
+        }
     if kind == "const":
         return {"const": rng.choice(_SCALARS + [{"k": [1]}])}
     if kind == "types":
@@ -222,8 +321,10 @@ def random_walk(m: Matcher, rng: random.Random, limit: int = 4000) -> bytes | No
             return bytes(out)
         allowed = m.allowed_bytes(state)
         assert allowed, f"dead end after {bytes(out)!r}"
-        weights = [8.0 if b in _CLOSERS else 0.3 if b in b" \n\t" else 0.05 if b >= 0x80 else 1.0
-                   for b in allowed]
+        weights = [
+            8.0 if b in _CLOSERS else 0.3 if b in b" \n\t" else 0.05 if b >= 0x80 else 1.0
+            for b in allowed
+        ]
         b = rng.choices(allowed, weights)[0]
         out.append(b)
         state = m.advance(state, b)

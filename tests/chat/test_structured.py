@@ -12,36 +12,53 @@ from freetoken.chat.output import OutputParser, Style
 from freetoken.chat.structured import SchemaError, format_grammar, tool_call_grammar, tool_choice
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "now"}},  # no parameters: any object
 ]
 USER = [{"role": "user", "content": "hi"}]
 AFTER_TOOL = USER + [{"role": "assistant", "content": ""}, {"role": "tool", "content": "22"}]
 
 
-@pytest.mark.parametrize("request_choice, option, messages, tools, want", [
-    (None, None, USER, TOOLS, ("auto", None)),
-    ("none", "required", USER, TOOLS, ("none", None)),  # the request wins
-    ("required", None, AFTER_TOOL, TOOLS, ("required", None)),  # asked for: always
-    ({"type": "function", "function": {"name": "now"}}, None, USER, TOOLS, ("required", "now")),
-    (None, "required", USER, TOOLS, ("required", None)),
-    (None, "required", AFTER_TOOL, TOOLS, ("auto", None)),  # the option lapses after a result
-    (None, "required", USER, None, ("auto", None)),  # and without tools
-    (None, "none", USER, TOOLS, ("none", None)),
-    # SDKs send "auto" with every request that has tools: it leaves the option in force
-    ("auto", "required", USER, TOOLS, ("required", None)),
-    ("auto", "none", USER, TOOLS, ("none", None)),
-    ("auto", None, USER, TOOLS, ("auto", None)),
-])
+@pytest.mark.parametrize(
+    "request_choice, option, messages, tools, want",
+    [
+        (None, None, USER, TOOLS, ("auto", None)),
+        ("none", "required", USER, TOOLS, ("none", None)),  # the request wins
+        ("required", None, AFTER_TOOL, TOOLS, ("required", None)),  # asked for: always
+        ({"type": "function", "function": {"name": "now"}}, None, USER, TOOLS, ("required", "now")),
+        (None, "required", USER, TOOLS, ("required", None)),
+        (None, "required", AFTER_TOOL, TOOLS, ("auto", None)),  # the option lapses after a result
+        (None, "required", USER, None, ("auto", None)),  # and without tools
+        (None, "none", USER, TOOLS, ("none", None)),
+        # SDKs send "auto" with every request that has tools: it leaves the option in force
+        ("auto", "required", USER, TOOLS, ("required", None)),
+        ("auto", "none", USER, TOOLS, ("none", None)),
+        ("auto", None, USER, TOOLS, ("auto", None)),
+    ],
+)
 def test_effective_tool_choice(request_choice, option, messages, tools, want):
     assert tool_choice(request_choice, option, messages, tools) == want
 
 
-@pytest.mark.parametrize("request_choice, option", [
-    ("always", None), ({"type": "function"}, None), ({"type": "x", "function": {"name": "a"}}, None),
-    (None, "sometimes"),
-])
+@pytest.mark.parametrize(
+    "request_choice, option",
+    [
+        ("always", None),
+        ({"type": "function"}, None),
+        ({"type": "x", "function": {"name": "a"}}, None),
+        (None, "sometimes"),
+    ],
+)
 def test_invalid_tool_choice(request_choice, option):
     with pytest.raises(SchemaError):
         tool_choice(request_choice, option, USER, TOOLS)
@@ -71,8 +88,9 @@ def test_tool_call_grammar():
     assert not accepts(g, good + " and more")
     parser = OutputParser(Style(), tools=True)
     events = parser.feed(good) + parser.finish()
-    assert events == [{"tool_calls": [{"function": {"name": "get_weather",
-                                                    "arguments": {"city": "Paris"}}}]}]
+    assert events == [
+        {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    ]
     named = tool_call_grammar(TOOLS, "now", None, None)  # a template without call markers
     assert accepts(named, '{"name": "now", "arguments": {}}')
     assert not accepts(named, '{"name": "get_weather", "arguments": {"city": "x"}}')
@@ -80,9 +98,22 @@ def test_tool_call_grammar():
 
 def test_tool_call_grammar_with_a_nullable_anyof_beside_a_type():
     # the shape of OpenClaw's tool_search parameters: only the string branch is possible
-    tool = {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "required": ["q"], "properties": {"q": {
-            "anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}], "type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "required": ["q"],
+                "properties": {
+                    "q": {
+                        "anyOf": [{"type": "string", "enum": ["x"]}, {"type": "null"}],
+                        "type": "string",
+                    }
+                },
+            },
+        },
+    }
     g = tool_call_grammar([tool], None, "<tool_call>", "</tool_call>")
     assert accepts(g, '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>')
     assert not accepts(g, '<tool_call>{"name": "search", "arguments": {"q": null}}</tool_call>')
@@ -109,7 +140,9 @@ def test_the_grammar_side_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys, freetoken.chat.structured, freetoken.chat.jsonfsm, freetoken.chat.schema\n"
-            "assert 'torch' not in sys.modules")
+    code = (
+        "import sys, freetoken.chat.structured, freetoken.chat.jsonfsm, freetoken.chat.schema\n"
+        "assert 'torch' not in sys.modules"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

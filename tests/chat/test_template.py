@@ -22,7 +22,11 @@ JINJA_LLAMA = (
 JINJA_THINK = "{% if enable_thinking %}<think>{% endif %}{{ messages[-1].content }}"
 
 GO_TEMPLATES = [
-    CHATML, LLAMA3, LEGACY, MISTRAL, TYPESCRIPT,
+    CHATML,
+    LLAMA3,
+    LEGACY,
+    MISTRAL,
+    TYPESCRIPT,
     "{{ .Prompt }}",
     "{{- range .Messages }}{{ .Content }}{{ end }}",
     "{{ if .System }}{{ .System }}{{ end }}",
@@ -34,7 +38,9 @@ GO_TEMPLATES = [
     '{{ printf "%s" "x" }}',
 ]
 JINJA_TEMPLATES = [
-    synth.CHAT_TEMPLATE, JINJA_LLAMA, JINJA_THINK,
+    synth.CHAT_TEMPLATE,
+    JINJA_LLAMA,
+    JINJA_THINK,
     "{{ messages }}",
     "{{ bos_token }}{{ messages[0]['content'] }}",
     "{{ messages | length }}",
@@ -55,11 +61,14 @@ def test_jinja_templates_are_recognised(source):
 
 def test_render_any_renders_either_kind():
     msgs = [{"role": "user", "content": " hi "}]
-    assert template.render_any(CHATML, msgs) == \
-        "<|im_start|>user\n hi <|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        template.render_any(CHATML, msgs)
+        == "<|im_start|>user\n hi <|im_end|>\n<|im_start|>assistant\n"
+    )
     assert template.render_any(JINJA_LLAMA, msgs, bos_token="<s>") == (
         "<s><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert template.render_any(JINJA_THINK, msgs, think="high") == "<think> hi "
     assert template.render_any("{{ .Prompt }}|{{ .Suffix }}", msgs, prompt="a", suffix="b") == "a|b"
 
@@ -69,20 +78,23 @@ def test_a_broken_go_template_reports_the_go_error():
         template.render_any("{{ range .Messages }}", [{"role": "user", "content": "q"}])
 
 
-@pytest.mark.parametrize("source, caps", [
-    (None, ["completion"]),
-    ("{{ .Prompt }}", ["completion"]),
-    ("Use tools and <think> wisely: {{ .Prompt }}", ["completion"]),  # text is not a read
-    (CHATML, ["completion", "tools"]),
-    (MISTRAL, ["completion", "tools"]),
-    (TYPESCRIPT, ["completion", "tools", "thinking"]),
-    ("{{ range .Messages }}{{ .Thinking }}{{ end }}", ["completion", "thinking"]),
-    ("{{ range .Messages }}{{ $.Tools }}{{ end }}", ["completion", "tools"]),
-    ("<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>", ["completion", "insert"]),
-    ("{{ range .Tools }}", ["completion"]),  # a broken template supports nothing
-    (synth.CHAT_TEMPLATE, ["completion", "tools"]),
-    (JINJA_THINK, ["completion", "thinking"]),
-    (JINJA_LLAMA, ["completion"]),
-])
+@pytest.mark.parametrize(
+    "source, caps",
+    [
+        (None, ["completion"]),
+        ("{{ .Prompt }}", ["completion"]),
+        ("Use tools and <think> wisely: {{ .Prompt }}", ["completion"]),  # text is not a read
+        (CHATML, ["completion", "tools"]),
+        (MISTRAL, ["completion", "tools"]),
+        (TYPESCRIPT, ["completion", "tools", "thinking"]),
+        ("{{ range .Messages }}{{ .Thinking }}{{ end }}", ["completion", "thinking"]),
+        ("{{ range .Messages }}{{ $.Tools }}{{ end }}", ["completion", "tools"]),
+        ("<PRE> {{ .Prompt }} <SUF>{{ .Suffix }} <MID>", ["completion", "insert"]),
+        ("{{ range .Tools }}", ["completion"]),  # a broken template supports nothing
+        (synth.CHAT_TEMPLATE, ["completion", "tools"]),
+        (JINJA_THINK, ["completion", "thinking"]),
+        (JINJA_LLAMA, ["completion"]),
+    ],
+)
 def test_capabilities(source, caps):
     assert template.capabilities(source) == caps

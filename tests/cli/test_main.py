@@ -2,7 +2,7 @@
 
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 
@@ -15,11 +15,11 @@ from .test_show import RESP
 
 
 def ago(**kw) -> str:
-    return (datetime.now(timezone.utc) - timedelta(**kw)).isoformat()
+    return (datetime.now(UTC) - timedelta(**kw)).isoformat()
 
 
 def later(**kw) -> str:
-    return (datetime.now(timezone.utc) + timedelta(**kw)).isoformat()
+    return (datetime.now(UTC) + timedelta(**kw)).isoformat()
 
 
 def test_every_command_checks_the_server_first(api, client, capsys):

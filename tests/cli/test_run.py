@@ -73,7 +73,13 @@ def test_one_shot_prompt(served, client):
     assert err.getvalue() == ""
     assert served.bodies("POST", "/api/generate") == [
         {"model": "demo", "keep_alive": "10m"},  # loaded first, as Ollama's CLI does
-        {"model": "demo", "prompt": "say hi", "stream": True, "format": "json", "keep_alive": "10m"},
+        {
+            "model": "demo",
+            "prompt": "say hi",
+            "stream": True,
+            "format": "json",
+            "keep_alive": "10m",
+        },
     ]
 
 

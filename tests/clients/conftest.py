@@ -46,12 +46,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from freetoken.tools import synth
 
     work = tmp_path_factory.mktemp("client-models")
-    model_dir = synth.write_qwen3_moe(work / "tiny-64k",
-                                      **{**SYNTH_TINY, "max_position_embeddings": 65536})
+    model_dir = synth.write_qwen3_moe(
+        work / "tiny-64k", **{**SYNTH_TINY, "max_position_embeddings": 65536}
+    )
     store = Store(work / "store")
     for name, params in (("tiny", {"num_predict": 24}), ("agent", AGENT_PARAMETERS)):
-        for _ in store.plan_create(CreateSpec(name=name, from_=str(model_dir),
-                                              parameters=params)).run():
+        for _ in store.plan_create(
+            CreateSpec(name=name, from_=str(model_dir), parameters=params)
+        ).run():
             pass
     server = LiveServer(make_config(work / "store"))
     log = Log()

@@ -32,8 +32,11 @@ def _tail(text: str, n: int = 1500) -> str:
 def _npm_error(text: str) -> str:
     """npm's error code and message, without its stack dump and advice."""
     skip = ("syscall", "errno", "}", "A complete log", "If you are behind", "Note that")
-    lines = [line[len("npm error "):].strip() for line in text.splitlines()
-             if line.startswith("npm error ") and not line.startswith("npm error  ")]
+    lines = [
+        line[len("npm error ") :].strip()
+        for line in text.splitlines()
+        if line.startswith("npm error ") and not line.startswith("npm error  ")
+    ]
     lines = [line for line in lines if line and not line.startswith(skip)]
     return "; ".join(lines[:2]) or _tail(text, 500)
 
@@ -47,8 +50,9 @@ def node_path() -> str:
 
 
 def node_major(node: str) -> int:
-    out = subprocess.run([node, "--version"], check=False, capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        [node, "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
     return int(out.stdout.strip().lstrip("v").split(".")[0])
 
 
@@ -66,13 +70,21 @@ class _Registry:
     down: str | None = None  # why installs are skipped
 
 
-def _run_group(cmd: list[str], *, cwd: Path | None, env: dict[str, str], timeout: float
-               ) -> tuple[int | None, str, str]:
+def _run_group(
+    cmd: list[str], *, cwd: Path | None, env: dict[str, str], timeout: float
+) -> tuple[int | None, str, str]:
     """(exit status, or None past `timeout`; stdout; stderr). Past the timeout the whole
     process group is killed: a child left behind (an install script, a client's MCP server)
     would keep the pipes open and the wait going."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err
@@ -86,8 +98,12 @@ def _run_group(cmd: list[str], *, cwd: Path | None, env: dict[str, str], timeout
 def _check_registry(npm: str, env: dict[str, str]) -> None:
     if not _Registry.checked:
         _Registry.checked = True
-        code, out, err = _run_group([npm, "ping", "--fetch-retries=0", "--fetch-timeout=10000"],
-                                    cwd=None, env=env, timeout=20)
+        code, out, err = _run_group(
+            [npm, "ping", "--fetch-retries=0", "--fetch-timeout=10000"],
+            cwd=None,
+            env=env,
+            timeout=20,
+        )
         if code != 0:
             why = "no answer in 20 s" if code is None else _npm_error(err or out)
             _Registry.down = f"the npm registry cannot be reached ({why})"
@@ -95,8 +111,14 @@ def _check_registry(npm: str, env: dict[str, str]) -> None:
         pytest.skip(_Registry.down)
 
 
-def npm_install(root: Path, name: str, specs: list[str], *, node_bin: Path | None = None,
-                timeout: float = INSTALL_TIMEOUT) -> Path:
+def npm_install(
+    root: Path,
+    name: str,
+    specs: list[str],
+    *,
+    node_bin: Path | None = None,
+    timeout: float = INSTALL_TIMEOUT,
+) -> Path:
     """`npm install --prefix root/name specs` once (a stamp names what is there); later calls
     reuse it. `node_bin` goes first on PATH, so install scripts run under that Node."""
     npm = shutil.which("npm")
@@ -116,8 +138,16 @@ def npm_install(root: Path, name: str, specs: list[str], *, node_bin: Path | Non
         _check_registry(npm, env)
         shutil.rmtree(prefix, ignore_errors=True)
         prefix.mkdir(parents=True)
-        cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-               "--loglevel=error", *specs]
+        cmd = [
+            npm,
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            *specs,
+        ]
         code, out, err = _run_group(cmd, cwd=None, env=env, timeout=timeout)
         if code is None:
             _Registry.down = f"`npm install {want}` took more than {timeout:.0f} s"
@@ -131,10 +161,18 @@ def npm_install(root: Path, name: str, specs: list[str], *, node_bin: Path | Non
 def isolated_env(home: Path, **extra: str) -> dict[str, str]:
     """An environment whose HOME and XDG folders are all under `home`, so a client reads no
     configuration, credentials or state of the machine's user and leaves none behind."""
-    dirs = {"XDG_CONFIG_HOME": ".config", "XDG_DATA_HOME": ".local/share",
-            "XDG_CACHE_HOME": ".cache", "XDG_STATE_HOME": ".local/state"}
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
-           "TMPDIR": str(home / "tmp")}
+    dirs = {
+        "XDG_CONFIG_HOME": ".config",
+        "XDG_DATA_HOME": ".local/share",
+        "XDG_CACHE_HOME": ".cache",
+        "XDG_STATE_HOME": ".local/state",
+    }
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "TMPDIR": str(home / "tmp"),
+    }
     for var, sub in dirs.items():
         env[var] = str(home / sub)
         (home / sub).mkdir(parents=True, exist_ok=True)
@@ -167,7 +205,7 @@ class Exchange:
         out = []
         for line in self.response.decode().splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                out.append(json.loads(line[len("data: "):]))
+                out.append(json.loads(line[len("data: ") :]))
         return out
 
 
@@ -236,13 +274,15 @@ class Served:
         return self.server.url
 
 
-def run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     """Runs a client; a hang fails the test with what it had written so far."""
     code, out, err = _run_group(cmd, cwd=cwd, env=env, timeout=timeout)
     if code is None:
-        pytest.fail(f"{cmd[0]} ran past {timeout:.0f} s\n"
-                    f"stdout: {_tail(out)}\nstderr: {_tail(err)}")
+        pytest.fail(
+            f"{cmd[0]} ran past {timeout:.0f} s\nstdout: {_tail(out)}\nstderr: {_tail(err)}"
+        )
     return subprocess.CompletedProcess(cmd, code, out, err)
 
 

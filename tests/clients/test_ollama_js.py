@@ -37,8 +37,15 @@ def test_ollama_js_against_the_server(ollama_js, served, seen, tmp_path):
     assert summary["tool_call"]["function"]["name"] == "get_weather"
 
     paths = set(seen.paths())
-    for call in ("GET /api/version", "GET /api/tags", "POST /api/show", "GET /api/ps",
-                 "POST /api/generate", "POST /api/chat", "POST /api/embed"):
+    for call in (
+        "GET /api/version",
+        "GET /api/tags",
+        "POST /api/show",
+        "GET /api/ps",
+        "POST /api/generate",
+        "POST /api/chat",
+        "POST /api/embed",
+    ):
         assert call in paths, call
     chats = seen.on("/api/chat")
     assert all(e.headers["user-agent"].startswith("ollama-js/0.6.4") for e in chats)
@@ -50,6 +57,7 @@ def test_ollama_js_against_the_server(ollama_js, served, seen, tmp_path):
         lines = e.ndjson()
         assert lines[-1]["done"] is True and all(not c["done"] for c in lines[:-1])
     forced = [e for e in streamed if e.json()["model"] == "agent"]
-    calls = [c for e in forced for line in e.ndjson()
-             for c in line["message"].get("tool_calls", [])]
+    calls = [
+        c for e in forced for line in e.ndjson() for c in line["message"].get("tool_calls", [])
+    ]
     assert len(calls) == 1 and isinstance(calls[0]["function"]["arguments"], dict)

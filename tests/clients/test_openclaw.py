@@ -43,11 +43,17 @@ def openclaw(tools_root):
     node_prefix = npm_install(tools_root, "node24", [NODE])
     node_bin = node_prefix / "node_modules" / ".bin"
     node = node_bin / "node"
-    version = run([str(node), "--version"], cwd=node_prefix,
-                  env=isolated_env(node_prefix / "home"), timeout=60)
+    version = run(
+        [str(node), "--version"],
+        cwd=node_prefix,
+        env=isolated_env(node_prefix / "home"),
+        timeout=60,
+    )
     if version.returncode != 0 or not version.stdout.startswith("v24."):
-        pytest.skip(f"the Node 24 binary from npm `{NODE}` does not run here: "
-                    f"{version.stdout} {version.stderr[-500:]}")
+        pytest.skip(
+            f"the Node 24 binary from npm `{NODE}` does not run here: "
+            f"{version.stdout} {version.stderr[-500:]}"
+        )
     # OpenClaw's install scripts refuse an older Node, so npm runs them with this one.
     prefix = npm_install(tools_root, "openclaw", [OPENCLAW], node_bin=node_bin)
     entry = prefix / "node_modules" / "openclaw" / "openclaw.mjs"
@@ -56,20 +62,42 @@ def openclaw(tools_root):
 
 def _config(url: str, node: str, probe_log: str, workspace: str) -> dict:
     return {
-        "models": {"providers": {"ollama": {
-            "baseUrl": url,
-            "apiKey": "ollama-local",
-            "api": "ollama",
-            "models": [{
-                "id": "agent", "name": "agent", "input": ["text"], "reasoning": False,
-                "contextWindow": 65536, "maxTokens": 512,
-                "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-            }],
-        }}},
-        "agents": {"defaults": {"model": {"primary": "ollama/agent"}, "workspace": workspace,
-                                "skipBootstrap": True}},
-        "mcp": {"servers": {"probe": {"command": node, "args": [str(MCP_PROBE)],
-                                      "env": {"PROBE_LOG": probe_log}}}},
+        "models": {
+            "providers": {
+                "ollama": {
+                    "baseUrl": url,
+                    "apiKey": "ollama-local",
+                    "api": "ollama",
+                    "models": [
+                        {
+                            "id": "agent",
+                            "name": "agent",
+                            "input": ["text"],
+                            "reasoning": False,
+                            "contextWindow": 65536,
+                            "maxTokens": 512,
+                            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                        }
+                    ],
+                }
+            }
+        },
+        "agents": {
+            "defaults": {
+                "model": {"primary": "ollama/agent"},
+                "workspace": workspace,
+                "skipBootstrap": True,
+            }
+        },
+        "mcp": {
+            "servers": {
+                "probe": {
+                    "command": node,
+                    "args": [str(MCP_PROBE)],
+                    "env": {"PROBE_LOG": probe_log},
+                }
+            }
+        },
         "tools": {"allow": ["probe__*"], "toolSearch": False},
         "update": {"checkOnStart": False},
     }
@@ -86,11 +114,30 @@ def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
     (home / ".openclaw").mkdir(parents=True)
     config = _config(served.url, str(node), str(probe_log), str(work))
     (home / ".openclaw" / "openclaw.json").write_text(json.dumps(config, indent=2))
-    env = isolated_env(home, OPENCLAW_NO_AUTO_UPDATE="1", OPENCLAW_DISABLE_BONJOUR="1",
-                       OPENCLAW_SKIP_CHANNELS="1", OPENCLAW_SKIP_CRON="1")
+    env = isolated_env(
+        home,
+        OPENCLAW_NO_AUTO_UPDATE="1",
+        OPENCLAW_DISABLE_BONJOUR="1",
+        OPENCLAW_SKIP_CHANNELS="1",
+        OPENCLAW_SKIP_CRON="1",
+    )
     env["PATH"] = f"{node.parent}:{env['PATH']}"
-    done = run([str(node), str(entry), "agent", "--local", "--agent", "main", "--json",
-                "--message", "List the files in this directory."], cwd=work, env=env, timeout=300)
+    done = run(
+        [
+            str(node),
+            str(entry),
+            "agent",
+            "--local",
+            "--agent",
+            "main",
+            "--json",
+            "--message",
+            "List the files in this directory.",
+        ],
+        cwd=work,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
     result = json.loads(done.stdout)
     meta = result["meta"]

@@ -44,8 +44,9 @@ TOOL = "probe_list_dir"  # OpenCode names MCP tools <server>_<tool>
 def opencode(tools_root):
     prefix = npm_install(tools_root, "opencode", [OPENCODE])
     binary = prefix / "node_modules" / ".bin" / "opencode"
-    probe = run([str(binary), "--version"], cwd=prefix, env=isolated_env(prefix / "home"),
-                timeout=60)
+    probe = run(
+        [str(binary), "--version"], cwd=prefix, env=isolated_env(prefix / "home"), timeout=60
+    )
     if probe.returncode != 0:
         pytest.skip(f"the installed opencode binary does not run here: {probe.stderr[-500:]}")
     assert probe.stdout.strip() == OPENCODE.split("@")[1]
@@ -62,16 +63,24 @@ def _config(url: str, node: str, probe_log: str) -> dict:
                 "options": {"baseURL": f"{url}/v1"},
                 "models": {
                     # limit.output becomes max_tokens, which overrides the model's num_predict
-                    "agent": {"name": "agent", "tool_call": True,
-                              "limit": {"context": 65536, "output": 512}},
+                    "agent": {
+                        "name": "agent",
+                        "tool_call": True,
+                        "limit": {"context": 65536, "output": 512},
+                    },
                     "tiny": {"name": "tiny", "limit": {"context": 65536, "output": 8}},
                 },
             }
         },
         "model": "freetoken/agent",
         "small_model": "freetoken/tiny",  # the session title: a few tokens are enough
-        "mcp": {"probe": {"type": "local", "command": [node, str(MCP_PROBE)],
-                          "environment": {"PROBE_LOG": probe_log}}},
+        "mcp": {
+            "probe": {
+                "type": "local",
+                "command": [node, str(MCP_PROBE)],
+                "environment": {"PROBE_LOG": probe_log},
+            }
+        },
         "tools": {"*": False, "probe_*": True},
         # the stock system prompt is about 10k tokens; a short one keeps the test fast
         "agent": {"build": {"prompt": "You are a test agent. Use the tools you have."}},
@@ -98,8 +107,20 @@ def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
         OPENCODE_PURE="1",
         npm_config_registry=f"http://127.0.0.1:{free_port()}/",
     )
-    done = run([str(opencode), "run", "-m", "freetoken/agent", "--format", "json",
-                "List the files in this directory."], cwd=work, env=env, timeout=300)
+    done = run(
+        [
+            str(opencode),
+            "run",
+            "-m",
+            "freetoken/agent",
+            "--format",
+            "json",
+            "List the files in this directory.",
+        ],
+        cwd=work,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -113,16 +134,24 @@ def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
     assert first["messages"][-1]["role"] == "user"
 
     chunks = turns[0].sse()
-    calls = [c for ch in chunks for choice in ch["choices"]
-             for c in choice["delta"].get("tool_calls") or []]
+    calls = [
+        c
+        for ch in chunks
+        for choice in ch["choices"]
+        for c in choice["delta"].get("tool_calls") or []
+    ]
     # the AI SDK sends tool_choice "auto", which leaves the model's "required" option in force
     assert first.get("tool_choice") in (None, "auto")
     # the call streams as one delta with the id and name, then its arguments
     assert calls[0]["function"]["name"] == TOOL and calls[0]["id"].startswith("call_")
     arguments = "".join(c["function"].get("arguments") or "" for c in calls)
     assert json.loads(arguments) == {"path": "."}
-    finish = [choice["finish_reason"] for ch in chunks for choice in ch["choices"]
-              if choice.get("finish_reason")]
+    finish = [
+        choice["finish_reason"]
+        for ch in chunks
+        for choice in ch["choices"]
+        if choice.get("finish_reason")
+    ]
     assert finish == ["tool_calls"]
 
     # OpenCode ran the tool and sent its result back in the next request

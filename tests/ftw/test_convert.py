@@ -31,8 +31,14 @@ def test_hf_to_ftw_gives_identical_logits(fixture, request, tmp_path):
 def k_quant_model(tmp_path_factory):
     # K-quants need rows that are multiples of 256
     path = tmp_path_factory.mktemp("tiny-256")
-    return path, fixtures.hf_qwen3_moe(path, seed=4, hidden_size=256, moe_intermediate_size=256,
-                                       intermediate_size=256, num_experts=4)
+    return path, fixtures.hf_qwen3_moe(
+        path,
+        seed=4,
+        hidden_size=256,
+        moe_intermediate_size=256,
+        intermediate_size=256,
+        num_experts=4,
+    )
 
 
 def test_gguf_f32_matches_transformers(tiny_model, tmp_path):
@@ -48,8 +54,9 @@ def test_gguf_f32_matches_transformers(tiny_model, tmp_path):
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
 
 
-@pytest.mark.parametrize("qtype,tol", [("F16", 0.01), ("BF16", 0.05), ("Q8_0", 0.05), ("Q4_0", 0.5),
-                                      ("Q4_K", 0.5)])
+@pytest.mark.parametrize(
+    "qtype,tol", [("F16", 0.01), ("BF16", 0.05), ("Q8_0", 0.05), ("Q4_0", 0.5), ("Q4_K", 0.5)]
+)
 def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, qtype, tol):
     path, hf = k_quant_model
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype)
@@ -58,7 +65,9 @@ def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, q
     # the weights are exactly gguf's own dequantization
     ref = dequantized_state(gguf)
     bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0][0]
-    assert torch.equal(bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1))
+    assert torch.equal(
+        bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1)
+    )
     # and the logits stay near the unquantized model's
     assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= tol
 

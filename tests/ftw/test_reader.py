@@ -15,8 +15,15 @@ from tests.runtime.engine_util import files_of
 def odd_ftw(tmp_path_factory):
     # expert rows of 7680 and 3840 bytes: no row range starts or ends on a 4096-byte boundary
     src = tmp_path_factory.mktemp("odd")
-    fixtures.hf_qwen3_moe(src, seed=5, hidden_size=48, moe_intermediate_size=20, intermediate_size=40,
-                          head_dim=16, num_experts=7)
+    fixtures.hf_qwen3_moe(
+        src,
+        seed=5,
+        hidden_size=48,
+        moe_intermediate_size=20,
+        intermediate_size=40,
+        head_dim=16,
+        num_experts=7,
+    )
     return files_of(convert(src, tmp_path_factory.mktemp("odd-ftw") / "ftw", shard_limit=16 * 4096))
 
 
@@ -46,7 +53,9 @@ def test_huge_pages_by_default_only_where_they_fill_faster(odd_ftw, monkeypatch)
 
     chosen = []
     real = hostmem.HostBuffer
-    monkeypatch.setattr(reader, "HostBuffer", lambda n, huge=False: chosen.append(huge) or real(n, huge))
+    monkeypatch.setattr(
+        reader, "HostBuffer", lambda n, huge=False: chosen.append(huge) or real(n, huge)
+    )
     for pays in (True, False):
         monkeypatch.setattr(hostmem, "huge_pages_pay", lambda pays=pays: pays)
         chosen.clear()

@@ -34,14 +34,26 @@ def test_exact_bytes_of_a_small_file(tmp_path):
     b = torch.tensor([[1, 2], [3, 4]], dtype=torch.int32)
     out = _write(tmp_path, [("dense", "a", a), ("bank", (0, "down"), b)])
     data = (out / "ftw-00000.bin").read_bytes()
-    expected = struct.pack("<3f", 1.0, -2.0, 0.5) + bytes(ALIGN - 12) + struct.pack("<4i", 1, 2, 3, 4) + bytes(ALIGN - 16)
+    expected = (
+        struct.pack("<3f", 1.0, -2.0, 0.5)
+        + bytes(ALIGN - 12)
+        + struct.pack("<4i", 1, 2, 3, 4)
+        + bytes(ALIGN - 16)
+    )
     assert data == expected
     index = json.loads((out / "ftw.json").read_text())
     assert index["format"] == "freetoken-ftw" and index["version"] == 1 and index["align"] == ALIGN
     assert index["total_bytes"] == 2 * ALIGN
     assert index["shards"] == [{"file": "ftw-00000.bin", "offset": 0, "nbytes": 2 * ALIGN}]
-    assert index["tensors"][0] == {"name": "a", "kind": "dense", "dtype": "float32", "shape": [3], "offset": 0,
-                                   "nbytes": 12, "crc32": zlib.crc32(struct.pack("<3f", 1.0, -2.0, 0.5))}
+    assert index["tensors"][0] == {
+        "name": "a",
+        "kind": "dense",
+        "dtype": "float32",
+        "shape": [3],
+        "offset": 0,
+        "nbytes": 12,
+        "crc32": zlib.crc32(struct.pack("<3f", 1.0, -2.0, 0.5)),
+    }
     assert index["tensors"][1]["name"] == "down#L00000" and index["tensors"][1]["offset"] == ALIGN
     assert index["metadata_files"] == ["config.json"] and (out / "config.json").exists()
 

@@ -12,12 +12,14 @@ def _tiers() -> list[str]:
     best = cpu.tier()
     if best == "torch":
         return ["torch"]
-    return list(cpu.TIERS[:cpu.TIERS.index(best) + 1])
+    return list(cpu.TIERS[: cpu.TIERS.index(best) + 1])
 
 
 @pytest.mark.parametrize("isa", _tiers())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(8, 64, 32, 1, 2), (6, 203, 77, 3, 2), (16, 256, 100, 5, 4), (4, 31, 17, 2, 4)])
+@pytest.mark.parametrize(
+    "shape", [(8, 64, 32, 1, 2), (6, 203, 77, 3, 2), (16, 256, 100, 5, 4), (4, 31, 17, 2, 4)]
+)
 def test_kernel_matches_reference(isa, dtype, shape):
     E, H, I, T, k = shape
     g = torch.Generator().manual_seed(hash((isa, str(dtype), shape)) % 2**31)
@@ -27,8 +29,15 @@ def test_kernel_matches_reference(isa, dtype, shape):
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
     w = torch.rand(T, k, generator=g)
     ref = reference.moe_experts(x, ids, w, gate_up.float(), down.float())
-    out = cpu.moe_experts(x, gate_up, down, torch.arange(T).repeat_interleave(k), ids.reshape(-1),
-                          w.reshape(-1), isa=isa)
+    out = cpu.moe_experts(
+        x,
+        gate_up,
+        down,
+        torch.arange(T).repeat_interleave(k),
+        ids.reshape(-1),
+        w.reshape(-1),
+        isa=isa,
+    )
     err = float((out - ref).norm() / ref.norm())
     # the AVX-512-BF16 tier rounds activations to bf16 (as llama.cpp's does); the others are exact
     assert err <= (1e-2 if isa == "avx512-bf16" and dtype == torch.bfloat16 else 1e-5)
@@ -39,8 +48,15 @@ def test_subset_of_routes_accumulates_into_out():
     gate_up, down = torch.randn(E, 2 * I, H), torch.randn(E, H, I)
     x = torch.randn(2, H)
     base = torch.randn(2, H)
-    out = cpu.moe_experts(x, gate_up, down, torch.tensor([1]), torch.tensor([3]), torch.tensor([0.5]),
-                          out=base.clone())
+    out = cpu.moe_experts(
+        x,
+        gate_up,
+        down,
+        torch.tensor([1]),
+        torch.tensor([3]),
+        torch.tensor([0.5]),
+        out=base.clone(),
+    )
     expect = base.clone()
     expect[1] += 0.5 * reference.expert_ffn(x[1:2], gate_up[3], down[3])[0]
     assert torch.allclose(out, expect, atol=1e-5)
@@ -50,8 +66,14 @@ def test_bad_routes_are_rejected():
     if cpu.extension() is None:
         pytest.skip("no compiler: the kernel is not built here")
     with pytest.raises(RuntimeError, match="route out of range"):
-        cpu.moe_experts(torch.randn(1, 8), torch.randn(2, 8, 8), torch.randn(2, 8, 4), torch.tensor([0]),
-                        torch.tensor([5]), torch.tensor([1.0]))
+        cpu.moe_experts(
+            torch.randn(1, 8),
+            torch.randn(2, 8, 8),
+            torch.randn(2, 8, 4),
+            torch.tensor([0]),
+            torch.tensor([5]),
+            torch.tensor([1.0]),
+        )
 
 
 def test_one_cpu_of_each_physical_core_is_chosen():
@@ -62,5 +84,8 @@ def test_one_cpu_of_each_physical_core_is_chosen():
     assert cpus and set(cpus) <= os.sched_getaffinity(0) and cpus == sorted(cpus)
     topo = [Path(f"/sys/devices/system/cpu/cpu{c}/topology") for c in cpus]
     if all(t.is_dir() for t in topo):  # no two on one core
-        keys = [(t.joinpath("physical_package_id").read_text(), t.joinpath("core_id").read_text()) for t in topo]
+        keys = [
+            (t.joinpath("physical_package_id").read_text(), t.joinpath("core_id").read_text())
+            for t in topo
+        ]
         assert len(set(keys)) == len(keys)

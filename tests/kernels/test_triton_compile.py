@@ -28,22 +28,63 @@ def _kernels():
         act = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
         out += [
             (norm.rms_norm_kernel, {**act, "D": "i32", "eps": "fp32"}, {"BLOCK": 2048}),
-            (norm.head_norm_rope_kernel, {**act, "cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"},
-             {"D": 128, "HALF": 64}),
-            (router.topk_softmax_kernel, {"logits_ptr": f"*{dt}", "weights_ptr": f"*{dt}", "ids_ptr": "*i64", "E": "i32"},
-             {"RENORM": True, "K": 8, "BLOCK_E": 128, "BLOCK_K": 8}),
-            (attention.merge_splits_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}", "SPLITS": "i32"},
-             {"D": 128, "S_BLOCK": 4}),
-            (attention.store_kv_kernel, {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "slots_ptr": "*i64",
-                                         "k_pool_ptr": f"*{dt}", "v_pool_ptr": f"*{dt}"}, {"W": 512, "BLOCK": 512}),
+            (
+                norm.head_norm_rope_kernel,
+                {**act, "cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"},
+                {"D": 128, "HALF": 64},
+            ),
+            (
+                router.topk_softmax_kernel,
+                {"logits_ptr": f"*{dt}", "weights_ptr": f"*{dt}", "ids_ptr": "*i64", "E": "i32"},
+                {"RENORM": True, "K": 8, "BLOCK_E": 128, "BLOCK_K": 8},
+            ),
+            (
+                attention.merge_splits_kernel,
+                {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}", "SPLITS": "i32"},
+                {"D": 128, "S_BLOCK": 4},
+            ),
+            (
+                attention.store_kv_kernel,
+                {
+                    "k_ptr": f"*{dt}",
+                    "v_ptr": f"*{dt}",
+                    "slots_ptr": "*i64",
+                    "k_pool_ptr": f"*{dt}",
+                    "v_pool_ptr": f"*{dt}",
+                },
+                {"W": 512, "BLOCK": 512},
+            ),
         ]
         for direct in (True, False):
             part = f"*{dt}" if direct else "*fp32"
-            out.append((attention.decode_attention_kernel,
-                        {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "table_ptr": "*i64", "lens_ptr": "*i64",
-                         "out_ptr": f"*{dt}", "part_ptr": part, "lse_ptr": part, "scale": "fp32", "table_stride": "i64",
-                         "H": "i32", "KVH": "i32", "SPLITS": "i32"},
-                        {"GROUP": 8, "G_BLOCK": 16, "D": 128, "PAGE": 16, "BLOCK_N": 64, "DIRECT": direct}))
+            out.append(
+                (
+                    attention.decode_attention_kernel,
+                    {
+                        "q_ptr": f"*{dt}",
+                        "k_ptr": f"*{dt}",
+                        "v_ptr": f"*{dt}",
+                        "table_ptr": "*i64",
+                        "lens_ptr": "*i64",
+                        "out_ptr": f"*{dt}",
+                        "part_ptr": part,
+                        "lse_ptr": part,
+                        "scale": "fp32",
+                        "table_stride": "i64",
+                        "H": "i32",
+                        "KVH": "i32",
+                        "SPLITS": "i32",
+                    },
+                    {
+                        "GROUP": 8,
+                        "G_BLOCK": 16,
+                        "D": 128,
+                        "PAGE": 16,
+                        "BLOCK_N": 64,
+                        "DIRECT": direct,
+                    },
+                )
+            )
     return out
 
 
@@ -57,6 +98,8 @@ def test_dense_path_kernels_compile_for_hopper():
         names = fn.arg_names
         signature = {n: sig.get(n, "constexpr") for n in names}
         assert set(consts) | set(sig) == set(names), fn.__name__  # every argument given a type
-        src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()})
+        src = ASTSource(
+            fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in consts.items()}
+        )
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
         assert compiled.asm["cubin"], fn.__name__

@@ -12,7 +12,8 @@ from freetoken.layers import attention, fused
 from freetoken.layers.context import DecodeView
 
 PAGE = 16
-# sequences' lengths, padded context (1 split up to 256 positions, more beyond), heads, KV heads, head dim
+# sequences' lengths, padded context (1 split up to 256 positions, more beyond), heads, KV heads,
+# head dim
 CASES = [((1, 37, 64), 64, 8, 2, 64), ((5, 300, 1024), 1024, 32, 4, 128), ((200,), 256, 4, 4, 32)]
 
 
@@ -22,9 +23,13 @@ def setup(lens, max_ctx, H, KVH, D, dtype, device, seed=0):
     pages = B * P + 3
     k_pool = torch.randn((pages * PAGE, KVH, D), generator=g).to(dtype)
     v_pool = torch.randn((pages * PAGE, KVH, D), generator=g).to(dtype)
-    table = torch.randperm(pages, generator=g)[:B * P].view(B, P)  # pages scattered through the pool
+    table = torch.randperm(pages, generator=g)[: B * P].view(
+        B, P
+    )  # pages scattered through the pool
     q = torch.randn((B, H, D), generator=g).to(dtype)
-    view = DecodeView(block_table=table.to(device), lens=torch.tensor(lens).to(device), page_size=PAGE)
+    view = DecodeView(
+        block_table=table.to(device), lens=torch.tensor(lens).to(device), page_size=PAGE
+    )
     return q.to(device), k_pool.to(device), v_pool.to(device), view
 
 
@@ -70,7 +75,9 @@ def test_fused_kv_write_matches_indexed_stores_on_a_gpu(dtype):
     assert torch.equal(k_pool, k_ref) and torch.equal(v_pool, v_ref)
 
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")

@@ -11,7 +11,12 @@ from freetoken.kernels.triton import block
 from freetoken.layers import fused
 from freetoken.layers.moe import TopKRouter
 
-CASES = [(1, 128, 8, True), (5, 128, 8, False), (3, 60, 4, True), (2, 512, 10, True)]  # tokens, experts, k, renorm
+CASES = [
+    (1, 128, 8, True),
+    (5, 128, 8, False),
+    (3, 60, 4, True),
+    (2, 512, 10, True),
+]  # tokens, experts, k, renorm
 
 
 def router(E, k, renorm, dtype, device, seed=0):
@@ -29,7 +34,7 @@ def reference(r, x):
     with fused.disabled():
         w, _ = r(x)
         probs = torch.softmax(torch.nn.functional.linear(x, r.weight), dim=-1, dtype=torch.float32)
-    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :r.top_k]
+    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, : r.top_k]
     return w, ids
 
 
@@ -51,7 +56,9 @@ def test_fused_router_matches_the_torch_code_on_a_gpu(T, E, k, renorm, dtype):
     check(r(x[:T]), reference(r, x[:T]), dtype)
 
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
@@ -63,5 +70,7 @@ def test_router_kernel_in_the_interpreter(T, E, k, renorm):
     want = reference(r, x[:T])
     logits = torch.nn.functional.linear(x[:T], r.weight)
     w, ids = torch.empty((T, k)), torch.empty((T, k), dtype=torch.int64)
-    kernels.topk_softmax_kernel[(T,)](logits, w, ids, E, RENORM=renorm, K=k, BLOCK_E=block(E), BLOCK_K=block(k))
+    kernels.topk_softmax_kernel[(T,)](
+        logits, w, ids, E, RENORM=renorm, K=k, BLOCK_E=block(E), BLOCK_K=block(k)
+    )
     check((w, ids), want, torch.float32)

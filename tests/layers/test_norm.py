@@ -54,7 +54,9 @@ def test_fused_kernels_match_the_torch_code_on_a_gpu(shape, dtype):
     assert close(norm.rms_norm(h, wh, 1e-6), unfused(norm.rms_norm, h, wh, 1e-6), dtype)
 
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")

@@ -37,8 +37,13 @@ def test_cached_decode_equals_uncached_forward(tiny_model):
     rows = []
     for start, end in [(0, 5)] + [(i, i + 1) for i in range(5, len(PROMPT))]:
         ctx_slots = kv.slots_of(pages, 0, end, engine.device)
-        ctx = StepContext(torch.arange(start, end), ctx_slots[start:], [SeqSpan(0, end - start, end, ctx_slots)],
-                          kv, torch.arange(end - start))
+        ctx = StepContext(
+            torch.arange(start, end),
+            ctx_slots[start:],
+            [SeqSpan(0, end - start, end, ctx_slots)],
+            kv,
+            torch.arange(end - start),
+        )
         with torch.inference_mode(), step_context(ctx):
             h = engine.model(torch.tensor(PROMPT[start:end]), ctx.positions)
             rows.append(engine.model.logits(h).float())

@@ -57,7 +57,12 @@ class RefLRU:
                 if self.owner[s] is not None:
                     del self.where[self.owner[s]]
                     self.evictions += 1
-                self.owner[s], self.where[(layer, e)], self.stamp[s], slots[j] = (layer, e), s, now[j], s
+                self.owner[s], self.where[(layer, e)], self.stamp[s], slots[j] = (
+                    (layer, e),
+                    s,
+                    now[j],
+                    s,
+                )
         self.clock += 1
         return slots
 
@@ -87,26 +92,32 @@ def test_eviction_order_is_exactly_lru(slots):
     for step in range(300):
         layer = int(rng.integers(L))
         # a skewed stream, so some experts stay hot and others come and go
-        experts = rng.choice(E, K, replace=False, p=np.arange(E, 0, -1) / (E * (E + 1) / 2)).tolist()
+        experts = rng.choice(
+            E, K, replace=False, p=np.arange(E, 0, -1) / (E * (E + 1) / 2)
+        ).tolist()
         got = lru(layer, torch.tensor([experts]))
         assert got.shape == (1, K)
         assert got[0].tolist() == ref.call(layer, experts), f"step {step}"
         routes += K
     check(hb, cache, lru)
     misses, fetched = lru.pull()
-    assert cache.hits.sum() + cache.misses.sum() == routes and misses == fetched == cache.misses.sum()
+    assert (
+        cache.hits.sum() + cache.misses.sum() == routes and misses == fetched == cache.misses.sum()
+    )
     assert cache.evictions == ref.evictions
 
 
 def test_books_survive_hand_overs_to_the_host():
     hb, cache, lru = setup(20)
     rng = np.random.default_rng(1)
-    for rnd in range(12):
+    for _ in range(12):
         lru.push()
         for _ in range(25):
             layer, experts = int(rng.integers(L)), rng.choice(E, K, replace=False)
             slots = lru(layer, torch.from_numpy(experts)[None])[0].numpy()
-            assert (lru.owner[slots].numpy() == layer * E + experts).all()  # every route's expert is in its slot
+            assert (
+                lru.owner[slots].numpy() == layer * E + experts
+            ).all()  # every route's expert is in its slot
         check(hb, cache, lru)
         lru.pull()
         # the host cache goes on from the same books: its own lookups, fetches and evictions
@@ -128,9 +139,16 @@ def test_books_survive_hand_overs_to_the_host():
 
 def _books_devices() -> list:
     # the fused kernel also runs in Triton's interpreter, where that is installed and asked for
-    interp = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
-    return [pytest.param("cuda", marks=pytest.mark.gpu),
-            pytest.param("cpu", marks=pytest.mark.skipif(not interp, reason="needs TRITON_INTERPRET=1 and triton"))]
+    interp = (
+        os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+    )
+    return [
+        pytest.param("cuda", marks=pytest.mark.gpu),
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.skipif(not interp, reason="needs TRITON_INTERPRET=1 and triton"),
+        ),
+    ]
 
 
 @pytest.mark.parametrize("device", _books_devices())
@@ -165,8 +183,12 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
         for w, g in zip(want, got):
             assert torch.equal(w.cpu(), g.cpu()), f"step {step}"
         for name in ("slot_of", "owner", "stamp"):  # the last entry of each is scratch
-            assert torch.equal(getattr(ops, name)[:-1].cpu(), getattr(fused, name)[:-1].cpu()), f"{name}, step {step}"
-        assert torch.equal(ops.clock.cpu(), fused.clock.cpu()) and torch.equal(ops.counts.cpu(), fused.counts.cpu())
+            assert torch.equal(getattr(ops, name)[:-1].cpu(), getattr(fused, name)[:-1].cpu()), (
+                f"{name}, step {step}"
+            )
+        assert torch.equal(ops.clock.cpu(), fused.clock.cpu()) and torch.equal(
+            ops.counts.cpu(), fused.counts.cpu()
+        )
     assert int(fused.counts[:, 2].sum()) > 0  # the stream did evict
 
 
@@ -175,15 +197,23 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     from freetoken.moe import dispatch, offload
 
     # adaptive measures each placement for a few steps only, so all three run in one generation
-    monkeypatch.setattr(offload, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7,
-                                                                                  **kw))
+    monkeypatch.setattr(
+        offload,
+        "ModeChooser",
+        lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7, **kw),
+    )
     path, hf = tiny_model
     engine = make_engine(path, policy=policy, slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
     modes = []
     step = backend.between_steps
-    backend.between_steps = lambda tokens: (step(tokens), modes.append((tokens, backend.mode, backend.lru.live)))
-    prompts = [[(7 * i) % 500 + 1 for i in range(n)] for n in (5, 40)]  # the long one prefills on the host
+    backend.between_steps = lambda tokens: (
+        step(tokens),
+        modes.append((tokens, backend.mode, backend.lru.live)),
+    )
+    prompts = [
+        [(7 * i) % 500 + 1 for i in range(n)] for n in (5, 40)
+    ]  # the long one prefills on the host
     for p in prompts:
         (seq,) = generate(engine, [p], 24)
         assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
@@ -202,7 +232,11 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     # the books where they are
     stats = backend.stats()
     assert backend.lru.live and backend.stats()["cache"] == stats["cache"]
-    assert stats["cache"]["misses"] > 0 and stats["cache"]["hits"] > 0 and stats["m"] >= stats["cache"]["misses"]
+    assert (
+        stats["cache"]["misses"] > 0
+        and stats["cache"]["hits"] > 0
+        and stats["m"] >= stats["cache"]["misses"]
+    )
     backend.between_steps(2)  # hands the books to the host: the same totals, now counted there
     assert not backend.lru.live and backend.stats()["cache"] == stats["cache"]
 
@@ -238,4 +272,6 @@ def test_split_shares_misses_between_fetches_and_the_cpu(tiny_model):
     assert not backend.device_only(engine.model.moe_layers[0])  # the host takes part in every layer
     s = backend.stats()
     assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
-    assert s["cache"]["fetches"] == s["q"] and s["cache"]["misses"] == s["m"]  # every miss was booked
+    assert (
+        s["cache"]["fetches"] == s["q"] and s["cache"]["misses"] == s["m"]
+    )  # every miss was booked

@@ -80,7 +80,10 @@ def _run_chooser(chooser, cost: dict[str, float], steps: int) -> list[str]:
 def test_mode_chooser_measures_both_then_keeps_the_faster():
     from freetoken.moe.dispatch import ModeChooser
 
-    for cost, best in (({"cache": 0.05, "layers": 0.04}, "layers"), ({"cache": 0.03, "layers": 0.04}, "cache")):
+    for cost, best in (
+        ({"cache": 0.05, "layers": 0.04}, "layers"),
+        ({"cache": 0.03, "layers": 0.04}, "cache"),
+    ):
         chooser = ModeChooser(settle=2, measure=3, period=100)
         modes = _run_chooser(chooser, cost, 40)
         assert modes[:5] == ["cache"] * 5 and modes[5:10] == ["layers"] * 5

@@ -1,4 +1,5 @@
-"""GPU paths: the Triton expert kernel and every offload policy on CUDA against the resident model."""
+"""GPU paths: the Triton expert kernel and every offload policy on CUDA against the resident
+model."""
 
 from __future__ import annotations
 
@@ -26,8 +27,13 @@ def test_triton_small_batch_kernel_matches_reference(dtype, tol, shape):
     w = torch.rand(T, k, device="cuda", generator=g)
     out = moe_gpu.experts_from_slots(x, slots, w.to(dtype), gate_up, down)
     keep = slots >= 0
-    ref = reference.moe_experts(x.float(), torch.where(keep, slots, 0), torch.where(keep, w, 0.0),
-                                gate_up.float(), down.float())
+    ref = reference.moe_experts(
+        x.float(),
+        torch.where(keep, slots, 0),
+        torch.where(keep, w, 0.0),
+        gate_up.float(),
+        down.float(),
+    )
     assert float((out.float() - ref).norm() / ref.norm()) <= tol
 
 
@@ -88,7 +94,9 @@ def test_bf16_policies_stay_close_to_resident(tiny_model, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     ref = full_logits(make_engine(tmp_path, device="cuda", policy="resident"), PROMPT).cpu()
     for policy, slots in CASES:
-        got = full_logits(make_engine(tmp_path, device="cuda", policy=policy, slots=slots), PROMPT).cpu()
+        got = full_logits(
+            make_engine(tmp_path, device="cuda", policy=policy, slots=slots), PROMPT
+        ).cpu()
         assert float((got - ref).norm() / ref.norm()) <= 1e-2, policy
 
 
@@ -104,7 +112,9 @@ def test_streamed_prefill_never_overwrites_a_buffer_in_use(tiny_model, monkeypat
     real = prefill.moe_gpu.experts_from_slots
 
     def delayed(*args, **kwargs):
-        torch.cuda._sleep(rng.randrange(0, 2_000_000))  # up to ~1 ms of spinning on the compute stream
+        torch.cuda._sleep(
+            rng.randrange(0, 2_000_000)
+        )  # up to ~1 ms of spinning on the compute stream
         return real(*args, **kwargs)
 
     resident = make_engine(path, device="cuda", policy="resident")

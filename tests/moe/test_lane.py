@@ -15,7 +15,9 @@ from freetoken.moe.lane import CpuLane
 
 L, E, H, I, K = 3, 10, 48, 24, 4
 
-pytestmark = pytest.mark.skipif(cpu_kernel.extension() is None, reason="needs the compiled CPU kernel")
+pytestmark = pytest.mark.skipif(
+    cpu_kernel.extension() is None, reason="needs the compiled CPU kernel"
+)
 
 
 def banks(dtype=torch.float32) -> HostBanks:
@@ -47,11 +49,16 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
             got = lane.collect(y)
             gu, dn = hb.banks[layer]
             sel = torch.nonzero(cpu).reshape(-1)
-            want = y + cpu_kernel.moe_experts(x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[0, sel],
-                                              w[0, sel])
+            want = y + cpu_kernel.moe_experts(
+                x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[0, sel], w[0, sel]
+            )
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), f"step {step}"
         # every route on the CPU (a whole CPU layer), and a layer with none
-        x, ids, w = torch.randn((1, H), generator=g), torch.arange(K)[None], torch.full((1, K), 0.25)
+        x, ids, w = (
+            torch.randn((1, H), generator=g),
+            torch.arange(K)[None],
+            torch.full((1, K), 0.25),
+        )
         lane.post(1, x, ids, w)
         gu, dn = hb.banks[1]
         want = cpu_kernel.moe_experts(x, gu, dn, torch.zeros(K, dtype=torch.int64), ids[0], w[0])
@@ -60,7 +67,11 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
         lane.post(2, x, ids, w, torch.zeros(K, dtype=torch.bool))
         assert torch.equal(lane.collect(y), y)
         stats = lane.stats()
-        assert stats["failed"] == 0 and stats["timeouts"] == 0 and stats["threads"] == len(lane.cpus) >= 1
+        assert (
+            stats["failed"] == 0
+            and stats["timeouts"] == 0
+            and stats["threads"] == len(lane.cpus) >= 1
+        )
         assert stats["served"] == int(lane.count) and stats["served"] >= 20
         # the CPU's time and routes per request are what the bench reports of the lane
         assert stats["routes_per_request"] * stats["served"] == pytest.approx(routes)
@@ -96,11 +107,19 @@ def test_a_lane_that_is_not_running_raises_instead_of_hanging():
 
 # "none": no expert cache at all, every layer through the lane (on a GPU the setup always
 # sizes a cache, so only the CPU runs it; the kernels are the ones "layers" uses)
-CASES = [("split", "cuda"), ("layers", "cuda"), ("split", "cpu"), ("layers", "cpu"), ("none", "cpu")]
+CASES = [
+    ("split", "cuda"),
+    ("layers", "cuda"),
+    ("split", "cpu"),
+    ("layers", "cpu"),
+    ("none", "cpu"),
+]
 
 
-@pytest.mark.parametrize("mode,device", [pytest.param(m, d, marks=[pytest.mark.gpu] if d == "cuda" else [])
-                                         for m, d in CASES])
+@pytest.mark.parametrize(
+    "mode,device",
+    [pytest.param(m, d, marks=[pytest.mark.gpu] if d == "cuda" else []) for m, d in CASES],
+)
 def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device):
     """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
     (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
@@ -112,8 +131,15 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     path, hf = tiny_model
-    engine = make_engine(path, policy="adaptive", slots={"split": 9, "layers": 8, "none": 0}[mode], device=device,
-                         device_cache="on", cpu_lane="on", graphs="capture" if device == "cuda" else "")
+    engine = make_engine(
+        path,
+        policy="adaptive",
+        slots={"split": 9, "layers": 8, "none": 0}[mode],
+        device=device,
+        device_cache="on",
+        cpu_lane="on",
+        graphs="capture" if device == "cuda" else "",
+    )
     backend = engine.model.model.layers[0].mlp.experts.backend
     if mode != "none":
         backend.modes = dispatch.ModeChooser(modes=(mode,))
@@ -121,7 +147,9 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         assert backend.cache is None
     try:
         for p in ([(5 * i) % 500 + 3 for i in range(11)], [(7 * i) % 500 + 1 for i in range(40)]):
-            (seq,) = generate(engine, [p], 32)  # in split the share tuner tries every share meanwhile
+            (seq,) = generate(
+                engine, [p], 32
+            )  # in split the share tuner tries every share meanwhile
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
         assert backend.mode == mode or backend.cache is None
         assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
@@ -140,12 +168,16 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
         if device == "cuda":  # and the engine waits for each step asleep, its cores the lane's
             assert engine.graphs.capture and engine._wait._event is not None
-            assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1}
+            assert {
+                len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1
+            } == {1}
     finally:
         backend.lane.stop()
 
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
@@ -165,16 +197,43 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
             x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
             ids, w = torch.randperm(E, generator=g)[:K], torch.rand(K, generator=g)
             cpu = torch.rand(K, generator=g) < 0.5
-            kernels.post_kernel[(1,)](x, ids, w, cpu, dev.x, dev.ids, dev.wts, dev.pos, lane.pend, lane.count,
-                                      step % L, K, H=H, BLOCK_H=32, K=16)
+            kernels.post_kernel[(1,)](
+                x,
+                ids,
+                w,
+                cpu,
+                dev.x,
+                dev.ids,
+                dev.wts,
+                dev.pos,
+                lane.pend,
+                lane.count,
+                step % L,
+                K,
+                H=H,
+                BLOCK_H=32,
+                K=16,
+            )
             lane.host.raw.copy_(dev.raw)
-            lane.ctl[SEQ:SEQ + 1].copy_(lane.count)
+            lane.ctl[SEQ : SEQ + 1].copy_(lane.count)
             out = torch.empty_like(y)
-            kernels.collect_kernel[(1,)](y, out, lane.out, lane.ctl, lane.pend, lane.count, lane.polls, MAX_SPINS,
-                                         H=H, BLOCK_H=32)
+            kernels.collect_kernel[(1,)](
+                y,
+                out,
+                lane.out,
+                lane.ctl,
+                lane.pend,
+                lane.count,
+                lane.polls,
+                MAX_SPINS,
+                H=H,
+                BLOCK_H=32,
+            )
             gu, dn = hb.banks[step % L]
             sel = torch.nonzero(cpu).reshape(-1)
-            want = y + cpu_kernel.moe_experts(x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[sel], w[sel])
+            want = y + cpu_kernel.moe_experts(
+                x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[sel], w[sel]
+            )
             assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), f"step {step}"
         assert lane.stats()["timeouts"] == 0
     finally:

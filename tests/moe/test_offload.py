@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests import fixtures
 from tests.runtime.engine_util import full_logits, generate, make_engine
 
 PROMPT = [5, 17, 99, 3, 250, 11, 7, 300, 42, 128]
-CASES = [("resident", 16), ("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9),
-         ("adaptive", 0)]
+CASES = [
+    ("resident", 16),
+    ("lru-pcie", 9),
+    ("cpu-misses", 9),
+    ("static-layers", 8),
+    ("adaptive", 9),
+    ("adaptive", 0),
+]
 
 
 def _rel(a, b):
@@ -53,7 +58,10 @@ def test_adaptive_uses_both_paths_on_a_small_cache(tiny_model):
     backend = engine.model.model.layers[0].mlp.experts.backend
     from freetoken.moe.dispatch import PathCost
 
-    backend.split.pcie, backend.split.cpu = PathCost(1e-3), PathCost(1e-3)  # equal: split misses evenly
+    backend.split.pcie, backend.split.cpu = (
+        PathCost(1e-3),
+        PathCost(1e-3),
+    )  # equal: split misses evenly
     (seq,) = generate(engine, [PROMPT], 24)
     s = backend.stats()
     assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
@@ -71,13 +79,20 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     those of transformers whichever placement each step runs in."""
     from freetoken.moe import dispatch, offload
 
-    monkeypatch.setattr(offload, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw))
+    monkeypatch.setattr(
+        offload,
+        "ModeChooser",
+        lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw),
+    )
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9)
     backend = engine.model.model.layers[0].mlp.experts.backend
     seen = []
     step = backend.between_steps
-    backend.between_steps = lambda tokens: (step(tokens), seen.append((backend.mode, sorted(backend.cpu_layers))))
+    backend.between_steps = lambda tokens: (
+        step(tokens),
+        seen.append((backend.mode, sorted(backend.cpu_layers))),
+    )
     (seq,) = generate(engine, [PROMPT], 40)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 40)
     assert ("layers", [0]) in seen and ("cache", []) in seen  # 9 slots fit one layer of 8 experts

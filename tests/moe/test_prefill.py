@@ -1,4 +1,5 @@
-"""Prefill by whole-layer streaming gives the resident model's logits (CPU emulation of the pool)."""
+"""Prefill by whole-layer streaming gives the resident model's logits (CPU emulation of the
+pool)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def test_streamed_prefill_matches_resident(tiny_model, policy):
     assert backend.streamer is not None
     assert _rel(full_logits(engine, LONG), ref) <= 1e-5
     s = backend.streamer.stats
-    assert s["chunks"] == 1 and s["h2d_experts"] + s["d2d_experts"] == 2 * 8  # two layers of 8 experts
+    assert (
+        s["chunks"] == 1 and s["h2d_experts"] + s["d2d_experts"] == 2 * 8
+    )  # two layers of 8 experts
 
 
 @pytest.fixture(scope="module")

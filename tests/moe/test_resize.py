@@ -20,6 +20,7 @@ def test_bookkeeping_invariants_across_random_resizes():
     rng = random.Random(0)
     L, E, k = 4, 16, 4
     c = ExpertCache(L, E, 24, {"gate_up": (3,), "down": (2,)}, torch.float32, torch.device("cpu"))
+
     # each slot's content names its expert, so a wrong move is visible
     def stamp(slots, layer, experts):
         for s, e in zip(slots.tolist(), experts.tolist()):
@@ -47,12 +48,16 @@ def test_bookkeeping_invariants_across_random_resizes():
             assert set(c.owner[c.owner >= 0].tolist()) == set(expect)
             for s, o in enumerate(c.owner.tolist()):
                 if o >= 0:
-                    assert float(c.slots["gate_up"][s][0]) == o and float(c.slots["down"][s][0]) == o
+                    assert (
+                        float(c.slots["gate_up"][s][0]) == o and float(c.slots["down"][s][0]) == o
+                    )
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("policy,start,sizes", [("adaptive", 9, [16, 8, 12]), ("lru-pcie", 20, [8, 20]),
-                                                 ("static-layers", 16, [8, 16])])
+@pytest.mark.parametrize(
+    "policy,start,sizes",
+    [("adaptive", 9, [16, 8, 12]), ("lru-pcie", 20, [8, 20]), ("static-layers", 16, [8, 16])],
+)
 def test_results_are_identical_across_resizes(tiny_model, policy, start, sizes, device):
     path, hf = tiny_model
     engine = make_engine(path, policy=policy, slots=start, device=device)
@@ -61,8 +66,10 @@ def test_results_are_identical_across_resizes(tiny_model, policy, start, sizes, 
     expected = fixtures.hf_greedy(hf, PROMPT, 12)
     for size in sizes:
         backend.resize(size)
-        assert torch.equal(full_logits(engine, PROMPT), ref) or float(
-            (full_logits(engine, PROMPT) - ref).norm() / ref.norm()) <= 1e-6
+        assert (
+            torch.equal(full_logits(engine, PROMPT), ref)
+            or float((full_logits(engine, PROMPT) - ref).norm() / ref.norm()) <= 1e-6
+        )
         (seq,) = generate(engine, [PROMPT], 12)
         assert seq.output_ids == expected
         assert backend.cache.capacity == min(size, 16)  # never more slots than experts

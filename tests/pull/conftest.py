@@ -16,18 +16,38 @@ from tests.fixtures import SYNTH_TINY
 from tests.pull.harness import ThreadRegistry
 
 # SYNTH_TINY with wider experts: its FTW shard (7.5 MB) travels zstd-compressed in parts.
-WIDE = {**SYNTH_TINY, "hidden_size": 256, "intermediate_size": 256, "moe_intermediate_size": 128,
-        "num_experts": 16}
+WIDE = {
+    **SYNTH_TINY,
+    "hidden_size": 256,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 128,
+    "num_experts": 16,
+}
 # Small parts, frames and checkpoints, and quick retries: a few MB exercise several
 # streams, several frames per part and saved hash states, and give up fast.
-OPTIONS = TransferOptions(streams=4, part_size=1 << 20, min_part_size=256 << 10, retries=2,
-                          backoff=0.05, stall_timeout=5.0, state_every=64 << 10,
-                          verified_every=512 << 10, upload_chunk=2 << 20, frame_size=256 << 10)
+OPTIONS = TransferOptions(
+    streams=4,
+    part_size=1 << 20,
+    min_part_size=256 << 10,
+    retries=2,
+    backoff=0.05,
+    stall_timeout=5.0,
+    state_every=64 << 10,
+    verified_every=512 << 10,
+    upload_chunk=2 << 20,
+    frame_size=256 << 10,
+)
 
 
 def make_cfg(models: Path, registry: str = "", **env: str) -> Any:
-    return config.load({"FREETOKEN_MODELS": str(models), "FREETOKEN_REGISTRY": registry,
-                        "FREETOKEN_DEVICE": "cpu", **env})
+    return config.load(
+        {
+            "FREETOKEN_MODELS": str(models),
+            "FREETOKEN_REGISTRY": registry,
+            "FREETOKEN_DEVICE": "cpu",
+            **env,
+        }
+    )
 
 
 @pytest.fixture(scope="session")

@@ -40,8 +40,9 @@ class ThreadRegistry:
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}"
-        config = uvicorn.Config(create_app(root, token), host="127.0.0.1", port=self.port,
-                                log_level="warning")
+        config = uvicorn.Config(
+            create_app(root, token), host="127.0.0.1", port=self.port, log_level="warning"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
@@ -68,8 +69,18 @@ class ProcessRegistry:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ProcessRegistry:
-        cmd = [sys.executable, "-m", "registry", "serve", "--root", str(self.root),
-               "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "registry",
+            "serve",
+            "--root",
+            str(self.root),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         if self.token:
             cmd += ["--token", self.token]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -90,8 +101,7 @@ class ProcessRegistry:
 
 
 class _CountedStream(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, owner: CountingTransport, key: str,
-                 start: int):
+    def __init__(self, inner: httpx.SyncByteStream, owner: CountingTransport, key: str, start: int):
         self.inner, self.owner, self.key, self.pos = inner, owner, key, start
 
     def __iter__(self):
@@ -127,7 +137,7 @@ class CountingTransport(httpx.BaseTransport):
         for offset in [x for x in offsets if pos <= x < pos + len(chunk)]:
             offsets.remove(offset)
             i = offset - pos
-            chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1:]
+            chunk = chunk[:i] + bytes([chunk[i] ^ 0xFF]) + chunk[i + 1 :]
         return chunk
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -137,9 +147,12 @@ class CountingTransport(httpx.BaseTransport):
         key = request.url.path.rsplit("/", 1)[-1]
         start = int(response.headers.get("content-range", "bytes 0-").split()[1].split("-")[0])
         assert isinstance(response.stream, httpx.SyncByteStream)
-        return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_CountedStream(response.stream, self, key, start),
-                              extensions=response.extensions)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_CountedStream(response.stream, self, key, start),
+            extensions=response.extensions,
+        )
 
     def ranges(self, digest: str) -> list[tuple[int, int]]:
         """(start, end inclusive) of every ranged GET of the blob."""

@@ -69,7 +69,8 @@ def test_ollama_client_push(client, server, registry, tmp_path, source):
     fa = source.runner_files(source.resolve("tiny"))
     fb = back.runner_files(back.resolve("team/tiny:v2"))
     assert {k: Path(v).read_bytes() for k, v in fa.items()} == {
-        k: Path(v).read_bytes() for k, v in fb.items()}
+        k: Path(v).read_bytes() for k, v in fb.items()
+    }
 
 
 def test_unknown_model(client, server):
@@ -81,8 +82,10 @@ def test_unknown_model(client, server):
     with httpx.stream("POST", server.url + "/api/pull", json={"model": "nosuch"}) as r:
         lines = [json.loads(x) for x in r.iter_lines() if x]
     assert r.status_code == 200
-    assert lines == [{"status": "pulling manifest"},
-                     {"error": "pull model manifest: file does not exist"}]
+    assert lines == [
+        {"status": "pulling manifest"},
+        {"error": "pull model manifest: file does not exist"},
+    ]
 
 
 def test_request_errors(server):

@@ -20,10 +20,13 @@ def test_unknown_manifest_is_ollamas_message():
     assert e.value.status == 404
 
 
-@pytest.mark.parametrize("token, says", [
-    ("", "set FREETOKEN_REGISTRY_TOKEN"),
-    ("wrong", "rejected the token in FREETOKEN_REGISTRY_TOKEN"),
-])
+@pytest.mark.parametrize(
+    "token, says",
+    [
+        ("", "set FREETOKEN_REGISTRY_TOKEN"),
+        ("wrong", "rejected the token in FREETOKEN_REGISTRY_TOKEN"),
+    ],
+)
 def test_unauthorized_names_the_setting(token, says):
     seen = []
 

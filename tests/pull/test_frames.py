@@ -34,8 +34,16 @@ def framed(tmp_path_factory) -> tuple[bytes, WireLayer]:
     src.write_bytes(DATA)
     out = io.BytesIO()
     digest, size, frames = compress_frames(src, out, FRAME)
-    layer = WireLayer(ZSTD, digest, size, "file.bin", "sha256:" + hashlib.sha256(DATA).hexdigest(),
-                      len(DATA), FRAME, frames)
+    layer = WireLayer(
+        ZSTD,
+        digest,
+        size,
+        "file.bin",
+        "sha256:" + hashlib.sha256(DATA).hexdigest(),
+        len(DATA),
+        FRAME,
+        frames,
+    )
     return out.getvalue(), layer
 
 
@@ -46,8 +54,10 @@ def test_frames_decode_alone_and_together(framed):
     out = bytearray(FRAME)
     for k in range(len(layer.frames)):
         offset, size = layout.frame_span(k)
-        decode_frame(memoryview(blob)[layout.starts[k]:layout.starts[k + 1]], size, memoryview(out))
-        assert out[:size] == DATA[offset:offset + size]
+        decode_frame(
+            memoryview(blob)[layout.starts[k] : layout.starts[k + 1]], size, memoryview(out)
+        )
+        assert out[:size] == DATA[offset : offset + size]
     whole = zstandard.ZstdDecompressor().stream_reader(blob, read_across_frames=True).read()
     assert whole == DATA
 
@@ -63,14 +73,14 @@ def test_the_same_file_compresses_to_the_same_bytes(framed, tmp_path):
 def test_a_bad_frame_is_corrupt(framed, damage):
     blob, layer = framed
     layout = Layout.of(layer)
-    frame = bytearray(blob[layout.starts[1]:layout.starts[2]])
+    frame = bytearray(blob[layout.starts[1] : layout.starts[2]])
     size = FRAME
     if damage == "flip":
         frame[len(frame) // 2] ^= 1
     elif damage == "truncate":
         frame = frame[:-5]
     elif damage == "two frames":
-        frame += blob[layout.starts[2]:layout.starts[3]]
+        frame += blob[layout.starts[2] : layout.starts[3]]
     else:
         size = FRAME - 1
     with pytest.raises(CorruptFrame):
@@ -83,7 +93,9 @@ def test_layout_maps_wire_to_file(framed):
     assert layout.file_pos(0) == 0 and layout.file_pos(starts[1] - 1) == 0
     assert layout.file_pos(starts[2]) == 2 * FRAME
     assert layout.file_pos(layout.wire_size) == len(DATA)
-    assert layout.wire_pos(2 * FRAME) == starts[2] and layout.wire_pos(len(DATA)) == layout.wire_size
+    assert (
+        layout.wire_pos(2 * FRAME) == starts[2] and layout.wire_pos(len(DATA)) == layout.wire_size
+    )
     assert layout.wire_pos(FRAME + 1) is None
     assert layout.align(starts[3] + 5) == starts[3]
     plain = Layout(1000)
@@ -162,12 +174,15 @@ def test_the_frame_table_travels_in_annotations(framed):
     assert old.compressed and not old.framed and Layout.of(old).file_size == old.size
 
 
-@pytest.mark.parametrize("table", [
-    {FRAME_SIZE: "4096", FRAMES: "1,2"},  # frames that do not add up to the blob
-    {FRAME_SIZE: "0", FRAMES: "x"},
-    {FRAME_SIZE: "4096", FRAMES: "-1"},
-    {FRAME_SIZE: str(1 << 40), FRAMES: "10"},  # frames too large to hold
-])
+@pytest.mark.parametrize(
+    "table",
+    [
+        {FRAME_SIZE: "4096", FRAMES: "1,2"},  # frames that do not add up to the blob
+        {FRAME_SIZE: "0", FRAMES: "x"},
+        {FRAME_SIZE: "4096", FRAMES: "-1"},
+        {FRAME_SIZE: str(1 << 40), FRAMES: "10"},  # frames too large to hold
+    ],
+)
 def test_a_bad_frame_table_is_refused(framed, table):
     obj = framed[1].to_json()
     obj["annotations"] = table
@@ -188,4 +203,5 @@ def test_a_framed_download_through_a_mock_registry(framed, tmp_path):
     assert d.error is None and d.published and d.reread == 0
     assert blobs.read_bytes(layer.uncompressed_digest) == DATA
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        layer.uncompressed_digest.replace(":", "-")]
+        layer.uncompressed_digest.replace(":", "-")
+    ]

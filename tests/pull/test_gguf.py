@@ -30,13 +30,24 @@ def publish_gguf(url: str, gguf: Path) -> WireManifest:
     """Pushes the GGUF as Ollama's registry holds models: config, model, params, system."""
     client = RegistryClient(url)
     repo = "library/gguf-tiny"
-    config = json.dumps({"model_format": "gguf", "model_family": "qwen3moe", "model_type": "1M",
-                         "file_type": "F32", "architecture": "amd64", "os": "linux"}).encode()
+    config = json.dumps(
+        {
+            "model_format": "gguf",
+            "model_family": "qwen3moe",
+            "model_type": "1M",
+            "file_type": "F32",
+            "architecture": "amd64",
+            "os": "linux",
+        }
+    ).encode()
     params = json.dumps({"temperature": 0, "num_predict": 4}).encode()
     system = b"You are a test model."
     layers = []
-    for media_type, data in ((mf.GGUF, gguf.read_bytes()), (mf.PARAMS, params),
-                             (mf.SYSTEM, system)):
+    for media_type, data in (
+        (mf.GGUF, gguf.read_bytes()),
+        (mf.PARAMS, params),
+        (mf.SYSTEM, system),
+    ):
         layers.append(WireLayer(media_type, upload(client, repo, data), len(data)))
     config_layer = WireLayer(mf.CONFIG, upload(client, repo, config), len(config))
     wire = WireManifest(config_layer, tuple(layers))

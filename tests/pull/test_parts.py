@@ -28,8 +28,9 @@ from freetoken.pull.wire import WireLayer
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
 
-OPTS = TransferOptions(streams=4, part_size=1000, min_part_size=100, retries=2, backoff=0.0,
-                       state_every=1)
+OPTS = TransferOptions(
+    streams=4, part_size=1000, min_part_size=100, retries=2, backoff=0.0, state_every=1
+)
 DATA = os.urandom(3500)
 DIGEST = "sha256:" + hashlib.sha256(DATA).hexdigest()
 
@@ -50,7 +51,7 @@ class Blobs:
         with self.lock:
             self.ranges.append((a, b))
             cut = self.break_after.pop(0) if self.break_after else None
-        body = self.data[a:b + 1]
+        body = self.data[a : b + 1]
 
         def stream():
             if cut is None:
@@ -84,7 +85,7 @@ def test_saved_parts_are_resumed(tmp_path):
     assert list(tmp_path.glob("*-partial-*")) == []  # a part's state is written once it begins
     parts[1].completed = 500
     start = parts[1].offset
-    f.write(start, [DATA[start:start + 200], DATA[start + 200:start + 500]])  # one pwritev
+    f.write(start, [DATA[start : start + 200], DATA[start + 200 : start + 500]])  # one pwritev
     f.save(parts[1])
     f.close()
     again, _ = PartialFile(tmp_path, DIGEST, len(DATA)).open(OPTS)
@@ -117,8 +118,9 @@ def test_a_state_that_does_not_fit_is_ignored(tmp_path, damage):
     f.close()
     want = [875, 0, 10, 0]
     if damage == "other_plan":  # saved with other options: parts of another size
-        f.state_path(2).write_text(json.dumps({"N": 2, "Offset": 1750, "Size": 500,
-                                               "Completed": 10}))
+        f.state_path(2).write_text(
+            json.dumps({"N": 2, "Offset": 1750, "Size": 500, "Completed": 10})
+        )
         want = [875, 0, 0, 0]
     elif damage == "garbage":
         f.state_path(0).write_text("{")
@@ -153,8 +155,9 @@ def test_a_part_gives_up_after_its_retries(tmp_path):
     f = PartialFile(tmp_path, DIGEST, len(DATA))
     part = f.open(OPTS)[0][0]
     with pytest.raises(RegistryError, match="gave up after 3 tries"):
-        fetch_part(client(server), "library/demo", DIGEST, part, f, OPTS, threading.Event(),
-                   lambda n: None)
+        fetch_part(
+            client(server), "library/demo", DIGEST, part, f, OPTS, threading.Event(), lambda n: None
+        )
     assert len(server.ranges) == 3  # the first try and two retries
 
 
@@ -175,7 +178,7 @@ def test_download_fetches_only_the_missing_parts(tmp_path):
     f = PartialFile(tmp_path, DIGEST, len(DATA))
     parts, _ = f.open(OPTS)
     for p in parts[:2]:  # an earlier pull finished two parts, then stopped
-        f.write(p.offset, [DATA[p.offset:p.end]])
+        f.write(p.offset, [DATA[p.offset : p.end]])
         p.completed = p.size
         f.save(p)
     f.close()
@@ -194,7 +197,8 @@ def test_digest_mismatch_stores_nothing(tmp_path):
     d = _run(Transfers(OPTS), blobs, _layer(), server)
     got = "sha256:" + hashlib.sha256(server.data).hexdigest()
     assert str(d.error) == (
-        f"digest mismatch, file must be downloaded again: want {DIGEST}, got {got}")
+        f"digest mismatch, file must be downloaded again: want {DIGEST}, got {got}"
+    )
     assert list(tmp_path.iterdir()) == []
 
 

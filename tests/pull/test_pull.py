@@ -49,7 +49,8 @@ def test_push_then_pull_is_byte_identical(source, registry, cfg, hub, dest):
     wire = wire_manifest(registry.url, "wide")
     assert {e["digest"] for e in events if "digest" in e} == {b.digest for b in wire.blobs()}
     assert {e["digest"]: e["completed"] for e in events if "digest" in e} == {
-        b.digest: b.size for b in wire.blobs()}
+        b.digest: b.size for b in wire.blobs()
+    }
     assert stats.fetched_bytes == stats.total_bytes == sum(b.size for b in wire.blobs())
     # Only the uncompressed files are in the store, and nothing else.
     names = sorted(p.name for p in dest.blobs.root.iterdir())
@@ -70,8 +71,8 @@ def test_large_files_travel_compressed_in_frames(source, registry, cfg):
     k = len(layer.frames) // 2
     at = sum(layer.frames[:k])
     frame = bytearray(OPTIONS.frame_size)
-    decode_frame(memoryview(blob)[at:at + layer.frames[k]], OPTIONS.frame_size, memoryview(frame))
-    assert frame == data[k * OPTIONS.frame_size:(k + 1) * OPTIONS.frame_size]
+    decode_frame(memoryview(blob)[at : at + layer.frames[k]], OPTIONS.frame_size, memoryview(frame))
+    assert frame == data[k * OPTIONS.frame_size : (k + 1) * OPTIONS.frame_size]
     # Any zstd reader still gets the whole file from the blob.
     reader = zstandard.ZstdDecompressor().stream_reader(blob, read_across_frames=True)
     assert reader.read() == data
@@ -84,8 +85,9 @@ def test_a_second_pull_fetches_nothing(source, registry, cfg, hub, dest):
     pull_model(dest, "tiny", cfg=cfg, transfers=hub)
     counted = CountingTransport()
     events = []
-    stats = pull_model(dest, "tiny", cfg=cfg, transfers=hub, transport=counted,
-                       progress=events.append)
+    stats = pull_model(
+        dest, "tiny", cfg=cfg, transfers=hub, transport=counted, progress=events.append
+    )
     assert [m for m, _, _ in counted.requests] == ["GET"]  # the manifest only
     assert stats.fetched_bytes == 0 and stats.cached_bytes == stats.total_bytes
     layers = [e for e in events if "digest" in e]
@@ -100,8 +102,9 @@ def test_a_repeated_push_sends_nothing(source, registry, cfg, remembered):
         importlib.import_module("freetoken.pull.push")._zstd_digests.clear()
     counted = CountingTransport()
     events = []
-    stats = push_model(source, "wide", cfg=cfg, options=OPTIONS, transport=counted,
-                       progress=events.append)
+    stats = push_model(
+        source, "wide", cfg=cfg, options=OPTIONS, transport=counted, progress=events.append
+    )
     assert stats.sent_bytes == 0 and stats.skipped_bytes > 0
     assert {m for m, _, _ in counted.requests} == {"HEAD", "PUT"}  # and the PUT is the manifest
     # One thread of zstd: the same bytes, so the same digests and the same manifest.
@@ -132,8 +135,11 @@ def test_pulls_of_one_model_share_the_download(source, registry, cfg, hub, dest)
                 seen[i].append(e["completed"])
 
         try:
-            results.append(pull_model(dest, "wide", cfg=cfg, transfers=hub, transport=counted,
-                                      progress=progress))
+            results.append(
+                pull_model(
+                    dest, "wide", cfg=cfg, transfers=hub, transport=counted, progress=progress
+                )
+            )
         except Exception as e:  # reported below
             results.append(e)
 
@@ -156,8 +162,12 @@ def test_writes_need_the_token(source, tmp_path):
         with pytest.raises(RegistryError) as e:
             push_model(source, "tiny", cfg=cfg, options=OPTIONS)
         assert "FREETOKEN_REGISTRY_TOKEN" in str(e.value) and e.value.status == 401
-        push_model(source, "tiny", cfg=make_cfg(tmp_path / "models", reg.url,
-                                               FREETOKEN_REGISTRY_TOKEN="s3cret"), options=OPTIONS)
+        push_model(
+            source,
+            "tiny",
+            cfg=make_cfg(tmp_path / "models", reg.url, FREETOKEN_REGISTRY_TOKEN="s3cret"),
+            options=OPTIONS,
+        )
         # Reads are open: a pull needs no token.
         pull_model(Store(tmp_path / "models"), "tiny", cfg=cfg)
     same_files(source, Store(tmp_path / "models"), "tiny")
@@ -182,8 +192,13 @@ def test_prune_drops_what_an_interrupted_pull_left(source, registry, cfg, hub, d
     publish(source, cfg, "tiny")
     pull_model(dest, "tiny", cfg=cfg, transfers=hub)
     blobs = dest.blobs.root
-    for leftover in ("sha256-" + "a" * 64 + "-partial", "sha256-" + "a" * 64 + "-partial-0",
-                     "sha256-" + "a" * 64 + "-partial-0.tmp", "push-x1", "partial-x2"):
+    for leftover in (
+        "sha256-" + "a" * 64 + "-partial",
+        "sha256-" + "a" * 64 + "-partial-0",
+        "sha256-" + "a" * 64 + "-partial-0.tmp",
+        "push-x1",
+        "partial-x2",
+    ):
         (blobs / leftover).write_bytes(b"x")
     (dest.root / ".convert-x3").mkdir()
     kept = dest.blobs.digests()

@@ -30,7 +30,8 @@ def one_frame(registry_root: Path, source: Store, model: str) -> WireLayer:
     obj = json.loads(path.read_bytes())
     layer = next(x for x in obj["layers"] if x["mediaType"] == ZSTD)
     blob = zstandard.ZstdCompressor(level=3).compress(
-        source.blobs.read_bytes(layer["uncompressed_digest"]))
+        source.blobs.read_bytes(layer["uncompressed_digest"])
+    )
     digest = "sha256:" + hashlib.sha256(blob).hexdigest()
     (registry_root / "blobs" / digest.replace(":", "-")).write_bytes(blob)
     layer.update(digest=digest, size=len(blob))
@@ -67,8 +68,9 @@ def small(registry) -> int:
     return sum(b.size for b in wire_manifest(registry.url, "wide").blobs() if not b.compressed)
 
 
-def fetched_only_the_rest(counted: CountingTransport, layer: WireLayer,
-                          done: list[tuple[int, int]]) -> None:
+def fetched_only_the_rest(
+    counted: CountingTransport, layer: WireLayer, done: list[tuple[int, int]]
+) -> None:
     """The resumed pull asked for every missing byte once and for no recorded one."""
     assert counted.bytes[layer.digest] == layer.size - sum(b - a for a, b in done)
     for start, end in counted.ranges(layer.digest):
@@ -95,11 +97,14 @@ def test_a_corrupted_blob_is_not_stored(source, registry, cfg, hub, dest, file):
     if file == "frames":  # the frame is fetched again, and again found corrupt
         k = Layout.of(layer).frame_at(len(data) // 2)
         assert str(e.value).startswith(f"downloading {layer.digest}: frame {k} (bytes ")
-        assert "does not decode" in str(e.value) and str(e.value).endswith("(gave up after 3 tries)")
+        assert "does not decode" in str(e.value) and str(e.value).endswith(
+            "(gave up after 3 tries)"
+        )
     else:
         got = "sha256:" + hashlib.sha256(data).hexdigest()
         assert str(e.value) == (
-            f"digest mismatch, file must be downloaded again: want {layer.digest}, got {got}")
+            f"digest mismatch, file must be downloaded again: want {layer.digest}, got {got}"
+        )
     hub.wait_idle(10)
     assert dest.list_models() == []
     assert not (dest.root / "manifests").exists()
@@ -169,8 +174,12 @@ def test_resume_after_the_puller_is_killed(source, registry, cfg, hub, dest, fra
     if framing == "one frame":
         layer = one_frame(registry.root, source, "wide")
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-c", _PULLER, str(dest.root), registry.url],
-                            stdout=subprocess.PIPE, text=True, cwd=root)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PULLER, str(dest.root), registry.url],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         digest, completed = line.split()
@@ -205,8 +214,14 @@ def test_a_stopped_pull_goes_on_from_what_it_verified(source, registry, cfg, hub
             raise Stop
 
     with pytest.raises(Stop):
-        pull_model(dest, "wide", cfg=cfg, transfers=hub, progress=stop_half_way,
-                   transport=CountingTransport(delay=0.01))
+        pull_model(
+            dest,
+            "wide",
+            cfg=cfg,
+            transfers=hub,
+            progress=stop_half_way,
+            transport=CountingTransport(delay=0.01),
+        )
     assert hub.wait_idle(10)
     verified = PartialFile(dest.blobs.root, layer.digest, Layout.of(layer)).load_verified()
     assert verified is not None and 0 < verified.offset < layer.uncompressed_size
@@ -235,8 +250,12 @@ def small_disk(tmp_path, request):
     """A tmpfs of the size the test asks for, as the store's directory."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mnt)],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode})")
     yield mnt
@@ -245,8 +264,9 @@ def small_disk(tmp_path, request):
 
 # 4 MB: the shard's space (7.5 MB) cannot even be reserved. 10 MB, a shard of one frame:
 # the compressed shard (6.9 MB) arrives, but there is no room to decompress it next to it.
-@pytest.mark.parametrize("small_disk, framing", [("4m", "frames"), ("10m", "one frame")],
-                         indirect=["small_disk"])
+@pytest.mark.parametrize(
+    "small_disk, framing", [("4m", "frames"), ("10m", "one frame")], indirect=["small_disk"]
+)
 def test_a_full_disk_fails_cleanly(source, registry, cfg, hub, small_disk, framing):
     publish(source, cfg, "wide")
     layer = wire_shard(registry.url, "wide")

@@ -15,27 +15,72 @@ D3 = "sha256:" + "3" * 64
     "text, registry, insecure, local, url",
     [
         # Without FREETOKEN_REGISTRY: Ollama's registry, over https.
-        ("demo", "", False, "registry.ollama.ai/library/demo:latest",
-         "https://registry.ollama.ai/library/demo:latest"),
+        (
+            "demo",
+            "",
+            False,
+            "registry.ollama.ai/library/demo:latest",
+            "https://registry.ollama.ai/library/demo:latest",
+        ),
         # A default registry with a scheme: its scheme; the store keeps the short name.
-        ("demo:q4", "http://127.0.0.1:11435", False, "registry.ollama.ai/library/demo:q4",
-         "http://127.0.0.1:11435/library/demo:q4"),
-        ("ns/demo", "https://reg.example", False, "registry.ollama.ai/ns/demo:latest",
-         "https://reg.example/ns/demo:latest"),
+        (
+            "demo:q4",
+            "http://127.0.0.1:11435",
+            False,
+            "registry.ollama.ai/library/demo:q4",
+            "http://127.0.0.1:11435/library/demo:q4",
+        ),
+        (
+            "ns/demo",
+            "https://reg.example",
+            False,
+            "registry.ollama.ai/ns/demo:latest",
+            "https://reg.example/ns/demo:latest",
+        ),
         # A loopback host without a scheme: plain http.
-        ("demo", "localhost:5000", False, "registry.ollama.ai/library/demo:latest",
-         "http://localhost:5000/library/demo:latest"),
-        ("127.0.0.1:5000/ns/demo", "", False, "127.0.0.1:5000/ns/demo:latest",
-         "http://127.0.0.1:5000/ns/demo:latest"),
+        (
+            "demo",
+            "localhost:5000",
+            False,
+            "registry.ollama.ai/library/demo:latest",
+            "http://localhost:5000/library/demo:latest",
+        ),
+        (
+            "127.0.0.1:5000/ns/demo",
+            "",
+            False,
+            "127.0.0.1:5000/ns/demo:latest",
+            "http://127.0.0.1:5000/ns/demo:latest",
+        ),
         # Any other host: https, unless the name says http:// or insecure is set.
-        ("reg.example:5000/ns/demo", "", False, "reg.example:5000/ns/demo:latest",
-         "https://reg.example:5000/ns/demo:latest"),
-        ("http://reg.example/ns/demo", "", False, "reg.example/ns/demo:latest",
-         "http://reg.example/ns/demo:latest"),
-        ("reg.example/ns/demo", "", True, "reg.example/ns/demo:latest",
-         "http://reg.example/ns/demo:latest"),
-        ("demo", "reg.example", True, "registry.ollama.ai/library/demo:latest",
-         "http://reg.example/library/demo:latest"),
+        (
+            "reg.example:5000/ns/demo",
+            "",
+            False,
+            "reg.example:5000/ns/demo:latest",
+            "https://reg.example:5000/ns/demo:latest",
+        ),
+        (
+            "http://reg.example/ns/demo",
+            "",
+            False,
+            "reg.example/ns/demo:latest",
+            "http://reg.example/ns/demo:latest",
+        ),
+        (
+            "reg.example/ns/demo",
+            "",
+            True,
+            "reg.example/ns/demo:latest",
+            "http://reg.example/ns/demo:latest",
+        ),
+        (
+            "demo",
+            "reg.example",
+            True,
+            "registry.ollama.ai/library/demo:latest",
+            "http://reg.example/library/demo:latest",
+        ),
     ],
 )
 def test_locate(text, registry, insecure, local, url):
@@ -52,13 +97,20 @@ def test_locate_rejects(text):
 
 def _manifest(*layers):
     config = {"mediaType": mf.CONFIG, "digest": D1, "size": 10}
-    return json.dumps({"schemaVersion": 2, "mediaType": mf.MANIFEST, "config": config,
-                       "layers": list(layers)}).encode()
+    return json.dumps(
+        {"schemaVersion": 2, "mediaType": mf.MANIFEST, "config": config, "layers": list(layers)}
+    ).encode()
 
 
 def test_compressed_layer_is_kept_uncompressed():
-    zstd = {"mediaType": ZSTD, "digest": D2, "size": 5, "name": "ftw-00000.bin",
-            "uncompressed_digest": D3, "uncompressed_size": 9}
+    zstd = {
+        "mediaType": ZSTD,
+        "digest": D2,
+        "size": 5,
+        "name": "ftw-00000.bin",
+        "uncompressed_digest": D3,
+        "uncompressed_size": 9,
+    }
     wire = WireManifest.from_bytes(_manifest(zstd))
     assert wire.layers[0].local == mf.Layer(mf.FILE, D3, 9, "ftw-00000.bin")
     assert [b.digest for b in wire.blobs()] == [D1, D2]

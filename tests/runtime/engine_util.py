@@ -27,20 +27,50 @@ def files_of(path: Path) -> dict[str, Path]:
     return {p.name: p for p in path.iterdir() if p.is_file()}
 
 
-def make_engine(path: Path, *, pages: int = 64, page_size: int = 16, num_ctx: int = 512,
-                max_running: int = 4, chunk: int = 2048, policy: str = "adaptive", slots: int = 0,
-                device: str = "cpu", graphs: str = "", device_cache: str = "auto",
-                cpu_lane: str = "auto") -> Engine:
+def make_engine(
+    path: Path,
+    *,
+    pages: int = 64,
+    page_size: int = 16,
+    num_ctx: int = 512,
+    max_running: int = 4,
+    chunk: int = 2048,
+    policy: str = "adaptive",
+    slots: int = 0,
+    device: str = "cpu",
+    graphs: str = "",
+    device_cache: str = "auto",
+    cpu_lane: str = "auto",
+) -> Engine:
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, "auto")
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
     a = loaded.model.args
-    kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim,
-                 loaded.dtype, loaded.device)
-    dg = (DecodeGraphs(loaded.model, kv, loaded.device, num_ctx, capture=graphs == "capture",
-                       max_batch=max_running) if graphs else None)
-    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk, dg)
+    kv = KVCache(
+        a.num_hidden_layers,
+        pages,
+        page_size,
+        a.num_key_value_heads,
+        a.head_dim,
+        loaded.dtype,
+        loaded.device,
+    )
+    dg = (
+        DecodeGraphs(
+            loaded.model,
+            kv,
+            loaded.device,
+            num_ctx,
+            capture=graphs == "capture",
+            max_batch=max_running,
+        )
+        if graphs
+        else None
+    )
+    return Engine(
+        loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk, dg
+    )
 
 
 def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -50,10 +80,19 @@ def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
     try:
         dev = engine.device
         slots = kv.slots_of(pages, 0, len(ids), dev)
-        ctx = StepContext(torch.arange(len(ids), device=dev), slots, [SeqSpan(0, len(ids), len(ids), slots)], kv,
-                          torch.arange(len(ids), device=dev))
+        ctx = StepContext(
+            torch.arange(len(ids), device=dev),
+            slots,
+            [SeqSpan(0, len(ids), len(ids), slots)],
+            kv,
+            torch.arange(len(ids), device=dev),
+        )
         with torch.inference_mode(), step_context(ctx):
-            return engine.model.logits(engine.model(torch.tensor(ids, device=dev), ctx.positions)).float().cpu()
+            return (
+                engine.model.logits(engine.model(torch.tensor(ids, device=dev), ctx.positions))
+                .float()
+                .cpu()
+            )
     finally:
         kv.pool.release(pages)
 
@@ -70,16 +109,40 @@ def generate(engine: Engine, prompts: list[list[int]], n: int, **params) -> list
 
 
 @contextlib.contextmanager
-def runner_process(model_dir: Path, work: Path, num_ctx: int, timeout: float = 30, num_parallel: int = 2,
-                   options: dict | None = None, env: dict[str, str] | None = None) -> Iterator[httpx.Client]:
+def runner_process(
+    model_dir: Path,
+    work: Path,
+    num_ctx: int,
+    timeout: float = 30,
+    num_parallel: int = 2,
+    options: dict | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[httpx.Client]:
     """A real runner process for `model_dir` on a Unix socket; yields a client once it is ready."""
-    spec = {"name": "tiny:latest", "files": {k: str(v) for k, v in files_of(model_dir).items()},
-            "num_ctx": num_ctx, "num_parallel": num_parallel, **({"options": options} if options else {})}
+    spec = {
+        "name": "tiny:latest",
+        "files": {k: str(v) for k, v in files_of(model_dir).items()},
+        "num_ctx": num_ctx,
+        "num_parallel": num_parallel,
+        **({"options": options} if options else {}),
+    }
     (work / "spec.json").write_text(json.dumps(spec))
     sock = work / "r.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "freetoken.runtime.runner", "--socket", str(sock),
-                             "--spec", str(work / "spec.json")], env=env)
-    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=timeout)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "freetoken.runtime.runner",
+            "--socket",
+            str(sock),
+            "--spec",
+            str(work / "spec.json"),
+        ],
+        env=env,
+    )
+    client = httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://runner", timeout=timeout
+    )
     try:
         deadline = time.time() + 60
         while True:

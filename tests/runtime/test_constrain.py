@@ -33,13 +33,31 @@ SCHEMA = {
     "required": ["name", "age", "ok"],
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                         "unit": {"enum": ["c", "f"]}},
-        "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 10},
+                    "unit": {"enum": ["c", "f"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
 ]
 
 
@@ -69,7 +87,9 @@ def test_token_bytes_reassemble_any_text(tiny_model):
 
 def test_trie_walk_finds_exactly_the_accepted_tokens():
     rng = random.Random(0)
-    words = sorted({bytes(rng.choice(b"abc") for _ in range(rng.randint(1, 5))) for _ in range(300)})
+    words = sorted(
+        {bytes(rng.choice(b"abc") for _ in range(rng.randint(1, 5))) for _ in range(300)}
+    )
     items = [(w, i) for i, w in enumerate(words)] + [(words[0], 999)]  # two ids, same bytes
 
     def advance(last: int, b: int) -> int | None:
@@ -86,11 +106,50 @@ def test_trie_walk_finds_exactly_the_accepted_tokens():
 def tricky_vocab() -> Vocab:
     """Every single byte, and tokens that cross JSON structure and UTF-8 characters."""
     pieces = [bytes((b,)) for b in range(256)] + [
-        b'{"', b'":', b'": "', b'",', b'", "', b'"}', b'"]', b'},', b'}]', b"[{", b" [", b" {",
-        b"\n  ", b"\n\n", b"  ", b'\\"', b'\\n', b'\\u00', b"e9", b"true", b"false", b"null",
-        b"12", b"-3", b"3.5", b"e+", b"name", b"age", b" ok", b"\xe6\x97", b"\xa5", b"\xe6\x97\xa5",
-        b"\xf0\x9f", b"\x99\x82", "é".encode(), b"abc\"", b'a"b', b"get_weather", b"<tool_call>",
-        b"</tool_call>", b'{"name": "', b'"arguments": {', b"\xed\xa0", b"\xe0\x80",
+        b'{"',
+        b'":',
+        b'": "',
+        b'",',
+        b'", "',
+        b'"}',
+        b'"]',
+        b"},",
+        b"}]",
+        b"[{",
+        b" [",
+        b" {",
+        b"\n  ",
+        b"\n\n",
+        b"  ",
+        b'\\"',
+        b"\\n",
+        b"\\u00",
+        b"e9",
+        b"true",
+        b"false",
+        b"null",
+        b"12",
+        b"-3",
+        b"3.5",
+        b"e+",
+        b"name",
+        b"age",
+        b" ok",
+        b"\xe6\x97",
+        b"\xa5",
+        b"\xe6\x97\xa5",
+        b"\xf0\x9f",
+        b"\x99\x82",
+        "é".encode(),
+        b'abc"',
+        b'a"b',
+        b"get_weather",
+        b"<tool_call>",
+        b"</tool_call>",
+        b'{"name": "',
+        b'"arguments": {',
+        b"\xed\xa0",
+        b"\xe0\x80",
     ]
     return Vocab(pieces + [b""], len(pieces) + 3)
 
@@ -100,11 +159,19 @@ def brute_force(gm: GrammarMasks, state) -> torch.Tensor:
     return torch.tensor([bool(b) and bool(m.feed(state, b)) for b in v.bytes])
 
 
-@pytest.mark.parametrize("grammar", [
-    format_grammar(SCHEMA), format_grammar("json"), Grammar(ANY_OBJECT),
-    format_grammar({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}}),
-    tool_call_grammar(TOOLS, None, "<tool_call>", "</tool_call>"),
-], ids=["schema", "json", "any", "strings", "tools"])
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        format_grammar(SCHEMA),
+        format_grammar("json"),
+        Grammar(ANY_OBJECT),
+        format_grammar(
+            {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}}
+        ),
+        tool_call_grammar(TOOLS, None, "<tool_call>", "</tool_call>"),
+    ],
+    ids=["schema", "json", "any", "strings", "tools"],
+)
 def test_masks_equal_brute_force_along_random_walks(grammar):
     gm = GrammarMasks(grammar, tricky_vocab())
     m, rng = gm.matcher, random.Random(1)
@@ -121,12 +188,19 @@ def test_masks_equal_brute_force_along_random_walks(grammar):
             assert state  # an allowed token never breaks the prefix
 
 
-@pytest.mark.parametrize("schema, prefix", [
-    ({"type": "string"}, b'"a\\'), ({"type": "string", "maxLength": 3}, b'"ab\\'),
-    ("json", b'{"k\\'), ("json", b'{"k": "\\u00'), ({"type": "string"}, b'"\xe6'),
-    ({"type": "string"}, b'"\xe6\x97'), ({"type": "string"}, b'"\xed'),
-    ({"type": "array", "items": {"type": "string", "minLength": 2}}, b'["a'),
-])
+@pytest.mark.parametrize(
+    "schema, prefix",
+    [
+        ({"type": "string"}, b'"a\\'),
+        ({"type": "string", "maxLength": 3}, b'"ab\\'),
+        ("json", b'{"k\\'),
+        ("json", b'{"k": "\\u00'),
+        ({"type": "string"}, b'"\xe6'),
+        ({"type": "string"}, b'"\xe6\x97'),
+        ({"type": "string"}, b'"\xed'),
+        ({"type": "array", "items": {"type": "string", "minLength": 2}}, b'["a'),
+    ],
+)
 def test_masks_equal_brute_force_inside_strings(schema, prefix):
     gm = GrammarMasks(format_grammar(schema), tricky_vocab())
     state = gm.matcher.feed(gm.matcher.initial(), prefix)
@@ -195,8 +269,12 @@ def test_random_model_writes_valid_json_for_a_schema(engine, cache, temperature)
     masks = cache.get(["format", SCHEMA], lambda: format_grammar(SCHEMA))
     for seed in range(4):
         p = SamplingParams(temperature=temperature, seed=seed, top_k=0 if seed % 2 else 40)
-        seq = run(engine, chat_prompt(engine, f"person {seed}"), p,
-                  Constraint(masks, engine.tokenizer.eos_ids))
+        seq = run(
+            engine,
+            chat_prompt(engine, f"person {seed}"),
+            p,
+            Constraint(masks, engine.tokenizer.eos_ids),
+        )
         text = engine.tokenizer.decode(seq.output_ids)
         assert seq.finish_reason == "stop", text
         jsonschema.validate(json.loads(text), SCHEMA)
@@ -204,8 +282,12 @@ def test_random_model_writes_valid_json_for_a_schema(engine, cache, temperature)
 
 def test_format_json_gives_an_object(engine, cache):
     masks = cache.get(["format", "json"], lambda: format_grammar("json"))
-    seq = run(engine, chat_prompt(engine), SamplingParams(temperature=0.9, seed=5),
-              Constraint(masks, engine.tokenizer.eos_ids))
+    seq = run(
+        engine,
+        chat_prompt(engine),
+        SamplingParams(temperature=0.9, seed=5),
+        Constraint(masks, engine.tokenizer.eos_ids),
+    )
     assert seq.finish_reason == "stop"
     assert isinstance(json.loads(engine.tokenizer.decode(seq.output_ids)), dict)
 
@@ -213,12 +295,18 @@ def test_format_json_gives_an_object(engine, cache):
 @pytest.mark.parametrize("name", [None, "add"])
 def test_forced_tool_call_parses_and_validates(engine, cache, name):
     style = Style(think_open=None, think_close=None)
-    masks = cache.get(["call", TOOLS, name], lambda: tool_call_grammar(
-        TOOLS, name, style.call_open, style.call_close))
+    masks = cache.get(
+        ["call", TOOLS, name],
+        lambda: tool_call_grammar(TOOLS, name, style.call_open, style.call_close),
+    )
     params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for seed in range(3):
-        seq = run(engine, chat_prompt(engine, "weather?"), SamplingParams(temperature=1.0, seed=seed),
-                  Constraint(masks, engine.tokenizer.eos_ids))
+        seq = run(
+            engine,
+            chat_prompt(engine, "weather?"),
+            SamplingParams(temperature=1.0, seed=seed),
+            Constraint(masks, engine.tokenizer.eos_ids),
+        )
         parser = OutputParser(style, tools=True)
         events = parser.feed(engine.tokenizer.decode(seq.output_ids)) + parser.finish()
         calls = [c for e in events for c in e.get("tool_calls", [])]
@@ -257,7 +345,9 @@ def test_unconstrained_sequences_are_untouched(engine, cache):
     masks = cache.get(["format", "json"], lambda: format_grammar("json"))
     seq = Sequence(list(prompt), SamplingParams(temperature=0.0), 30, engine.tokenizer.eos_ids)
     seq.constraint = Constraint(masks, engine.tokenizer.eos_ids)
-    together = Sequence(list(prompt), SamplingParams(temperature=0.0), 400, engine.tokenizer.eos_ids)
+    together = Sequence(
+        list(prompt), SamplingParams(temperature=0.0), 400, engine.tokenizer.eos_ids
+    )
     for s in (seq, together):
         engine.submit(s, lambda *_: None)
     while not (seq.is_finished and together.is_finished):
@@ -266,8 +356,9 @@ def test_unconstrained_sequences_are_untouched(engine, cache):
 
 
 def test_logprobs_come_from_the_log_softmax(engine):
-    seq = run(engine, chat_prompt(engine), SamplingParams(temperature=0.0, num_predict=5),
-              top_logprobs=3)
+    seq = run(
+        engine, chat_prompt(engine), SamplingParams(temperature=0.0, num_predict=5), top_logprobs=3
+    )
     assert len(seq.logprobs) == len(seq.output_ids)
     for (token, lp, alts), out in zip(seq.logprobs, seq.output_ids):
         assert token == out and lp <= 0.0

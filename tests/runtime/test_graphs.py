@@ -12,7 +12,11 @@ from freetoken.runtime.sequence import Sequence
 from tests import fixtures
 from tests.runtime.engine_util import generate, make_engine
 
-PROMPTS = [[5, 17, 99, 3, 250, 11, 7], [300, 42], [128, 9, 14, 77, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+PROMPTS = [
+    [5, 17, 99, 3, 250, 11, 7],
+    [300, 42],
+    [128, 9, 14, 77, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+]
 
 
 def test_fixed_shape_decode_matches_the_variable_path(tiny_model):
@@ -60,7 +64,13 @@ def test_bucket_sizes_double_and_cap_at_the_context(tiny_model):
     assert g.fits(4, 600) and not g.fits(5, 10) and not g.fits(1, 609)
 
 
-GPU_CASES = [("resident", 0), ("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9)]
+GPU_CASES = [
+    ("resident", 0),
+    ("lru-pcie", 9),
+    ("cpu-misses", 9),
+    ("static-layers", 8),
+    ("adaptive", 9),
+]
 
 
 @pytest.mark.gpu
@@ -86,7 +96,9 @@ def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slot
     if policy in ("resident", "lru-pcie"):
         assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
     for (b, _), bk in engine.graphs._buckets.items():
-        assert len(bk.segments) == 1 + sum(not backend.device_only(l, b) for l in engine.model.moe_layers)
+        assert len(bk.segments) == 1 + sum(
+            not backend.device_only(l, b) for l in engine.model.moe_layers
+        )
 
 
 @pytest.mark.gpu
@@ -152,13 +164,17 @@ def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
 
     path, hf = tiny_model
     # without the CPU lane: with it a split step is one graph (tests/moe/test_lane.py)
-    engine = make_engine(path, device="cuda", policy="adaptive", slots=9, graphs="capture", cpu_lane="off")
+    engine = make_engine(
+        path, device="cuda", policy="adaptive", slots=9, graphs="capture", cpu_lane="off"
+    )
     backend = engine.model.model.layers[0].mlp.experts.backend
     backend.modes = dispatch.ModeChooser(modes=("split",))
     (seq,) = generate(engine, [PROMPTS[2]], 32)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[2], 32)
     assert backend.mode == "split" and engine.graphs.capture
     layers = len(engine.model.moe_layers)
-    assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1 + layers}
+    assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {
+        1 + layers
+    }
     s = backend.stats()
     assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0

@@ -41,7 +41,7 @@ def test_scheduler_invariants_under_random_load():
     kv = KVCache(1, 24, 4, 1, 2, torch.float32, torch.device("cpu"))
     sched = Scheduler(kv, max_running=3, chunk=10)
     live: list[Sequence] = []
-    for step in range(400):
+    for _ in range(400):
         if rng.random() < 0.3:
             s = _seq(rng.randrange(1, 30))
             sched.add(s)

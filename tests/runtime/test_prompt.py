@@ -23,8 +23,10 @@ def _chat(n):
 
 def test_chat_renders_the_template(builder):
     p = builder.build({"kind": "chat", "messages": _chat(0)}, 512)
-    assert p.text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nlast question<|im_end|>\n"
-                      "<|im_start|>assistant\n")
+    assert p.text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nlast question<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert builder.tokenizer.tok.decode(p.ids, skip_special_tokens=False) == p.text
 
 
@@ -45,18 +47,33 @@ def test_truncate_false_is_an_error(builder):
 def test_generate_raw_is_verbatim_and_truncates_keeping_num_keep(builder):
     p = builder.build({"kind": "generate", "prompt": "hello world " * 50, "raw": True}, 100000)
     assert builder.tokenizer.decode(p.ids) == "hello world " * 50
-    short = builder.build({"kind": "generate", "prompt": "hello world " * 50, "raw": True,
-                           "options": {"num_keep": 3}}, 20)
+    short = builder.build(
+        {
+            "kind": "generate",
+            "prompt": "hello world " * 50,
+            "raw": True,
+            "options": {"num_keep": 3},
+        },
+        20,
+    )
     assert len(short.ids) == 19 and short.truncated
     assert short.ids[:3] == p.ids[:3] and short.ids[3:] == p.ids[-16:]
 
 
 def test_generate_with_system_and_context(builder):
-    p = builder.build({"kind": "generate", "prompt": "hi", "system": "S", "context": [1, 2, 3]}, 512)
+    p = builder.build(
+        {"kind": "generate", "prompt": "hi", "system": "S", "context": [1, 2, 3]}, 512
+    )
     assert p.ids[:3] == [1, 2, 3]
-    assert p.text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        p.text == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_images_are_rejected_for_text_models(builder):
     with pytest.raises(PromptError, match="images"):
-        builder.build({"kind": "chat", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, 512)
+        builder.build(
+            {"kind": "chat", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+            512,
+        )

@@ -12,7 +12,9 @@ from tests.runtime.engine_util import runner_process
 
 @pytest.fixture(scope="module")
 def runner(tiny_model, tmp_path_factory):
-    with runner_process(tiny_model[0], tmp_path_factory.mktemp("runner"), num_ctx=256, timeout=30) as client:
+    with runner_process(
+        tiny_model[0], tmp_path_factory.mktemp("runner"), num_ctx=256, timeout=30
+    ) as client:
         yield client
 
 
@@ -23,36 +25,54 @@ def _events(client, body):
 
 
 def test_generate_streams_content_then_done(runner):
-    ev = _events(runner, {"kind": "generate", "prompt": "Hello", "raw": True,
-                          "options": {"temperature": 0, "num_predict": 12}})
+    ev = _events(
+        runner,
+        {
+            "kind": "generate",
+            "prompt": "Hello",
+            "raw": True,
+            "options": {"temperature": 0, "num_predict": 12},
+        },
+    )
     assert ev[-1]["done"] and ev[-1]["done_reason"] == "length"
     assert ev[-1]["eval_count"] == 12 and ev[-1]["prompt_eval_count"] > 0
     assert all("content" in e for e in ev[:-1])
 
 
 def test_greedy_is_deterministic_and_stop_strings_cut(runner):
-    body = {"kind": "chat", "messages": [{"role": "user", "content": "hi"}],
-            "options": {"temperature": 0, "num_predict": 30}}
+    body = {
+        "kind": "chat",
+        "messages": [{"role": "user", "content": "hi"}],
+        "options": {"temperature": 0, "num_predict": 30},
+    }
     text = "".join(e.get("content", "") for e in _events(runner, body))
     assert text == "".join(e.get("content", "") for e in _events(runner, body))
     stop = text[5:8]
     ev = _events(runner, {**body, "options": {**body["options"], "stop": [stop]}})
     cut = "".join(e.get("content", "") for e in ev)
-    assert cut == text[:text.find(stop)]
+    assert cut == text[: text.find(stop)]
     assert ev[-1]["done_reason"] == "stop"
 
 
 def test_bad_requests_get_400(runner):
     r = runner.post("/completion", json={"kind": "chat", "messages": [], "options": {"top_k": "x"}})
     assert r.status_code == 400 and "top_k" in r.json()["error"]
-    r = runner.post("/completion", json={"kind": "generate", "prompt": "x " * 400, "raw": True, "truncate": False})
+    r = runner.post(
+        "/completion",
+        json={"kind": "generate", "prompt": "x " * 400, "raw": True, "truncate": False},
+    )
     assert r.status_code == 400 and "exceeds the context length" in r.json()["error"]
     r = runner.post("/completion", content=b"{nope")
     assert r.status_code == 400
 
 
 def test_closing_the_stream_cancels_and_frees_pages(runner):
-    body = {"kind": "generate", "prompt": "go", "raw": True, "options": {"temperature": 0.9, "num_predict": 200}}
+    body = {
+        "kind": "generate",
+        "prompt": "go",
+        "raw": True,
+        "options": {"temperature": 0.9, "num_predict": 200},
+    }
     with runner.stream("POST", "/completion", json=body) as r:
         for _ in r.iter_lines():
             break
@@ -68,7 +88,12 @@ def test_closing_the_stream_cancels_and_frees_pages(runner):
 def test_concurrent_requests_all_finish(runner):
     import concurrent.futures as cf
 
-    body = {"kind": "generate", "prompt": "abc", "raw": True, "options": {"temperature": 0, "num_predict": 16}}
+    body = {
+        "kind": "generate",
+        "prompt": "abc",
+        "raw": True,
+        "options": {"temperature": 0, "num_predict": 16},
+    }
     with cf.ThreadPoolExecutor(4) as ex:
         results = list(ex.map(lambda _: _events(runner, body), range(4)))
     texts = {"".join(e.get("content", "") for e in ev) for ev in results}
@@ -88,8 +113,15 @@ def cached_runner(request, tiny_model, tmp_path_factory):
     import os
 
     env = {**os.environ, "FREETOKEN_EXPERT_SLOTS": "12", "FREETOKEN_DEVICE_CACHE": request.param}
-    with runner_process(tiny_model[0], tmp_path_factory.mktemp("cached-runner"), num_ctx=256, timeout=60,
-                        num_parallel=4, options={"moe_policy": "lru-pcie"}, env=env) as client:
+    with runner_process(
+        tiny_model[0],
+        tmp_path_factory.mktemp("cached-runner"),
+        num_ctx=256,
+        timeout=60,
+        num_parallel=4,
+        options={"moe_policy": "lru-pcie"},
+        env=env,
+    ) as client:
         client.device_cache = request.param
         yield client
 
@@ -97,7 +129,12 @@ def cached_runner(request, tiny_model, tmp_path_factory):
 def test_resize_while_four_streams_run_fails_none(cached_runner):
     import concurrent.futures as cf
 
-    body = {"kind": "generate", "prompt": "abc", "raw": True, "options": {"temperature": 0, "num_predict": 60}}
+    body = {
+        "kind": "generate",
+        "prompt": "abc",
+        "raw": True,
+        "options": {"temperature": 0, "num_predict": 60},
+    }
     ref = "".join(e.get("content", "") for e in _events(cached_runner, body))
     with cf.ThreadPoolExecutor(5) as ex:
         streams = [ex.submit(_events, cached_runner, body) for _ in range(4)]
@@ -117,7 +154,9 @@ def test_resize_while_four_streams_run_fails_none(cached_runner):
     assert books == ("device" if cached_runner.device_cache == "on" else "host")
     for ev in results:
         assert ev[-1]["done"] and ev[-1]["eval_count"] == 60
-        assert "".join(e.get("content", "") for e in ev) == ref  # same greedy text whatever the size
+        assert (
+            "".join(e.get("content", "") for e in ev) == ref
+        )  # same greedy text whatever the size
 
 
 def test_resize_below_the_floor_is_a_400_and_changes_nothing(cached_runner):

@@ -46,13 +46,19 @@ def test_penalties_push_repeated_tokens_down():
     logits = torch.tensor([2.0, -2.0, 1.0])
     out = apply_penalties(logits, [0, 1, 0], SamplingParams(repeat_penalty=2.0), 64)
     assert out.tolist() == [1.0, -4.0, 1.0]
-    out = apply_penalties(logits, [0, 0, 2], SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), 64)
+    out = apply_penalties(
+        logits, [0, 0, 2], SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), 64
+    )
     assert out.tolist() == [2.0 - 1.0 - 0.25, -2.0, 1.0 - 0.5 - 0.25]
     # repeat_last_n limits the window; 0 disables
     out = apply_penalties(logits, [0, 2], SamplingParams(repeat_penalty=2.0, repeat_last_n=1), 64)
     assert out.tolist() == [2.0, -2.0, 0.5]
-    assert apply_penalties(logits, [0], SamplingParams(repeat_penalty=2.0, repeat_last_n=0), 64).tolist() \
+    assert (
+        apply_penalties(
+            logits, [0], SamplingParams(repeat_penalty=2.0, repeat_last_n=0), 64
+        ).tolist()
         == logits.tolist()
+    )
 
 
 def test_from_options_uses_ollama_defaults():

@@ -14,26 +14,46 @@ from tests.runtime.engine_util import runner_process
 
 SCHEMA = {
     "type": "object",
-    "properties": {"title": {"type": "string", "maxLength": 20},
-                   "year": {"type": "integer"},
-                   "genres": {"type": "array", "items": {"enum": ["drama", "comedy"]}, "maxItems": 2}},
+    "properties": {
+        "title": {"type": "string", "maxLength": 20},
+        "year": {"type": "integer"},
+        "genres": {"type": "array", "items": {"enum": ["drama", "comedy"]}, "maxItems": 2},
+    },
     "required": ["title", "year"],
 }
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                      "parameters": {"type": "object",
-                                                     "properties": {"city": {"type": "string", "maxLength": 12}},
-                                                     "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-        "required": ["a", "b"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
 ]
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
 def runner(tiny_model, tmp_path_factory):
-    with runner_process(tiny_model[0], tmp_path_factory.mktemp("structured-runner"), num_ctx=512, timeout=60) as client:
+    with runner_process(
+        tiny_model[0], tmp_path_factory.mktemp("structured-runner"), num_ctx=512, timeout=60
+    ) as client:
         yield client
 
 
@@ -48,7 +68,12 @@ def content(evs) -> str:
 
 
 def chat(**kw):
-    return {"kind": "chat", "messages": USER, **kw, "options": {"num_predict": 300, **kw.get("options", {})}}
+    return {
+        "kind": "chat",
+        "messages": USER,
+        **kw,
+        "options": {"num_predict": 300, **kw.get("options", {})},
+    }
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -62,8 +87,16 @@ def test_format_json_on_raw_generate_gives_an_object(runner):
     # a random model may stay inside a free string for long: some seeds end, all stay valid
     ended = 0
     for seed in (2, 5, 7):
-        evs = events(runner, {"kind": "generate", "prompt": "data:", "raw": True, "format": "json",
-                              "options": {"seed": seed, "num_predict": 400}})
+        evs = events(
+            runner,
+            {
+                "kind": "generate",
+                "prompt": "data:",
+                "raw": True,
+                "format": "json",
+                "options": {"seed": seed, "num_predict": 400},
+            },
+        )
         if evs[-1]["done_reason"] == "stop":
             assert isinstance(json.loads(content(evs)), dict)
             ended += 1
@@ -71,10 +104,14 @@ def test_format_json_on_raw_generate_gives_an_object(runner):
 
 
 def test_a_formatted_answer_is_content_even_beside_tools(runner):
-    schema = {"type": "object", "properties": {"name": {"enum": ["add"]},
-                                               "arguments": {"type": "object", "maxProperties": 0,
-                                                             "additionalProperties": False}},
-              "required": ["name", "arguments"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"enum": ["add"]},
+            "arguments": {"type": "object", "maxProperties": 0, "additionalProperties": False},
+        },
+        "required": ["name", "arguments"],
+    }
     evs = events(runner, chat(tools=TOOLS, format=schema, options={"seed": 1}))
     assert not tool_calls(evs)
     assert json.loads(content(evs)) == {"name": "add", "arguments": {}}
@@ -109,7 +146,9 @@ def test_tool_choice_names_the_function(runner):
 
 def test_tool_choice_none_keeps_tools_out_of_the_prompt(runner):
     with_tools = events(runner, chat(tools=TOOLS, options={"num_predict": 1, "temperature": 0}))
-    without = events(runner, chat(tools=TOOLS, tool_choice="none", options={"num_predict": 1, "temperature": 0}))
+    without = events(
+        runner, chat(tools=TOOLS, tool_choice="none", options={"num_predict": 1, "temperature": 0})
+    )
     plain = events(runner, chat(options={"num_predict": 1, "temperature": 0}))
     assert without[-1]["prompt_eval_count"] == plain[-1]["prompt_eval_count"]
     assert with_tools[-1]["prompt_eval_count"] > plain[-1]["prompt_eval_count"]
@@ -120,33 +159,57 @@ def test_tool_choice_option_forces_a_call_until_a_tool_answers(runner):
     assert len(tool_calls(forced)) == 1
     check_call(tool_calls(forced)[0])
     call = tool_calls(forced)[0]
-    after = USER + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "content": "22 C", "tool_name": call["function"]["name"]}]
-    free = events(runner, {**chat(tools=TOOLS, options={"tool_choice": "required", "temperature": 0,
-                                                        "num_predict": 20}), "messages": after})
+    after = USER + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "22 C", "tool_name": call["function"]["name"]},
+    ]
+    free = events(
+        runner,
+        {
+            **chat(
+                tools=TOOLS,
+                options={"tool_choice": "required", "temperature": 0, "num_predict": 20},
+            ),
+            "messages": after,
+        },
+    )
     assert not tool_calls(free) and content(free)  # the answer after the tool result is free
     # the request's own field overrides the option
-    free = events(runner, chat(tools=TOOLS, tool_choice="auto",
-                               options={"tool_choice": "required", "temperature": 0, "num_predict": 20}))
+    free = events(
+        runner,
+        chat(
+            tools=TOOLS,
+            tool_choice="auto",
+            options={"tool_choice": "required", "temperature": 0, "num_predict": 20},
+        ),
+    )
     assert not tool_calls(free)
 
 
-@pytest.mark.parametrize("body, message", [
-    (chat(format={"type": "nope"}), "unknown type"),
-    (chat(tool_choice="required"), "tool_choice needs tools"),
-    (chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "not among the tools"),
-    (chat(tools=TOOLS, tool_choice="sometimes"), "invalid tool_choice"),
-    (chat(tools=TOOLS, options={"tool_choice": "always"}), "invalid tool_choice option"),
-    (chat(logprobs=True, top_logprobs=21), "top_logprobs must be between 0 and 20"),
-    ({"kind": "generate", "prompt": "x", "images": ["aGk="]}, "does not support images"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (chat(format={"type": "nope"}), "unknown type"),
+        (chat(tool_choice="required"), "tool_choice needs tools"),
+        (
+            chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+            "not among the tools",
+        ),
+        (chat(tools=TOOLS, tool_choice="sometimes"), "invalid tool_choice"),
+        (chat(tools=TOOLS, options={"tool_choice": "always"}), "invalid tool_choice option"),
+        (chat(logprobs=True, top_logprobs=21), "top_logprobs must be between 0 and 20"),
+        ({"kind": "generate", "prompt": "x", "images": ["aGk="]}, "does not support images"),
+    ],
+)
 def test_refusals(runner, body, message):
     r = runner.post("/completion", json=body)
     assert r.status_code == 400 and message in r.json()["error"], r.text
 
 
 def test_logprobs_ride_on_the_events(runner):
-    evs = events(runner, chat(logprobs=True, top_logprobs=2, options={"num_predict": 8, "temperature": 0}))
+    evs = events(
+        runner, chat(logprobs=True, top_logprobs=2, options={"num_predict": 8, "temperature": 0})
+    )
     lps = [lp for e in evs for lp in e.get("logprobs", [])]
     assert len(lps) == evs[-1]["eval_count"] == 8
     text = "".join(lp["token"] for lp in lps)
@@ -160,10 +223,16 @@ def test_logprobs_ride_on_the_events(runner):
 
 
 def test_think_defaults_on_where_the_template_can_think(runner):
-    template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
-                "{% if enable_thinking %}[thinking on]{% endif %}")
-    base = {"kind": "chat", "messages": USER, "template": template,
-            "options": {"num_predict": 1, "temperature": 0}}
+    template = (
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if enable_thinking %}[thinking on]{% endif %}"
+    )
+    base = {
+        "kind": "chat",
+        "messages": USER,
+        "template": template,
+        "options": {"num_predict": 1, "temperature": 0},
+    }
     on = events(runner, base)[-1]["prompt_eval_count"]
     off = events(runner, {**base, "think": False})[-1]["prompt_eval_count"]
     assert on > off
@@ -190,7 +259,9 @@ def test_embeddings_are_mean_pooled_final_hidden_states(runner, tiny_model):
             hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]
         want = torch.nn.functional.normalize(hidden.mean(0), dim=0)
         assert torch.allclose(torch.tensor(vec), want, atol=1e-4)
-    assert out["prompt_eval_count"] == sum(len(tok.encode(t).ids) for t in ["Hello world", "Why is the sky blue?"])
+    assert out["prompt_eval_count"] == sum(
+        len(tok.encode(t).ids) for t in ["Hello world", "Why is the sky blue?"]
+    )
 
 
 def test_embeddings_batch_equals_singles_and_are_unit_length(runner):
@@ -211,14 +282,26 @@ def test_embedding_truncation(runner):
     out = embed(runner, input=[long], options={"num_ctx": 64})
     assert out["prompt_eval_count"] == 64
     r = runner.post("/embed", json={"input": [long], "truncate": False})
-    assert r.status_code == 400 and r.json()["error"] == "the input length exceeds the context length"
-    for bad in ({"input": 3}, {"input": [1, 2]}, {"input": [""]}, {"input": ["x"], "dimensions": -1}):
+    assert (
+        r.status_code == 400 and r.json()["error"] == "the input length exceeds the context length"
+    )
+    for bad in (
+        {"input": 3},
+        {"input": [1, 2]},
+        {"input": [""]},
+        {"input": ["x"], "dimensions": -1},
+    ):
         assert runner.post("/embed", json=bad).status_code == 400
 
 
 def test_embedding_while_generating_races_nothing(runner):
     idle = embed(runner, input=["steady"])["embeddings"][0]
-    body = {"kind": "generate", "prompt": "go", "raw": True, "options": {"num_predict": 200, "temperature": 0}}
+    body = {
+        "kind": "generate",
+        "prompt": "go",
+        "raw": True,
+        "options": {"num_predict": 200, "temperature": 0},
+    }
     with cf.ThreadPoolExecutor(3) as ex:
         gens = [ex.submit(events, runner, body) for _ in range(2)]
         time.sleep(0.05)

@@ -3,7 +3,7 @@
 import os
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import ollama
@@ -57,7 +57,7 @@ def test_reload_eviction_and_expiry(tmp_path):
         first = srv.runner_pid("a:latest")
         [ps] = c.ps().models
         assert ps.context_length == 128
-        assert ps.expires_at > datetime.now(timezone.utc) + timedelta(days=3650)
+        assert ps.expires_at > datetime.now(UTC) + timedelta(days=3650)
 
         # A bigger num_ctx than the loaded runner's reloads it; a smaller one reuses it.
         c.chat("a", messages=HI, options={"num_predict": 1, "num_ctx": 256}, keep_alive=-1)
@@ -72,7 +72,7 @@ def test_reload_eviction_and_expiry(tmp_path):
         assert [m.model for m in c.ps().models] == ["b:latest"]
         assert not alive(second)
         [ps] = c.ps().models
-        assert ps.expires_at < datetime.now(timezone.utc) + timedelta(seconds=2)
+        assert ps.expires_at < datetime.now(UTC) + timedelta(seconds=2)
         b = srv.runner_pid("b:latest")
         wait_for(lambda: c.ps().models == [], timeout=5)
         wait_for(lambda: not alive(b))
@@ -106,7 +106,7 @@ def test_queue_cap_and_load_timeout(tmp_path):
         assert srv.services.residency.ps() == [] and srv.services.residency.pending == 0
 
 
-FAKE_LOADING_RUNNER = r'''
+FAKE_LOADING_RUNNER = r"""
 import json, socketserver, sys, time
 from http.server import BaseHTTPRequestHandler
 
@@ -131,7 +131,7 @@ class Health(BaseHTTPRequestHandler):
         return "runner"
 
 socketserver.UnixStreamServer(sock, Health).serve_forever()
-'''
+"""
 
 
 def test_loading_progress_is_visible_while_a_model_loads(tmp_path):
@@ -140,12 +140,15 @@ def test_loading_progress_is_visible_while_a_model_loads(tmp_path):
     script = tmp_path / "fake_runner.py"
     script.write_text(FAKE_LOADING_RUNNER)
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     python.chmod(0o755)
     with serve(tmp_path, FREETOKEN_RUNNER_PYTHON=str(python), FREETOKEN_LOAD_TIMEOUT="60s") as srv:
         loaded: list[httpx.Response] = []
-        t = threading.Thread(target=lambda: loaded.append(
-            httpx.post(f"{srv.url}/api/generate", json={"model": "a"}, timeout=30)))
+        t = threading.Thread(
+            target=lambda: loaded.append(
+                httpx.post(f"{srv.url}/api/generate", json={"model": "a"}, timeout=30)
+            )
+        )
         t.start()
 
         def progressed():

@@ -28,7 +28,9 @@ def test_load_complete_cancel_crash(files):
     async def scenario():
         progress = []
         # a context long enough that the stream killed below cannot have been sent whole first
-        runner = await Runner.start(spec(files, num_ctx=4096), on_progress=lambda d, t: progress.append((d, t)))
+        runner = await Runner.start(
+            spec(files, num_ctx=4096), on_progress=lambda d, t: progress.append((d, t))
+        )
         try:
             assert runner.alive and runner.info["num_ctx"] == 4096
             body = {

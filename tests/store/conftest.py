@@ -24,7 +24,9 @@ def write_model_dir(path: Path, **config_overrides) -> Path:
         cfg = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**cfg, **config_overrides}))
     tok_cfg = json.loads((path / "tokenizer_config.json").read_text())
-    (path / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": TEMPLATE_WITH_TOOLS}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({**tok_cfg, "chat_template": TEMPLATE_WITH_TOOLS})
+    )
     (path / "README.md").write_text("not part of the model")
     return path
 

@@ -12,12 +12,21 @@ def test_from_directory_reports_progress_and_ends_with_success(store, model_dir)
     statuses = [e["status"] for e in events]
     assert statuses[-2:] == ["writing manifest", "success"]
     assert "converting model" in statuses
-    assert any(e.get("total") and e.get("completed") == e["total"] for e in events
-               if e["status"] == "converting model")
+    assert any(
+        e.get("total") and e.get("completed") == e["total"]
+        for e in events
+        if e["status"] == "converting model"
+    )
     assert any(s.startswith("creating new layer sha256:") for s in statuses)
     # the store holds FTW, not the checkpoint it was made from
-    assert set(store.resolve("tiny").files) == {"ftw.json", "ftw-00000.bin", "config.json", "tokenizer.json",
-                                                "tokenizer_config.json", "generation_config.json"}
+    assert set(store.resolve("tiny").files) == {
+        "ftw.json",
+        "ftw-00000.bin",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    }
     again = [e["status"] for e in create(store, "tiny2", from_=str(model_dir))]
     assert not any(s.startswith("creating new layer") for s in again[:-3])
 
@@ -145,7 +154,9 @@ def test_bad_gguf_files_fail_clearly(store, model_dir, tmp_path):
         store.plan_create(CreateSpec("x", from_=str(model_dir)))
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF not really")
-    with pytest.raises(CreateError, match="converting broken.gguf to FTW failed: .*not a readable GGUF"):
+    with pytest.raises(
+        CreateError, match="converting broken.gguf to FTW failed: .*not a readable GGUF"
+    ):
         create(store, "x", from_=str(bad))
     assert store.list_models() == []
     assert not any(p.name.startswith(".convert-") for p in store.root.iterdir())

@@ -1,4 +1,5 @@
-"""Model names: Ollama's defaults and display forms, and a fuzz showing no name escapes the store."""
+"""Model names: Ollama's defaults and display forms, and a fuzz showing no name escapes the
+store."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from freetoken.store.names import InvalidName, Name, parse_digest
 
 def test_defaults_and_display():
     n = Name.parse("llama3")
-    assert (n.host, n.namespace, n.model, n.tag) == ("registry.ollama.ai", "library", "llama3", "latest")
+    assert (n.host, n.namespace, n.model, n.tag) == (
+        "registry.ollama.ai",
+        "library",
+        "llama3",
+        "latest",
+    )
     assert n.display == "llama3:latest"
     assert Name.parse("me/m:v1").display == "me/m:v1"
     h = Name.parse("http://127.0.0.1:5000/team/m:q4")
@@ -22,8 +28,28 @@ def test_defaults_and_display():
     assert parse_digest("sha256-" + "A" * 64) == "sha256:" + "a" * 64
 
 
-@pytest.mark.parametrize("bad", ["", "..", "a/../b", "../x", "a//b", "a/b/c/d", "/abs", "m:..", "m:", ":tag",
-                                 "a b", "x\x00y", "ftp://h/m", "m@sha256:zz", "-lead", "n/..:t", "a/b/c:.."])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "..",
+        "a/../b",
+        "../x",
+        "a//b",
+        "a/b/c/d",
+        "/abs",
+        "m:..",
+        "m:",
+        ":tag",
+        "a b",
+        "x\x00y",
+        "ftp://h/m",
+        "m@sha256:zz",
+        "-lead",
+        "n/..:t",
+        "a/b/c:..",
+    ],
+)
 def test_bad_names_are_refused(bad):
     with pytest.raises(InvalidName):
         Name.parse(bad)
@@ -42,7 +68,9 @@ def test_fuzz_no_parsed_name_leaves_the_manifest_directory():
         accepted += 1
         path = name.manifest_path
         assert not path.is_absolute() and len(path.parts) == 4
-        assert all(p not in ("", ".", "..") and "/" not in p and "\\" not in p and "\x00" not in p
-                   for p in path.parts)
+        assert all(
+            p not in ("", ".", "..") and "/" not in p and "\\" not in p and "\x00" not in p
+            for p in path.parts
+        )
         assert PurePosixPath("/store").joinpath(path).parts[:2] == ("/", "store")
     assert accepted > 100  # the fuzz reached valid names too

@@ -54,14 +54,23 @@ def extension():
             srcs = [Path(__file__).with_name(name) for name in SOURCES]
             build = _build_dir(srcs)
             if not any(build.glob("*.so")):
-                log.info("compiling the CPU expert kernel (first use on this machine; about a minute)")
+                log.info(
+                    "compiling the CPU expert kernel (first use on this machine; about a minute)"
+                )
             try:
-                _ext = load(name="freetoken_cpu_moe", sources=[str(s) for s in srcs], build_directory=str(build),
-                            extra_cflags=["-O3", "-fopenmp", "-std=c++17"], extra_ldflags=["-fopenmp"],
-                            verbose=False)
+                _ext = load(
+                    name="freetoken_cpu_moe",
+                    sources=[str(s) for s in srcs],
+                    build_directory=str(build),
+                    extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
+                    extra_ldflags=["-fopenmp"],
+                    verbose=False,
+                )
             except Exception as e:  # no compiler, no headers: keep serving with plain torch
                 _failed = True
-                log.warning("CPU expert kernel unavailable (%s); using plain torch", str(e).splitlines()[0])
+                log.warning(
+                    "CPU expert kernel unavailable (%s); using plain torch", str(e).splitlines()[0]
+                )
     return _ext
 
 
@@ -72,8 +81,10 @@ def physical_cpus() -> list[int]:
     for cpu in allowed:
         topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            key = (topo.joinpath("physical_package_id").read_text().strip(),
-                   topo.joinpath("core_id").read_text().strip())
+            key = (
+                topo.joinpath("physical_package_id").read_text().strip(),
+                topo.joinpath("core_id").read_text().strip(),
+            )
         except OSError:  # no topology to read: every allowed CPU counts as a core
             return allowed
         cores.setdefault(key, cpu)
@@ -85,9 +96,16 @@ def tier() -> str:
     return TIERS[ext.cpu_tier()] if ext is not None else "torch"
 
 
-def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, tok: torch.Tensor,
-                exp: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None,
-                isa: str | None = None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    tok: torch.Tensor,
+    exp: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor | None = None,
+    isa: str | None = None,
+) -> torch.Tensor:
     """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
 
     x: [T, H]; banks gate_up [E, 2I, H], down [E, H, I] in bf16 or fp32 (host memory).
@@ -97,9 +115,19 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, tok:
     ext = extension()
     if ext is None or isa == "torch":
         for t, e, w in zip(tok.tolist(), exp.tolist(), weights.tolist()):
-            out[t] += w * reference.expert_ffn(xf[t:t + 1], gate_up[e].float(), down[e].float())[0]
+            out[t] += (
+                w * reference.expert_ffn(xf[t : t + 1], gate_up[e].float(), down[e].float())[0]
+            )
         return out
     level = -1 if isa is None else TIERS.index(isa)
-    ext.moe_experts(xf, gate_up, down, tok.to(torch.int64).contiguous(), exp.to(torch.int64).contiguous(),
-                    weights.float().contiguous(), out, level)
+    ext.moe_experts(
+        xf,
+        gate_up,
+        down,
+        tok.to(torch.int64).contiguous(),
+        exp.to(torch.int64).contiguous(),
+        weights.float().contiguous(),
+        out,
+        level,
+    )
     return out

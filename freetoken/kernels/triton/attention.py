@@ -13,10 +13,27 @@ import triton.language as tl
 
 
 @triton.jit
-def decode_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr,
-                            scale, table_stride, H, KVH, SPLITS,
-                            GROUP: tl.constexpr, G_BLOCK: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                            BLOCK_N: tl.constexpr, DIRECT: tl.constexpr):
+def decode_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    scale,
+    table_stride,
+    H,
+    KVH,
+    SPLITS,
+    GROUP: tl.constexpr,
+    G_BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
     """q [B, H, D]; k/v pools [slots, KVH, D]; table [B, pages]; lens [B]. DIRECT: write the
     output [B, H, D]; else this split's normalised output [B, H, SPLITS, D] and its
     log-sum-exp [B, H, SPLITS]."""
@@ -54,7 +71,11 @@ def decode_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, p
         start += BLOCK_N
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a split past the length has nothing
     if DIRECT:
-        tl.store(out_ptr + heads[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+        tl.store(
+            out_ptr + heads[:, None] * D + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=gmask[:, None],
+        )
     else:
         at = heads * SPLITS + split
         tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=gmask[:, None])
@@ -73,12 +94,16 @@ def merge_splits_kernel(part_ptr, lse_ptr, out_ptr, SPLITS, D: tl.constexpr, S_B
     lse = tl.load(lse_ptr + row * SPLITS + s, mask=smask, other=float("-inf"))
     w = tl.exp(lse - tl.max(lse, axis=0))
     w = w / tl.sum(w, axis=0)
-    parts = tl.load(part_ptr + (row * SPLITS + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+    parts = tl.load(
+        part_ptr + (row * SPLITS + s)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0
+    )
     tl.store(out_ptr + row * D + d, tl.sum(parts * w[:, None], axis=0).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
-def store_kv_kernel(k_ptr, v_ptr, slots_ptr, k_pool_ptr, v_pool_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
+def store_kv_kernel(
+    k_ptr, v_ptr, slots_ptr, k_pool_ptr, v_pool_ptr, W: tl.constexpr, BLOCK: tl.constexpr
+):
     """Token t's k and v ([T, W] each, W = KV heads × head dim) into pool slot slots[t]."""
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t)

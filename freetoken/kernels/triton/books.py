@@ -13,9 +13,25 @@ import triton.language as tl
 
 
 @triton.jit
-def assign_kernel(ids_ptr, slot_of_ptr, owner_ptr, stamp_ptr, clock_ptr, counts_ptr,
-                  slots_out, fetch_out, cpu_out, base, k, S, share_ptr,
-                  STRIDE: tl.constexpr, HAS_SHARE: tl.constexpr, K: tl.constexpr, BLOCK_S: tl.constexpr):
+def assign_kernel(
+    ids_ptr,
+    slot_of_ptr,
+    owner_ptr,
+    stamp_ptr,
+    clock_ptr,
+    counts_ptr,
+    slots_out,
+    fetch_out,
+    cpu_out,
+    base,
+    k,
+    S,
+    share_ptr,
+    STRIDE: tl.constexpr,
+    HAS_SHARE: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     r = tl.arange(0, K)
     rmask = r < k
     flat = tl.load(ids_ptr + r, mask=rmask, other=0).to(tl.int64) + base
@@ -49,10 +65,19 @@ def assign_kernel(ids_ptr, slot_of_ptr, owner_ptr, stamp_ptr, clock_ptr, counts_
     tl.store(stamp_ptr + victims, now, mask=fetched)
 
     layer_counts = counts_ptr + tl.arange(0, 4)
-    add = tl.where(tl.arange(0, 4) == 0, tl.sum(hit.to(tl.int64), axis=0),
-                   tl.where(tl.arange(0, 4) == 1, m.to(tl.int64),
-                            tl.where(tl.arange(0, 4) == 2, tl.sum((fetched & (old >= 0)).to(tl.int64), axis=0),
-                                     tl.sum(fetched.to(tl.int64), axis=0))))
+    add = tl.where(
+        tl.arange(0, 4) == 0,
+        tl.sum(hit.to(tl.int64), axis=0),
+        tl.where(
+            tl.arange(0, 4) == 1,
+            m.to(tl.int64),
+            tl.where(
+                tl.arange(0, 4) == 2,
+                tl.sum((fetched & (old >= 0)).to(tl.int64), axis=0),
+                tl.sum(fetched.to(tl.int64), axis=0),
+            ),
+        ),
+    )
     tl.store(layer_counts, tl.load(layer_counts) + add)
     tl.store(clock_ptr, tl.load(clock_ptr) + 1)
     tl.store(slots_out + r, tl.where(fetched, victims, slots), mask=rmask)

@@ -18,8 +18,23 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer_pos", "k"])  # a position of 1 would become a constant
-def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, mb_pos, pend_ptr, count_ptr, layer_pos, k,
-                H: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr):
+def post_kernel(
+    x_ptr,
+    ids_ptr,
+    w_ptr,
+    cpu_ptr,
+    mb_x,
+    mb_ids,
+    mb_w,
+    mb_pos,
+    pend_ptr,
+    count_ptr,
+    layer_pos,
+    k,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    K: tl.constexpr,
+):
     offs = tl.arange(0, BLOCK_H)
     for h0 in range(0, H, BLOCK_H):
         m = h0 + offs < H
@@ -37,8 +52,18 @@ def post_kernel(x_ptr, ids_ptr, w_ptr, cpu_ptr, mb_x, mb_ids, mb_w, mb_pos, pend
 
 
 @triton.jit
-def collect_kernel(y_ptr, out_ptr, mb_out, ctl_ptr, pend_ptr, count_ptr, polls_ptr, max_spins,
-                   H: tl.constexpr, BLOCK_H: tl.constexpr):
+def collect_kernel(
+    y_ptr,
+    out_ptr,
+    mb_out,
+    ctl_ptr,
+    pend_ptr,
+    count_ptr,
+    polls_ptr,
+    max_spins,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     offs = tl.arange(0, BLOCK_H)
     if tl.load(pend_ptr) > 0:
         seq = tl.load(count_ptr)

@@ -10,8 +10,17 @@ import triton.language as tl
 
 
 @triton.jit
-def gate_up_kernel(x_ptr, gu_ptr, slot_ptr, h_ptr, H, I, K: tl.constexpr,
-                   BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr):
+def gate_up_kernel(
+    x_ptr,
+    gu_ptr,
+    slot_ptr,
+    h_ptr,
+    H,
+    I,
+    K: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
     if slot < 0:
@@ -28,7 +37,9 @@ def gate_up_kernel(x_ptr, gu_ptr, slot_ptr, h_ptr, H, I, K: tl.constexpr,
         xv = tl.load(x_ptr + t * H + offs_h, mask=mask_h, other=0.0).to(tl.float32)
         m = mask_i[:, None] & mask_h[None, :]
         wg = tl.load(base + offs_i[:, None] * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
-        wu = tl.load(base + (offs_i[:, None] + I) * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
+        wu = tl.load(base + (offs_i[:, None] + I) * H + offs_h[None, :], mask=m, other=0.0).to(
+            tl.float32
+        )
         acc_g += tl.sum(wg * xv[None, :], axis=1)
         acc_u += tl.sum(wu * xv[None, :], axis=1)
     h = acc_g * tl.sigmoid(acc_g) * acc_u
@@ -36,8 +47,9 @@ def gate_up_kernel(x_ptr, gu_ptr, slot_ptr, h_ptr, H, I, K: tl.constexpr,
 
 
 @triton.jit
-def down_kernel(h_ptr, dn_ptr, slot_ptr, w_ptr, out_ptr, H, I,
-                BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr):
+def down_kernel(
+    h_ptr, dn_ptr, slot_ptr, w_ptr, out_ptr, H, I, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr
+):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
     if slot < 0:
@@ -50,8 +62,11 @@ def down_kernel(h_ptr, dn_ptr, slot_ptr, w_ptr, out_ptr, H, I,
         offs_i = i0 + tl.arange(0, BLOCK_I)
         mask_i = offs_i < I
         hv = tl.load(h_ptr + r * I + offs_i, mask=mask_i, other=0.0)
-        wd = tl.load(base + offs_h[:, None] * I + offs_i[None, :], mask=mask_h[:, None] & mask_i[None, :],
-                     other=0.0).to(tl.float32)
+        wd = tl.load(
+            base + offs_h[:, None] * I + offs_i[None, :],
+            mask=mask_h[:, None] & mask_i[None, :],
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(wd * hv[None, :], axis=1)
     wr = tl.load(w_ptr + r).to(tl.float32)
     tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)

@@ -26,8 +26,9 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, eps,
-                          D: tl.constexpr, HALF: tl.constexpr):
+def head_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, eps, D: tl.constexpr, HALF: tl.constexpr
+):
     """x [T, heads, D] -> out: each head RMS-normalised, scaled by w, then rotated by
     cos/sin [T, D] (rotate-half convention)."""
     row = tl.program_id(0).to(tl.int64)
@@ -39,7 +40,11 @@ def head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, heads, eps,
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     dt = out_ptr.dtype.element_ty
     y = (tl.load(w_ptr + offs).to(tl.float32) * (x * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    yp = (tl.load(w_ptr + partner).to(tl.float32) * (xp * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    yp = (
+        (tl.load(w_ptr + partner).to(tl.float32) * (xp * r).to(dt).to(tl.float32))
+        .to(dt)
+        .to(tl.float32)
+    )
     rot = tl.where(offs < HALF, -yp, yp)
     a = (y * tl.load(cos_ptr + t * D + offs).to(tl.float32)).to(dt).to(tl.float32)
     b = (rot * tl.load(sin_ptr + t * D + offs).to(tl.float32)).to(dt).to(tl.float32)

@@ -11,8 +11,16 @@ import triton.language as tl
 
 
 @triton.jit
-def topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, E, RENORM: tl.constexpr,
-                        K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def topk_softmax_kernel(
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    E,
+    RENORM: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + row * E + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
