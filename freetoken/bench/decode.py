@@ -25,11 +25,11 @@ from freetoken import config
 from freetoken.bench import bw, common, routing, synthmodel
 from freetoken.layers import fused
 from freetoken.layers.context import SeqSpan, StepContext, step_context
-from freetoken.layers.moe import Experts
+from freetoken.moe import setup
+from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
-from freetoken.moe.lane import StepWait
 from freetoken.moe.offload import POLICIES, OffloadExperts
 from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.runtime.graphs import DecodeGraphs
@@ -48,7 +48,9 @@ class Bench:
         graphs: bool = True,
     ):
         sm = synthmodel.build(name, device)
-        host = HostBanks(sm.banks, sm.dtype, pin=device.type == "cuda")
+        host = HostBanks(
+            sm.banks, sm.dtype, pin=device.type == "cuda", spec=setup.expert_spec(sm.model)
+        )
         sm.banks = {}
         self._setup(sm, host, ctx_tokens, fractions, graphs)
 
@@ -70,18 +72,10 @@ class Bench:
     ) -> None:
         self.fractions = fractions
         self.sm, self.host = sm, host
-        c, device = sm.config, sm.device
-        self.kv = KVCache(
-            c["num_hidden_layers"],
-            -(-ctx_tokens // 16),
-            16,
-            c["num_key_value_heads"],
-            c["head_dim"],
-            sm.dtype,
-            device,
-        )
-        self.backend = None
-        self.wait = StepWait(sm.model, device)
+        device = sm.device
+        self.kv = KVCache(sm.model.kv_layout(), -(-ctx_tokens // 16), 16, sm.dtype, device)
+        self.backend: ExpertBackend | None = None
+        self._ops = ExpertsOps(sm.model)
         self.routes: routing.RouteTable | None = None  # set by the trace and uniform modes
         # decode steps run as the server runs them: replayed from CUDA graphs where possible
         self.graphs = (
@@ -92,8 +86,7 @@ class Bench:
 
     def counters(self) -> dict:
         """This process's expert counters (rank 0's own when the experts are spread over GPUs)."""
-        b = getattr(self.backend, "local", self.backend)
-        return {**b.steps, **b.timers}
+        return self.backend.counters()
 
     def install(self, policy: str, cap_gib: float | None, split: Split) -> OffloadExperts:
         """`policy` as the runner has it (on a GPU, adaptive's single-token CPU routes go
@@ -103,14 +96,10 @@ class Bench:
         policy, _, books = policy.partition(":")
         if self.backend is not None:
             self.backend.close()
-            if self.backend.lane is not None:
-                self.backend.lane.stop()
         self.backend = None
         if self.graphs is not None:
             self.graphs.reset()  # captured steps hold the old backend and its slot pool
-        for m in self.sm.model.modules():
-            if isinstance(m, Experts):
-                m.backend = None
+        self._ops.route_through(None)
         gc.collect()
         c, S = self.sm.config, self.host.expert_bytes
         L, E = c["num_hidden_layers"], c["num_experts"]
@@ -138,10 +127,7 @@ class Bench:
             device_lru=self.sm.device.type == "cuda" and books != "host",
             cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"),
         )
-        for m in self.sm.model.modules():
-            if isinstance(m, Experts):
-                m.backend = self.backend
-        self.wait = StepWait(self.sm.model, self.sm.device)  # as the engine waits for a step
+        self._ops.route_through(self.backend)
         self.backend.warm()
         return self.backend
 
@@ -185,16 +171,14 @@ class Bench:
 
     def _step(self, ids: list[int], start: int, pages: list[int]) -> int:
         n = len(ids)
-        hook = getattr(self.backend, "between_steps", None)
-        if hook is not None:  # as the engine does before every step
-            hook(n)
+        self.backend.between_steps(n)  # as the engine does before every step
         if self.graphs is not None and n == 1:
             logits = self.graphs.run(ids, [start], [pages])
         else:
             logits = self._eager(ids, start, pages)
         if self.routes is not None:
             self.routes.advance(n)
-        self.wait()
+        self.backend.wait_step()  # as the engine waits for a step
         return int(logits[-1].argmax())
 
     def _eager(self, ids: list[int], start: int, pages: list[int]) -> torch.Tensor:
@@ -371,9 +355,7 @@ def run_mode(
                     file=sys.stderr,
                     flush=True,
                 )
-                slots[policy] = (
-                    bench.backend.cache.capacity if bench.backend.cache is not None else 0
-                )
+                slots[policy] = bench.backend.capacity
                 if args.profile and i == 0 and r == 0:
                     profile_steps(bench, mode, f"{policy} at {cap:g} GiB")
         # a row's placement is that of the repeat its counters come from
@@ -466,7 +448,8 @@ def resident_rows(bench: Bench, args, mode: str) -> tuple[float, list[dict]]:
 def placement(backend) -> dict:
     """Adaptive's placement and share, and the CPU lane's counts, as the backend ended a run."""
     s = backend.stats()
-    out = {"placement": backend.mode, "share": backend.tuner.share}
+    share = s["pcie_share"]["share"] if "pcie_share" in s else None  # adaptive's alone
+    out = {"placement": str(backend.placement.mode), "share": share}
     if "lane" in s:
         out.update({f"lane_{k}": v for k, v in s["lane"].items()})
     return out

@@ -115,17 +115,13 @@ class Config:
                 self.group.abort("the benchmark's load failed")
             raise
         self.load_s = time.perf_counter() - t0
-        self.expert_bytes = self.local().banks.expert_bytes
-
-    def local(self):
-        return getattr(self.bench.backend, "local", self.bench.backend)
+        self.expert_bytes = self.bench.backend.expert_bytes
 
     def misses(self) -> int:
         """Experts not in a GPU cache so far, every rank's (followers report when the group
         goes idle): fetched or run on the CPU, whichever the policy chose."""
         b = self.bench.backend
-        if hasattr(b, "idle"):
-            b.idle()
+        b.idle()
         s = b.stats()
         return sum(r["m"] for r in s.get("ranks", [s]))
 

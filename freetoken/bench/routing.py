@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from freetoken.layers.moe import TopKRouter
+from freetoken.layers.moe import Router
 
 MODES = ("random-tokens", "generated", "trace", "uniform")
 
@@ -94,10 +94,10 @@ def install_trace(
     table = RouteTable(trace, num_layers, steps, device)
     layer_of = {}
     for name, m in model.named_modules():
-        if isinstance(m, TopKRouter):
+        if isinstance(m, Router):
             layer_of[id(m)] = int(name.split(".")[2])
 
-    def forward(self: TopKRouter, x: torch.Tensor):
+    def forward(self: Router, x: torch.Tensor):
         probs = torch.softmax(
             torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32
         )
@@ -106,13 +106,13 @@ def install_trace(
         return (w / w.sum(dim=-1, keepdim=True)).to(x.dtype), ids
 
     for m in model.modules():
-        if isinstance(m, TopKRouter):
-            m.forward = forward.__get__(m, TopKRouter)
+        if isinstance(m, Router):
+            m.forward = forward.__get__(m, Router)
     return table
 
 
 def uninstall(model: torch.nn.Module) -> None:
     """Routers route by their own weights again."""
     for m in model.modules():
-        if isinstance(m, TopKRouter) and "forward" in m.__dict__:
+        if isinstance(m, Router) and "forward" in m.__dict__:
             del m.forward

@@ -32,7 +32,7 @@ from freetoken.dist.group import (
     watch_parent,
 )
 from freetoken.kernels import cpu as cpu_kernel
-from freetoken.models import num_experts
+from freetoken.models.hub import num_experts
 from freetoken.moe import setup
 from freetoken.moe.offload import OffloadExperts
 from freetoken.runtime import loader
@@ -43,11 +43,23 @@ log = logging.getLogger("freetoken.follower")
 def load(group: Group, spec: dict) -> OffloadExperts:
     files = {name: Path(p) for name, p in spec["files"].items()}
     cpu_kernel.extension()
-    banks, dtype = loader.load_banks(files, group.device.type, spec["dtype"], group.experts,
-                                     huge_pages=settings.current().huge_pages)
+    banks, dtype, expert_spec = loader.load_banks(
+        files,
+        group.device.type,
+        spec["dtype"],
+        group.experts,
+        huge_pages=settings.current().huge_pages,
+    )
     placement = dict(spec["placement"])
     placement["cache_dir"] = Path(placement["cache_dir"]) if placement["cache_dir"] else None
-    return setup.build(banks, group.device, dtype, setup.Placement(**placement), ranks_on_host=group.world)
+    return setup.build(
+        banks,
+        expert_spec,
+        group.device,
+        dtype,
+        setup.Placement(**placement),
+        ranks_on_host=group.world,
+    )
 
 
 def serve(group: Group, backend: OffloadExperts | None, hidden: int) -> None:
@@ -59,7 +71,11 @@ def serve(group: Group, backend: OffloadExperts | None, hidden: int) -> None:
             return
         if op == EXPERTS:
             layer, T, k = a, b, c
-            buf = torch.empty(dx.payload_bytes(T, k, hidden, dtype), dtype=torch.uint8, device=group.device)
+            if layer == backend.banks.layers[0]:  # a step begins, as rank 0's engine said
+                backend.between_steps(T)
+            buf = torch.empty(
+                dx.payload_bytes(T, k, hidden, dtype), dtype=torch.uint8, device=group.device
+            )
             group.broadcast(buf)
             x, ids, weights = dx.unpack(buf, T, k, hidden, dtype)
             group.reduce(dx.local_part(backend, group.experts, layer, x, ids, weights))
@@ -72,11 +88,14 @@ def serve(group: Group, backend: OffloadExperts | None, hidden: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    workdir, rank, parent = (argv if argv is not None else sys.argv[1:])
+    workdir, rank, parent = argv if argv is not None else sys.argv[1:]
     rank = int(rank)
     cfg = settings.current()
-    logging.basicConfig(level=logging.DEBUG if cfg.debug else logging.INFO,
-                        format=f"%(asctime)s rank {rank} %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if cfg.debug else logging.INFO,
+        format=f"%(asctime)s rank {rank} %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
     threading.Thread(target=watch_parent, args=(int(parent),), daemon=True).start()
     spec = json.loads((Path(workdir) / "spec.json").read_text())
     config = json.loads(Path(spec["files"]["config.json"]).read_text())

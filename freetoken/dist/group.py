@@ -41,12 +41,14 @@ import torch
 import torch.distributed as dist
 
 from freetoken import config as settings
-from freetoken.models import num_experts
+from freetoken.models.hub import num_experts
 
 log = logging.getLogger(__name__)
 
 DATA_TIMEOUT = timedelta(minutes=10)  # the rendezvous, and any one collective inside a step
-IDLE_TIMEOUT = timedelta(days=3650)  # a follower waits for rank 0's next header for as long as it takes
+IDLE_TIMEOUT = timedelta(
+    days=3650
+)  # a follower waits for rank 0's next header for as long as it takes
 WATCH_S = 0.1
 EXIT_FOLLOWED = 3  # a follower's exit status when it leaves because another rank failed
 
@@ -64,7 +66,9 @@ def devices(gpus: str | tuple[int, ...], device: str) -> list[str]:
         return ["cpu"] * int(gpus.removeprefix("cpu:"))
     if device == "cpu":
         if gpus != "auto":
-            raise ValueError(f"FREETOKEN_GPUS={','.join(map(str, gpus))} names GPUs, but FREETOKEN_DEVICE is cpu")
+            raise ValueError(
+                f"FREETOKEN_GPUS={','.join(map(str, gpus))} names GPUs, but FREETOKEN_DEVICE is cpu"
+            )
         return ["cpu"]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus == "auto":
@@ -95,8 +99,14 @@ def share(num_experts: int, world: int, rank: int) -> tuple[int, int]:
 
 
 class Group:
-    def __init__(self, rank: int, devices: list[str], workdir: Path, num_experts: int,
-                 on_death: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        rank: int,
+        devices: list[str],
+        workdir: Path,
+        num_experts: int,
+        on_death: Callable[[str], None] | None = None,
+    ):
         self.rank, self.devices, self.world = rank, list(devices), len(devices)
         self.device = torch.device(devices[rank])
         self.experts = share(num_experts, self.world, rank)
@@ -114,8 +124,14 @@ class Group:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         store = dist.FileStore(str(self.workdir / "store"), self.world)
         extra = {"device_id": self.device} if backend == "nccl" else {}
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                timeout=DATA_TIMEOUT, **extra)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=DATA_TIMEOUT,
+            **extra,
+        )
         self.ctrl = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         # the ranks share the host's cores (CPU experts): an equal share each
         torch.set_num_threads(max(1, self._threads // self.world))
@@ -170,7 +186,10 @@ class Group:
             deadline = time.monotonic() + 2.0
             while self.dead is None and self._exited() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
-            self._broken(self._exited() or f"rank 0 failed in the middle of an operation: {type(e).__name__}: {e}")
+            self._broken(
+                self._exited()
+                or f"rank 0 failed in the middle of an operation: {type(e).__name__}: {e}"
+            )
             raise RankDied(self.dead) from e
 
     # --- life and death -------------------------------------------------------------------
@@ -211,7 +230,8 @@ class Group:
                 p.wait(timeout=5)
 
     def close(self) -> None:
-        """Rank 0: stops the followers (STOP, or a kill when the group is broken) and leaves the group."""
+        """Rank 0: stops the followers (STOP, or a kill when the group is broken) and leaves
+        the group."""
         if self.closing:
             return
         self.closing = True
@@ -251,8 +271,13 @@ class Group:
         torch.set_num_threads(self._threads)
 
 
-def launch(devices: list[str], files: dict[str, Path], placement: Any, dtype: str = "auto",
-           on_death: Callable[[str], None] | None = None) -> Group:
+def launch(
+    devices: list[str],
+    files: dict[str, Path],
+    placement: Any,
+    dtype: str = "auto",
+    on_death: Callable[[str], None] | None = None,
+) -> Group:
     """Rank 0: starts a follower for each device after the first and joins the group with them.
 
     The followers load their share of the experts of `files` with `placement` (per GPU)
@@ -264,13 +289,24 @@ def launch(devices: list[str], files: dict[str, Path], placement: Any, dtype: st
     workdir = Path(tempfile.mkdtemp(prefix="freetoken-ranks-"))
     placement = dataclasses.asdict(placement)
     placement["cache_dir"] = str(placement["cache_dir"]) if placement.get("cache_dir") else None
-    spec = {"files": {k: str(v) for k, v in files.items()}, "placement": placement, "dtype": dtype,
-            "devices": devices}
+    spec = {
+        "files": {k: str(v) for k, v in files.items()},
+        "placement": placement,
+        "dtype": dtype,
+        "devices": devices,
+    }
     (workdir / "spec.json").write_text(json.dumps(spec))
     group = Group(0, devices, workdir, num_experts(config), on_death)
     try:
         for rank in range(1, len(devices)):
-            cmd = [sys.executable, "-m", "freetoken.dist.follower", str(workdir), str(rank), str(os.getpid())]
+            cmd = [
+                sys.executable,
+                "-m",
+                "freetoken.dist.follower",
+                str(workdir),
+                str(rank),
+                str(os.getpid()),
+            ]
             group.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         threading.Thread(target=group._watch, name="ranks-watch", daemon=True).start()
         group.join()
@@ -279,8 +315,12 @@ def launch(devices: list[str], files: dict[str, Path], placement: Any, dtype: st
         raise
     # at exit the engine thread may still be inside an operation: no STOP, just end the followers
     atexit.register(group.abort, "the runner exits", leave=False)
-    log.info("%d ranks on %s (pids %s)", len(devices), ", ".join(devices),
-             ", ".join(str(p) for p in [os.getpid(), *(p.pid for p in group.procs)]))
+    log.info(
+        "%d ranks on %s (pids %s)",
+        len(devices),
+        ", ".join(devices),
+        ", ".join(str(p) for p in [os.getpid(), *(p.pid for p in group.procs)]),
+    )
     return group
 
 

@@ -65,7 +65,7 @@ def convert_hf(
     total = sum(p.stat().st_size for p in sources)
     writer = Writer(out, shard_limit)
     try:
-        with safetensors_dir.Checkpoint(files, cls.expert_key) as ck:
+        with safetensors_dir.Checkpoint(files, cls) as ck:
             for name, t in ck.dense_items():
                 writer.add_dense(name, t)
                 _report(progress, writer, total)

@@ -9,12 +9,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from freetoken.ftw import DEFAULT_SHARD_LIMIT
 from freetoken.ftw.writer import Writer
 from freetoken.models.base import ExpertKey
-from freetoken.weights import WeightsError, gguf_file
+from freetoken.models.hub import num_experts
+from freetoken.weights import gguf_file
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +31,19 @@ def convert_gguf(
     config = gguf_file.config_of(reader, kv)
     total = sum(int(t.n_bytes) for t in reader.tensors)
     done = 0
-    experts: dict[int, dict[tuple[str, int | None], object]] = defaultdict(dict)
+    pieces: dict[tuple[int, str], list] = defaultdict(list)
     writer = Writer(out, shard_limit)
     try:
-        for t in reader.tensors:
-            key = cls.gguf_key(t.name)
+        for _, t, key in gguf_file.keyed_tensors(reader, cls):
             if isinstance(key, ExpertKey):
-                experts[key.layer][(key.bank, key.half)] = t
+                pieces[(key.layer, key.bank)].append((t, key))
                 continue
             writer.add_dense(key, gguf_file.tensor_of(t))
             done += int(t.n_bytes)
             progress and progress(done, total)
-        for layer in sorted(experts):
-            parts = experts[layer]
-            if not {("gate_up", 0), ("gate_up", 1), ("down", None)} <= set(parts):
-                raise WeightsError(f"{src}: layer {layer} lacks some of its experts")
-            gate, up = (gguf_file.tensor_of(parts[("gate_up", h)]) for h in (0, 1))
-            writer.add_bank(layer, "gate_up", torch.cat([gate, up], dim=1))
-            writer.add_bank(layer, "down", gguf_file.tensor_of(parts[("down", None)]))
-            done += sum(int(p.n_bytes) for p in parts.values())
+        for (layer, bank), tensor in gguf_file.banks_of(pieces, num_experts(config), src):
+            writer.add_bank(layer, bank, tensor)
+            done += sum(int(t.n_bytes) for t, _ in pieces[(layer, bank)])
             progress and progress(done, total)
         with tempfile.TemporaryDirectory() as tmp:
             meta_dir = Path(tmp)

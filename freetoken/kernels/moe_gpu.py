@@ -6,9 +6,14 @@ Both compute Σ_j weights[t, j] · expert[slots[t, j]](x[t]) over the routes who
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from freetoken.kernels import reference
+
+if TYPE_CHECKING:  # kernels sit below models: the spec is read, never built, here
+    from freetoken.models.base import ExpertSpec
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
@@ -18,45 +23,72 @@ def experts_from_slots(
     x: torch.Tensor,
     slots: torch.Tensor,
     weights: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    pool: reference.Banks,
+    spec: ExpertSpec,
 ) -> torch.Tensor:
-    """x [T, H]; slots/weights [T, k]; gate_up [S, 2I, H]; down [S, H, I] -> [T, H] in x's dtype."""
+    """x [T, H]; slots/weights [T, k]; `pool` the slot pool's banks (gate_up [S, 2I, H],
+    down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype."""
     T, k = slots.shape
     if x.is_cuda and T <= SMALL_BATCH:
-        return _triton_small(x, slots, weights, gate_up, down)
-    return _grouped(x, slots, weights, gate_up, down)
+        return _triton_small(x, slots, weights, pool, spec)
+    return _grouped(x, slots, weights, pool, spec)
 
 
-def _grouped(x, slots, weights, gate_up, down) -> torch.Tensor:
+def _grouped(x, slots, weights, pool, spec) -> torch.Tensor:
     active = slots >= 0
     if not bool(active.any()):
         return torch.zeros_like(x)
     # a masked route points at slot 0 with weight 0, so it adds nothing
     safe = torch.where(active, slots, torch.zeros_like(slots))
     w = torch.where(active, weights, torch.zeros_like(weights))
-    return reference.moe_experts(x, safe, w, gate_up, down)
+    return reference.moe_experts(x, safe, w, pool, spec)
 
 
-def _triton_small(x, slots, weights, gate_up, down) -> torch.Tensor:
+def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
     from freetoken.kernels.triton import moe_decode
 
+    gate_up, down = pool["gate_up"], pool["down"]
     T, k = slots.shape
     S, two_i, H = gate_up.shape
     I = two_i // 2
     assert x.shape == (T, H) and down.shape == (S, H, I), "shapes disagree"
     assert gate_up.is_contiguous() and down.is_contiguous() and x.is_contiguous()
+    # without biases the kernels never read their bias pointers: any tensor stands in
+    gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
     flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
     flat_w = weights.reshape(-1).contiguous()  # the kernel reads any float dtype as fp32
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
     bi, bh = 16, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
-        x, gate_up, flat_slots, h, H, I, K=k, BLOCK_I=bi, BLOCK_H=bh
+        x,
+        gate_up,
+        gu_bias,
+        flat_slots,
+        h,
+        H,
+        I,
+        spec.alpha,
+        spec.limit,
+        K=k,
+        BLOCK_I=bi,
+        BLOCK_H=bh,
+        HAS_BIAS=spec.bias,
+        ACT=spec.activation_code,
     )
     bo, bk = 32, 256
     moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](
-        h, down, flat_slots, flat_w, out, H, I, BLOCK_H=bo, BLOCK_I=bk
+        h,
+        down,
+        dn_bias,
+        flat_slots,
+        flat_w,
+        out,
+        H,
+        I,
+        BLOCK_H=bo,
+        BLOCK_I=bk,
+        HAS_BIAS=spec.bias,
     )
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
 

@@ -1,71 +1,43 @@
 """The MoE block front: router -> experts op -> (weights already applied) output.
 
-Model files build `SparseMoeBlock`; they never see where experts live. The `Experts` op
-forwards to a backend installed by the loader (resident weights, the GPU expert cache with
-CPU/PCIe split, ...), always with a whole batch: hidden [T, H], ids [T, k], weights [T, k].
+Model files build `SparseMoeBlock` from a router (layers/routers.py), an `Experts` op and,
+where the family has them, shared experts with an optional sigmoid gate; they never see
+where experts live. The `Experts` op forwards to a backend installed by the loader (an
+`moe.backend.ExpertBackend`: resident weights, the GPU expert cache with its CPU/PCIe
+split, experts spread over GPUs), always with a whole batch: hidden [T, H], ids [T, k],
+weights [T, k].
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from freetoken.kernels.triton import block
-from freetoken.layers import fused
+from freetoken.layers.routers import Router, SigmoidGroupedTopK, TopKRouter
+
+if TYPE_CHECKING:  # layers sit below models: the spec is read, never built, here
+    from freetoken.models.base import ExpertSpec
+
+__all__ = ["Experts", "ExpertsOp", "Router", "SigmoidGroupedTopK", "SparseMoeBlock", "TopKRouter"]
 
 
-class ExpertBackend(Protocol):
+class ExpertsOp(Protocol):
+    """What a MoE layer calls: Σ_j weights[t, j] · expert[ids[t, j]](x[t]) for its layer."""
+
     def __call__(
         self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor: ...
 
 
-class TopKRouter(nn.Module):
-    """Softmax over expert logits (in fp32), top-k, optionally renormalised over the k."""
-
-    def __init__(self, hidden: int, num_experts: int, top_k: int, norm_topk_prob: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
-        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, self.weight)
-        E = logits.shape[-1]
-        if fused.usable(logits) and E <= 4096 and self.top_k <= E:
-            from freetoken.kernels.triton import router
-
-            T = logits.shape[0]
-            weights = torch.empty((T, self.top_k), dtype=x.dtype, device=x.device)
-            ids = torch.empty((T, self.top_k), dtype=torch.int64, device=x.device)
-            router.topk_softmax_kernel[(T,)](
-                logits,
-                weights,
-                ids,
-                E,
-                RENORM=self.norm_topk_prob,
-                K=self.top_k,
-                BLOCK_E=block(E),
-                BLOCK_K=block(self.top_k),
-            )
-            return weights, ids
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), ids
-
-
 class Experts(nn.Module):
-    """out[t] = Σ_j weights[t, j] · expert[ids[t, j]](x[t]); experts are SwiGLU FFNs."""
+    """out[t] = Σ_j weights[t, j] · expert[ids[t, j]](x[t]); each expert computes `spec`."""
 
-    def __init__(self, layer: int, num_experts: int, hidden: int, intermediate: int):
+    def __init__(self, layer: int, num_experts: int, spec: ExpertSpec):
         super().__init__()
-        self.layer, self.num_experts = layer, num_experts
-        self.hidden, self.intermediate = hidden, intermediate
-        self.backend: ExpertBackend | None = None
+        self.layer, self.num_experts, self.spec = layer, num_experts, spec
+        self.backend: ExpertsOp | None = None
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if self.backend is None:
@@ -76,19 +48,26 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
+    """router -> routed experts, plus shared experts (always on) scaled by σ(shared_gate(x))
+    where the family gates them."""
+
     def __init__(
         self,
-        layer: int,
-        hidden: int,
-        intermediate: int,
-        num_experts: int,
-        top_k: int,
-        norm_topk_prob: bool,
+        router: Router,
+        experts: Experts,
+        shared_experts: nn.Module | None = None,
+        shared_gate: nn.Module | None = None,
     ):
         super().__init__()
-        self.gate = TopKRouter(hidden, num_experts, top_k, norm_topk_prob)
-        self.experts = Experts(layer, num_experts, hidden, intermediate)
+        self.gate, self.experts = router, experts
+        self.shared_experts, self.shared_gate = shared_experts, shared_gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        return self.experts(x, ids, weights)
+        out = self.experts(x, ids, weights)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
+        return out

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
+
+from freetoken.layers.computed import ComputedBuffers
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(ComputedBuffers):
     """cos/sin for arbitrary positions; tokens of a step may belong to different sequences."""
 
     def __init__(self, head_dim: int, theta: float):

@@ -1,20 +1,195 @@
-"""Types shared by model files and the weight loader (kept free of torch)."""
+"""The model contract: what a model file declares, and the types it declares them in.
+
+Kept free of torch: the server reads model facts without the engine, and the weight
+readers, the expert kernels and the KV cache take these types as their whole knowledge of
+a family. A family therefore adds a model file and touches nothing in `moe/`, `runtime/`
+or `kernels/`.
+
+A model file (`models/<model_type>.py`) defines `Model`, an `nn.Module` that satisfies
+`ModelFile`: built from a config dict, it maps checkpoint tensor names to its own names or
+to expert banks, says what each MoE layer's experts compute (`ExpertSpec`) and what a
+token's cache entry holds in each layer (`KVLayout`), and runs a forward over a flat batch
+whose per-step metadata it reads from `layers.context`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+__all__ = [
+    "ACTIVATIONS",
+    "ExpertKey",
+    "ExpertSpec",
+    "KVLayout",
+    "ModelFile",
+]
+
+# Expert activations the kernels implement, by code (the C++ and Triton kernels take the code):
+#   silu            h = silu(g) · u                                   (SwiGLU)
+#   swiglu_clamped  g = min(g, limit), u = clamp(u, ±limit), h = (u + 1) · g · σ(alpha · g)
+ACTIVATIONS = ("silu", "swiglu_clamped")
 
 
 @dataclass(frozen=True, slots=True)
 class ExpertKey:
     """Where a checkpoint tensor lands in the expert banks.
 
-    bank: "gate_up" ([E, 2I, H], gate rows first) or "down" ([E, H, I]).
+    bank: "gate_up" ([E, 2I, H], gate rows first), "down" ([E, H, I]), and with expert
+        biases "gate_up_bias" ([E, 2I]) and "down_bias" ([E, H]).
     expert: the expert index for per-expert tensors; None when the tensor is the whole bank.
     half: for per-expert gate/up tensors, 0 = gate rows [0, I), 1 = up rows [I, 2I).
+    transposed: the checkpoint stores the bank's last two dimensions swapped ([E, H, 2I]).
+    interleaved: the checkpoint interleaves gate and up rows (g0, u0, g1, u1, ...); banks
+        always hold them split.
     """
 
     layer: int
     bank: str
     expert: int | None = None
     half: int | None = None
+    transposed: bool = False
+    interleaved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertSpec:
+    """What one routed expert of a MoE layer computes, for every kernel that runs it:
+
+        y = down · act(gate_up · x + b_gu) + b_down
+
+    with gate_up's rows split as [gate; up]. The spec travels with the host banks to the
+    CPU kernel, the GPU kernels, the slot pool and the weight readers.
+    """
+
+    hidden: int
+    intermediate: int
+    activation: str = "silu"
+    alpha: float = 1.702  # swiglu_clamped only
+    limit: float = 7.0  # swiglu_clamped only
+    bias: bool = False  # gate_up_bias [E, 2I] and down_bias [E, H] banks
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown expert activation {self.activation!r} (one of {ACTIVATIONS})"
+            )
+
+    @property
+    def activation_code(self) -> int:
+        return ACTIVATIONS.index(self.activation)
+
+    @property
+    def banks(self) -> tuple[str, ...]:
+        """The banks of one layer, matrices first."""
+        return (
+            ("gate_up", "down", "gate_up_bias", "down_bias") if self.bias else ("gate_up", "down")
+        )
+
+    def rows(self) -> dict[str, tuple[int, ...]]:
+        """One expert's row shape in each bank."""
+        H, two_i = self.hidden, 2 * self.intermediate
+        shapes = {"gate_up": (two_i, H), "down": (H, self.intermediate)}
+        if self.bias:
+            shapes |= {"gate_up_bias": (two_i,), "down_bias": (H,)}
+        return shapes
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    """What one layer keeps per cached token (or per sequence, for recurrent state).
+
+    kind:
+      attention  K [heads, k_dim] and V [heads, v_dim] per token (MHA, GQA, MQA);
+      latent     one compressed vector of k_dim per token, heads = 1 and no V (MLA);
+      recurrent  a fixed-size state per sequence (`state` shapes), no per-token entry;
+      none       nothing (a layer without attention).
+    window: the keys a query sees, counting itself (0: all of them): sliding-window layers
+        keep every page but attend to the last `window` positions.
+    """
+
+    kind: str
+    heads: int = 0
+    k_dim: int = 0
+    v_dim: int = 0
+    window: int = 0
+    state: tuple[tuple[int, ...], ...] = ()
+
+    KINDS: ClassVar[tuple[str, ...]] = ("attention", "latent", "recurrent", "none")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self.KINDS:
+            raise ValueError(f"unknown KV layout {self.kind!r} (one of {self.KINDS})")
+
+    @property
+    def paged(self) -> bool:
+        """Whether the layer keeps an entry per token in the paged pool."""
+        return self.kind in ("attention", "latent")
+
+    @classmethod
+    def attention(cls, heads: int, head_dim: int, v_dim: int = 0, window: int = 0) -> KVLayout:
+        return cls("attention", heads, head_dim, v_dim or head_dim, window)
+
+    @classmethod
+    def latent(cls, dim: int) -> KVLayout:
+        return cls("latent", 1, dim, 0)
+
+
+class ModelFile(Protocol):
+    """The contract of every `models/<model_type>.py` `Model`.
+
+    Construction and weights:
+      from_config(config)     the model for a Hub-style config.json (built on the meta
+                              device by the loader, so no weight is initialised twice);
+      config_from_gguf(kv, arch)  a Hub-style config from GGUF metadata;
+      expert_key(name)        where a checkpoint tensor goes among the expert banks, or None
+                              for a dense weight;
+      dense_key(name)         the model's own name for a dense checkpoint tensor;
+      gguf_key(name)          the model's name for a GGUF tensor, or its ExpertKey;
+      tie_weights()           shares the embedding with the output head.
+    Structure:
+      args                    the parsed config (a frozen dataclass): `num_hidden_layers`,
+                              `vocab_size` and `hidden_size` at least;
+      moe_layers              the layers whose MLP is routed experts;
+      expert_specs()          {layer: ExpertSpec} over moe_layers;
+      kv_layout()             a KVLayout per layer, in order.
+    Running:
+      forward(input_ids [T], positions [T]) -> final hidden states [T, H];
+      logits(hidden [n, H]) -> [n, V].
+    Description (for `show` and the store, computed where torch is available):
+      model_info(config)      GGUF-style metadata keys (`<arch>.context_length`, ...).
+    """
+
+    args: Any
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelFile: ...
+
+    @staticmethod
+    def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]: ...
+
+    @staticmethod
+    def expert_key(name: str) -> ExpertKey | None: ...
+
+    @staticmethod
+    def dense_key(name: str) -> str: ...
+
+    @staticmethod
+    def gguf_key(name: str) -> str | ExpertKey: ...
+
+    @classmethod
+    def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    @property
+    def moe_layers(self) -> list[int]: ...
+
+    def expert_specs(self) -> dict[int, ExpertSpec]: ...
+
+    def kv_layout(self) -> list[KVLayout]: ...
+
+    def tie_weights(self) -> None: ...
+
+    def forward(self, input_ids: Any, positions: Any) -> Any: ...
+
+    def logits(self, hidden: Any) -> Any: ...

@@ -7,6 +7,7 @@ Shapes: T = tokens in the step, H = hidden, E = experts, k = experts per token.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -15,11 +16,14 @@ from torch import nn
 
 from freetoken.layers.attention import Attention
 from freetoken.layers.mlp import GatedMLP
-from freetoken.layers.moe import SparseMoeBlock
+from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
-from freetoken.models import num_experts, rope_theta
-from freetoken.models.base import ExpertKey
+from freetoken.models import hub
+from freetoken.models.base import ExpertKey, ExpertSpec, KVLayout
+from freetoken.models.decoder import DecoderModel
+
+GGUF_ARCH = "qwen3moe"
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,11 @@ class ModelArgs:
     max_position_embeddings: int = 4096
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ModelArgs:
+    def from_dict(cls, cfg: Mapping[str, Any]) -> ModelArgs:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in cfg.items() if k in names and v is not None}
-        kw["num_experts"] = num_experts(cfg)  # num_experts or num_local_experts
-        kw["rope_theta"] = rope_theta(cfg)  # top-level or rope_parameters
+        kw["num_experts"] = hub.num_experts(cfg)  # num_experts or num_local_experts
+        kw["rope_theta"] = hub.rope_theta(cfg)  # top-level or rope_parameters
         kw["mlp_only_layers"] = tuple(cfg.get("mlp_only_layers") or ())
         if not kw.get("head_dim"):
             kw["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -76,13 +80,10 @@ class DecoderLayer(nn.Module):
             eps=a.rms_norm_eps,
         )
         if a.is_moe_layer(i):
+            spec = ExpertSpec(a.hidden_size, a.moe_intermediate_size)
             self.mlp = SparseMoeBlock(
-                i,
-                a.hidden_size,
-                a.moe_intermediate_size,
-                a.num_experts,
-                a.num_experts_per_tok,
-                a.norm_topk_prob,
+                TopKRouter(a.hidden_size, a.num_experts, a.num_experts_per_tok, a.norm_topk_prob),
+                Experts(i, a.num_experts, spec),
             )
         else:
             self.mlp = GatedMLP(a.hidden_size, a.intermediate_size)
@@ -140,7 +141,7 @@ _EXPERT = re.compile(
 )
 
 
-class Model(nn.Module):
+class Model(DecoderModel):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -148,23 +149,15 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Model:
+    def from_config(cls, config: Mapping[str, Any]) -> Model:
         return cls(ModelArgs.from_dict(config))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [T, H] (logits are computed only where needed)."""
-        return self.model(input_ids, positions)
+    def layer_kv(self, i: int) -> KVLayout:
+        return KVLayout.attention(self.args.num_key_value_heads, self.args.head_dim)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
-
-    @property
-    def moe_layers(self) -> list[int]:
-        return [i for i in range(self.args.num_hidden_layers) if self.args.is_moe_layer(i)]
-
-    def tie_weights(self) -> None:
-        if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+    @classmethod
+    def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
+        return hub.standard_info(GGUF_ARCH, config)
 
     @staticmethod
     def expert_key(name: str) -> ExpertKey | None:
@@ -197,9 +190,12 @@ class Model(nn.Module):
         return f"model.layers.{layer}.{GGUF_DENSE[kind]}.{parts[-1]}"
 
     @staticmethod
-    def config_from_gguf(kv: dict[str, Any], arch: str) -> dict[str, Any]:
+    def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         """A Hub-style config.json from GGUF metadata."""
-        g = lambda key, default=None: kv.get(f"{arch}.{key}", default)  # noqa: E731
+
+        def g(key: str, default: Any = None) -> Any:
+            return kv.get(f"{arch}.{key}", default)
+
         heads = int(g("attention.head_count"))
         return {
             "architectures": ["Qwen3MoeForCausalLM"],

@@ -11,7 +11,8 @@ import logging
 import torch
 
 from freetoken.ftw.hostmem import HostBuffer, Pinner
-from freetoken.weights import BankKey
+from freetoken.models.base import ExpertSpec
+from freetoken.weights import BankKey, WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -21,19 +22,34 @@ def _host_buffer(t: torch.Tensor) -> HostBuffer | None:
 
 
 class HostBanks:
-    """banks[layer] = (gate_up [E, 2I, H], down [E, H, I]) in host memory."""
+    """banks[layer] = {bank: [E, ...]} in host memory, with the banks `spec` names
+    (gate_up [E, 2I, H], down [E, H, I], and biases where the experts have them)."""
 
-    def __init__(self, banks: dict[BankKey, torch.Tensor], dtype: torch.dtype, pin: bool):
-        self.banks: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    def __init__(
+        self,
+        banks: dict[BankKey, torch.Tensor],
+        dtype: torch.dtype,
+        pin: bool,
+        spec: ExpertSpec,
+    ):
+        self.spec = spec
+        self.banks: dict[int, dict[str, torch.Tensor]] = {}
         pinner = Pinner() if pin else None
-        for layer in sorted({l for l, _ in banks}):
-            gu, dn = (self._prepare(banks[(layer, b)], dtype, pinner) for b in ("gate_up", "down"))
-            self.banks[layer] = (gu, dn)
+        for layer in sorted({layer for layer, _ in banks}):
+            missing = [b for b in spec.banks if (layer, b) not in banks]
+            if missing:
+                raise WeightsError(f"layer {layer} has no {missing[0]} expert bank")
+            self.banks[layer] = {
+                b: self._prepare(banks[(layer, b)], dtype, pinner) for b in spec.banks
+            }
         if pinner is not None:
             pinner.finish()
         first = next(iter(self.banks.values()))
-        self.num_experts = first[0].shape[0]
-        self.rows = {"gate_up": tuple(first[0].shape[1:]), "down": tuple(first[1].shape[1:])}
+        self.num_experts = first["gate_up"].shape[0]
+        self.rows = {b: tuple(t.shape[1:]) for b, t in first.items()}
+        want = spec.rows()
+        if self.rows != want:
+            raise WeightsError(f"expert banks are shaped {self.rows}; the model expects {want}")
         self.dtype = dtype
 
     @staticmethod
@@ -58,8 +74,9 @@ class HostBanks:
 
     @property
     def expert_bytes(self) -> int:
-        gu, dn = next(iter(self.banks.values()))
-        return (gu[0].numel() + dn[0].numel()) * gu.element_size()
+        """One expert's bytes over every bank: what a fetch moves and the CPU reads."""
+        first = next(iter(self.banks.values()))
+        return sum(t[0].numel() * t.element_size() for t in first.values())
 
     @property
     def total_bytes(self) -> int:

@@ -42,6 +42,7 @@ class ExpertCache:
         self.evictions = 0
         self.clock = 0
         self.volatile = 0  # slots [0, volatile) are overwritten by prefill streaming
+        self.version = 0  # counts the slot tensors' replacements (captured steps hold them)
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -160,6 +161,7 @@ class ExpertCache:
         del old
         _release_device_memory(self.device)
         self.slots, self.capacity = new, capacity
+        self.version += 1
         self.owner = np.full(capacity, -1, dtype=np.int64)
         self.last_use = np.full(capacity, -1, dtype=np.int64)
         self.fixed = np.zeros(capacity, dtype=bool)

@@ -180,6 +180,5 @@ class DeviceLRU:
         """Copies the experts `assign` chose to fetch from the pinned host banks into their
         slots."""
         experts = ids.reshape(-1).to(torch.int32)
-        gu, dn = self.banks.banks[layer]
-        moe_gpu.fetch_experts(gu, self.cache.slots["gate_up"], experts, fetch)
-        moe_gpu.fetch_experts(dn, self.cache.slots["down"], experts, fetch)
+        for bank, src in self.banks.banks[layer].items():
+            moe_gpu.fetch_experts(src, self.cache.slots[bank], experts, fetch)

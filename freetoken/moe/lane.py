@@ -57,7 +57,7 @@ class CpuLane:
         cpus = cpu_kernel.physical_cpus()
         self.device, self.cpus, self._ext = device, cpus[:threads] if threads else cpus, ext
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
-        hidden = banks.banks[banks.layers[0]][1].shape[1]
+        hidden = banks.spec.hidden
         pin = device.type == "cuda"
         host = torch.device("cpu")
         self.ctl = _zeros(8, host, pin, "int64")
@@ -69,10 +69,18 @@ class CpuLane:
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
+        per_layer = [banks.banks[layer] for layer in banks.layers]
+        spec = banks.spec
+        # the kernel's arguments in lane_serve's order: matrices, biases (empty: none), and
+        # what the experts compute
         self._banks = (
-            [banks.banks[l][0] for l in banks.layers],
-            [banks.banks[l][1] for l in banks.layers],
+            *([b[name] for b in per_layer] for name in ("gate_up", "down")),
+            *(
+                [b[name] for b in per_layer] if spec.bias else []
+                for name in ("gate_up_bias", "down_bias")
+            ),
         )
+        self._act = (spec.activation_code, spec.alpha, spec.limit)
         self._all: dict[int, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
 
@@ -82,7 +90,18 @@ class CpuLane:
             return
         self.ctl[STOP] = 0
         h = self.host
-        args = (self.ctl, h.pos, h.ids, h.wts, h.x, self.out, *self._banks, self.cpus, -1)
+        args = (
+            self.ctl,
+            h.pos,
+            h.ids,
+            h.wts,
+            h.x,
+            self.out,
+            *self._banks,
+            self.cpus,
+            -1,
+            *self._act,
+        )
         self._thread = threading.Thread(
             target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True
         )
@@ -224,31 +243,10 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-class StepWait:
-    """Waits for a step's GPU work asleep where a CPU lane computes during steps: a host
-    thread spinning on the GPU would take a core from the lane's pinned workers, and waking
-    costs microseconds against a step's milliseconds."""
-
-    def __init__(self, model: torch.nn.Module, device: torch.device):
-        from freetoken.layers.moe import Experts
-
-        backends = [
-            getattr(m.backend, "local", m.backend)
-            for m in model.modules()
-            if isinstance(m, Experts)
-        ]
-        lanes = any(getattr(b, "lane", None) is not None for b in backends)
-        self._event = torch.cuda.Event(blocking=True) if device.type == "cuda" and lanes else None
-
-    def __call__(self) -> None:
-        if self._event is not None:
-            self._event.record()
-            self._event.synchronize()
-
-
 def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
     """A lane for `banks` on every physical core, or None (logged) where the CPU kernel cannot
-    be built. The thread that launches a step waits for it asleep (StepWait), not on a core."""
+    be built. The thread that launches a step waits for it asleep (the backend's `wait_step`),
+    not on a core."""
     from freetoken import config
 
     try:

@@ -68,9 +68,7 @@ class LayerStreamer:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self._ready[buf])
         route_slots = ids + self.base[buf]
-        out = moe_gpu.experts_from_slots(
-            x, route_slots, weights, self.cache.slots["gate_up"], self.cache.slots["down"]
-        )
+        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots, self.banks.spec)
         if self.cuda:
             self._released[buf] = torch.cuda.current_stream(self.device).record_event()
         if i + 1 == len(self.layers):
@@ -123,14 +121,14 @@ class LayerStreamer:
     def _fill(self, layer: int, buf: int) -> None:
         c, base = self.cache, self.base[buf]
         cached = c.slot_of[layer]
-        gu, dn = self.banks.banks[layer]
+        banks = self.banks.banks[layer]
         for start, end in _runs(cached < 0):  # from host memory, contiguous runs at once
-            c.slots["gate_up"][base + start : base + end].copy_(
-                gu[start:end], non_blocking=self.cuda
-            )
-            c.slots["down"][base + start : base + end].copy_(dn[start:end], non_blocking=self.cuda)
+            for bank, src in banks.items():
+                c.slots[bank][base + start : base + end].copy_(
+                    src[start:end], non_blocking=self.cuda
+                )
             self.stats["h2d_experts"] += end - start
         for e in np.flatnonzero(cached >= 0).tolist():  # already on the GPU: device to device
-            for bank in ("gate_up", "down"):
+            for bank in banks:
                 c.slots[bank][base + e].copy_(c.slots[bank][int(cached[e])], non_blocking=self.cuda)
             self.stats["d2d_experts"] += 1

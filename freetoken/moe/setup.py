@@ -8,12 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from freetoken.layers.moe import Experts
+from freetoken.models.base import ExpertSpec
 from freetoken.moe import profile
+from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
-from freetoken.moe.offload import POLICIES, OffloadExperts
+from freetoken.moe.offload import OffloadExperts
+from freetoken.moe.policy import Policy
 from freetoken.weights import BankKey, WeightsError
 
 log = logging.getLogger(__name__)
@@ -23,16 +25,24 @@ ACTIVATION_RESERVE = 768 << 20  # workspace for prefill chunks and the allocator
 
 @dataclass
 class Placement:
+    """How a model's experts are to be placed (from settings and the request's options)."""
+
     policy: str
     vram_budget: int  # bytes; 0 = the free memory of the device
     cache_dir: object = None
-    slots: int = (
-        0  # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
-    )
-    device_cache: str = (
-        "auto"  # decode keeps the cache's books on the device: auto (on GPUs), on, off
-    )
-    cpu_lane: str = "auto"  # adaptive's CPU routes of single-token steps through the CPU lane: auto (on GPUs), on, off
+    # an explicit slot count instead of the budget (tests; on the CPU, a host-memory pool)
+    slots: int = 0
+    # decode keeps the cache's books on the device: auto (on GPUs), on, off
+    device_cache: str = "auto"
+    # adaptive's CPU routes of single-token steps through the CPU lane: auto (on GPUs), on, off
+    cpu_lane: str = "auto"
+
+    def switch(self, setting: str, device: torch.device, ranks_on_host: int) -> bool:
+        """An auto/on/off setting for one process: auto means on GPUs. The device-kept books
+        and the lane serve one process's whole cache and the whole host's cores; ranks route
+        a token's experts to several processes, each with a few rows."""
+        on = setting == "on" or (setting == "auto" and device.type == "cuda")
+        return ranks_on_host == 1 and on
 
 
 def cache_slots(
@@ -53,6 +63,14 @@ def cache_slots(
     return int(slots)
 
 
+def expert_spec(model: nn.Module) -> ExpertSpec:
+    """The one ExpertSpec of the model's MoE layers (every kernel takes one per backend)."""
+    specs = set(model.expert_specs().values())
+    if len(specs) != 1:
+        raise WeightsError(f"the model's MoE layers disagree on what an expert computes: {specs}")
+    return specs.pop()
+
+
 def install(
     model: nn.Module,
     banks: dict[BankKey, torch.Tensor],
@@ -60,13 +78,14 @@ def install(
     dtype: torch.dtype,
     placement: Placement,
 ) -> OffloadExperts:
-    backend = build(banks, device, dtype, placement)
+    backend = build(banks, expert_spec(model), device, dtype, placement)
     attach(model, backend, backend.banks.layers)
     return backend
 
 
 def build(
     banks: dict[BankKey, torch.Tensor],
+    spec: ExpertSpec,
     device: torch.device,
     dtype: torch.dtype,
     placement: Placement,
@@ -78,11 +97,8 @@ def build(
     own GPU and PCIe link, but they share the host's DRAM bandwidth and cores, so each
     starts its split from an equal share of B_H.
     """
-    if placement.policy not in POLICIES:
-        raise ValueError(
-            f"unknown MoE policy {placement.policy!r} (choose from {', '.join(POLICIES)})"
-        )
-    host = HostBanks(banks, dtype, pin=device.type == "cuda")
+    Policy.parse(placement.policy)  # an unknown policy fails before the banks are pinned
+    host = HostBanks(banks, dtype, pin=device.type == "cuda", spec=spec)
     cache = None
     slots = placement.slots
     if device.type == "cuda" and not slots:
@@ -92,30 +108,16 @@ def build(
     slots = min(slots, len(host.layers) * host.num_experts)  # more than every expert is waste
     if slots:
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
-    b_p, b_h, measured = (
-        profile.bandwidths(placement.cache_dir)
-        if placement.cache_dir
-        else (profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False)
-    )
+    b_p, b_h, measured = _bandwidths(placement)
     b_h /= ranks_on_host
-    # the device-kept books serve one process's whole cache; ranks route a token's experts
-    # to several processes, each with a few rows
-    device_lru = ranks_on_host == 1 and (
-        placement.device_cache == "on"
-        or (placement.device_cache == "auto" and device.type == "cuda")
-    )
-    # the lane serves one process's CPU routes from the whole host's cores
-    cpu_lane = ranks_on_host == 1 and (
-        placement.cpu_lane == "on" or (placement.cpu_lane == "auto" and device.type == "cuda")
-    )
     backend = OffloadExperts(
         host,
         cache,
         placement.policy,
         Split.from_bandwidths(host.expert_bytes, b_p, b_h),
         device,
-        device_lru=device_lru,
-        cpu_lane=cpu_lane,
+        device_lru=placement.switch(placement.device_cache, device, ranks_on_host),
+        cpu_lane=placement.switch(placement.cpu_lane, device, ranks_on_host),
     )
     log.info(
         "experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)",
@@ -129,10 +131,8 @@ def build(
     return backend
 
 
-def attach(model: nn.Module, backend, layers: list[int]) -> None:
-    """Makes `backend` the experts op of every MoE layer of the model."""
-    for m in model.modules():
-        if isinstance(m, Experts):
-            if m.layer not in layers:
-                raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
-            m.backend = backend
+def _bandwidths(placement: Placement) -> tuple[float, float, bool]:
+    """(B_P, B_H) in bytes/s from this machine's stored profile, and whether it was measured."""
+    if placement.cache_dir:
+        return profile.bandwidths(placement.cache_dir)
+    return profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
-from freetoken.layers.moe import Experts
-from freetoken.moe.lane import StepWait
+from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
@@ -53,8 +52,7 @@ class Engine:
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs = graphs
-        self._experts = [m for m in model.modules() if isinstance(m, Experts)]
-        self._wait = StepWait(model, device)
+        self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
         self.scheduler = Scheduler(kv, max_running, prefill_chunk)
         self.requests: dict[int, Request] = {}
@@ -104,7 +102,8 @@ class Engine:
         t0 = time.perf_counter_ns()
         logits = self._execute(plan)
         masks = self._masks(plan)  # grammar masks, computed while the device works
-        self._wait()
+        if (experts := self._ops.backend) is not None:
+            experts.wait_step()
         logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
         self._postprocess(plan, logits, masks, t0, t1)
@@ -128,11 +127,9 @@ class Engine:
                 self._finish(self.requests[item], "abort", emit=False)
 
     def _between_steps(self, tokens: int) -> None:
-        """Lets expert backends change placement now, never in the middle of a step."""
-        for backend in {id(m.backend): m.backend for m in self._experts}.values():
-            hook = getattr(backend, "between_steps", None)
-            if hook is not None:
-                hook(tokens)
+        """Lets the expert backend change placement now, never in the middle of a step."""
+        if (experts := self._ops.backend) is not None:
+            experts.between_steps(tokens)
 
     @torch.inference_mode()
     def _execute(self, plan: Plan) -> torch.Tensor:

@@ -9,7 +9,7 @@ A step cannot be one graph when an experts op needs the host (cache lookups, PCI
 the CPU path): the capture is cut at each such op into segments. Replay runs segment i's
 graph, then that experts op eagerly on the segment's outputs, writing into a fixed buffer
 the next segment reads. Experts ops that run wholly on the device (resident or fixed
-layers, `device_only(layer)`) stay inside the graphs. Segments share one memory pool and
+layers, `ExpertBackend.device_only`) stay inside the graphs. Segments share one memory pool and
 are always replayed in capture order, which is what makes sharing it safe.
 
 Without capture (`capture=False`, and on a CPU) the same fixed-shape step runs eagerly,
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from freetoken.layers.context import DecodeView, StepContext, step_context
-from freetoken.layers.moe import Experts
+from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.runtime.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ MIN_CTX = 256  # smallest context bucket; buckets double from here
 class _Cut:
     """An experts op run eagerly between two graphs."""
 
-    backend: object
+    backend: ExpertBackend
     layer: int
     x: torch.Tensor
     ids: torch.Tensor
@@ -76,11 +76,11 @@ class DecodeGraphs:
         page = kv.page_size
         self.max_ctx = -(-max_ctx // page) * page
         self.min_ctx = min_ctx or MIN_CTX
-        self._experts = [m for m in model.modules() if isinstance(m, Experts)]
+        self._ops = ExpertsOps(model)
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._stream = torch.cuda.Stream(device) if self.capture else None
         self._pool = None
-        self._seen: tuple = ()  # the backends' identities and generations the graphs were made for
+        self._seen: tuple = ()  # the backend's identity and generation the graphs were made for
         self.captures = 0
 
     def fits(self, batch: int, ctx_len: int) -> bool:
@@ -100,10 +100,8 @@ class DecodeGraphs:
 
     def _version(self) -> tuple:
         # a new backend, or a resize of the same one, moves the tensors the graphs read
-        return tuple(
-            (id(b), getattr(b, "generation", 0))
-            for b in {id(m.backend): m.backend for m in self._experts}.values()
-        )
+        backend = self._ops.backend
+        return () if backend is None else (id(backend), backend.generation)
 
     @torch.inference_mode()
     def run(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
@@ -139,11 +137,8 @@ class DecodeGraphs:
 
     def _books_to_host(self) -> bool:
         """Asks the experts ops to keep their books on the host (cut graphs, not none)."""
-        moved = False
-        for backend in {id(m.backend): m.backend for m in self._experts}.values():
-            give_up = getattr(backend, "keep_books_on_host", None)
-            moved = bool(give_up is not None and give_up()) or moved
-        return moved
+        backend = self._ops.backend
+        return backend is not None and backend.keep_books_on_host()
 
     # --- fixed inputs -----------------------------------------------------------------
     def _new_bucket(self, B: int, max_ctx: int) -> _Bucket:
@@ -194,9 +189,8 @@ class DecodeGraphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             cutter = _Cutter(bk, self._pool)
-            saved = [(m, m.backend) for m in self._experts]
-            for m, b in saved:
-                m.backend = cutter.wrap(b)
+            backend = self._ops.backend
+            saved = self._ops.route_through(cutter.wrap(backend)) if backend else []
             try:
                 cutter.begin()
                 bk.logits = self._forward(bk)
@@ -205,8 +199,7 @@ class DecodeGraphs:
                 cutter.abort()
                 raise
             finally:
-                for m, b in saved:
-                    m.backend = b
+                self._ops.restore(saved)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.captures += 1
         log.info(
@@ -253,12 +246,11 @@ class _Cutter:
         self.bk.segments.clear()
         self.bk.on_device.clear()
 
-    def wrap(self, backend):
+    def wrap(self, backend: ExpertBackend):
         def op(
             layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
         ) -> torch.Tensor:
-            device_only = getattr(backend, "device_only", None)
-            if device_only is not None and device_only(layer, ids.shape[0]):
+            if backend.device_only(layer, ids.shape[0]):
                 self.bk.on_device.append((backend, layer, ids.numel()))
                 return backend(layer, x, ids, weights)
             self.graph.capture_end()

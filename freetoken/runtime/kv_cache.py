@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.layers.context import KVStore
+from freetoken.models.base import KVLayout
 
 
 class OutOfPages(RuntimeError):
@@ -50,10 +51,34 @@ class PagePool:
 
 
 class KVCache(KVStore):
-    """K and V for every layer as [num_pages * page_size, kv_heads, head_dim] slot arrays."""
+    """The per-token cache of every layer, as the model's `kv_layout()` describes it:
+    k[layer] [num_pages * page_size, heads, k_dim] and v[layer] [..., heads, v_dim] for
+    attention layers, k[layer] alone for a latent (MLA) layer, None for layers that keep
+    no per-token entry (recurrent state is not paged)."""
 
     def __init__(
         self,
+        layout: list[KVLayout],
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.layout, self.page_size = layout, page_size
+        self.pool = PagePool(num_pages)
+        slots = num_pages * page_size
+
+        def entry(heads: int, dim: int, paged: bool) -> torch.Tensor | None:
+            if not paged or not dim:
+                return None
+            return torch.zeros(slots, heads, dim, dtype=dtype, device=device)
+
+        self.k = [entry(lay.heads, lay.k_dim, lay.paged) for lay in layout]
+        self.v = [entry(lay.heads, lay.v_dim, lay.paged) for lay in layout]
+
+    @classmethod
+    def uniform(
+        cls,
         num_layers: int,
         num_pages: int,
         page_size: int,
@@ -61,22 +86,20 @@ class KVCache(KVStore):
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-    ):
-        self.page_size = page_size
-        self.pool = PagePool(num_pages)
-        slots = num_pages * page_size
-        self.k = [
-            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
-        self.v = [
-            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
+    ) -> KVCache:
+        """Every layer the same GQA attention (benchmarks' and tests' shapes)."""
+        layout = [KVLayout.attention(kv_heads, head_dim)] * num_layers
+        return cls(layout, num_pages, page_size, dtype, device)
+
+    @staticmethod
+    def token_bytes(layout: list[KVLayout], dtype: torch.dtype) -> int:
+        """Bytes one cached token takes over every layer (what a page budget is sized by)."""
+        size = torch.tensor([], dtype=dtype).element_size()
+        return size * sum(lay.heads * (lay.k_dim + lay.v_dim) for lay in layout if lay.paged)
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

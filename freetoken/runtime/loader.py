@@ -18,6 +18,8 @@ from torch import nn
 
 from freetoken import ftw, models
 from freetoken.ftw import reader as ftw_reader
+from freetoken.layers.computed import reset_buffers
+from freetoken.models.base import ExpertSpec
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
 from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
@@ -77,7 +79,7 @@ def read_weights(
     if gguf is not None:
         weights = gguf_file.read(gguf, dtype)
     else:
-        weights = safetensors_dir.read(files, model_cls.expert_key, dtype)
+        weights = safetensors_dir.read(files, model_cls, dtype)
     if experts is not None:
         lo, hi = experts
         weights.banks = {key: bank[lo:hi].clone() for key, bank in weights.banks.items()}
@@ -154,7 +156,7 @@ def load(
             raise WeightsError("checkpoint has no lm_head.weight and embeddings are not tied")
         model.tie_weights()
     # buffers (rope frequencies) were created on meta; compute them for real
-    model.apply(_reset_buffers)
+    reset_buffers(model)
     model.eval()
     log.info(
         "loaded %s (%s) on %s as %s",
@@ -172,19 +174,21 @@ def load_banks(
     dtype_setting: str,
     experts: tuple[int, int],
     huge_pages: str = "auto",
-) -> tuple[dict, torch.dtype]:
-    """Rows [lo, hi) of every expert bank and their dtype, without the dense weights (a rank
-    that serves only experts, freetoken.dist)."""
+) -> tuple[dict, torch.dtype, ExpertSpec]:
+    """Rows [lo, hi) of every expert bank, their dtype and what the experts compute, without
+    the dense weights (a rank that serves only experts, freetoken.dist)."""
     config = json.loads(Path(files["config.json"]).read_text())
     dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
-    weights = read_weights(
-        files, models.load_class(config), dtype, experts=experts, dense=False, huge_pages=huge_pages
-    )
-    return weights.banks, dtype
+    cls = models.load_class(config)
+    weights = read_weights(files, cls, dtype, experts=experts, dense=False, huge_pages=huge_pages)
+    with torch.device("meta"):  # the model's structure alone: nothing is allocated
+        spec = setup.expert_spec(cls.from_config(config))
+    return weights.banks, dtype, spec
 
 
 def place_experts(loaded: Loaded, placement: Placement, group=None):
-    """Installs the experts op backend; call after the KV cache is allocated (it sizes the slot pool).
+    """Installs the experts op backend; call after the KV cache is allocated (it sizes the
+    slot pool).
 
     With a process group (freetoken.dist) the backend spreads the experts over its ranks.
     """
@@ -198,9 +202,3 @@ def place_experts(loaded: Loaded, placement: Placement, group=None):
         backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
     loaded.banks = {}  # the backend's host banks own them now
     return backend
-
-
-def _reset_buffers(m: nn.Module) -> None:
-    reset = getattr(m, "reset_buffers", None)
-    if callable(reset):
-        reset()

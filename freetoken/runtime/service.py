@@ -129,15 +129,7 @@ class ModelService:
         a = model.args
         page = self.cfg.kv_page_size
         pages = (-(-self.num_ctx // page)) * self.num_parallel
-        kv = KVCache(
-            a.num_hidden_layers,
-            pages,
-            page,
-            a.num_key_value_heads,
-            a.head_dim,
-            loaded.dtype,
-            loaded.device,
-        )
+        kv = KVCache(model.kv_layout(), pages, page, loaded.dtype, loaded.device)
         self.experts = loader.place_experts(loaded, placement, self.group)
         graphs = None
         if loaded.device.type == "cuda" and self.cfg.cuda_graphs:
@@ -160,14 +152,13 @@ class ModelService:
         self.load_ns = time.perf_counter_ns() - t0
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = loaded.device.type == "cuda"
-        banks = self.experts.bank_bytes if self.group else self.experts.banks.total_bytes
-        followers_vram = sum(self.experts.vram[1:]) if self.group else 0
+        experts = self.experts
         self.sizes = {
-            "size": dense + banks + kv.bytes,
+            "size": dense + experts.host_bytes + kv.bytes,
             "size_vram": (torch.cuda.memory_allocated(loaded.device) if on_gpu else 0)
-            + followers_vram,
+            + experts.vram_elsewhere,
             "kv_cache_bytes": kv.bytes,
-            "expert_cache_bytes": self.experts.stats().get("cache", {}).get("bytes", 0),
+            "expert_cache_bytes": experts.capacity * experts.expert_bytes,
         }
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
 
@@ -185,34 +176,33 @@ class ModelService:
 
     def _start_watcher(self) -> None:
         """Automatic cache sizing where the cache lives on a GPU others may share."""
-        cache = self.experts.cache
+        experts = self.experts
         # NOTE: it watches one GPU; with several ranks the caches are sized by hand (/resize)
         if (
-            cache is None
+            not experts.capacity
             or self.engine.device.type != "cuda"
             or not self.cfg.cache_auto
             or self.group
         ):
             return
-        self.ceiling = cache.capacity
+        self.ceiling = experts.capacity
         dev = self.engine.device
         self.watcher = elastic.Watcher(
             free_bytes=lambda: torch.cuda.mem_get_info(dev)[0],
-            capacity=lambda: self.experts.cache.capacity,
-            floor=self.experts.floor,
+            capacity=lambda: experts.capacity,
+            floor=experts.floor,
             ceiling=lambda: self.ceiling,
             headroom=self.cfg.cache_headroom,
-            expert_bytes=cache.expert_bytes,
-            resize=lambda n: self.engine.call_between_steps(lambda: self.experts.resize(n)).result(
-                60
-            ),
+            expert_bytes=experts.expert_bytes,
+            resize=lambda n: self.engine.call_between_steps(lambda: experts.resize(n)).result(60),
         ).start()
 
     async def resize(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A manual resize ({"slots": n} or {"size": "12GiB" | bytes}); it also becomes the ceiling."""
+        """A manual resize ({"slots": n} or {"size": "12GiB" | bytes}); it also becomes the
+        ceiling."""
         if self.status != "ok":
             raise RequestError(f"model is not ready ({self.status})", 503)
-        if self.experts.cache is None:
+        if not self.experts.capacity:
             raise RequestError("this model has no GPU expert cache: every expert runs on the CPU")
         try:
             if body.get("slots") is not None:
@@ -220,7 +210,7 @@ class ModelService:
             else:
                 size = body.get("size")
                 nbytes = size if isinstance(size, int) else parse_size(str(size))
-                slots = nbytes // self.experts.cache.expert_bytes
+                slots = nbytes // self.experts.expert_bytes
         except (TypeError, ValueError) as e:
             raise RequestError(f"invalid size: {e}") from None
         fut = self.engine.call_between_steps(lambda: self.experts.resize(slots))
@@ -239,8 +229,8 @@ class ModelService:
         while True:
             engine.wait_for_work(timeout=1.0)
             try:
-                if engine.step() == 0 and self.group is not None:
-                    self.experts.idle()  # the other ranks wait without spinning on their GPUs
+                if engine.step() == 0:
+                    self.experts.idle()  # other ranks, if any, wait without spinning on their GPUs
             except Exception as e:
                 log.error("step failed: %s", traceback.format_exc())
                 if isinstance(e, (torch.cuda.OutOfMemoryError, dist.RankDied)) or "CUDA" in str(e):

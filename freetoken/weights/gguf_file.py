@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,9 @@ import torch
 
 from freetoken import models
 from freetoken.models.base import ExpertKey
-from freetoken.weights import ModelWeights, WeightsError
+from freetoken.models.hub import num_experts
+from freetoken.weights import BankKey, ModelWeights, WeightsError
+from freetoken.weights.experts import assemble
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,6 @@ _QWEN2_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
-_GGUF_ARCH_TO_TYPE = {a.gguf_arch: a.model_type for a in models.ARCHITECTURES.values()}
 
 
 def _open(path: Path):
@@ -53,12 +56,10 @@ def metadata(reader) -> dict[str, Any]:
 
 def model_class(kv: dict[str, Any]) -> tuple[type, str]:
     arch = kv.get("general.architecture")
-    model_type = _GGUF_ARCH_TO_TYPE.get(arch)
-    if model_type is None:
-        raise WeightsError(
-            f"unsupported GGUF architecture {arch!r} "
-            f"(supported: {', '.join(sorted(_GGUF_ARCH_TO_TYPE))})"
-        )
+    try:
+        model_type = models.arch_for_gguf(arch).model_type
+    except models.UnsupportedModel as e:
+        raise WeightsError(str(e)) from None
     return models.load_class({"model_type": model_type}), arch
 
 
@@ -95,6 +96,27 @@ def tensor_of(t) -> torch.Tensor:
     return torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(shape)
 
 
+def keyed_tensors(reader, cls: type) -> Iterator[tuple[str, object, str | ExpertKey]]:
+    """Every tensor of the file with the model's key for it: a dense name or an ExpertKey."""
+    for t in reader.tensors:
+        yield t.name, t, cls.gguf_key(t.name)
+
+
+def banks_of(
+    pieces: dict[BankKey, list[tuple[object, ExpertKey]]],
+    num_experts: int,
+    path: Path,
+    dtype: torch.dtype | None = None,
+) -> Iterator[tuple[BankKey, torch.Tensor]]:
+    """The banks, one (layer, bank) at a time, from the GGUF tensors that hold them."""
+    for bk in sorted(pieces):
+        tensors = []
+        for t, key in pieces[bk]:
+            tensor = tensor_of(t)
+            tensors.append((tensor if dtype is None else tensor.to(dtype), key))
+        yield bk, assemble(tensors, num_experts, f"{path}: layer {bk[0]} bank {bk[1]}")
+
+
 def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
     reader = _open(path)
     kv = metadata(reader)
@@ -109,23 +131,15 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
             path.name,
             "/".join(quantized),
         )
-    halves: dict[tuple[int, str], dict[int | None, torch.Tensor]] = {}
-    for t in reader.tensors:
-        key = cls.gguf_key(t.name)
-        tensor = tensor_of(t)
-        if dtype is not None:
-            tensor = tensor.to(dtype)
+    pieces: dict[BankKey, list[tuple[object, ExpertKey]]] = defaultdict(list)
+    for _, t, key in keyed_tensors(reader, cls):
         if isinstance(key, ExpertKey):
-            halves.setdefault((key.layer, key.bank), {})[key.half] = tensor
+            pieces[(key.layer, key.bank)].append((t, key))
         else:
-            weights.dense[key] = tensor
-    for bk, parts in halves.items():
-        if bk[1] == "gate_up":
-            if set(parts) != {0, 1}:
-                raise WeightsError(f"{path}: layer {bk[0]} lacks its gate or up experts")
-            weights.banks[bk] = torch.cat([parts[0], parts[1]], dim=1).contiguous()
-        else:
-            weights.banks[bk] = parts[None].contiguous()
+            tensor = tensor_of(t)
+            weights.dense[key] = tensor if dtype is None else tensor.to(dtype)
+    experts = num_experts(weights.config)
+    weights.banks = dict(banks_of(pieces, experts, path, dtype))
     return weights
 
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from freetoken.models import num_experts
 from freetoken.models.base import ExpertKey
+from freetoken.models.hub import num_experts
 from freetoken.weights import BankKey, ModelWeights, WeightsError
+from freetoken.weights.experts import assemble
 
 
 def safetensors_files(files: dict[str, Path]) -> list[Path]:
@@ -40,17 +41,17 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
 
 
 class Checkpoint:
-    """Open safetensors files, with tensor names sorted into dense weights and expert pieces."""
+    """Open safetensors files, with tensor names sorted into dense weights and expert pieces.
 
-    def __init__(
-        self,
-        files: dict[str, Path],
-        expert_key: Callable[[str], ExpertKey | None],
-        dtype: torch.dtype | None = None,
-    ):
+    `model_cls` is the model file's `Model` (models/base.py, ModelFile): its `expert_key`
+    says which tensors are expert pieces and `dense_key` what the model calls the others.
+    """
+
+    def __init__(self, files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None):
         self.config = json.loads(Path(files["config.json"]).read_text())
         self.experts = num_experts(self.config)
         self.dtype = dtype
+        self.dense_key = model_cls.dense_key
         self._stack = ExitStack()
         self.handles: dict[str, object] = {}
         self.dense: list[str] = []
@@ -59,7 +60,7 @@ class Checkpoint:
             f = self._stack.enter_context(safe_open(str(path), framework="pt"))
             for name in f.keys():
                 self.handles[name] = f
-                key = expert_key(name)
+                key = model_cls.expert_key(name)
                 if key is None:
                     self.dense.append(name)
                 else:
@@ -83,37 +84,17 @@ class Checkpoint:
 
     def bank(self, key: BankKey) -> torch.Tensor:
         """The [E, ...] bank assembled from its per-expert (or already fused) pieces."""
-        bank: torch.Tensor | None = None
-        filled = 0
-        for name, k in self.pieces[key]:
-            t = self.tensor(name)
-            if k.expert is None:
-                if t.shape[0] != self.experts:
-                    raise WeightsError(f"{name}: {t.shape[0]} experts, config says {self.experts}")
-                return t.contiguous()
-            rows = t.shape[0] * (2 if k.half is not None else 1)
-            if bank is None:
-                bank = torch.empty((self.experts, rows, t.shape[1]), dtype=t.dtype)
-            lo = 0 if k.half is None else k.half * t.shape[0]
-            bank[k.expert, lo : lo + t.shape[0]].copy_(t)
-            filled += 1 if k.half is not None else 2
-        if bank is None or filled != self.experts * 2:
-            raise WeightsError(
-                f"experts of layer {key[0]} bank {key[1]} are incomplete in the checkpoint"
-            )
-        return bank
+        pieces = ((self.tensor(name), k) for name, k in self.pieces[key])
+        return assemble(pieces, self.experts, f"experts of layer {key[0]} bank {key[1]}")
 
     def dense_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Dense tensors under the model's own names."""
         for name in self.dense:
-            yield name, self.tensor(name)
+            yield self.dense_key(name), self.tensor(name)
 
 
-def read(
-    files: dict[str, Path],
-    expert_key: Callable[[str], ExpertKey | None],
-    dtype: torch.dtype | None = None,
-) -> ModelWeights:
-    with Checkpoint(files, expert_key, dtype) as ck:
+def read(files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None) -> ModelWeights:
+    with Checkpoint(files, model_cls, dtype) as ck:
         weights = ModelWeights(config=ck.config, source="safetensors")
         weights.dense = dict(ck.dense_items())
         weights.banks = {key: ck.bank(key) for key in ck.bank_keys()}

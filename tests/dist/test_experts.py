@@ -28,8 +28,13 @@ def stepwise_logits(engine, ids: list[int], first: int) -> torch.Tensor:
         for start, end in [(0, first)] + [(i, i + 1) for i in range(first, len(ids))]:
             ctx_slots = kv.slots_of(pages, 0, end, engine.device)
             dev = engine.device
-            ctx = StepContext(torch.arange(start, end, device=dev), ctx_slots[start:],
-                              [SeqSpan(0, end - start, end, ctx_slots)], kv, torch.arange(end - start, device=dev))
+            ctx = StepContext(
+                torch.arange(start, end, device=dev),
+                ctx_slots[start:],
+                [SeqSpan(0, end - start, end, ctx_slots)],
+                kv,
+                torch.arange(end - start, device=dev),
+            )
             with torch.inference_mode(), step_context(ctx):
                 h = engine.model(torch.tensor(ids[start:end], device=dev), ctx.positions)
                 rows.append(engine.model.logits(h).float().cpu())
@@ -63,7 +68,11 @@ def test_share_gives_every_expert_to_one_rank():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_payload_round_trip(dtype):
-    x, ids, w = torch.randn(3, 64).to(dtype), torch.randint(0, 128, (3, 8)), torch.rand(3, 8).to(dtype)
+    x, ids, w = (
+        torch.randn(3, 64).to(dtype),
+        torch.randint(0, 128, (3, 8)),
+        torch.rand(3, 8).to(dtype),
+    )
     buf = dx.pack(x, ids, w)
     assert buf.numel() == dx.payload_bytes(3, 8, 64, dtype)
     x2, ids2, w2 = dx.unpack(buf, 3, 8, 64, dtype)
@@ -88,8 +97,10 @@ def test_local_part_sums_only_the_ranks_own_routes():
 # world, policy, slots per rank, source: a slot pool with room to stream prefill layers (2
 # ranks), a pool too small for streaming so misses are fetched one by one (3 ranks, each
 # reading only its rows of the FTW banks), no pool at all
-@pytest.mark.parametrize("world,policy,slots,source", [(2, "adaptive", 8, "hf"), (3, "lru-pcie", 3, "ftw"),
-                                                       (2, "cpu-misses", 0, "hf")])
+@pytest.mark.parametrize(
+    "world,policy,slots,source",
+    [(2, "adaptive", 8, "hf"), (3, "lru-pcie", 3, "ftw"), (2, "cpu-misses", 0, "hf")],
+)
 def test_logits_equal_single_process(tiny_model, tiny_ftw, reference, world, policy, slots, source):
     path = tiny_ftw if source == "ftw" else tiny_model[0]
     engine = dist_engine(path, world, policy=policy, slots=slots, page_size=4, pages=128)
@@ -97,7 +108,9 @@ def test_logits_equal_single_process(tiny_model, tiny_ftw, reference, world, pol
         assert _rel(full_logits(engine, PROMPT), full_logits(reference, PROMPT)) <= 1e-5
         assert _rel(full_logits(engine, LONG), full_logits(reference, LONG)) <= 1e-5
         # a prefill, then decode steps through the KV cache
-        assert _rel(stepwise_logits(engine, PROMPT, 5), stepwise_logits(reference, PROMPT, 5)) <= 1e-5
+        assert (
+            _rel(stepwise_logits(engine, PROMPT, 5), stepwise_logits(reference, PROMPT, 5)) <= 1e-5
+        )
         # batched decode (several tokens per op) through the scheduler
         prompts = [PROMPT, PROMPT[:7], LONG[:20]]
         got = [s.output_ids for s in generate(engine, prompts, 12)]
@@ -122,7 +135,10 @@ def test_world_of_one_equals_the_plain_model(tiny_model):
     engine = dist_engine(path, 1, policy="adaptive", slots=8)
     try:
         assert _rel(full_logits(engine, PROMPT), full_logits(plain, PROMPT)) <= 1e-6
-        assert generate(engine, [PROMPT], 8)[0].output_ids == generate(plain, [PROMPT], 8)[0].output_ids
+        assert (
+            generate(engine, [PROMPT], 8)[0].output_ids
+            == generate(plain, [PROMPT], 8)[0].output_ids
+        )
     finally:
         backend(engine).close()
 
@@ -135,7 +151,9 @@ def test_resize_reaches_every_rank_and_refusals_name_the_rank(tiny_model, refere
         out = b.resize(6)
         assert [r["slots"] for r in out["ranks"]] == [6, 6]
         assert b.stats()["cache"]["slots"] == 12  # summed over the ranks
-        with pytest.raises(ValueError, match=r"rank 0: 3 expert slots is below the floor of 4.*rank 1"):
+        with pytest.raises(
+            ValueError, match=r"rank 0: 3 expert slots is below the floor of 4.*rank 1"
+        ):
             b.resize(3)
         # a refusal leaves the group in step
         assert _rel(full_logits(engine, PROMPT), full_logits(reference, PROMPT)) <= 1e-5
@@ -145,7 +163,9 @@ def test_resize_reaches_every_rank_and_refusals_name_the_rank(tiny_model, refere
 
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 CUDA devices")
-@pytest.mark.parametrize("policy,slots", [("adaptive", 8), ("lru-pcie", 3), ("cpu-misses", 3), ("resident", 0)])
+@pytest.mark.parametrize(
+    "policy,slots", [("adaptive", 8), ("lru-pcie", 3), ("cpu-misses", 3), ("resident", 0)]
+)
 def test_nccl_logits_equal_one_gpu(tiny_model, policy, slots):
     path, _ = tiny_model
     one = make_engine(path, device="cuda", policy="resident", page_size=4, pages=128)
@@ -153,7 +173,10 @@ def test_nccl_logits_equal_one_gpu(tiny_model, policy, slots):
     try:
         assert _rel(full_logits(engine, PROMPT), full_logits(one, PROMPT)) <= 1e-5
         assert _rel(full_logits(engine, LONG), full_logits(one, LONG)) <= 1e-5
-        assert _rel(stepwise_logits(engine, PROMPT, 5).cpu(), stepwise_logits(one, PROMPT, 5).cpu()) <= 1e-5
+        assert (
+            _rel(stepwise_logits(engine, PROMPT, 5).cpu(), stepwise_logits(one, PROMPT, 5).cpu())
+            <= 1e-5
+        )
         prompts = [PROMPT, PROMPT[:7], LONG[:20]]
         got = [s.output_ids for s in generate(engine, prompts, 12)]
         assert got == [s.output_ids for s in generate(one, prompts, 12)]
@@ -171,7 +194,9 @@ def test_nccl_group_of_one_gpu(tiny_model):
     GPU, with decode steps replayed from CUDA graphs that are cut at every experts op."""
     path, _ = tiny_model
     one = make_engine(path, device="cuda", policy="resident", page_size=4, pages=128)
-    engine = dist_engine(path, 1, policy="adaptive", slots=8, page_size=4, pages=128, gpus=True, graphs=True)
+    engine = dist_engine(
+        path, 1, policy="adaptive", slots=8, page_size=4, pages=128, gpus=True, graphs=True
+    )
     try:
         assert _rel(full_logits(engine, LONG), full_logits(one, LONG)) <= 1e-5
         prompts = [PROMPT, PROMPT[:7]]

@@ -23,7 +23,9 @@ PROMPT = [5, 17, 99, 3, 250]
 def _gone(pid: int) -> bool:
     """Exited (a zombie waiting for its new parent counts as exited)."""
     try:
-        return "Z" in next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State"))
+        return "Z" in next(
+            l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State")
+        )
     except (FileNotFoundError, StopIteration):
         return True
 
@@ -31,7 +33,9 @@ def _gone(pid: int) -> bool:
 def test_devices_from_the_settings():
     assert dist.devices("cpu:3", "auto") == ["cpu"] * 3
     assert dist.devices("auto", "cpu") == ["cpu"]
-    with pytest.raises(ValueError, match="FREETOKEN_GPUS=0,1 names GPUs, but FREETOKEN_DEVICE is cpu"):
+    with pytest.raises(
+        ValueError, match="FREETOKEN_GPUS=0,1 names GPUs, but FREETOKEN_DEVICE is cpu"
+    ):
         dist.devices((0, 1), "cpu")
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert dist.devices("auto", "auto") == ([f"cuda:{i}" for i in range(visible)] or ["cpu"])
@@ -48,7 +52,9 @@ def test_killing_a_follower_ends_the_group_with_its_exit_status(tiny_model):
         victim, other = group.procs[1], group.procs[0]
         os.kill(victim.pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(dist.RankDied, match=rf"rank 2 \(pid {victim.pid}, cpu\) exited with status -9"):
+        with pytest.raises(
+            dist.RankDied, match=rf"rank 2 \(pid {victim.pid}, cpu\) exited with status -9"
+        ):
             full_logits(engine, PROMPT)
         assert time.monotonic() - t0 < 5
         assert other.poll() is not None, "the other follower was ended too"
@@ -83,8 +89,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_followers_exit_when_rank_0_dies(tiny_model):
     path, _ = tiny_model
-    out = subprocess.run([sys.executable, "-c", RANK0, str(path), "awake"], capture_output=True, text=True,
-                         timeout=60, check=False)  # it kills itself
+    out = subprocess.run(
+        [sys.executable, "-c", RANK0, str(path), "awake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # it kills itself
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
     deadline = time.monotonic() + 5
@@ -100,7 +111,10 @@ def test_a_rank_that_fails_to_load_fails_the_load_by_name(tiny_model):
     placement = loader.Placement("resident", 0, None, 7)
     group = dist.launch(["cpu"] * 2, files, placement)
     loaded = loader.load(files, "cpu", "auto", experts=group.experts)
-    with pytest.raises(RuntimeError, match=r"rank 0 \(cpu\): ValueError: the resident policy needs 8 expert slots"
-                                           r".*; rank 1 \(cpu\): ValueError"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"rank 0 \(cpu\): ValueError: the resident policy needs 8 expert slots"
+        r".*; rank 1 \(cpu\): ValueError",
+    ):
         loader.place_experts(loaded, placement, group)
     assert all(p.poll() is not None for p in group.procs)

@@ -15,8 +15,19 @@ from tests.dist.util import cuda_devices
 from tests.server.harness import LiveServer, add_model, make_config
 
 
-@pytest.fixture(scope="module", params=["cpu:2", pytest.param("0,1", marks=[
-    pytest.mark.gpu, pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 CUDA devices")])])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "cpu:2",
+        pytest.param(
+            "0,1",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(cuda_devices() < 2, reason="needs 2 CUDA devices"),
+            ],
+        ),
+    ],
+)
 def server(tmp_path_factory, request):
     env = pytest.MonkeyPatch()
     env.setenv("FREETOKEN_GPUS", request.param)  # runners read it from the environment they inherit
@@ -39,16 +50,26 @@ def test_a_dead_rank_stops_the_runner_and_the_next_request_recovers(server):
     client = ollama.Client(host=server.url)
     assert client.generate("endless", prompt="hi", options={"num_predict": 3}).done
     ranks = _ranks(server)
-    devices = ["cpu", "cpu"] if os.environ["FREETOKEN_GPUS"].startswith("cpu") else ["cuda:0", "cuda:1"]
-    assert [(r["rank"], r["device"], r["experts"]) for r in ranks] == [(0, devices[0], [0, 2]), (1, devices[1], [2, 4])]
+    devices = (
+        ["cpu", "cpu"] if os.environ["FREETOKEN_GPUS"].startswith("cpu") else ["cuda:0", "cuda:1"]
+    )
+    assert [(r["rank"], r["device"], r["experts"]) for r in ranks] == [
+        (0, devices[0], [0, 2]),
+        (1, devices[1], [2, 4]),
+    ]
     first = server.runner_pid("endless:latest")
     stream = client.generate("endless", prompt="go", stream=True, options={"num_predict": 100000})
     next(stream)
     os.kill(ranks[1]["pid"], signal.SIGKILL)
     why = rf"rank 1 \(pid {ranks[1]['pid']}, {devices[1]}\) exited with status -9; the runner exits"
-    with pytest.raises(ollama.ResponseError, match=rf"model runner has unexpectedly stopped \(exit status 1\): .*{why}"):
+    with pytest.raises(
+        ollama.ResponseError,
+        match=rf"model runner has unexpectedly stopped \(exit status 1\): .*{why}",
+    ):
         for _ in stream:
             pass
-    out = client.chat("endless", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    out = client.chat(
+        "endless", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
+    )
     assert out.done and server.runner_pid("endless:latest") != first
     assert len(_ranks(server)) == 2

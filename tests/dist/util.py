@@ -13,8 +13,18 @@ from freetoken.runtime.tokenizer import Tokenizer
 from tests.runtime.engine_util import files_of
 
 
-def dist_engine(path: Path, world: int, *, policy: str = "adaptive", slots: int = 0, page_size: int = 16,
-                pages: int = 64, chunk: int = 2048, gpus: bool = False, graphs: bool = False) -> Engine:
+def dist_engine(
+    path: Path,
+    world: int,
+    *,
+    policy: str = "adaptive",
+    slots: int = 0,
+    page_size: int = 16,
+    pages: int = 64,
+    chunk: int = 2048,
+    gpus: bool = False,
+    graphs: bool = False,
+) -> Engine:
     """An engine whose experts are spread over `world` ranks: CPU ranks on gloo, or with
     gpus=True one per GPU on NCCL (graphs: decode steps replayed from CUDA graphs). Close it
     with `backend(engine).close()`."""
@@ -29,9 +39,7 @@ def dist_engine(path: Path, world: int, *, policy: str = "adaptive", slots: int 
     except BaseException:
         group.abort("the test's setup failed")
         raise
-    a = loaded.model.args
-    kv = KVCache(a.num_hidden_layers, pages, page_size, a.num_key_value_heads, a.head_dim, loaded.dtype,
-                 loaded.device)
+    kv = KVCache(loaded.model.kv_layout(), pages, page_size, loaded.dtype, loaded.device)
     dg = DecodeGraphs(loaded.model, kv, loaded.device, 512, max_batch=4) if graphs else None
     return Engine(loaded.model, Tokenizer(files), kv, loaded.device, 512, 4, chunk, dg)
 

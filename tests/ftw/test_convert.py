@@ -64,7 +64,7 @@ def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, q
     engine = make_engine(out)
     # the weights are exactly gguf's own dequantization
     ref = dequantized_state(gguf)
-    bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0][0]
+    bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0]["gate_up"]
     assert torch.equal(
         bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1)
     )

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from freetoken.kernels import cpu, reference
+from freetoken.models.base import ExpertSpec
+from tests.kernels import experts
 
 
 def _tiers() -> list[str]:
@@ -15,27 +17,28 @@ def _tiers() -> list[str]:
     return list(cpu.TIERS[: cpu.TIERS.index(best) + 1])
 
 
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
 @pytest.mark.parametrize("isa", _tiers())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "shape", [(8, 64, 32, 1, 2), (6, 203, 77, 3, 2), (16, 256, 100, 5, 4), (4, 31, 17, 2, 4)]
 )
-def test_kernel_matches_reference(isa, dtype, shape):
+def test_kernel_matches_reference(variant, isa, dtype, shape):
     E, H, I, T, k = shape
-    g = torch.Generator().manual_seed(hash((isa, str(dtype), shape)) % 2**31)
-    gate_up = torch.randn(E, 2 * I, H, generator=g).to(dtype)
-    down = torch.randn(E, H, I, generator=g).to(dtype)
+    g = torch.Generator().manual_seed(hash((variant, isa, str(dtype), shape)) % 2**31)
+    spec = experts.spec(variant, H, I)
+    banks = experts.banks(E, spec, dtype, g)
     x = torch.randn(T, H, generator=g)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
     w = torch.rand(T, k, generator=g)
-    ref = reference.moe_experts(x, ids, w, gate_up.float(), down.float())
+    ref = reference.moe_experts(x, ids, w, {b: t.float() for b, t in banks.items()}, spec)
     out = cpu.moe_experts(
         x,
-        gate_up,
-        down,
+        banks,
         torch.arange(T).repeat_interleave(k),
         ids.reshape(-1),
         w.reshape(-1),
+        spec,
         isa=isa,
     )
     err = float((out - ref).norm() / ref.norm())
@@ -43,22 +46,24 @@ def test_kernel_matches_reference(isa, dtype, shape):
     assert err <= (1e-2 if isa == "avx512-bf16" and dtype == torch.bfloat16 else 1e-5)
 
 
-def test_subset_of_routes_accumulates_into_out():
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
+def test_subset_of_routes_accumulates_into_out(variant):
     E, H, I = 4, 32, 16
-    gate_up, down = torch.randn(E, 2 * I, H), torch.randn(E, H, I)
+    spec = experts.spec(variant, H, I)
+    banks = experts.banks(E, spec, torch.float32, torch.Generator().manual_seed(3))
     x = torch.randn(2, H)
     base = torch.randn(2, H)
     out = cpu.moe_experts(
         x,
-        gate_up,
-        down,
+        banks,
         torch.tensor([1]),
         torch.tensor([3]),
         torch.tensor([0.5]),
+        spec,
         out=base.clone(),
     )
     expect = base.clone()
-    expect[1] += 0.5 * reference.expert_ffn(x[1:2], gate_up[3], down[3])[0]
+    expect[1] += 0.5 * reference.expert_ffn(x[1:2], {b: t[3] for b, t in banks.items()}, spec)[0]
     assert torch.allclose(out, expect, atol=1e-5)
 
 
@@ -68,11 +73,11 @@ def test_bad_routes_are_rejected():
     with pytest.raises(RuntimeError, match="route out of range"):
         cpu.moe_experts(
             torch.randn(1, 8),
-            torch.randn(2, 8, 8),
-            torch.randn(2, 8, 4),
+            {"gate_up": torch.randn(2, 8, 8), "down": torch.randn(2, 8, 4)},
             torch.tensor([0]),
             torch.tensor([5]),
             torch.tensor([1.0]),
+            ExpertSpec(8, 4),
         )
 
 

@@ -21,6 +21,50 @@ def _ptxas() -> bool:
 
 
 def _kernels():
+    return _dense_kernels() + _expert_kernels()
+
+
+def _expert_kernels():
+    from freetoken.kernels.triton import moe_decode
+
+    out = []
+    for dt in ("bf16", "fp32"):
+        for bias, act in ((False, 0), (True, 0), (True, 1)):
+            rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32", "H": "i32"}
+            out.append(
+                (
+                    moe_decode.gate_up_kernel,
+                    {
+                        **rows,
+                        "x_ptr": f"*{dt}",
+                        "h_ptr": "*fp32",
+                        "I": "i32",
+                        "alpha": "fp32",
+                        "limit": "fp32",
+                    },
+                    {"K": 8, "BLOCK_I": 16, "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
+                )
+            )
+            out.append(
+                (
+                    moe_decode.down_kernel,
+                    {
+                        "h_ptr": "*fp32",
+                        "dn_ptr": f"*{dt}",
+                        "bias_ptr": f"*{dt}",
+                        "slot_ptr": "*i32",
+                        "w_ptr": f"*{dt}",
+                        "out_ptr": "*fp32",
+                        "H": "i32",
+                        "I": "i32",
+                    },
+                    {"BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias},
+                )
+            )
+    return out
+
+
+def _dense_kernels():
     from freetoken.kernels.triton import attention, norm, router
 
     out = []
@@ -55,41 +99,49 @@ def _kernels():
                 {"W": 512, "BLOCK": 512},
             ),
         ]
-        for direct in (True, False):
-            part = f"*{dt}" if direct else "*fp32"
-            out.append(
-                (
-                    attention.decode_attention_kernel,
-                    {
-                        "q_ptr": f"*{dt}",
-                        "k_ptr": f"*{dt}",
-                        "v_ptr": f"*{dt}",
-                        "table_ptr": "*i64",
-                        "lens_ptr": "*i64",
-                        "out_ptr": f"*{dt}",
-                        "part_ptr": part,
-                        "lse_ptr": part,
-                        "scale": "fp32",
-                        "table_stride": "i64",
-                        "H": "i32",
-                        "KVH": "i32",
-                        "SPLITS": "i32",
-                    },
-                    {
-                        "GROUP": 8,
-                        "G_BLOCK": 16,
-                        "D": 128,
-                        "PAGE": 16,
-                        "BLOCK_N": 64,
-                        "DIRECT": direct,
-                    },
-                )
+        out += _attention(dt)
+    return out
+
+
+def _attention(dt: str):
+    from freetoken.kernels.triton import attention
+
+    out = []
+    for direct in (True, False):
+        part = f"*{dt}" if direct else "*fp32"
+        out.append(
+            (
+                attention.decode_attention_kernel,
+                {
+                    "q_ptr": f"*{dt}",
+                    "k_ptr": f"*{dt}",
+                    "v_ptr": f"*{dt}",
+                    "table_ptr": "*i64",
+                    "lens_ptr": "*i64",
+                    "out_ptr": f"*{dt}",
+                    "part_ptr": part,
+                    "lse_ptr": part,
+                    "scale": "fp32",
+                    "table_stride": "i64",
+                    "H": "i32",
+                    "KVH": "i32",
+                    "SPLITS": "i32",
+                },
+                {
+                    "GROUP": 8,
+                    "G_BLOCK": 16,
+                    "D": 128,
+                    "PAGE": 16,
+                    "BLOCK_N": 64,
+                    "DIRECT": direct,
+                },
             )
+        )
     return out
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs triton with its GPU compiler")
-def test_dense_path_kernels_compile_for_hopper():
+def test_kernels_compile_for_hopper():
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

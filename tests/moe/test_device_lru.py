@@ -12,6 +12,7 @@ import torch
 
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
+from freetoken.models.base import ExpertSpec
 from freetoken.moe.device_lru import STRIDE, DeviceLRU
 from tests import fixtures
 from tests.runtime.engine_util import full_logits, generate, make_engine
@@ -25,7 +26,7 @@ def banks(seed: int = 0) -> HostBanks:
     for layer in range(L):
         raw[(layer, "gate_up")] = torch.randn((E, 2 * I, H), generator=g)
         raw[(layer, "down")] = torch.randn((E, H, I), generator=g)
-    return HostBanks(raw, torch.float32, pin=False)
+    return HostBanks(raw, torch.float32, pin=False, spec=ExpertSpec(H, I))
 
 
 def setup(slots: int) -> tuple[HostBanks, ExpertCache, DeviceLRU]:
@@ -77,8 +78,8 @@ def check(hb: HostBanks, cache: ExpertCache, lru: DeviceLRU) -> None:
         if o >= 0:
             layer, e = divmod(o, E)
             assert slot_of[layer, e] == s
-            assert torch.equal(cache.slots["gate_up"][s], hb.banks[layer][0][e])
-            assert torch.equal(cache.slots["down"][s], hb.banks[layer][1][e])
+            assert torch.equal(cache.slots["gate_up"][s], hb.banks[layer]["gate_up"][e])
+            assert torch.equal(cache.slots["down"][s], hb.banks[layer]["down"][e])
     assert (slot_of >= 0).sum() == len(held)
 
 
@@ -127,8 +128,8 @@ def test_books_survive_hand_overs_to_the_host():
         if miss.any():
             got = cache.allocate(layer, experts[miss], slots[~miss])
             for e, s in zip(experts[miss].tolist(), got.tolist()):
-                cache.slots["gate_up"][s].copy_(hb.banks[layer][0][e])
-                cache.slots["down"][s].copy_(hb.banks[layer][1][e])
+                cache.slots["gate_up"][s].copy_(hb.banks[layer]["gate_up"][e])
+                cache.slots["down"][s].copy_(hb.banks[layer]["down"][e])
         cache.touch(cache.lookup(layer, experts))
         held = np.flatnonzero(cache.owner >= 0)
         assert (cache.slot_of[cache.owner[held] // E, cache.owner[held] % E] == held).all()
@@ -194,11 +195,11 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
 
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
 def test_decode_through_device_books_matches_transformers(tiny_model, policy, monkeypatch):
-    from freetoken.moe import dispatch, offload
+    from freetoken.moe import dispatch, tuning
 
     # adaptive measures each placement for a few steps only, so all three run in one generation
     monkeypatch.setattr(
-        offload,
+        tuning,
         "ModeChooser",
         lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7, **kw),
     )
@@ -209,7 +210,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     step = backend.between_steps
     backend.between_steps = lambda tokens: (
         step(tokens),
-        modes.append((tokens, backend.mode, backend.lru.live)),
+        modes.append((tokens, backend.placement.mode, backend.lru.live)),
     )
     prompts = [
         [(7 * i) % 500 + 1 for i in range(n)] for n in (5, 40)
@@ -225,7 +226,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     seqs = generate(engine, prompts, 12)
     assert [s.output_ids for s in seqs] == [fixtures.hf_greedy(hf, p, 12) for p in prompts]
     if policy == "adaptive":  # settle on the device-kept books
-        backend.modes = dispatch.ModeChooser(modes=("device",))
+        backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
     generate(engine, [prompts[0]], 4)  # ends with the books on the device
     assert backend.lru.live
     # statistics (read from other threads while steps run) count the device's work and leave
@@ -264,11 +265,11 @@ def test_split_shares_misses_between_fetches_and_the_cpu(tiny_model):
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
-    backend.modes = dispatch.ModeChooser(modes=("split",))
+    backend.tuner.modes = dispatch.ModeChooser(modes=("split",))
     p = [(5 * i) % 500 + 3 for i in range(11)]
     (seq,) = generate(engine, [p], 40)  # the share tuner tries every share meanwhile
     assert seq.output_ids == fixtures.hf_greedy(hf, p, 40)
-    assert backend.mode == "split" and backend.lru.live
+    assert backend.placement.mode == "split" and backend.lru.live
     assert not backend.device_only(engine.model.moe_layers[0])  # the host takes part in every layer
     s = backend.stats()
     assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0

@@ -8,31 +8,33 @@ import torch
 
 from freetoken.kernels import moe_gpu, reference
 from tests import fixtures
+from tests.kernels import experts
 from tests.runtime.engine_util import full_logits, generate, make_engine
 
 pytestmark = pytest.mark.gpu
 PROMPT = [5, 17, 99, 3, 250, 11, 7, 300, 42, 128]
 
 
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("shape", [(1, 8, 2048, 768, 40), (3, 4, 64, 32, 9), (5, 2, 200, 77, 7)])
-def test_triton_small_batch_kernel_matches_reference(dtype, tol, shape):
+def test_triton_small_batch_kernel_matches_reference(variant, dtype, tol, shape):
     T, k, H, I, S = shape
     g = torch.Generator(device="cuda").manual_seed(0)
-    gate_up = torch.randn(S, 2 * I, H, device="cuda", generator=g).to(dtype) / H**0.5
-    down = torch.randn(S, H, I, device="cuda", generator=g).to(dtype) / I**0.5
+    spec = experts.spec(variant, H, I)
+    pool = experts.banks(S, spec, dtype, g, device="cuda", scale=True)
     x = torch.randn(T, H, device="cuda", generator=g).to(dtype)
     slots = torch.stack([torch.randperm(S, device="cuda", generator=g)[:k] for _ in range(T)])
     slots[0, 0] = -1  # a route served by the CPU contributes nothing here
     w = torch.rand(T, k, device="cuda", generator=g)
-    out = moe_gpu.experts_from_slots(x, slots, w.to(dtype), gate_up, down)
+    out = moe_gpu.experts_from_slots(x, slots, w.to(dtype), pool, spec)
     keep = slots >= 0
     ref = reference.moe_experts(
         x.float(),
         torch.where(keep, slots, 0),
         torch.where(keep, w, 0.0),
-        gate_up.float(),
-        down.float(),
+        {b: t.float() for b, t in pool.items()},
+        spec,
     )
     assert float((out.float() - ref).norm() / ref.norm()) <= tol
 

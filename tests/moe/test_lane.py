@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from freetoken.kernels import cpu as cpu_kernel
+from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.lane import CpuLane
 
@@ -26,7 +27,7 @@ def banks(dtype=torch.float32) -> HostBanks:
     for layer in range(L):
         raw[(layer, "gate_up")] = torch.randn((E, 2 * I, H), generator=g).to(dtype)
         raw[(layer, "down")] = torch.randn((E, H, I), generator=g).to(dtype)
-    return HostBanks(raw, dtype, pin=False)
+    return HostBanks(raw, dtype, pin=False, spec=ExpertSpec(H, I))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -47,10 +48,10 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
             lane.post(layer, x, ids, w, cpu)
             routes += int(cpu.sum())
             got = lane.collect(y)
-            gu, dn = hb.banks[layer]
+            bk = hb.banks[layer]
             sel = torch.nonzero(cpu).reshape(-1)
             want = y + cpu_kernel.moe_experts(
-                x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[0, sel], w[0, sel]
+                x, bk, torch.zeros(len(sel), dtype=torch.int64), ids[0, sel], w[0, sel], hb.spec
             )
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), f"step {step}"
         # every route on the CPU (a whole CPU layer), and a layer with none
@@ -60,8 +61,9 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
             torch.full((1, K), 0.25),
         )
         lane.post(1, x, ids, w)
-        gu, dn = hb.banks[1]
-        want = cpu_kernel.moe_experts(x, gu, dn, torch.zeros(K, dtype=torch.int64), ids[0], w[0])
+        want = cpu_kernel.moe_experts(
+            x, hb.banks[1], torch.zeros(K, dtype=torch.int64), ids[0], w[0], hb.spec
+        )
         assert torch.allclose(lane.collect(torch.zeros(1, H)), want, rtol=1e-5, atol=1e-5)
         y = torch.randn((1, H))
         lane.post(2, x, ids, w, torch.zeros(K, dtype=torch.bool))
@@ -91,8 +93,9 @@ def test_a_request_posted_before_the_loop_starts_is_served():
     lane.post(0, x, ids, w)  # posted with no loop running
     lane.start()
     try:
-        gu, dn = hb.banks[0]
-        want = cpu_kernel.moe_experts(x, gu, dn, torch.zeros(K, dtype=torch.int64), ids[0], w[0])
+        want = cpu_kernel.moe_experts(
+            x, hb.banks[0], torch.zeros(K, dtype=torch.int64), ids[0], w[0], hb.spec
+        )
         assert torch.allclose(lane.collect(torch.zeros(1, H)), want, rtol=1e-5, atol=1e-5)
     finally:
         lane.stop()
@@ -142,7 +145,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     )
     backend = engine.model.model.layers[0].mlp.experts.backend
     if mode != "none":
-        backend.modes = dispatch.ModeChooser(modes=(mode,))
+        backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
     else:
         assert backend.cache is None
     try:
@@ -151,7 +154,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
                 engine, [p], 32
             )  # in split the share tuner tries every share meanwhile
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
-        assert backend.mode == mode or backend.cache is None
+        assert backend.placement.mode == mode or backend.cache is None
         assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
         assert not all(backend.device_only(l, 2) for l in engine.model.moe_layers)
         before = backend.steps
@@ -163,7 +166,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         assert d["m"] > 0 and (d["cpu_routes"] > 0 or mode == "split")
         if mode != "split":  # 3 prompt tokens and 3 decode steps, replayed steps included
             k = engine.model.args.num_experts_per_tok
-            assert d["cpu_routes"] == 6 * k * len(backend.cpu_layers)
+            assert d["cpu_routes"] == 6 * k * len(backend.placement.cpu_layers)
         lane = backend.stats()["lane"]
         assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
         if device == "cuda":  # and the engine waits for each step asleep, its cores the lane's
@@ -229,10 +232,14 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
                 H=H,
                 BLOCK_H=32,
             )
-            gu, dn = hb.banks[step % L]
             sel = torch.nonzero(cpu).reshape(-1)
             want = y + cpu_kernel.moe_experts(
-                x, gu, dn, torch.zeros(len(sel), dtype=torch.int64), ids[sel], w[sel]
+                x,
+                hb.banks[step % L],
+                torch.zeros(len(sel), dtype=torch.int64),
+                ids[sel],
+                w[sel],
+                hb.spec,
             )
             assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), f"step {step}"
         assert lane.stats()["timeouts"] == 0

@@ -77,10 +77,10 @@ def test_resident_needs_room_for_every_expert(tiny_model):
 def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeypatch):
     """Adaptive moves between the cache and whole CPU layers while decoding; the tokens stay
     those of transformers whichever placement each step runs in."""
-    from freetoken.moe import dispatch, offload
+    from freetoken.moe import dispatch, tuning
 
     monkeypatch.setattr(
-        offload,
+        tuning,
         "ModeChooser",
         lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw),
     )
@@ -91,7 +91,7 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     step = backend.between_steps
     backend.between_steps = lambda tokens: (
         step(tokens),
-        seen.append((backend.mode, sorted(backend.cpu_layers))),
+        seen.append((backend.placement.mode, sorted(backend.placement.cpu_layers))),
     )
     (seq,) = generate(engine, [PROMPT], 40)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 40)
@@ -102,7 +102,7 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     chooser.observe(0.05)
     chooser.observe(0.01)
     assert chooser.mode == "layers"
-    backend.modes = chooser
+    backend.tuner.modes = chooser
     long_prompt = [(13 * i) % 500 + 1 for i in range(48)]
     seen.clear()
     (seq,) = generate(engine, [long_prompt], 8)

@@ -46,16 +46,7 @@ def make_engine(
     files = files_of(path)
     loaded = loader.load(files, device, "auto")
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
-    a = loaded.model.args
-    kv = KVCache(
-        a.num_hidden_layers,
-        pages,
-        page_size,
-        a.num_key_value_heads,
-        a.head_dim,
-        loaded.dtype,
-        loaded.device,
-    )
+    kv = KVCache(loaded.model.kv_layout(), pages, page_size, loaded.dtype, loaded.device)
     dg = (
         DecodeGraphs(
             loaded.model,

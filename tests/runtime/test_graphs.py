@@ -90,7 +90,9 @@ def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slot
     # two sequences decode together: the books stay on the host, so layers that need it cut
     # the graph (none when resident; one CPU layer when adaptive has moved to static-layers' shape)
     host_layers = sum(not backend.device_only(l, 2) for l in engine.model.moe_layers)
-    shape = "static-layers" if policy == "adaptive" and backend.mode == "layers" else policy
+    shape = (
+        "static-layers" if policy == "adaptive" and backend.placement.mode == "layers" else policy
+    )
     assert host_layers == (0 if shape == "resident" else 1 if shape == "static-layers" else 2)
     # one sequence left: lru-pcie keeps its books on the device, so nothing cuts the graph
     if policy in ("resident", "lru-pcie"):
@@ -110,11 +112,13 @@ def test_single_token_steps_with_device_books_are_one_graph(tiny_model, policy):
     engine = make_engine(path, device="cuda", policy=policy, slots=9, graphs="capture")
     backend = engine.model.model.layers[0].mlp.experts.backend
     if policy == "adaptive":  # settle on the device-kept books
-        backend.modes = dispatch.ModeChooser(modes=("device",))
+        backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
     for p in (PROMPTS[0], PROMPTS[2]):
         (seq,) = generate(engine, [p], 24)
         assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
-    assert backend.lru.live and backend.mode == ("device" if policy == "adaptive" else "cache")
+    assert backend.lru.live and backend.placement.mode == (
+        "device" if policy == "adaptive" else "cache"
+    )
     assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {1}
     eager = make_engine(path, device="cuda", policy=policy, slots=9)
     plain, captured = (_decode_logits(e, PROMPTS[2]) for e in (eager, engine))
@@ -168,10 +172,10 @@ def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
         path, device="cuda", policy="adaptive", slots=9, graphs="capture", cpu_lane="off"
     )
     backend = engine.model.model.layers[0].mlp.experts.backend
-    backend.modes = dispatch.ModeChooser(modes=("split",))
+    backend.tuner.modes = dispatch.ModeChooser(modes=("split",))
     (seq,) = generate(engine, [PROMPTS[2]], 32)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[2], 32)
-    assert backend.mode == "split" and engine.graphs.capture
+    assert backend.placement.mode == "split" and engine.graphs.capture
     layers = len(engine.model.moe_layers)
     assert {len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1} == {
         1 + layers

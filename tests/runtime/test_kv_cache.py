@@ -26,7 +26,7 @@ def test_page_pool_refcounts():
 
 
 def test_slots_follow_the_page_table():
-    kv = KVCache(1, 8, 4, 1, 2, torch.float32, torch.device("cpu"))
+    kv = KVCache.uniform(1, 8, 4, 1, 2, torch.float32, torch.device("cpu"))
     slots = kv.slots_of([5, 2, 7], 2, 10, torch.device("cpu"))
     assert slots.tolist() == [22, 23, 8, 9, 10, 11, 28, 29]
 
@@ -38,7 +38,7 @@ def _seq(n_prompt: int) -> Sequence:
 def test_scheduler_invariants_under_random_load():
     """Pages are never shared by two sequences, never leak, and every plan fits the budget."""
     rng = random.Random(0)
-    kv = KVCache(1, 24, 4, 1, 2, torch.float32, torch.device("cpu"))
+    kv = KVCache.uniform(1, 24, 4, 1, 2, torch.float32, torch.device("cpu"))
     sched = Scheduler(kv, max_running=3, chunk=10)
     live: list[Sequence] = []
     for _ in range(400):

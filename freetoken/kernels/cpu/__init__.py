@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ import torch
 import torch.utils.cpp_extension  # noqa: F401
 
 from freetoken.kernels import reference
+
+if TYPE_CHECKING:  # kernels sit below models: the spec is read, never built, here
+    from freetoken.models.base import ExpertSpec
 
 log = logging.getLogger(__name__)
 
@@ -98,36 +102,41 @@ def tier() -> str:
 
 def moe_experts(
     x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    banks: reference.Banks,
     tok: torch.Tensor,
     exp: torch.Tensor,
     weights: torch.Tensor,
+    spec: ExpertSpec,
     out: torch.Tensor | None = None,
     isa: str | None = None,
 ) -> torch.Tensor:
     """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
 
-    x: [T, H]; banks gate_up [E, 2I, H], down [E, H, I] in bf16 or fp32 (host memory).
+    x: [T, H]; `banks` one layer's (reference.py names them), bf16 or fp32 in host memory;
+    `spec` what each expert computes.
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out
     ext = extension()
     if ext is None or isa == "torch":
         for t, e, w in zip(tok.tolist(), exp.tolist(), weights.tolist()):
-            out[t] += (
-                w * reference.expert_ffn(xf[t : t + 1], gate_up[e].float(), down[e].float())[0]
-            )
+            rows = {b: v[e].float() for b, v in banks.items()}
+            out[t] += w * reference.expert_ffn(xf[t : t + 1], rows, spec)[0]
         return out
     level = -1 if isa is None else TIERS.index(isa)
     ext.moe_experts(
         xf,
-        gate_up,
-        down,
+        banks["gate_up"],
+        banks["down"],
+        banks.get("gate_up_bias"),
+        banks.get("down_bias"),
         tok.to(torch.int64).contiguous(),
         exp.to(torch.int64).contiguous(),
         weights.float().contiguous(),
         out,
         level,
+        spec.activation_code,
+        spec.alpha,
+        spec.limit,
     )
     return out

@@ -23,8 +23,17 @@
 #include <thread>
 #include <vector>
 
-void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, torch::Tensor tok,
-                 torch::Tensor exp, torch::Tensor weights, torch::Tensor out, int64_t tier);
+void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
+                 c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
+                 torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
+                 int64_t tier, int64_t act, double alpha, double limit);
+
+// The banks of every layer the lane serves, and what their experts compute.
+struct LaneBanks {
+  std::vector<torch::Tensor> gate_ups, downs, gu_biases, dn_biases;  // biases: empty, or one per layer
+  int64_t act;
+  double alpha, limit;
+};
 
 namespace {
 
@@ -39,9 +48,8 @@ constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kDrowse = std::chrono::seconds(1);
 constexpr auto kLongNap = std::chrono::milliseconds(1);
 
-int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts, const torch::Tensor& x,
-               torch::Tensor& out, const std::vector<torch::Tensor>& gate_ups,
-               const std::vector<torch::Tensor>& downs, int64_t tier) {
+int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts,
+                  const torch::Tensor& x, torch::Tensor& out, const LaneBanks& b, int64_t tier) {
   const int64_t pos = pos_t.data_ptr<int64_t>()[0], K = ids.numel(), H = x.numel();
   const int64_t* ip = ids.data_ptr<int64_t>();
   const float* wp = wts.data_ptr<float>();
@@ -55,13 +63,17 @@ int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const to
   }
   out.zero_();
   if (exp.empty()) return 0;
-  TORCH_CHECK(pos >= 0 && pos < static_cast<int64_t>(gate_ups.size()), "lane: layer position out of range");
+  TORCH_CHECK(pos >= 0 && pos < static_cast<int64_t>(b.gate_ups.size()), "lane: layer position out of range");
   const int64_t n = static_cast<int64_t>(exp.size());
   auto i64 = torch::TensorOptions().dtype(torch::kInt64);
   auto tok = torch::zeros({n}, i64);
   auto e = torch::from_blob(exp.data(), {n}, i64).clone();
   auto wt = torch::from_blob(w.data(), {n}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
-  moe_experts(x.view({1, H}), gate_ups[pos], downs[pos], tok, e, wt, out.view({1, H}), tier);
+  c10::optional<torch::Tensor> gb, db;
+  if (!b.gu_biases.empty()) gb = b.gu_biases[pos];
+  if (!b.dn_biases.empty()) db = b.dn_biases[pos];
+  moe_experts(x.view({1, H}), b.gate_ups[pos], b.downs[pos], gb, db, tok, e, wt, out.view({1, H}), tier, b.act,
+              b.alpha, b.limit);
   return n;
 }
 
@@ -80,15 +92,19 @@ void pin_team(const std::vector<int64_t>& cpus) {
 
 }  // namespace
 
-void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
-                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, std::vector<int64_t> cpus,
-                int64_t tier) {
+void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x,
+                torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
+                std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
+                std::vector<int64_t> cpus, int64_t tier, int64_t act, double alpha, double limit) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() == 1, "lane: bad layer position");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.numel() == out.numel(),
               "lane: bad activations");
   TORCH_CHECK(gate_ups.size() == downs.size(), "lane: banks disagree");
+  TORCH_CHECK(gu_biases.empty() || gu_biases.size() == gate_ups.size(), "lane: biases disagree");
+  TORCH_CHECK(dn_biases.empty() || dn_biases.size() == gate_ups.size(), "lane: biases disagree");
+  const LaneBanks banks{gate_ups, downs, gu_biases, dn_biases, act, alpha, limit};
   at::init_num_threads();
   if (!cpus.empty()) pin_team(cpus);
   int64_t* c = ctl.data_ptr<int64_t>();
@@ -106,7 +122,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
     last = s;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      c[2] += serve_one(pos, ids, wts, x, out, gate_ups, downs, tier);
+      c[2] += serve_one(pos, ids, wts, x, out, banks, tier);
     } catch (const std::exception&) {
       out.zero_();  // the GPU must not wait forever: it gets zeros, and the host sees the count
       c[5] += 1;

@@ -1,14 +1,17 @@
-// Routed SwiGLU experts on the CPU, reading each weight byte once per step.
+// Routed gated experts on the CPU, reading each weight byte once per step.
 //
-//   out[t] = sum over routes r of token t:  w[r] * down[e_r] @ (silu(g) * u),
-//   where [g; u] = gate_up[e_r] @ x[t]   (gate rows [0, I), up rows [I, 2I)).
+//   out[t] = sum over routes r of token t:  w[r] * (down[e_r] @ act(g, u) + bd[e_r]),
+//   where [g; u] = gate_up[e_r] @ x[t] + bgu[e_r]   (gate rows [0, I), up rows [I, 2I)),
+//   act = silu(g) * u (SwiGLU), or the clamped form (u + 1) * g * sigmoid(alpha * g) with
+//   g <= limit and |u| <= limit (gpt-oss). The biases are optional.
 //
 // Two passes over tasks shared by the intra-op threads: pass 1 walks (route, 16-row tile of I)
-// and writes h = silu(g) * u; pass 2 walks (token, 16-row tile of H) and sums the routes' down
+// and writes h = act(g, u); pass 2 walks (token, 16-row tile of H) and sums the routes' down
 // projections. Threads take tasks one at a time from a shared counter, so a thread that the
 // OS runs less (another process's, or the host's own thread waiting on the GPU) takes fewer
-// instead of holding up the pass. Weights are bf16 or fp32; accumulation is fp32. The instruction set is chosen
-// at run time: AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++.
+// instead of holding up the pass. Weights are bf16 or fp32 (biases in the weights' dtype);
+// accumulation is fp32. The instruction set is chosen at run time: AVX-512-BF16, AVX-512,
+// AVX2+FMA, or plain C++.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -248,6 +251,29 @@ int best_tier() {
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
+// How one expert's hidden activation is formed (ExpertSpec: activation, alpha, limit, biases).
+struct Act {
+  int64_t kind = 0;  // 0: silu(g) * u; 1: clamped SwiGLU
+  float alpha = 1.702f, limit = 7.f;
+
+  inline float operator()(float g, float u) const {
+    if (kind == 0) return silu(g) * u;
+    g = std::min(g, limit);
+    u = std::min(std::max(u, -limit), limit);
+    return (u + 1.f) * g / (1.f + std::exp(-alpha * g));
+  }
+};
+
+template <typename W>
+inline float bias_at(const W* b, int64_t i) {
+  if (b == nullptr) return 0.f;
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    return bf16_to_f32(b[i]);
+  } else {
+    return b[i];
+  }
+}
+
 // f(task) for every task in [0, n), each once, over the intra-op threads.
 template <typename F>
 void for_tasks(int64_t n, const F& f) {
@@ -289,9 +315,9 @@ inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const flo
 }
 
 template <typename W>
-void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, const int64_t* tok,
-         const int64_t* exp, const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out,
-         int tier) {
+void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, const W* gu_bias,
+         const W* dn_bias, const int64_t* tok, const int64_t* exp, const float* wt, int64_t R,
+         int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act) {
   DotBf16 dbf = pick_bf16(tier);
   DotF32 df = pick_f32(tier);
   std::vector<float> h(R * I);
@@ -306,8 +332,9 @@ void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, co
     const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
     rows_dot(gu, i0, rows, H, xr, xbr, g, dbf, df, tier);
     rows_dot(gu, I + i0, rows, H, xr, xbr, u, dbf, df, tier);
+    const W* bgu = gu_bias ? gu_bias + exp[r] * 2 * I : nullptr;
     for (int j = 0; j < rows; ++j) {
-      float v = silu(g[j]) * u[j];
+      float v = act(g[j] + bias_at(bgu, i0 + j), u[j] + bias_at(bgu, I + i0 + j));
       h[r * I + i0 + j] = v;
       if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
     }
@@ -324,7 +351,8 @@ void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, co
     for (int64_t r : by_tok[t]) {
       const W* dn = down + exp[r] * H * I;
       rows_dot(dn, r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df, tier);
-      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * y[j];
+      const W* bd = dn_bias ? dn_bias + exp[r] * H : nullptr;
+      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * (y[j] + bias_at(bd, r0 + j));
     }
     for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
   });
@@ -334,18 +362,32 @@ void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, co
 
 int64_t cpu_tier() { return best_tier(); }
 
-// x [T, H] float32, gate_up [E, 2I, H], down [E, H, I] (bf16 or float32, contiguous),
-// tok/exp [R] int64, weights [R] float32, out [T, H] float32 (accumulated into).
-void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, torch::Tensor tok,
-                 torch::Tensor exp, torch::Tensor weights, torch::Tensor out, int64_t tier) {
+// x [T, H] float32, gate_up [E, 2I, H], down [E, H, I] (bf16 or float32, contiguous), the
+// optional biases gu_bias [E, 2I] and dn_bias [E, H] in the same dtype, tok/exp [R] int64,
+// weights [R] float32, out [T, H] float32 (accumulated into); act 0 = SwiGLU, 1 = clamped.
+void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
+                 c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
+                 torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
+                 int64_t tier, int64_t act, double alpha, double limit) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32");
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.sizes() == x.sizes(), "bad out");
   TORCH_CHECK(gate_up.is_contiguous() && down.is_contiguous(), "banks must be contiguous");
   TORCH_CHECK(gate_up.dtype() == down.dtype(), "banks must share a dtype");
   TORCH_CHECK(tok.dtype() == torch::kInt64 && exp.dtype() == torch::kInt64, "routes must be int64");
   TORCH_CHECK(weights.dtype() == torch::kFloat32, "route weights must be float32");
+  TORCH_CHECK(act == 0 || act == 1, "unknown expert activation");
   const int64_t T = x.size(0), H = x.size(1), I = down.size(2), R = tok.numel(), E = gate_up.size(0);
   TORCH_CHECK(gate_up.size(1) == 2 * I && gate_up.size(2) == H && down.size(1) == H, "bank shapes disagree");
+  const bool has_gb = gu_bias.has_value() && gu_bias->defined();
+  const bool has_db = dn_bias.has_value() && dn_bias->defined();
+  if (has_gb) {
+    TORCH_CHECK(gu_bias->is_contiguous() && gu_bias->dtype() == gate_up.dtype() && gu_bias->size(0) == E &&
+                    gu_bias->size(1) == 2 * I, "bad gate_up bias");
+  }
+  if (has_db) {
+    TORCH_CHECK(dn_bias->is_contiguous() && dn_bias->dtype() == down.dtype() && dn_bias->size(0) == E &&
+                    dn_bias->size(1) == H, "bad down bias");
+  }
   auto tk = tok.data_ptr<int64_t>();
   auto ex = exp.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r) {
@@ -354,6 +396,7 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, tor
   if (R == 0) return;
   if (tier < 0) tier = best_tier();
   TORCH_CHECK(tier <= best_tier(), "this CPU does not support the requested instruction set");
+  Act a{act, static_cast<float>(alpha), static_cast<float>(limit)};
   const float* xp = x.data_ptr<float>();
   if (gate_up.dtype() == torch::kBFloat16) {
     std::vector<uint16_t> xb;
@@ -361,24 +404,27 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down, tor
       xb.resize(T * H);
       for (int64_t i = 0; i < T * H; ++i) xb[i] = f32_to_bf16(xp[i]);
     }
-    run<uint16_t>(xp, xb.empty() ? nullptr : xb.data(),
-                  reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()),
-                  reinterpret_cast<const uint16_t*>(down.data_ptr<at::BFloat16>()), tk, ex,
-                  weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(), tier);
+    auto u16 = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    run<uint16_t>(xp, xb.empty() ? nullptr : xb.data(), u16(gate_up), u16(down), has_gb ? u16(*gu_bias) : nullptr,
+                  has_db ? u16(*dn_bias) : nullptr, tk, ex, weights.data_ptr<float>(), R, T, H, I,
+                  out.data_ptr<float>(), tier, a);
   } else {
     TORCH_CHECK(gate_up.dtype() == torch::kFloat32, "banks must be bfloat16 or float32");
-    run<float>(xp, nullptr, gate_up.data_ptr<float>(), down.data_ptr<float>(), tk, ex, weights.data_ptr<float>(),
-               R, T, H, I, out.data_ptr<float>(), std::min<int64_t>(tier, AVX512));
+    run<float>(xp, nullptr, gate_up.data_ptr<float>(), down.data_ptr<float>(),
+               has_gb ? gu_bias->data_ptr<float>() : nullptr, has_db ? dn_bias->data_ptr<float>() : nullptr, tk,
+               ex, weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(), std::min<int64_t>(tier, AVX512),
+               a);
   }
 }
 
 // lane.cpp
-void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x, torch::Tensor out,
-                std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs, std::vector<int64_t> cpus,
-                int64_t tier);
+void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x,
+                torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
+                std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
+                std::vector<int64_t> cpus, int64_t tier, int64_t act, double alpha, double limit);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("moe_experts", &moe_experts, "routed SwiGLU experts on the CPU",
+  m.def("moe_experts", &moe_experts, "routed gated experts on the CPU",
         py::call_guard<py::gil_scoped_release>());
   m.def("lane_serve", &lane_serve, "serve expert requests posted by GPU kernels until told to stop",
         py::call_guard<py::gil_scoped_release>());

@@ -2,7 +2,9 @@
 
 One program per (route, row tile). Routes whose slot is negative are served elsewhere
 (the CPU) and are skipped. Shapes: x [T, H], slots/weights [T*k], gate_up [S, 2I, H],
-down [S, H, I], h [T*k, I] (fp32), out [T*k, H] (fp32, weighted per route).
+down [S, H, I], the optional biases gate_up_bias [S, 2I] and down_bias [S, H], h [T*k, I]
+(fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 the clamped form
+(models/base.py, ACTIVATIONS).
 """
 
 import triton
@@ -10,16 +12,30 @@ import triton.language as tl
 
 
 @triton.jit
+def _activate(g, u, alpha, limit, ACT: tl.constexpr):
+    if ACT == 0:
+        return g * tl.sigmoid(g) * u
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    return (u + 1.0) * g * tl.sigmoid(alpha * g)
+
+
+@triton.jit
 def gate_up_kernel(
     x_ptr,
     gu_ptr,
+    bias_ptr,
     slot_ptr,
     h_ptr,
     H,
     I,
+    alpha,
+    limit,
     K: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
 ):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
@@ -36,19 +52,31 @@ def gate_up_kernel(
         mask_h = offs_h < H
         xv = tl.load(x_ptr + t * H + offs_h, mask=mask_h, other=0.0).to(tl.float32)
         m = mask_i[:, None] & mask_h[None, :]
-        wg = tl.load(base + offs_i[:, None] * H + offs_h[None, :], mask=m, other=0.0).to(tl.float32)
-        wu = tl.load(base + (offs_i[:, None] + I) * H + offs_h[None, :], mask=m, other=0.0).to(
-            tl.float32
-        )
-        acc_g += tl.sum(wg * xv[None, :], axis=1)
-        acc_u += tl.sum(wu * xv[None, :], axis=1)
-    h = acc_g * tl.sigmoid(acc_g) * acc_u
+        wg = tl.load(base + offs_i[:, None] * H + offs_h[None, :], mask=m, other=0.0)
+        wu = tl.load(base + (offs_i[:, None] + I) * H + offs_h[None, :], mask=m, other=0.0)
+        acc_g += tl.sum(wg.to(tl.float32) * xv[None, :], axis=1)
+        acc_u += tl.sum(wu.to(tl.float32) * xv[None, :], axis=1)
+    if HAS_BIAS:
+        b = bias_ptr + slot.to(tl.int64) * (2 * I)
+        acc_g += tl.load(b + offs_i, mask=mask_i, other=0.0).to(tl.float32)
+        acc_u += tl.load(b + I + offs_i, mask=mask_i, other=0.0).to(tl.float32)
+    h = _activate(acc_g, acc_u, alpha, limit, ACT)
     tl.store(h_ptr + r * I + offs_i, h, mask=mask_i)
 
 
 @triton.jit
 def down_kernel(
-    h_ptr, dn_ptr, slot_ptr, w_ptr, out_ptr, H, I, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr
+    h_ptr,
+    dn_ptr,
+    bias_ptr,
+    slot_ptr,
+    w_ptr,
+    out_ptr,
+    H,
+    I,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
@@ -68,5 +96,8 @@ def down_kernel(
             other=0.0,
         ).to(tl.float32)
         acc += tl.sum(wd * hv[None, :], axis=1)
+    if HAS_BIAS:
+        b = bias_ptr + slot.to(tl.int64) * H
+        acc += tl.load(b + offs_h, mask=mask_h, other=0.0).to(tl.float32)
     wr = tl.load(w_ptr + r).to(tl.float32)
     tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)

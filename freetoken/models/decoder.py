@@ -1,0 +1,65 @@
+"""What the decoder-only model files share: embeddings, a stack of layers, the final norm
+and the output head, and the contract's defaults (models/base.py) built from the layers.
+
+A family subclasses `DecoderModel` and supplies its layers; everything here reads only the
+modules the family built (its `Experts` ops, its attention layers), never the family's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from freetoken.layers.moe import Experts
+from freetoken.models.base import ExpertSpec, KVLayout
+
+
+class DecoderModel(nn.Module):
+    """`model` (embed_tokens, layers, norm) and `lm_head`, as Hub checkpoints name them.
+
+    Subclasses set `args` and `model` in __init__ and define `layer_kv(i)`; each layer of
+    `model.layers` must read `layers.context` for its cache and run over a flat batch.
+    """
+
+    args: Any
+    model: nn.Module
+    lm_head: nn.Linear
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, H] (logits are computed only where needed)."""
+        return self.model(input_ids, positions)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def tie_weights(self) -> None:
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def _experts(self) -> dict[int, Experts]:
+        return {m.layer: m for m in self.modules() if isinstance(m, Experts)}
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return sorted(self._experts())
+
+    def expert_specs(self) -> dict[int, ExpertSpec]:
+        return {layer: m.spec for layer, m in sorted(self._experts().items())}
+
+    def kv_layout(self) -> list[KVLayout]:
+        return [self.layer_kv(i) for i in range(self.args.num_hidden_layers)]
+
+    def layer_kv(self, i: int) -> KVLayout:
+        raise NotImplementedError
+
+    @staticmethod
+    def dense_key(name: str) -> str:
+        """Checkpoints name dense tensors as these modules do; a family that differs maps here."""
+        return name
+
+    @classmethod
+    def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError

@@ -1,0 +1,57 @@
+"""Reading Hub-style config.json files: the spellings families share, and the GGUF-style
+metadata `show` prints. Torch-free, for the server and the model files alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["first", "num_experts", "rope_theta", "standard_info"]
+
+
+def first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    """The first of `keys` that config sets (not None)."""
+    for k in keys:
+        if config.get(k) is not None:
+            return config[k]
+    return default
+
+
+def rope_theta(config: Mapping[str, Any], default: float = 10000.0) -> float:
+    """`rope_theta` from either spelling: top-level (Hub) or `rope_parameters` (transformers 5)."""
+    params = config.get("rope_parameters") or {}
+    return float(first(config, "rope_theta", default=params.get("rope_theta", default)))
+
+
+def num_experts(config: Mapping[str, Any]) -> int:
+    return int(first(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+
+
+def standard_info(gguf_arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The GGUF-style keys every decoder has (`<arch>.context_length`, ...), from the
+    spellings most families use; a model file adds or replaces its own."""
+    a = gguf_arch
+    nq = int(config["num_attention_heads"])
+    info: dict[str, Any] = {
+        "general.architecture": a,
+        f"{a}.context_length": int(first(config, "max_position_embeddings", default=4096)),
+        f"{a}.embedding_length": int(config["hidden_size"]),
+        f"{a}.block_count": int(config["num_hidden_layers"]),
+        f"{a}.feed_forward_length": int(first(config, "intermediate_size", default=0)),
+        f"{a}.attention.head_count": nq,
+        f"{a}.attention.head_count_kv": int(first(config, "num_key_value_heads", default=nq)),
+        f"{a}.attention.key_length": int(
+            first(config, "head_dim", default=config["hidden_size"] // nq)
+        ),
+        f"{a}.attention.layer_norm_rms_epsilon": float(first(config, "rms_norm_eps", default=1e-6)),
+        f"{a}.rope.freq_base": rope_theta(config),
+        f"{a}.vocab_size": int(config["vocab_size"]),
+    }
+    e = num_experts(config)
+    if e:
+        info[f"{a}.expert_count"] = e
+        info[f"{a}.expert_used_count"] = int(first(config, "num_experts_per_tok", default=0))
+        info[f"{a}.expert_feed_forward_length"] = int(
+            first(config, "moe_intermediate_size", default=0)
+        )
+    return info

@@ -1,0 +1,254 @@
+"""The execution paths of the offload backend: one small class per way a layer's experts run.
+
+  CpuPath          every route of a layer on the CPU (through the lane inside a captured
+                   single-token step), and the CPU's share of a cached layer's misses;
+  HostBooksPath    the host looks up the layer's experts in the cache, fetches q of the m
+                   misses over PCIe and computes the others on the CPU, at the same time;
+  DeviceBooksPath  single-token steps whose cache books live on the device: every miss
+                   fetched by a GPU kernel, or a tuned share with the CPU taking the rest.
+Fixed layers (every expert in a slot) and prefill streaming (moe/prefill.py) need no class.
+All of them share one `Shared`: the banks, the cache, the counters and the copy machinery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from freetoken.kernels import cpu as cpu_kernel
+from freetoken.kernels import moe_gpu
+from freetoken.moe import lane as lanes
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.counters import Counters
+from freetoken.moe.device_lru import DeviceLRU
+from freetoken.moe.dispatch import Split
+from freetoken.moe.placement import PlacementState
+from freetoken.moe.staging import CopyTimings, Staging
+
+
+@dataclass(eq=False)
+class Shared:
+    """What every path of one backend reads and updates."""
+
+    banks: HostBanks
+    cache: ExpertCache | None
+    device: torch.device
+    split: Split
+    placement: PlacementState
+    counters: Counters
+    lane: lanes.CpuLane | None
+    stage: Staging | None  # pinned buffers for the host's round trips (GPUs only)
+    copy_stream: torch.cuda.Stream | None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def from_slots(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor):
+        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, self.banks.spec)
+
+    def account_device(self, layer: int, routes: int) -> None:
+        """Counts a layer run on the device, eagerly or replayed (a capture counts nothing)."""
+        if lanes.capturing(self.device):
+            return
+        # a CPU layer's routes are all misses: a token's top-k, every one on the CPU
+        on_cpu = routes if self.placement.is_cpu(layer) else 0
+        self.counters.account(on_cpu, 0, on_cpu)
+        if layer in self.placement.fixed_layers:  # the device path counts its hits itself
+            self.cache.hits[layer] += routes
+
+
+class CpuPath:
+    def __init__(self, s: Shared):
+        self.s = s
+
+    def layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
+        """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
+        lane = self.s.lane
+        if lane is not None and ids.shape[0] == 1:
+            self.s.account_device(layer, ids.numel())
+            lane.start()
+            lane.post(layer, x, ids, weights)
+            return lane.collect(torch.zeros_like(x))
+        T, k = ids.shape
+        out = cpu_kernel.moe_experts(
+            x.float().cpu(),
+            self.s.banks.banks[layer],
+            torch.arange(T).repeat_interleave(k),
+            ids.reshape(-1).cpu(),
+            weights.reshape(-1).float().cpu(),
+            self.s.banks.spec,
+        )
+        self.s.counters.account(len(torch.unique(ids)), 0, T * k)
+        return out.to(device=x.device, dtype=x.dtype)
+
+    def partial(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        ids_h: np.ndarray,
+        weights: torch.Tensor,
+        cpu_experts: np.ndarray,
+    ) -> torch.Tensor:
+        """The routes to `cpu_experts`, computed from the host banks; fp32 [T, H]."""
+        s = self.s
+        sel = np.isin(ids_h, cpu_experts)
+        tok, col = np.nonzero(sel)
+        x_h = x.float().cpu()  # no copy where x is staged in host memory already
+        w_h = weights.cpu().float()[torch.from_numpy(tok), torch.from_numpy(col)]
+        exp = torch.from_numpy(ids_h[tok, col].astype(np.int64))
+        # pinned, so the result goes back to the GPU without a staging copy
+        out = None
+        if s.stage is not None:
+            out = s.stage.buf("partial", tuple(x_h.shape), torch.float32).zero_()
+        t0 = time.perf_counter()
+        result = cpu_kernel.moe_experts(
+            x_h,
+            s.banks.banks[layer],
+            torch.from_numpy(tok.astype(np.int64)),
+            exp,
+            w_h,
+            s.banks.spec,
+            out=out,
+        )
+        s.split.cpu.observe(len(cpu_experts), time.perf_counter() - t0)
+        return result
+
+    def add_partial(self, out: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
+        return out + partial.to(device=self.s.device, dtype=out.dtype, non_blocking=self.s.cuda)
+
+
+class HostBooksPath:
+    """`choose(m, T)` is how many of a layer's m misses to fetch in a step of T tokens;
+    `pull_activations` whether the CPU may compute some (so x and the weights come back
+    with the routes, in the layer's one host round trip)."""
+
+    def __init__(
+        self, s: Shared, cpu: CpuPath, choose: Callable[[int, int], int], pull_activations: bool
+    ):
+        self.s, self.cpu, self.choose, self.pull_activations = s, cpu, choose, pull_activations
+        self._fetch_times = CopyTimings()
+
+    def __call__(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
+        s, t_enter = self.s, time.perf_counter()
+        ids_h, x_h, w_h = self._pull(ids, x, weights)
+        s.counters.time("sync_s", time.perf_counter() - t_enter)
+        T = ids_h.shape[0]
+        experts, counts = np.unique(ids_h, return_counts=True)
+        slots = s.cache.lookup(layer, experts)
+        miss = slots < 0
+        m = int(miss.sum())
+        # never fetch more than the pool can hold next to this step's hits and fixed experts
+        room = s.cache.capacity - int((~miss).sum()) - int(s.cache.fixed.sum())
+        q = min(self.choose(m, T), max(room, 0))
+        order = np.flatnonzero(miss)[np.argsort(-counts[miss], kind="stable")]  # most-shared first
+        fetch, on_cpu = order[:q], order[q:]
+        if q:
+            slots[fetch] = s.cache.allocate(layer, experts[fetch], slots[~miss])
+            self._fetch(layer, experts[fetch], slots[fetch], q)
+        slot_map = np.full(s.banks.num_experts, -1, dtype=np.int32)
+        slot_map[experts] = slots  # CPU experts keep -1
+        route_slots = torch.from_numpy(slot_map[ids_h]).to(s.device, non_blocking=s.cuda)
+        if s.copy_stream is not None and q:
+            torch.cuda.current_stream(s.device).wait_stream(s.copy_stream)
+        out = s.from_slots(x, route_slots, weights)
+        s.cache.touch(slots)
+        s.counters.account(m, q, len(on_cpu))
+        if len(on_cpu):
+            # The GPU part is queued and runs meanwhile. The CPU part runs on this thread, which
+            # joins the kernel's thread team: a worker thread would leave the host thread fighting
+            # the kernel's pinned threads for a core, and cost a hand-off per layer.
+            t_wait = time.perf_counter()
+            partial = self.cpu.partial(
+                layer,
+                x if x_h is None else x_h,
+                ids_h,
+                weights if w_h is None else w_h,
+                experts[on_cpu],
+            )
+            s.counters.time("cpu_wait_s", time.perf_counter() - t_wait)
+            out = self.cpu.add_partial(out, partial)
+        s.counters.time("host_s", time.perf_counter() - t_enter)
+        return out
+
+    def _pull(self, ids: torch.Tensor, x: torch.Tensor, weights: torch.Tensor):
+        """The routes in host memory (numpy), with x and the weights where the CPU may need
+        them (None otherwise): the one host round trip of the layer."""
+        stage = self.s.stage
+        if stage is None:
+            return ids.cpu().numpy(), None, None
+        if self.pull_activations:
+            ids_t, x_h, w_h = stage.pull(ids, x, weights)
+            return ids_t.numpy(), x_h, w_h
+        return stage.pull(ids)[0].numpy(), None, None
+
+    def _fetch(self, layer: int, experts: np.ndarray, slots: np.ndarray, q: int) -> None:
+        s = self.s
+        if s.copy_stream is None:
+            t0 = time.perf_counter()
+            s.placement.copy_in(layer, experts, slots)
+            s.split.pcie.observe(q, time.perf_counter() - t0)
+            return
+        # slots being overwritten may still be read by work already queued on the compute stream
+        s.copy_stream.wait_stream(torch.cuda.current_stream(s.device))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(s.copy_stream):
+            start.record()
+            s.placement.copy_in(layer, experts, slots)
+            end.record()
+        self._fetch_times.record(q, start, end, s.split.pcie)
+
+
+class DeviceBooksPath:
+    def __init__(self, s: Shared, cpu: CpuPath):
+        self.s, self.cpu = s, cpu
+
+    def __call__(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        lru: DeviceLRU,
+        split: bool,
+    ) -> torch.Tensor:
+        self.s.account_device(layer, ids.numel())
+        if split:
+            return self._split(layer, x, ids, weights, lru)
+        return self.s.from_slots(x, lru(layer, ids), weights)
+
+    def _split(self, layer, x, ids, weights, lru: DeviceLRU) -> torch.Tensor:
+        """One token's layer with the books on the device: a share of the misses fetched by
+        the GPU while the CPU computes the others. Through the CPU lane nothing here waits (the
+        step stays one graph); otherwise the host waits for the books' answer (which routes
+        are the CPU's), not for the fetch."""
+        s, t_enter = self.s, time.perf_counter()
+        slots, fetch, cpu = lru.assign(layer, ids, split=True)
+        if s.lane is not None:
+            s.lane.start()
+            s.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
+            lru.fetch(layer, ids, fetch)
+            return s.lane.collect(s.from_slots(x, slots, weights))
+        staged = s.stage.pull_async(ids, cpu, x, weights) if s.stage is not None else None
+        lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
+        out = s.from_slots(x, slots, weights)
+        if staged is not None:
+            s.stage.wait()
+            ids_t, cpu_t, x, weights = staged
+        else:
+            ids_t, cpu_t = ids.cpu(), cpu.cpu()
+        s.counters.time("sync_s", time.perf_counter() - t_enter)
+        ids_h, cpu_h = ids_t.numpy(), cpu_t.numpy()
+        if cpu_h.any():
+            t_wait = time.perf_counter()
+            partial = self.cpu.partial(layer, x, ids_h, weights, ids_h.reshape(-1)[cpu_h])
+            s.counters.time("cpu_wait_s", time.perf_counter() - t_wait)
+            out = self.cpu.add_partial(out, partial)
+        s.counters.steps["cpu_routes"] += int(cpu_h.sum())
+        s.counters.time("host_s", time.perf_counter() - t_enter)
+        return out

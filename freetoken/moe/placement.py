@@ -1,0 +1,101 @@
+"""Where each MoE layer's experts run during decode, and the moves between placements.
+
+Three kinds of layer: whole on the CPU (`cpu_layers`: no cache, static-layers' first
+layers, adaptive's `layers` mode), fixed in slots (`fixed_layers`: resident, the rest of
+static-layers; routed on the device with no bookkeeping), and cached (every other layer,
+through the LRU slot pool). `version` counts the moves: CUDA graphs captured for one
+placement are cut for it, so they are redone after any move.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.policy import Mode, Policy
+
+
+class PlacementState:
+    def __init__(self, banks: HostBanks, cache: ExpertCache | None, device: torch.device):
+        self.banks, self.cache, self.device = banks, cache, device
+        self.cuda = device.type == "cuda"
+        self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
+        self.fixed_layers: set[int] = set()
+        self.fixed_slots: torch.Tensor | None = None  # [L, E] slot of every fixed expert
+        self._mode = Mode.CACHE
+        self.version = 0
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        if mode != self._mode:
+            self._mode = mode
+            self.version += 1  # captured steps are cut differently in each mode
+
+    def is_cpu(self, layer: int) -> bool:
+        return self.cache is None or layer in self.cpu_layers
+
+    # --- moves ----------------------------------------------------------------------------
+    def place(self, policy: Policy) -> None:
+        """The placement a fixed policy has at the cache's current size."""
+        if policy is Policy.RESIDENT:
+            L, E = len(self.banks.layers), self.banks.num_experts
+            if self.cache.capacity < L * E:
+                raise ValueError(
+                    f"the resident policy needs {L * E} expert slots "
+                    f"({L * E * self.cache.expert_bytes / 2**30:.1f} GiB); the budget gives "
+                    f"{self.cache.capacity}"
+                )
+            self.fix_layers(self.banks.layers)
+        elif policy is Policy.STATIC_LAYERS:
+            self.place_layers()
+
+    def place_layers(self) -> None:
+        """The first layers on the CPU, as many of the last as fit fixed in slots."""
+        L, E = len(self.banks.layers), self.banks.num_experts
+        fit = min(L, self.cache.capacity // E)
+        self.cpu_layers = set(self.banks.layers[: L - fit])
+        self.fix_layers(self.banks.layers[L - fit :])
+
+    def fix_layers(self, gpu_layers: list[int]) -> None:
+        E = self.banks.num_experts
+        for layer in gpu_layers:
+            experts = np.arange(E)
+            self.copy_in(layer, experts, self.cache.fix(layer, experts))
+        # layers whose experts are all fixed in slots route on the device: no host round trip
+        self.fixed_layers = set(gpu_layers)
+        self.fixed_slots = torch.from_numpy(self.cache.slot_of.copy()).to(self.device)
+        self.version += 1
+
+    def release_layers(self) -> None:
+        """Back to every layer through the cache; fixed experts stay, as cached ones."""
+        if self.cache is not None:
+            self.cache.fixed[:] = False
+        if self.cpu_layers or self.fixed_layers:
+            self.cpu_layers, self.fixed_layers = set(), set()
+            self.version += 1
+
+    def copy_in(self, layer: int, experts: np.ndarray, slots: np.ndarray) -> None:
+        """Copies experts of `layer` from the host banks into `slots` (queued on a GPU)."""
+        for bank, src in self.banks.banks[layer].items():
+            dst = self.cache.slots[bank]
+            for e, s in zip(experts.tolist(), slots.tolist()):
+                dst[s].copy_(src[e], non_blocking=self.cuda)
+
+    def warm(self, seed: int = 0) -> None:
+        """Fills every free slot, spread evenly over the cached layers."""
+        rng = np.random.default_rng(seed)
+        layers = [layer for layer in self.banks.layers if layer not in self.cpu_layers]
+        free = int((self.cache.owner < 0).sum())
+        per = min(self.banks.num_experts, free // max(1, len(layers)))
+        for layer in layers:
+            have = self.cache.slot_of[layer] >= 0
+            candidates = rng.permutation(np.flatnonzero(~have))[: max(0, per - int(have.sum()))]
+            if len(candidates):
+                slots = self.cache.allocate(layer, candidates, np.empty(0, dtype=np.int64))
+                self.copy_in(layer, candidates, slots)

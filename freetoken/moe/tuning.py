@@ -1,0 +1,80 @@
+"""What adaptive learns while serving: decode step times drive the share of misses sent over
+PCIe (dispatch.ShareTuner) and the placement (dispatch.ModeChooser).
+
+Driven only from `between_steps`, which the engine calls before every step: a step replayed
+from one CUDA graph runs no Python inside its layers, so the time from one call to the next
+is the step's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from freetoken.moe.dispatch import ModeChooser, ShareTuner
+from freetoken.moe.policy import Mode
+
+log = logging.getLogger(__name__)
+
+DECODE_TOKENS = 8  # steps this small are timed (larger ones are prefill chunks or batches)
+PREFILL_TOKENS = 32  # above this a step goes back to the cache whatever the placement
+
+
+class AdaptiveTuner:
+    def __init__(self, prior_share: float, modes: tuple[Mode, ...] | None):
+        self.shares = ShareTuner(prior_share)
+        self.modes = self.mode_chooser(modes)
+        self._tick: float | None = None  # when the last timed step started
+        self._typical = 0.0  # a running step time, to drop intervals that span idle time
+
+    @staticmethod
+    def mode_chooser(modes: tuple[Mode, ...] | None) -> ModeChooser | None:
+        """A chooser over `modes`, visited twice each; None where there is nothing to choose."""
+        return ModeChooser(modes=modes, rounds=2) if modes else None
+
+    @property
+    def share(self) -> float:
+        return self.shares.share
+
+    def step_started(self, tokens: int, mode: Mode) -> bool:
+        """Times the step that just ended (call to call) in `mode` and feeds the tuners;
+        steps of a prefill, or spanning idle time, are not counted. True when the share of
+        misses over PCIe may have changed."""
+        now = time.perf_counter()
+        last, self._tick = self._tick, (now if tokens <= DECODE_TOKENS else None)
+        if last is None or self._tick is None:
+            return False
+        dt = now - last
+        if self._typical and dt > 5 * self._typical:
+            return False
+        self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
+        if self.modes is not None:
+            self.modes.observe(dt)
+        if mode in (Mode.CACHE, Mode.SPLIT):
+            self.shares.observe(dt)
+            self.shares.next_arm()
+            return True
+        return False
+
+    def wanted(self, tokens: int, current: Mode) -> Mode:
+        """The placement a step of `tokens` tokens should run in. A prefill goes back to the
+        cache: whole CPU layers would compute a long prompt's experts on the CPU, where
+        streaming them to the GPU is far faster; the device-kept books' modes serve it as
+        they are."""
+        if self.modes is None:
+            return current
+        if tokens <= PREFILL_TOKENS:
+            return Mode(self.modes.mode)
+        return current if current.books_on_device else Mode.CACHE
+
+    def moved(self, old: Mode, new: Mode) -> None:
+        """The placement changed: the next interval spans the move, so it is not timed."""
+        step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
+        log.debug("adaptive placement: %s -> %s (step ms %s)", old, new, step_ms)
+        self._tick = None
+
+    def stats(self) -> dict:
+        out = {"pcie_share": self.shares.stats()}
+        if self.modes is not None:
+            out["placement"] = self.modes.stats()
+        return out
