@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
-from freetoken.models.base import ExpertSpec
 from freetoken.moe.device_lru import STRIDE, DeviceLRU
 from tests import fixtures
 from tests.runtime.engine_util import full_logits, generate, make_engine
