@@ -23,8 +23,8 @@ import torch
 
 from freetoken import dist
 from freetoken.bench import bw, common, routing, synthmodel
-from freetoken.bench.decode import Bench
 from freetoken.bench.prefill import prefill_seconds
+from freetoken.bench.stepper import Bench
 from freetoken.ftw import INDEX
 from freetoken.ftw.writer import Writer
 from freetoken.moe import profile
@@ -182,7 +182,7 @@ def run_config(
         print(json.dumps({**head, **row}), flush=True)
         rows.append(row)
     if args.profile:
-        from freetoken.bench.decode import profile_steps
+        from freetoken.bench.stepper import profile_steps
 
         profile_steps(cfg.bench, args.routing.split(",")[-1], cfg.name)
     cfg.bench.routes = None

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from freetoken.bench import bw, common
-from freetoken.bench.decode import Bench, _sync
+from freetoken.bench.stepper import Bench, _sync
 from freetoken.moe.dispatch import Split
 
 SLOTS_CAP_GIB = 24.0
@@ -59,60 +59,63 @@ def main(argv: list[str] | None = None) -> None:
     banks = bw.Banks(2, pin=True)
     b_p = bw.measure_pcie(banks, 2.0)
     del banks
-    S = bench.host.expert_bytes
-    L, E = len(bench.host.layers), bench.host.num_experts
-    split = Split.from_bandwidths(S, b_p * 1e9, b_p * 1e9)
+    split = Split.from_bandwidths(bench.host.expert_bytes, b_p * 1e9, b_p * 1e9)
     bench.install("resident", None, split)
     prefill_seconds(bench, min(lengths), args.chunk, 0)  # warm-up
     compute = {n: prefill_seconds(bench, n, args.chunk, 1) for n in lengths}
     rows = []
     for overlap in (True, False):
-        streamer = bench.install(
-            "adaptive", args.cap, split
-        ).streamer  # no reference to the backend kept
-        if streamer is None:
-            raise SystemExit(f"a {args.cap} GiB budget cannot hold the two layer buffers")
-        streamer.overlap = overlap
-        prefill_seconds(bench, min(lengths), args.chunk, 0)
-        for n in lengths:
-            before = streamer.stats["h2d_experts"]
-            t = prefill_seconds(bench, n, args.chunk, 2)
-            # experts the cache already held are copied on the device, not over PCIe
-            fetched = streamer.stats["h2d_experts"] - before
-            pcie = fetched * S / (b_p * 1e9)
-            floor = max(pcie, compute[n])
-            row = {
-                "prompt": n,
-                "overlap": overlap,
-                "ttft_s": t,
-                "tok_s": n / t,
-                "pcie_bound_s": pcie,
-                "h2d_experts": fetched,
-                "all_experts": -(-n // args.chunk) * L * E,
-                "compute_s": compute[n],
-                "ratio_to_floor": floor / t,
-                "vram_budget_gib": args.cap,
-                "b_p_gbps": b_p,
-                "chunk": args.chunk,
-                "model": args.model,
-            }
-            print(json.dumps({**head, **row}), flush=True)
-            rows.append(row)
-        del streamer  # it holds the slot pool, which the next install must be able to free
-    common.emit(
-        rows,
-        [
-            ("prompt", "tokens"),
-            ("overlap", "overlap"),
-            ("ttft_s", "TTFT s"),
-            ("tok_s", "tok/s"),
-            ("pcie_bound_s", "PCIe s"),
-            ("compute_s", "compute s"),
-            ("ratio_to_floor", "/floor"),
-        ],
-        False,
-        head,
-    )
+        rows += _streamed(bench, args, lengths, split, compute, b_p, overlap, head)
+    common.emit(rows, COLUMNS, False, head)
+
+
+COLUMNS = [
+    ("prompt", "tokens"),
+    ("overlap", "overlap"),
+    ("ttft_s", "TTFT s"),
+    ("tok_s", "tok/s"),
+    ("pcie_bound_s", "PCIe s"),
+    ("compute_s", "compute s"),
+    ("ratio_to_floor", "/floor"),
+]
+
+
+def _streamed(bench, args, lengths, split, compute, b_p, overlap: bool, head: dict) -> list[dict]:
+    """Prefill of every length with whole layers streamed, double-buffered or not."""
+    S = bench.host.expert_bytes
+    L, E = len(bench.host.layers), bench.host.num_experts
+    rows = []
+    # no reference to the backend kept: the next install must be able to free its slot pool
+    streamer = bench.install("adaptive", args.cap, split).streamer
+    if streamer is None:
+        raise SystemExit(f"a {args.cap} GiB budget cannot hold the two layer buffers")
+    streamer.overlap = overlap
+    prefill_seconds(bench, min(lengths), args.chunk, 0)
+    for n in lengths:
+        before = streamer.stats["h2d_experts"]
+        t = prefill_seconds(bench, n, args.chunk, 2)
+        # experts the cache already held are copied on the device, not over PCIe
+        fetched = streamer.stats["h2d_experts"] - before
+        pcie = fetched * S / (b_p * 1e9)
+        floor = max(pcie, compute[n])
+        row = {
+            "prompt": n,
+            "overlap": overlap,
+            "ttft_s": t,
+            "tok_s": n / t,
+            "pcie_bound_s": pcie,
+            "h2d_experts": fetched,
+            "all_experts": -(-n // args.chunk) * L * E,
+            "compute_s": compute[n],
+            "ratio_to_floor": floor / t,
+            "vram_budget_gib": args.cap,
+            "b_p_gbps": b_p,
+            "chunk": args.chunk,
+            "model": args.model,
+        }
+        print(json.dumps({**head, **row}), flush=True)
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

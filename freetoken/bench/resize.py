@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from freetoken.bench import common, routing
-from freetoken.bench.decode import PROMPT, Bench, _sync
+from freetoken.bench.stepper import PROMPT, Bench, _sync
 from freetoken.moe.dispatch import Split
 
 

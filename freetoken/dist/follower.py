@@ -31,11 +31,11 @@ from freetoken.dist.group import (
     use,
     watch_parent,
 )
+from freetoken.ftw import sources
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.hub import num_experts
 from freetoken.moe import setup
 from freetoken.moe.offload import OffloadExperts
-from freetoken.runtime import loader
 
 log = logging.getLogger("freetoken.follower")
 
@@ -43,7 +43,7 @@ log = logging.getLogger("freetoken.follower")
 def load(group: Group, spec: dict) -> OffloadExperts:
     files = {name: Path(p) for name, p in spec["files"].items()}
     cpu_kernel.extension()
-    banks, dtype, expert_spec = loader.load_banks(
+    banks, dtype, expert_spec = sources.load_banks(
         files,
         group.device.type,
         spec["dtype"],

@@ -224,11 +224,8 @@ def read(
     spans = {t["name"]: _span(t, experts) for t in index.tensors if dense or t["kind"] == "bank"}
     tensors = [t for t in index.tensors if t["name"] in spans]
     need = sum(end - start for start, end, _ in spans.values())
-    plan = (
-        choose_mode(need, mem_available(), workers)
-        if mode == "auto"
-        else ReadPlan(mode, workers, "requested")
-    )
+    plan = choose_mode(need, mem_available(), workers) if mode == "auto" else None
+    plan = plan or ReadPlan(mode, workers, "requested")
     pin = torch.cuda.is_available() if pin is None else pin
     stats = stats if stats is not None else LoadStats()
     if huge_pages is None:
@@ -237,9 +234,8 @@ def read(
     fh = _Files(index.shards, direct)
     t0 = time.perf_counter()
     if pin and pin_before_fill:
-        for t in tensors:
-            if t["kind"] == "bank":
-                buffers[t["name"]].pin()
+        for t in (t for t in tensors if t["kind"] == "bank"):
+            buffers[t["name"]].pin()
         stats.pin_seconds = time.perf_counter() - t0
     pinner = Pinner() if pin and not pin_before_fill else None
     try:
@@ -252,14 +248,16 @@ def read(
     # Pinning overlaps reading; the load is done when the last bank is pinned.
     stats.seconds = time.perf_counter() - t0
     stats.mode, stats.direct, stats.bytes = plan.mode, fh.direct, need
+    how = "O_DIRECT" if fh.direct else "buffered"
     log.info(
         "read %.2f GB of FTW in %.2f s (%.2f GB/s, %s, %s)",
-        need / 1e9,
-        stats.seconds,
-        stats.gbps,
-        plan.mode,
-        "O_DIRECT" if fh.direct else "buffered",
+        *(need / 1e9, stats.seconds, stats.gbps, plan.mode, how),
     )
+    return _weights(index, config, tensors, spans, buffers, verify)
+
+
+def _weights(index, config, tensors, spans, buffers, verify: bool) -> ModelWeights:
+    """The filled buffers as tensors: dense by name, banks by (layer, bank)."""
     weights = ModelWeights(config=config, source="ftw")
     for t in tensors:
         _, _, (skip, shape, nbytes) = spans[t["name"]]

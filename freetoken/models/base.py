@@ -24,6 +24,7 @@ __all__ = [
     "ExpertSpec",
     "KVLayout",
     "ModelFile",
+    "uniform_spec",
 ]
 
 # Expert activations the kernels implement, by code (the C++ and Triton kernels take the code):
@@ -94,6 +95,15 @@ class ExpertSpec:
         if self.bias:
             shapes |= {"gate_up_bias": (two_i,), "down_bias": (H,)}
         return shapes
+
+
+def uniform_spec(specs: Mapping[int, ExpertSpec]) -> ExpertSpec:
+    """The one ExpertSpec of a model's MoE layers (`ModelFile.expert_specs()`): every
+    kernel takes one per backend, so layers that disagree are an error."""
+    found = set(specs.values())
+    if len(found) != 1:
+        raise ValueError(f"the model's MoE layers disagree on what an expert computes: {found}")
+    return found.pop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from freetoken.models.base import ExpertSpec
+from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.moe import profile
 from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
@@ -65,10 +65,10 @@ def cache_slots(
 
 def expert_spec(model: nn.Module) -> ExpertSpec:
     """The one ExpertSpec of the model's MoE layers (every kernel takes one per backend)."""
-    specs = set(model.expert_specs().values())
-    if len(specs) != 1:
-        raise WeightsError(f"the model's MoE layers disagree on what an expert computes: {specs}")
-    return specs.pop()
+    try:
+        return uniform_spec(model.expert_specs())
+    except ValueError as e:
+        raise WeightsError(str(e)) from None
 
 
 def install(

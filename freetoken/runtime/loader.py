@@ -16,17 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from freetoken import ftw, models
+from freetoken import models
 from freetoken.ftw import reader as ftw_reader
+from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights
 from freetoken.layers.computed import reset_buffers
-from freetoken.models.base import ExpertSpec
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
-from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
+from freetoken.weights import WeightsError
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -36,61 +34,6 @@ class Loaded:
     device: torch.device
     dtype: torch.dtype
     banks: dict = field(default_factory=dict)
-
-
-def pick_device(setting: str) -> torch.device:
-    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> torch.dtype:
-    if setting != "auto":
-        return _DTYPES[setting]
-    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    dtype = _DTYPES.get(stored, torch.bfloat16)
-    # fp16 checkpoints overflow in MoE activations more often than bf16 on GPUs.
-    return torch.bfloat16 if (device.type == "cuda" and dtype == torch.float16) else dtype
-
-
-def read_weights(
-    files: dict[str, Path],
-    model_cls: type,
-    dtype: torch.dtype,
-    progress: ftw_reader.Progress | None = None,
-    experts: tuple[int, int] | None = None,
-    dense: bool = True,
-    huge_pages: str = "auto",
-) -> ModelWeights:
-    """Dense tensors and expert banks from whichever source the files hold.
-
-    experts=(lo, hi) keeps only those rows of every bank and dense=False no dense tensors
-    (one rank's share, freetoken.dist). FTW reads only what is kept; the other sources are
-    read whole first (they are converted to FTW when a model enters the store).
-    """
-    if "config.json" not in files:
-        raise WeightsError("the model has no config.json")
-    if ftw.INDEX in files:
-        huge = {"on": True, "off": False}.get(huge_pages)  # auto: measured by the reader
-        return ftw_reader.read(
-            files, progress=progress, experts=experts, dense=dense, huge_pages=huge
-        )
-    gguf = gguf_path(files)
-    if gguf is not None:
-        weights = gguf_file.read(gguf, dtype)
-    else:
-        weights = safetensors_dir.read(files, model_cls, dtype)
-    if experts is not None:
-        lo, hi = experts
-        weights.banks = {key: bank[lo:hi].clone() for key, bank in weights.banks.items()}
-    if not dense:
-        weights.dense = {}
-    return weights
-
-
-def gguf_path(files: dict[str, Path]) -> Path | None:
-    found = [p for n, p in files.items() if n.endswith(".gguf")]
-    return Path(found[0]) if len(found) == 1 and ftw.INDEX not in files else None
 
 
 def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]:
@@ -166,24 +109,6 @@ def load(
         dtype,
     )
     return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
-
-
-def load_banks(
-    files: dict[str, Path],
-    device_setting: str,
-    dtype_setting: str,
-    experts: tuple[int, int],
-    huge_pages: str = "auto",
-) -> tuple[dict, torch.dtype, ExpertSpec]:
-    """Rows [lo, hi) of every expert bank, their dtype and what the experts compute, without
-    the dense weights (a rank that serves only experts, freetoken.dist)."""
-    config = json.loads(Path(files["config.json"]).read_text())
-    dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
-    cls = models.load_class(config)
-    weights = read_weights(files, cls, dtype, experts=experts, dense=False, huge_pages=huge_pages)
-    with torch.device("meta"):  # the model's structure alone: nothing is allocated
-        spec = setup.expert_spec(cls.from_config(config))
-    return weights.banks, dtype, spec
 
 
 def place_experts(loaded: Loaded, placement: Placement, group=None):

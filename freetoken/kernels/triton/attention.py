@@ -69,6 +69,26 @@ def decode_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         start += BLOCK_N
+    _store_split(out_ptr, part_ptr, lse_ptr, acc, m_i, l_i, heads, gmask, split, SPLITS, D, DIRECT)
+
+
+@triton.jit
+def _store_split(
+    out_ptr,
+    part_ptr,
+    lse_ptr,
+    acc,
+    m_i,
+    l_i,
+    heads,
+    gmask,
+    split,
+    SPLITS,
+    D: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    """The output of one split: final where there is one split, else with its log-sum-exp."""
+    d = tl.arange(0, D)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a split past the length has nothing
     if DIRECT:
         tl.store(

@@ -47,6 +47,25 @@ def assign_kernel(
     tl.store(stamp_ptr + slots, now, mask=hit)
     tl.debug_barrier()  # the hits' new stamps are seen by every thread before victims are picked
 
+    victims = _victims(stamp_ptr, fetched, r, S, K, BLOCK_S)
+
+    old = tl.load(owner_ptr + victims, mask=fetched, other=-1)
+    tl.store(slot_of_ptr + old, tl.full((K,), -1, tl.int32), mask=fetched & (old >= 0))
+    tl.debug_barrier()  # an evicted entry is cleared before any new one is written
+    tl.store(slot_of_ptr + flat, victims.to(tl.int32), mask=fetched)
+    tl.store(owner_ptr + victims, flat, mask=fetched)
+    tl.store(stamp_ptr + victims, now, mask=fetched)
+
+    _count(counts_ptr, hit, miss, fetched, old)
+    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+    tl.store(slots_out + r, tl.where(fetched, victims, slots), mask=rmask)
+    tl.store(fetch_out + r, tl.where(fetched, victims, -1).to(tl.int32), mask=rmask)
+    tl.store(cpu_out + r, miss & ~fetched, mask=rmask)
+
+
+@triton.jit
+def _victims(stamp_ptr, fetched, r, S, K: tl.constexpr, BLOCK_S: tl.constexpr):
+    """A slot for each route to fetch: the oldest stamps, taken one at a time."""
     big = tl.full((BLOCK_S,), 2**62, tl.int64)
     idx = tl.arange(0, BLOCK_S)
     vals = tl.load(stamp_ptr + idx, mask=idx < S, other=2**62)
@@ -56,14 +75,13 @@ def assign_kernel(
         v = tl.argmin(vals, axis=0).to(tl.int64)
         victims = tl.where((r == j) & take, v, victims)
         vals = tl.where((idx == v) & take, big, vals)
+    return victims
 
-    old = tl.load(owner_ptr + victims, mask=fetched, other=-1)
-    tl.store(slot_of_ptr + old, tl.full((K,), -1, tl.int32), mask=fetched & (old >= 0))
-    tl.debug_barrier()  # an evicted entry is cleared before any new one is written
-    tl.store(slot_of_ptr + flat, victims.to(tl.int32), mask=fetched)
-    tl.store(owner_ptr + victims, flat, mask=fetched)
-    tl.store(stamp_ptr + victims, now, mask=fetched)
 
+@triton.jit
+def _count(counts_ptr, hit, miss, fetched, old):
+    """The layer's hits, misses, evictions and fetches, added to its counters."""
+    m = tl.sum(miss.to(tl.int32), axis=0)
     layer_counts = counts_ptr + tl.arange(0, 4)
     add = tl.where(
         tl.arange(0, 4) == 0,
@@ -79,7 +97,3 @@ def assign_kernel(
         ),
     )
     tl.store(layer_counts, tl.load(layer_counts) + add)
-    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
-    tl.store(slots_out + r, tl.where(fetched, victims, slots), mask=rmask)
-    tl.store(fetch_out + r, tl.where(fetched, victims, -1).to(tl.int32), mask=rmask)
-    tl.store(cpu_out + r, miss & ~fetched, mask=rmask)
