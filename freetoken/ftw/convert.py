@@ -74,6 +74,7 @@ def convert_hf(
                 _report(progress, writer, total)
         meta = {
             "model_type": config.get("model_type"),
+            "model_info": cls.model_info(config),
             "source": {
                 "format": "safetensors",
                 "fingerprint": fingerprint(files),

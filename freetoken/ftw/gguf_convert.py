@@ -13,7 +13,7 @@ from freetoken.ftw import DEFAULT_SHARD_LIMIT
 from freetoken.ftw.writer import Writer
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
-from freetoken.weights import gguf_file
+from freetoken.weights import gguf_file, gguf_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,13 @@ def convert_gguf(
             progress and progress(done, total)
         with tempfile.TemporaryDirectory() as tmp:
             meta_dir = Path(tmp)
-            gguf_file.write_tokenizer_files(src, meta_dir)
+            gguf_tokenizer.write_tokenizer_files(src, meta_dir)
             (meta_dir / "config.json").write_text(json.dumps(config, indent=2))
             from freetoken.ftw.convert import fingerprint
 
             meta = {
                 "model_type": config["model_type"],
+                "model_info": cls.model_info(config),
                 "source": {
                     "format": "gguf",
                     "fingerprint": fingerprint({src.name: src}),

@@ -105,8 +105,36 @@ def format_parameter_size(n: int) -> str:
     return str(n)
 
 
-def model_info(config: Mapping[str, Any]) -> dict[str, Any]:
-    """GGUF-style metadata keys for `/api/show`, from config.json alone (models converted
-    before ftw.json carried the model file's own description)."""
-    info = hub.standard_info(arch_for(config).gguf_arch, config)
-    return {"general.parameter_count": parameter_count(config), **info}
+def tensor_counts(tensors: list[Mapping[str, Any]], config: Mapping[str, Any]) -> tuple[int, int]:
+    """(total, active) parameters from an FTW index's tensor entries: exact for any family.
+    Active counts the dense tensors and the share of expert banks a token routes to."""
+
+    def numel(t: Mapping[str, Any]) -> int:
+        n = 1
+        for d in t["shape"]:
+            n *= int(d)
+        return n
+
+    total = sum(numel(t) for t in tensors)
+    experts = sum(numel(t) for t in tensors if t.get("kind") == "bank")
+    e = hub.num_experts(config)
+    k = int(hub.first(config, "num_experts_per_tok", default=e) or 0)
+    active = total - experts + (experts * k // e if e else 0)
+    return total, active
+
+
+def model_info(config: Mapping[str, Any], index: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """GGUF-style metadata keys for `/api/show`. A converted model's index (ftw.json) holds
+    the keys its model file gave (`Model.model_info`) and the tensors to count; a model
+    converted before ftw.json carried them gets the keys every family shares, and a count
+    estimated from config.json."""
+    info = dict((index or {}).get("model_info") or {})
+    if not info:
+        info = hub.standard_info(arch_for(config).gguf_arch, config)
+    tensors = (index or {}).get("tensors")
+    if tensors:
+        total, active = tensor_counts(tensors, config)
+        info["general.active_parameter_count"] = active
+    else:
+        total = parameter_count(config)
+    return {"general.parameter_count": total, **info}

@@ -41,7 +41,8 @@ def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]
     gguf = gguf_path(files)
     if gguf is None or "config.json" in files:
         return files
-    from freetoken.weights.gguf_file import _open, config_of, metadata, write_tokenizer_files
+    from freetoken.weights.gguf_file import _open, config_of, metadata
+    from freetoken.weights.gguf_tokenizer import write_tokenizer_files
 
     reader = _open(gguf)
     scratch.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ __all__ = [
 # Files of a model directory worth keeping: configs, weights, tokenizer data, templates.
 _KEEP_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 _INDEX = "model.safetensors.index.json"
-_FTW_INDEX = "ftw.json"  # docs/ftw.md: the index names its `ftw-NNNNN.bin` shards
+FTW_INDEX = "ftw.json"  # docs/ftw.md: the index names its `ftw-NNNNN.bin` shards
 _ROLES = {"system", "user", "assistant", "tool"}
 _PROGRESS_EVERY = 64 << 20
 _DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -100,11 +100,15 @@ def _file_type(config: dict[str, Any]) -> str:
     return _DTYPE_NAMES.get(dtype, dtype.upper())
 
 
-def _model_config(config: dict[str, Any], where: str) -> dict[str, Any]:
-    """The manifest's config blob for an HF directory with this config.json."""
+def _model_config(
+    config: dict[str, Any], where: str, index: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The manifest's config blob for an HF directory with this config.json; with its FTW
+    index the parameter count is the tensors' (exact), else estimated from the config."""
     try:
         arch = archs.arch_for(config)
-        size = archs.format_parameter_size(archs.parameter_count(config))
+        count = archs.model_info(config, index)["general.parameter_count"]
+        size = archs.format_parameter_size(count)
     except archs.UnsupportedModel as e:
         raise CreateError(f"{where}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
@@ -130,7 +134,7 @@ def _shards(read_json: Any, index: str) -> set[str]:
     data = read_json(index)
     if not isinstance(data, dict):
         return set()
-    if index == _FTW_INDEX:
+    if index == FTW_INDEX:
         return {s.get("file") for s in data.get("shards") or [] if isinstance(s, dict)}
     return set((data.get("weight_map") or {}).values())
 
@@ -147,19 +151,20 @@ def _check_files(names: set[str], read_json: Any, where: str) -> dict[str, Any]:
         return {}
     if "config.json" not in names:
         raise CreateError(f"{where} has no config.json (not a Hugging Face model directory)")
-    if not any(n.endswith(".safetensors") for n in names) and _FTW_INDEX not in names:
-        raise CreateError(f"{where} has no weights (*.safetensors or {_FTW_INDEX})")
+    if not any(n.endswith(".safetensors") for n in names) and FTW_INDEX not in names:
+        raise CreateError(f"{where} has no weights (*.safetensors or {FTW_INDEX})")
     if "tokenizer.json" not in names:
         raise CreateError(f"{where} has no tokenizer.json")
-    for index in (_INDEX, _FTW_INDEX):
+    for index in (_INDEX, FTW_INDEX):
         missing = sorted(_shards(read_json, index) - names) if index in names else []
         if missing:
             raise CreateError(f"{where}: {index} names {missing[0]}, which is missing")
     config = read_json("config.json")
     if not isinstance(config, dict):
         raise CreateError(f"{where}: config.json is not a JSON object")
-    out = _model_config(config, where)
-    if _FTW_INDEX in names:
+    index = read_json(FTW_INDEX) if FTW_INDEX in names else None
+    out = _model_config(config, where, index if isinstance(index, dict) else None)
+    if FTW_INDEX in names:
         out["model_format"] = "ftw"
     return out
 
@@ -183,7 +188,7 @@ class CreatePlan:
         names = set(self.upload_files) | set(self.copy_names)
         if self.copy_from is not None and self.copy_from.is_file():
             return True
-        return bool(names) and _FTW_INDEX not in names
+        return bool(names) and FTW_INDEX not in names
 
     def run(self) -> Iterator[dict[str, Any]]:
         blobs = self.store.blobs
@@ -236,7 +241,8 @@ def convert_into_store(store: Store, source: Path | dict[str, Path]) -> Iterator
         except convert.ConversionFailed as e:
             raise CreateError(str(e)) from None
         config = json.loads((out / "config.json").read_text())
-        model_config = {**_model_config(config, str(src.name)), "model_format": "ftw"}
+        index = json.loads((out / FTW_INDEX).read_text())
+        model_config = {**_model_config(config, str(src.name), index), "model_format": "ftw"}
         layers = []
         for f in sorted(out.iterdir()):
             digest, size, created = blobs.adopt(f)

@@ -22,7 +22,7 @@ from freetoken.chat.template import capabilities as template_capabilities
 from freetoken.store import convert, modelfile
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
-from freetoken.store.create import CreatePlan, CreateSpec, plan_create
+from freetoken.store.create import FTW_INDEX, CreatePlan, CreateSpec, plan_create
 from freetoken.store.names import InvalidName, Name
 
 __all__ = ["ModelNotFound", "ModelView", "Store", "format_parameters", "rfc3339"]
@@ -235,7 +235,8 @@ class Store:
     def model_info(self, view: ModelView) -> dict[str, Any]:
         config = self.file_json(view, "config.json")
         try:
-            return archs.model_info(config) if config else {}
+            # the converted model's index holds its model file's description and its tensors
+            return archs.model_info(config, self.file_json(view, FTW_INDEX)) if config else {}
         except (archs.UnsupportedModel, KeyError, TypeError, ValueError) as e:
             log.warning("%s: no model_info: %s", view.display, e)
             return {}

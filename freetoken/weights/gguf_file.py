@@ -1,4 +1,5 @@
-"""A GGUF file as ModelWeights, plus the config and tokenizer files it implies.
+"""A GGUF file as ModelWeights, plus the config it implies (the tokenizer files come from
+gguf_tokenizer.py).
 
 Tensors of types the runtime has no kernel for are dequantized (and the log says so);
 float types are taken as they are. The tokenizer is rebuilt from the GGUF vocabulary and
@@ -7,7 +8,6 @@ merges as a `tokenizers` byte-level BPE, with the chat template GGUF carries.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -25,11 +25,6 @@ from freetoken.weights.experts import assemble
 
 log = logging.getLogger(__name__)
 
-# llama.cpp's split regex for the Qwen2/Qwen3 tokenizers ("tokenizer.ggml.pre" = qwen2).
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 _FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 
@@ -141,58 +136,3 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
     experts = num_experts(weights.config)
     weights.banks = dict(banks_of(pieces, experts, path, dtype))
     return weights
-
-
-def _pre_tokenizer(pre: str | None):
-    from tokenizers import Regex, pre_tokenizers
-
-    if pre in ("qwen2", "qwen35", "deepseek-llm"):
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    if pre not in (None, "default", "gpt-2", "gpt2"):
-        log.warning("GGUF pre-tokenizer %r is not known; using the GPT-2 split", pre)
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def write_tokenizer_files(path: Path, out: Path) -> list[str]:
-    """tokenizer.json, tokenizer_config.json and generation_config.json from GGUF metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders
-    from tokenizers import models as tmodels
-
-    kv = metadata(_open(path))
-    if kv.get("tokenizer.ggml.model") != "gpt2":
-        raise WeightsError(
-            f"{path}: tokenizer {kv.get('tokenizer.ggml.model')!r} is not supported (gpt2 BPE is)"
-        )
-    tokens = list(kv["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in kv.get("tokenizer.ggml.merges") or []]
-    tok = Tokenizer(tmodels.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tok.pre_tokenizer = _pre_tokenizer(kv.get("tokenizer.ggml.pre"))
-    tok.decoder = decoders.ByteLevel()
-    types = list(kv.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    special = [
-        AddedToken(tokens[i], special=True, normalized=False)
-        for i, ty in enumerate(types)
-        if ty in (3, 4)
-    ]
-    tok.add_special_tokens(special)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    ids = {k: kv.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}
-    cfg = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokens[ids["bos"]]
-        if ids["bos"] is not None and kv.get("tokenizer.ggml.add_bos_token")
-        else None,
-        "eos_token": tokens[ids["eos"]] if ids["eos"] is not None else None,
-        "add_bos_token": bool(kv.get("tokenizer.ggml.add_bos_token", False)),
-        "chat_template": kv.get("tokenizer.chat_template"),
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    gen = {"eos_token_id": [int(ids["eos"])]} if ids["eos"] is not None else {}
-    (out / "generation_config.json").write_text(json.dumps(gen))
-    return ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]

@@ -67,3 +67,25 @@ def test_batched_sequences_match_single(tiny_model):
     seqs = generate(engine, prompts, 16)
     for p, s in zip(prompts, seqs):
         assert s.output_ids == fixtures.hf_greedy(hf, p, 16)
+
+
+def test_show_describes_the_model_from_its_model_file(tiny_model, tmp_path):
+    """The converted model's index carries the model file's description; show's parameter
+    counts are the tensors' own: the total is transformers' parameter count, the active one
+    the dense part plus top-k of the experts."""
+    import json
+
+    from freetoken import models
+    from freetoken.ftw.convert import convert
+
+    path, hf = tiny_model
+    out = convert(path, tmp_path / "ftw")
+    index = json.loads((out / "ftw.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    info = models.model_info(config, index)
+    assert info["general.architecture"] == "qwen3moe"
+    assert info["qwen3moe.expert_count"] == 8 and info["qwen3moe.expert_used_count"] == 2
+    assert info["general.parameter_count"] == sum(p.numel() for p in hf.parameters())
+    experts = sum(p.numel() for n, p in hf.named_parameters() if ".experts." in n)
+    dense = info["general.parameter_count"] - experts
+    assert info["general.active_parameter_count"] == dense + experts * 2 // 8
