@@ -118,3 +118,34 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(ids) :].tolist()
+
+
+def hf_model(
+    out: Path,
+    config_cls: type,
+    model_cls: type,
+    config: dict[str, Any],
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    original_format: bool = True,
+    rerandomize_params=None,
+):
+    """Writes a tiny Hugging Face directory of any family (tokenizer, config, weights) and
+    returns the fp32 transformers model it holds; `config` is the family's config kwargs
+    (vocab_size comes from the tokenizer). `rerandomize_params` replaces `rerandomize` for
+    families whose parameters need other ranges (a router bias, sinks)."""
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = synth.write_tokenizer_files(out, vocab_size)
+    cfg = config_cls(vocab_size=vocab, **config)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).to(torch.float32).eval()
+    (rerandomize_params or rerandomize)(model, seed)
+    model.save_pretrained(out, save_original_format=original_format)
+    tok = json.loads((out / "tokenizer.json").read_text())
+    eos = next(a["id"] for a in tok["added_tokens"] if a["content"] == "<|im_end|>")
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    c = json.loads((out / "config.json").read_text())
+    c["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(c, indent=2))
+    return model
