@@ -19,6 +19,7 @@ import torch
 from freetoken.bench import common
 from freetoken.ftw.hostmem import HostBuffer
 from freetoken.kernels import cpu as cpu_kernel
+from freetoken.models.base import ExpertSpec
 from freetoken.moe import profile
 
 E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
@@ -40,8 +41,9 @@ class Banks:
     """Enough layers of host banks that a run never reads the same expert from the CPU caches."""
 
     def __init__(self, layers: int, pin: bool):
+        self.spec = ExpertSpec(H, I)
         self.layers = [
-            (_bank((E, 2 * I, H), pin, 2 * i), _bank((E, H, I), pin, 2 * i + 1))
+            {"gate_up": _bank((E, 2 * I, H), pin, 2 * i), "down": _bank((E, H, I), pin, 2 * i + 1)}
             for i in range(layers)
         ]
         self.expert_bytes = (2 * I * H + H * I) * 2
@@ -63,10 +65,10 @@ def measure_pcie(
     with torch.cuda.device(dev), torch.cuda.stream(stream):
         start.record()
         while time.perf_counter() < t_end and not (stop and stop.is_set()):
-            gu, dn = banks.layers[rng.integers(len(banks.layers))]
+            layer = banks.layers[rng.integers(len(banks.layers))]
             for j, e in enumerate(rng.choice(E, K, replace=False)):
-                slots[0][j].copy_(gu[e], non_blocking=True)
-                slots[1][j].copy_(dn[e], non_blocking=True)
+                slots[0][j].copy_(layer["gate_up"][e], non_blocking=True)
+                slots[1][j].copy_(layer["down"][e], non_blocking=True)
             moved += K * banks.expert_bytes
             stream.synchronize()
         end.record()
@@ -83,9 +85,9 @@ def measure_cpu(
     w = torch.full((K,), 1.0 / K)
     moved, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
-        gu, dn = banks.layers[rng.integers(len(banks.layers))]
+        layer = banks.layers[rng.integers(len(banks.layers))]
         exp = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64))
-        cpu_kernel.moe_experts(x, gu, dn, tok, exp, w, isa=isa)
+        cpu_kernel.moe_experts(x, layer, tok, exp, w, banks.spec, isa=isa)
         moved += K * banks.expert_bytes
     return moved / (time.perf_counter() - t0) / 1e9
 
@@ -98,9 +100,10 @@ def measure_torch_cpu(banks: Banks, seconds: float) -> float:
     x = torch.randn(1, H).to(torch.bfloat16)
     moved, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        gu, dn = banks.layers[rng.integers(len(banks.layers))]
+        layer = banks.layers[rng.integers(len(banks.layers))]
         ids = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64)).view(1, K)
-        reference.moe_experts(x, ids, torch.full((1, K), 1.0 / K, dtype=torch.bfloat16), gu, dn)
+        w = torch.full((1, K), 1.0 / K, dtype=torch.bfloat16)
+        reference.moe_experts(x, ids, w, layer, banks.spec)
         moved += K * banks.expert_bytes
     return moved / (time.perf_counter() - t0) / 1e9
 
