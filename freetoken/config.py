@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -483,6 +484,16 @@ RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 def export_rank_env() -> None:
     """Sets what NCCL reads in this process and what its rank processes inherit."""
     os.environ.update(RANK_ENV)
+
+
+def prefer_tools_beside_python() -> None:
+    """Puts this Python's own bin directory first on PATH, so the tools a build calls by name
+    (ninja, for the CPU kernel) are the environment's own wherever FreeToken was started
+    from: two ninjas of different versions each rebuild the other's output."""
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if (Path(here) / "ninja").exists() and path.split(os.pathsep)[:1] != [here]:
+        os.environ["PATH"] = here + (os.pathsep + path if path else "")
 
 
 def describe() -> list[tuple[str, str, str]]:

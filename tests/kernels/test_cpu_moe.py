@@ -94,3 +94,30 @@ def test_one_cpu_of_each_physical_core_is_chosen():
             for t in topo
         ]
         assert len(set(keys)) == len(keys)
+
+
+def test_a_build_never_waits_on_a_lock_a_killed_build_left(tmp_path):
+    """torch's lock file outlives a killed build; the build lock that replaces it is the
+    kernel's own (flock), which goes with its process."""
+    (tmp_path / "lock").touch()  # what a build killed mid-way leaves
+    with cpu._exclusive(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    with cpu._exclusive(tmp_path):  # released: taken again at once
+        pass
+
+
+def test_the_build_calls_this_environments_ninja(monkeypatch, tmp_path):
+    import os
+    import sys
+
+    from freetoken import config
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ninja").touch()
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin")
+    config.prefer_tools_beside_python()
+    assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]
+    config.prefer_tools_beside_python()  # once is enough
+    assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]

@@ -5,10 +5,13 @@ Where no compiler is available the plain-torch reference runs instead, and the l
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +49,20 @@ def _build_dir(sources: list[Path]) -> Path:
     return d
 
 
+@contextlib.contextmanager
+def _exclusive(build: Path) -> Iterator[None]:
+    """One build at a time in `build`, across processes. The lock is the kernel's (flock), so
+    it goes with a process that dies; torch's own lock file would outlive a killed build and be
+    waited on for ever, so it is removed while this one is held (no build of ours runs then)."""
+    with open(build / "freetoken.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def extension():
     """The compiled module, or None where it cannot be built."""
     global _ext, _failed
@@ -55,6 +72,9 @@ def extension():
         if _ext is None and not _failed:
             from torch.utils.cpp_extension import load
 
+            from freetoken import config
+
+            config.prefer_tools_beside_python()
             srcs = [Path(__file__).with_name(name) for name in SOURCES]
             build = _build_dir(srcs)
             if not any(build.glob("*.so")):
@@ -62,14 +82,15 @@ def extension():
                     "compiling the CPU expert kernel (first use on this machine; about a minute)"
                 )
             try:
-                _ext = load(
-                    name="freetoken_cpu_moe",
-                    sources=[str(s) for s in srcs],
-                    build_directory=str(build),
-                    extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
-                    extra_ldflags=["-fopenmp"],
-                    verbose=False,
-                )
+                with _exclusive(build):
+                    _ext = load(
+                        name="freetoken_cpu_moe",
+                        sources=[str(s) for s in srcs],
+                        build_directory=str(build),
+                        extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
+                        extra_ldflags=["-fopenmp"],
+                        verbose=False,
+                    )
             except Exception as e:  # no compiler, no headers: keep serving with plain torch
                 _failed = True
                 log.warning(
