@@ -1,4 +1,6 @@
-"""Grouped-query attention over the paged KV pool, with optional per-head q/k RMSNorm.
+"""Grouped-query attention over the paged KV pool, with the options families combine:
+q/k/v and output projection biases, q/k RMSNorm per head or over the whole projection,
+and partial rotary.
 
 On a GPU the KV write and decode attention run as Triton kernels that read the pool in place
 (kernels/triton/attention.py) unless the fused kernels are off; the torch code here is what
@@ -12,15 +14,27 @@ from torch import nn
 
 from freetoken.kernels.triton import block
 from freetoken.layers import context, fused
-from freetoken.layers.norm import RMSNorm, head_norm_rope
+from freetoken.layers.norm import RMSNorm, head_norm_rope, rms_norm
 from freetoken.layers.rope import apply_rope
 
 BLOCK_N = 64  # context positions a program takes at a time
 SPLIT_TOKENS = 256  # context positions per split of a long decode context (one program each)
 MAX_SPLITS = 32
+QK_NORMS = ("head", "full")
 
 
 class Attention(nn.Module):
+    """q/k/v projections, rotary embedding, attention over the cache, output projection.
+
+    qk_norm: "head" normalises each head of q and k over head_dim (Qwen3, GLM-4.5; True
+        means "head"); "full" normalises the whole q and k projections before the heads are
+        split (OLMoE, MiniMax-M2); None or False: no norm.
+    bias: the q/k/v projections' biases; o_bias: the output projection's (default: bias).
+    clip_qkv: q, k and v clamped to [-clip, clip] after the norm (OLMoE's option).
+    rope_pairs: rotate adjacent dimension pairs rather than halves (layers/rope.py).
+    Partial rotary needs no option: the rope tables' width is the rotated width.
+    """
+
     def __init__(
         self,
         layer: int,
@@ -29,75 +43,100 @@ class Attention(nn.Module):
         n_kv_heads: int,
         head_dim: int,
         *,
-        qk_norm: bool = False,
+        qk_norm: bool | str | None = False,
         bias: bool = False,
+        o_bias: bool | None = None,
         eps: float = 1e-6,
+        clip_qkv: float | None = None,
+        rope_pairs: bool = False,
     ):
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5
+        self.qk_norm = "head" if qk_norm is True else (qk_norm or None)
+        if self.qk_norm not in (None, *QK_NORMS):
+            raise ValueError(f"unknown q/k norm {qk_norm!r} (one of {QK_NORMS})")
+        self.clip_qkv, self.rope_pairs = clip_qkv, rope_pairs
         self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias if o_bias is None else o_bias)
+        self.q_norm = self.k_norm = None
+        if self.qk_norm is not None:
+            full = self.qk_norm == "full"
+            self.q_norm = RMSNorm(n_heads * head_dim if full else head_dim, eps)
+            self.k_norm = RMSNorm(n_kv_heads * head_dim if full else head_dim, eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        cos, sin = rope
-        if self.q_norm is not None:
-            q = head_norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
-            k = head_norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
-        else:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+        q = q.view(T, self.n_heads, self.head_dim)
+        k = k.view(T, self.n_kv_heads, self.head_dim)
+        v = v.view(T, self.n_kv_heads, self.head_dim)
+        q, k = self._rotate(q, k, rope)
         ctx = context.current()
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            return self.o_proj(
-                decode_attention(q, k_cache, v_cache, ctx.decode, self.scale).reshape(T, -1)
-            )
+            out = decode_attention(q, k_cache, v_cache, ctx.decode, self.scale)
+            return self.o_proj(out.reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
-            out[s.q_start : s.q_start + s.q_len] = self._attend(
+            out[s.q_start : s.q_start + s.q_len] = prefill_attention(
                 q[s.q_start : s.q_start + s.q_len],
                 k_cache[s.ctx_slots],
                 v_cache[s.ctx_slots],
                 s.ctx_len,
+                self.scale,
             )
         return self.o_proj(out.reshape(T, -1))
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int
-    ) -> torch.Tensor:
-        """q: [n, H, D] for the last n positions of a context of ctx_len; k/v: [ctx_len, KVH, D]."""
-        n = q.shape[0]
-        # 4-D inputs with enable_gqa let SDPA pick a fused kernel and skip repeating K/V per head
-        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        kh = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
-        vh = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
-        mask, causal = None, False
-        if n == ctx_len and n > 1:
-            causal = True
-        elif n > 1:
-            # query i sits at position ctx_len - n + i and sees keys up to it
-            qpos = torch.arange(ctx_len - n, ctx_len, device=q.device)[:, None]
-            mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos
-        o = F.scaled_dot_product_attention(
-            qh,
-            kh,
-            vh,
-            attn_mask=mask,
-            is_causal=causal,
-            scale=self.scale,
-            enable_gqa=self.n_heads != self.n_kv_heads,
-        )
-        return o[0].transpose(0, 1)
+    def _rotate(
+        self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q/k [T, heads, D], normed per head where the layer does so, then rotated."""
+        cos, sin = rope
+        if self.qk_norm == "head" and not self.rope_pairs:  # one kernel on a GPU
+            q = head_norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
+            return q, head_norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+        if self.qk_norm == "head":
+            q = rms_norm(q, self.q_norm.weight, self.q_norm.eps)
+            k = rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+        return apply_rope(q, cos, sin, self.rope_pairs), apply_rope(k, cos, sin, self.rope_pairs)
+
+
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int, scale: float
+) -> torch.Tensor:
+    """q [n, H, D] for the last n positions of a context of ctx_len; k/v [ctx_len, KVH, D]."""
+    n = q.shape[0]
+    # 4-D inputs with enable_gqa let SDPA pick a fused kernel and skip repeating K/V per head
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+    kh = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
+    vh = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
+    mask, causal = None, False
+    if n == ctx_len and n > 1:
+        causal = True
+    elif n > 1:
+        # query i sits at position ctx_len - n + i and sees keys up to it
+        qpos = torch.arange(ctx_len - n, ctx_len, device=q.device)[:, None]
+        mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos
+    o = F.scaled_dot_product_attention(
+        qh,
+        kh,
+        vh,
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=qh.shape[1] != kh.shape[1],
+    )
+    return o[0].transpose(0, 1)
 
 
 def store_kv(
