@@ -1,6 +1,9 @@
 """Grouped-query attention over the paged KV pool, with the options families combine:
 q/k/v and output projection biases, q/k RMSNorm per head or over the whole projection,
-and partial rotary.
+partial rotary and sliding-window attention.
+
+A sliding window of w: a query sees the last w keys, itself included (transformers' sliding
+mask). Every page stays in the pool; prefill and decode read only the window's keys.
 
 On a GPU the KV write and decode attention run as Triton kernels that read the pool in place
 (kernels/triton/attention.py) unless the fused kernels are off; the torch code here is what
@@ -32,6 +35,7 @@ class Attention(nn.Module):
     bias: the q/k/v projections' biases; o_bias: the output projection's (default: bias).
     clip_qkv: q, k and v clamped to [-clip, clip] after the norm (OLMoE's option).
     rope_pairs: rotate adjacent dimension pairs rather than halves (layers/rope.py).
+    window: the keys a query sees, counting itself (0: every key).
     Partial rotary needs no option: the rope tables' width is the rotated width.
     """
 
@@ -49,6 +53,7 @@ class Attention(nn.Module):
         eps: float = 1e-6,
         clip_qkv: float | None = None,
         rope_pairs: bool = False,
+        window: int = 0,
     ):
         super().__init__()
         self.layer = layer
@@ -57,7 +62,7 @@ class Attention(nn.Module):
         self.qk_norm = "head" if qk_norm is True else (qk_norm or None)
         if self.qk_norm not in (None, *QK_NORMS):
             raise ValueError(f"unknown q/k norm {qk_norm!r} (one of {QK_NORMS})")
-        self.clip_qkv, self.rope_pairs = clip_qkv, rope_pairs
+        self.clip_qkv, self.rope_pairs, self.window = clip_qkv, rope_pairs, window
         self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
@@ -84,7 +89,7 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            out = decode_attention(q, k_cache, v_cache, ctx.decode, self.scale)
+            out = decode_attention(q, k_cache, v_cache, ctx.decode, self.scale, self.window)
             return self.o_proj(out.reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
@@ -94,6 +99,7 @@ class Attention(nn.Module):
                 v_cache[s.ctx_slots],
                 s.ctx_len,
                 self.scale,
+                self.window,
             )
         return self.o_proj(out.reshape(T, -1))
 
@@ -111,22 +117,38 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin, self.rope_pairs), apply_rope(k, cos, sin, self.rope_pairs)
 
 
+def _prefill_mask(n: int, ctx_len: int, lo: int, window: int, device: torch.device) -> torch.Tensor:
+    """[n, ctx_len - lo]: query i (at position ctx_len - n + i) sees key j (at lo + j)."""
+    qpos = torch.arange(ctx_len - n, ctx_len, device=device)[:, None]
+    kpos = torch.arange(lo, ctx_len, device=device)[None, :]
+    mask = kpos <= qpos
+    if window:
+        mask &= kpos > qpos - window
+    return mask
+
+
 def prefill_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_len: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_len: int,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
-    """q [n, H, D] for the last n positions of a context of ctx_len; k/v [ctx_len, KVH, D]."""
+    """q [n, H, D] for the last n positions of a context of ctx_len; k/v [ctx_len, KVH, D].
+    Keys no query of the chunk can see (before the first query's window) are not read."""
     n = q.shape[0]
+    lo = max(0, ctx_len - n - window + 1) if window else 0
     # 4-D inputs with enable_gqa let SDPA pick a fused kernel and skip repeating K/V per head
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-    kh = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
-    vh = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
+    kh = k[lo:].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, KVH, S, D]
+    vh = v[lo:].to(q.dtype).transpose(0, 1).unsqueeze(0)
     mask, causal = None, False
-    if n == ctx_len and n > 1:
-        causal = True
-    elif n > 1:
-        # query i sits at position ctx_len - n + i and sees keys up to it
-        qpos = torch.arange(ctx_len - n, ctx_len, device=q.device)[:, None]
-        mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos
+    if n > 1:
+        if n == ctx_len and (not window or window >= n):
+            causal = True
+        else:
+            mask = _prefill_mask(n, ctx_len, lo, window, q.device)
     o = F.scaled_dot_product_attention(
         qh,
         kh,
@@ -163,21 +185,35 @@ def decode_attention(
     v_cache: torch.Tensor,
     d: context.DecodeView,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """q [B, H, D], one token per sequence, over each sequence's first d.lens[b] context
-    positions, found through the block table."""
+    positions (the last `window` of them with a window), found through the block table."""
     B, H, D = q.shape
     KVH = k_cache.shape[1]
     if fused.usable(q, k_cache, v_cache) and D == block(D) and D >= 16 and H % KVH == 0:
-        return _decode_fused(q, k_cache, v_cache, d, scale)
+        return _decode_fused(q, k_cache, v_cache, d, scale, window)
     if d.ctx_slots is None:
         d.derive()
     kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
     vh = v_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)
+    mask = d.mask
+    if window:
+        pos = torch.arange(mask.shape[-1], device=mask.device)
+        mask = mask & (pos[None, :] >= (d.lens - window)[:, None])[:, None, None, :]
     o = F.scaled_dot_product_attention(
-        q.unsqueeze(2), kh, vh, attn_mask=d.mask, scale=scale, enable_gqa=H != KVH
+        q.unsqueeze(2), kh, vh, attn_mask=mask, scale=scale, enable_gqa=H != KVH
     )
     return o.squeeze(2)
+
+
+def decode_splits(d: context.DecodeView, window: int = 0) -> int:
+    """Programs per (sequence, KV head): they follow the padded length (or the window, if
+    shorter), fixed for a captured step; each spreads the actual one."""
+    span = d.block_table.shape[1] * d.page_size
+    if window:
+        span = min(span, window)
+    return max(1, min(MAX_SPLITS, -(-span // SPLIT_TOKENS)))
 
 
 def _decode_fused(
@@ -186,14 +222,14 @@ def _decode_fused(
     v_cache: torch.Tensor,
     d: context.DecodeView,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     from freetoken.kernels.triton import attention as kernels
 
     B, H, D = q.shape
     KVH = k_cache.shape[1]
     G = H // KVH
-    # splits follow the padded length, fixed for a captured step; each spreads the actual one
-    splits = min(MAX_SPLITS, -(-d.block_table.shape[1] * d.page_size // SPLIT_TOKENS))
+    splits = decode_splits(d, window)
     out = torch.empty_like(q)
     part = lse = out
     if splits > 1:
@@ -219,6 +255,7 @@ def _decode_fused(
         PAGE=d.page_size,
         BLOCK_N=BLOCK_N,
         DIRECT=splits == 1,
+        WINDOW=window,
     )
     if splits > 1:
         kernels.merge_splits_kernel[(B * H,)](

@@ -103,40 +103,42 @@ def _dense_kernels():
     return out
 
 
+# decode attention's windows; 0 is the plain kernel
+ATTENTION_WINDOWS = [0, 4096]
+
+
 def _attention(dt: str):
     from freetoken.kernels.triton import attention
 
     out = []
     for direct in (True, False):
         part = f"*{dt}" if direct else "*fp32"
-        out.append(
-            (
-                attention.decode_attention_kernel,
-                {
-                    "q_ptr": f"*{dt}",
-                    "k_ptr": f"*{dt}",
-                    "v_ptr": f"*{dt}",
-                    "table_ptr": "*i64",
-                    "lens_ptr": "*i64",
-                    "out_ptr": f"*{dt}",
-                    "part_ptr": part,
-                    "lse_ptr": part,
-                    "scale": "fp32",
-                    "table_stride": "i64",
-                    "H": "i32",
-                    "KVH": "i32",
-                    "SPLITS": "i32",
-                },
-                {
-                    "GROUP": 8,
-                    "G_BLOCK": 16,
-                    "D": 128,
-                    "PAGE": 16,
-                    "BLOCK_N": 64,
-                    "DIRECT": direct,
-                },
-            )
-        )
+        for window in ATTENTION_WINDOWS:
+            sig = {
+                "q_ptr": f"*{dt}",
+                "k_ptr": f"*{dt}",
+                "v_ptr": f"*{dt}",
+                "table_ptr": "*i64",
+                "lens_ptr": "*i64",
+                "out_ptr": f"*{dt}",
+                "part_ptr": part,
+                "lse_ptr": part,
+                "scale": "fp32",
+                "table_stride": "i64",
+                "H": "i32",
+                "KVH": "i32",
+                "SPLITS": "i32",
+            }
+            consts = {
+                "GROUP": 8,
+                "G_BLOCK": 16,
+                "D": 128,
+                "PAGE": 16,
+                "BLOCK_N": 64,
+                "DIRECT": direct,
+                "WINDOW": window,
+            }
+            out.append((attention.decode_attention_kernel, sig, consts))
     return out
 
 

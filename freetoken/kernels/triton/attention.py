@@ -6,6 +6,9 @@ through the block table and stop at each sequence's length. One program serves a
 and the query heads that share it (grouped-query attention), so K and V are read once for
 the group. Long contexts are cut into splits, each a program, merged by a second kernel
 through each split's log-sum-exp.
+
+Options compiled in only where a layer has them (constexpr; off, the kernel is the plain
+one): WINDOW > 0 reads each sequence's last WINDOW positions alone.
 """
 
 import triton
@@ -33,6 +36,7 @@ def decode_attention_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """q [B, H, D]; k/v pools [slots, KVH, D]; table [B, pages]; lens [B]. DIRECT: write the
     output [B, H, D]; else this split's normalised output [B, H, SPLITS, D] and its
@@ -41,8 +45,13 @@ def decode_attention_kernel(
     kh = tl.program_id(1)
     split = tl.program_id(2)
     n_ctx = tl.load(lens_ptr + b)
-    per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per
+    if WINDOW > 0:
+        first = tl.maximum(n_ctx - WINDOW, 0)
+        per = tl.cdiv(tl.cdiv(n_ctx - first, SPLITS), BLOCK_N) * BLOCK_N
+        lo = first + split * per
+    else:
+        per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * per
     hi = tl.minimum(lo + per, n_ctx)
     g = tl.arange(0, G_BLOCK)
     d = tl.arange(0, D)
