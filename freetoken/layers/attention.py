@@ -1,9 +1,11 @@
 """Grouped-query attention over the paged KV pool, with the options families combine:
 q/k/v and output projection biases, q/k RMSNorm per head or over the whole projection,
-partial rotary and sliding-window attention.
+partial rotary, sliding-window attention and attention sinks.
 
 A sliding window of w: a query sees the last w keys, itself included (transformers' sliding
-mask). Every page stays in the pool; prefill and decode read only the window's keys.
+mask). Every page stays in the pool; prefill and decode read only the window's keys. A sink
+is a learned logit per query head that joins the softmax's denominator and carries no value:
+softmax over [scores, sink], the sink's share dropped.
 
 On a GPU the KV write and decode attention run as Triton kernels that read the pool in place
 (kernels/triton/attention.py) unless the fused kernels are off; the torch code here is what
@@ -36,6 +38,7 @@ class Attention(nn.Module):
     clip_qkv: q, k and v clamped to [-clip, clip] after the norm (OLMoE's option).
     rope_pairs: rotate adjacent dimension pairs rather than halves (layers/rope.py).
     window: the keys a query sees, counting itself (0: every key).
+    sinks: a learned per-head logit in the softmax's denominator (`sinks` [heads]).
     Partial rotary needs no option: the rope tables' width is the rotated width.
     """
 
@@ -54,6 +57,7 @@ class Attention(nn.Module):
         clip_qkv: float | None = None,
         rope_pairs: bool = False,
         window: int = 0,
+        sinks: bool = False,
     ):
         super().__init__()
         self.layer = layer
@@ -72,6 +76,7 @@ class Attention(nn.Module):
             full = self.qk_norm == "full"
             self.q_norm = RMSNorm(n_heads * head_dim if full else head_dim, eps)
             self.k_norm = RMSNorm(n_kv_heads * head_dim if full else head_dim, eps)
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         T = x.shape[0]
@@ -89,7 +94,9 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            out = decode_attention(q, k_cache, v_cache, ctx.decode, self.scale, self.window)
+            out = decode_attention(
+                q, k_cache, v_cache, ctx.decode, self.scale, self.window, self.sinks
+            )
             return self.o_proj(out.reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
@@ -100,6 +107,7 @@ class Attention(nn.Module):
                 s.ctx_len,
                 self.scale,
                 self.window,
+                self.sinks,
             )
         return self.o_proj(out.reshape(T, -1))
 
@@ -134,6 +142,7 @@ def prefill_attention(
     ctx_len: int,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [n, H, D] for the last n positions of a context of ctx_len; k/v [ctx_len, KVH, D].
     Keys no query of the chunk can see (before the first query's window) are not read."""
@@ -145,20 +154,55 @@ def prefill_attention(
     vh = v[lo:].to(q.dtype).transpose(0, 1).unsqueeze(0)
     mask, causal = None, False
     if n > 1:
-        if n == ctx_len and (not window or window >= n):
+        plain_causal = n == ctx_len and (not window or window >= n) and sinks is None
+        if plain_causal:
             causal = True
         else:
             mask = _prefill_mask(n, ctx_len, lo, window, q.device)
-    o = F.scaled_dot_product_attention(
-        qh,
-        kh,
-        vh,
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=qh.shape[1] != kh.shape[1],
-    )
+    if sinks is not None:
+        o = sdpa_with_sinks(qh, kh, vh, mask, scale, sinks)
+    else:
+        o = F.scaled_dot_product_attention(
+            qh,
+            kh,
+            vh,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=qh.shape[1] != kh.shape[1],
+        )
     return o[0].transpose(0, 1)
+
+
+def sdpa_with_sinks(
+    qh: torch.Tensor,
+    kh: torch.Tensor,
+    vh: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """SDPA with a sink per query head: qh [B, H, n, D], kh/vh [B, KVH, S, D], mask broadcast
+    to [B, H, n, S] (True: visible) or None.
+
+    The sink becomes a key every query sees: q gains a dimension holding sink/scale, a key
+    of zeros with a 1 there is put first, its value zero. Its score is then the sink, GQA's
+    shared keys still serve every head, and SDPA's fused kernels still run."""
+    B, H, n, D = qh.shape
+    KVH, S = kh.shape[1], kh.shape[2]
+    W = -(-(D + 1) // 8) * 8  # the kernels want head dims in multiples of 8
+    qa = qh.new_zeros((B, H, n, W))
+    qa[..., :D] = qh
+    qa[..., D] = (sinks.float() / scale).to(qh.dtype)[None, :, None]
+    ka = kh.new_zeros((B, KVH, S + 1, W))
+    ka[:, :, 1:, :D] = kh
+    ka[:, :, 0, D] = 1.0
+    va = torch.cat((vh.new_zeros((B, KVH, 1, vh.shape[-1])), vh), dim=2)
+    if mask is not None:
+        mask = torch.cat((mask.new_ones((*mask.shape[:-1], 1)), mask), dim=-1)
+    return F.scaled_dot_product_attention(
+        qa, ka, va, attn_mask=mask, scale=scale, enable_gqa=H != KVH
+    )
 
 
 def store_kv(
@@ -186,13 +230,15 @@ def decode_attention(
     d: context.DecodeView,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, D], one token per sequence, over each sequence's first d.lens[b] context
     positions (the last `window` of them with a window), found through the block table."""
     B, H, D = q.shape
     KVH = k_cache.shape[1]
-    if fused.usable(q, k_cache, v_cache) and D == block(D) and D >= 16 and H % KVH == 0:
-        return _decode_fused(q, k_cache, v_cache, d, scale, window)
+    fits = D == block(D) and D >= 16 and H % KVH == 0
+    if fits and fused.usable(q, k_cache, v_cache, *(() if sinks is None else (sinks,))):
+        return _decode_fused(q, k_cache, v_cache, d, scale, window, sinks)
     if d.ctx_slots is None:
         d.derive()
     kh = k_cache[d.ctx_slots].to(q.dtype).transpose(1, 2)  # [B, KVH, max_ctx, D]
@@ -201,6 +247,8 @@ def decode_attention(
     if window:
         pos = torch.arange(mask.shape[-1], device=mask.device)
         mask = mask & (pos[None, :] >= (d.lens - window)[:, None])[:, None, None, :]
+    if sinks is not None:
+        return sdpa_with_sinks(q.unsqueeze(2), kh, vh, mask, scale, sinks).squeeze(2)
     o = F.scaled_dot_product_attention(
         q.unsqueeze(2), kh, vh, attn_mask=mask, scale=scale, enable_gqa=H != KVH
     )
@@ -223,6 +271,7 @@ def _decode_fused(
     d: context.DecodeView,
     scale: float,
     window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     from freetoken.kernels.triton import attention as kernels
 
@@ -230,11 +279,13 @@ def _decode_fused(
     KVH = k_cache.shape[1]
     G = H // KVH
     splits = decode_splits(d, window)
+    # split outputs are merged by their log-sum-exp; a sink is one more term of that merge
+    rows = splits + (sinks is not None)
     out = torch.empty_like(q)
     part = lse = out
     if splits > 1:
-        part = torch.empty((B, H, splits, D), dtype=torch.float32, device=q.device)
-        lse = torch.empty((B, H, splits), dtype=torch.float32, device=q.device)
+        part = torch.empty((B, H, rows, D), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, H, rows), dtype=torch.float32, device=q.device)
     kernels.decode_attention_kernel[(B, KVH, splits)](
         q,
         k_cache,
@@ -244,6 +295,7 @@ def _decode_fused(
         out,
         part,
         lse,
+        sinks,
         scale,
         d.block_table.stride(0),
         H,
@@ -259,6 +311,6 @@ def _decode_fused(
     )
     if splits > 1:
         kernels.merge_splits_kernel[(B * H,)](
-            part, lse, out, splits, D=D, S_BLOCK=max(2, block(splits))
+            part, lse, out, rows, D=D, S_BLOCK=max(2, block(rows))
         )
     return out

@@ -103,8 +103,8 @@ def _dense_kernels():
     return out
 
 
-# decode attention's windows; 0 is the plain kernel
-ATTENTION_WINDOWS = [0, 4096]
+# decode attention's options: (window, sinks); (0, False) is the plain kernel
+ATTENTION_OPTIONS = [(0, False), (4096, False), (0, True), (128, True)]
 
 
 def _attention(dt: str):
@@ -113,7 +113,7 @@ def _attention(dt: str):
     out = []
     for direct in (True, False):
         part = f"*{dt}" if direct else "*fp32"
-        for window in ATTENTION_WINDOWS:
+        for window, sinks in ATTENTION_OPTIONS:
             sig = {
                 "q_ptr": f"*{dt}",
                 "k_ptr": f"*{dt}",
@@ -138,6 +138,10 @@ def _attention(dt: str):
                 "DIRECT": direct,
                 "WINDOW": window,
             }
+            if sinks:
+                sig["sinks_ptr"] = f"*{dt}"
+            else:
+                consts["sinks_ptr"] = None  # no sinks: the argument is compiled out
             out.append((attention.decode_attention_kernel, sig, consts))
     return out
 
