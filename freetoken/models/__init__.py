@@ -41,7 +41,10 @@ class Arch:
 
 ARCHITECTURES: dict[str, Arch] = {
     a.model_type: a
-    for a in (Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),)
+    for a in (
+        Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
+        Arch("qwen2_moe", "freetoken.models.qwen2_moe", "qwen2moe", "qwen2moe"),
+    )
 }
 
 
