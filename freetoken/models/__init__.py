@@ -44,6 +44,8 @@ ARCHITECTURES: dict[str, Arch] = {
     for a in (
         Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
         Arch("qwen2_moe", "freetoken.models.qwen2_moe", "qwen2moe", "qwen2moe"),
+        # llama.cpp writes Mixtral as llama with expert tensors, and Ollama names it so
+        Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
     )
 }
 
