@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("qwen2_moe", "freetoken.models.qwen2_moe", "qwen2moe", "qwen2moe"),
         # llama.cpp writes Mixtral as llama with expert tensors, and Ollama names it so
         Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
+        Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
     )
 }
 
