@@ -47,6 +47,7 @@ ARCHITECTURES: dict[str, Arch] = {
         # llama.cpp writes Mixtral as llama with expert tensors, and Ollama names it so
         Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
         Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
+        Arch("minimax_m2", "freetoken.models.minimax_m2", "minimax-m2", "minimax-m2"),
     )
 }
 
