@@ -179,10 +179,20 @@ def _tensors(model, arch: str, block_count: int):
             yield gguf_name(name), arr
 
 
-def write_gguf(model, tok_dir: Path, out: Path, qtype: str = "F32", arch: str = "qwen3moe") -> Path:
+def write_gguf(
+    model,
+    tok_dir: Path,
+    out: Path,
+    qtype: str = "F32",
+    arch: str = "qwen3moe",
+    nextn: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
+) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
-    tensors in `qtype`."""
+    tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
+    (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
+    tensors by GGUF name."""
     import gguf
 
     c = model.config
@@ -190,8 +200,10 @@ def write_gguf(model, tok_dir: Path, out: Path, qtype: str = "F32", arch: str = 
     # llama.cpp's OLMoE converter writes a fixed epsilon
     _base_kv(w, c, c.num_hidden_layers, 1e-5 if arch == "olmoe" else c.rms_norm_eps)
     _arch_kv(w, c, arch)
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
     _tokenizer_kv(w, tok_dir)
-    for name, arr in _tensors(model, arch, c.num_hidden_layers):
+    for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
         _add(w, name, arr, qtype if quantize else "F32")
     w.write_header_to_file()

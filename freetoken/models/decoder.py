@@ -9,6 +9,7 @@ attention and MLP, or its own); everything here reads only the modules the famil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,8 @@ from freetoken.layers.moe import Experts
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models.base import ExpertSpec, KVLayout
+
+_LAYER = re.compile(r"(?:model\.layers|blk)\.(\d+)\.")
 
 
 class DecoderLayer(nn.Module):
@@ -94,6 +97,13 @@ class DecoderModel(nn.Module):
     def layer_kv(self, i: int) -> KVLayout:
         attn = self.model.layers[i].self_attn
         return KVLayout.attention(attn.n_kv_heads, attn.head_dim, window=attn.window)
+
+    @classmethod
+    def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:
+        """Tensors of layers past num_hidden_layers (Hub `model.layers.{i}.`, GGUF `blk.{i}.`):
+        the multi-token-prediction layers some checkpoints append, which no step runs."""
+        m = _LAYER.match(name)
+        return m is not None and int(m.group(1)) >= int(config["num_hidden_layers"])
 
     @staticmethod
     def dense_key(name: str) -> str:

@@ -59,7 +59,8 @@ class ModelArgs:
         if not types:  # transformers' rule: every other layer below max_window_layers
             window_layers = cfg.get("max_window_layers") or 0
             types = [
-                SLIDING if cfg.get("use_sliding_window") and i % 2 == 0 and i < window_layers
+                SLIDING
+                if cfg.get("use_sliding_window") and i % 2 == 0 and i < window_layers
                 else "full_attention"
                 for i in range(n)
             ]
