@@ -48,6 +48,7 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
         Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
         Arch("minimax_m2", "freetoken.models.minimax_m2", "minimax-m2", "minimax-m2"),
+        Arch("glm4_moe", "freetoken.models.glm4_moe", "glm4moe", "glm4moe"),
     )
 }
 
