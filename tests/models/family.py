@@ -145,3 +145,15 @@ def hub_spelling(config: dict, **extra) -> dict:
     if "partial_rotary_factor" in params:
         c["partial_rotary_factor"] = params["partial_rotary_factor"]
     return {**c, **extra}
+
+
+def gpu_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> None:
+    """On a GPU (fp32) with the fused kernels and captured CUDA graphs: transformers' logits
+    and tokens, alone and batched."""
+    engine = make_engine(path, device="cuda", graphs="capture")
+    assert rel(full_logits(engine, prompt), fixtures.hf_logits(hf, prompt)) <= 1e-4
+    (seq,) = generate(engine, [prompt], n)
+    assert seq.output_ids == fixtures.hf_greedy(hf, prompt, n)
+    prompts = [prompt[:5], LONG]  # batched, and a prefill longer than a decode step
+    for p, s in zip(prompts, generate(engine, prompts, n)):
+        assert s.output_ids == fixtures.hf_greedy(hf, p, n)

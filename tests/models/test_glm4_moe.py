@@ -146,3 +146,41 @@ def test_multi_token_prediction_layers_are_skipped(with_mtp, tmp_path):
     out = convert(gguf, tmp_path / "ftw")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
     assert family.rel(full_logits(make_engine(out), family.PROMPT), want) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_fused_kernels_and_graphs(hub):
+    family.gpu_matches(*hub)
+
+
+def test_grouped_router_matches_transformers_router():
+    """SigmoidGroupedTopK is GLM-4.5's router: groups scored by their two best experts,
+    the kept groups' top-k, weights renormalised and scaled."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    from freetoken.layers import fused
+    from freetoken.layers.routers import SigmoidGroupedTopK
+
+    g = torch.Generator().manual_seed(6)
+    cfg = Glm4MoeConfig(
+        hidden_size=64,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+    )
+    ref = Glm4MoeTopkRouter(cfg)
+    ours = SigmoidGroupedTopK(64, 16, 4, n_group=4, topk_group=2, routed_scaling=2.5)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn((16, 64), generator=g) / 8)
+        ref.e_score_correction_bias.copy_(0.1 * torch.randn(16, generator=g))
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn((9, 64), generator=g)
+    _, want_w, want_ids = ref(x)
+    with fused.disabled():
+        w, ids = ours(x)
+    order, want_order = ids.argsort(dim=-1), want_ids.argsort(dim=-1)
+    assert torch.equal(ids.gather(1, order), want_ids.gather(1, want_order))
+    assert torch.allclose(w.gather(1, order), want_w.gather(1, want_order), atol=1e-6)

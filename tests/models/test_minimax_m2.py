@@ -124,3 +124,8 @@ def test_structure_follows_the_config(hub):
 
 def test_gguf_import_matches_transformers(hub, tmp_path_factory):
     family.gguf_matches(*hub, tmp_path_factory.mktemp("gguf"), "minimax-m2")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_fused_kernels_and_graphs(hub):
+    family.gpu_matches(*hub)

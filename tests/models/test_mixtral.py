@@ -113,3 +113,8 @@ def test_gguf_metadata():
     assert config["num_key_value_heads"] == 4 and config["head_dim"] == 16
     with pytest.raises(ValueError, match="dense"):
         mixtral.Model.config_from_gguf({**kv, "llama.expert_count": 0}, "llama")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_fused_kernels_and_graphs(hub):
+    family.gpu_matches(*hub)

@@ -104,3 +104,8 @@ def test_structure_follows_the_config(hub):
 def test_gguf_import_matches_transformers(tmp_path_factory):
     path, hf = _build(tmp_path_factory, "qwen2-moe-gguf", GGUF_CONFIG, seed=13)
     family.gguf_matches(path, hf, tmp_path_factory.mktemp("gguf"), "qwen2moe")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_fused_kernels_and_graphs(hub):
+    family.gpu_matches(*hub)
