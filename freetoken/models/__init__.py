@@ -41,7 +41,15 @@ class Arch:
 
 ARCHITECTURES: dict[str, Arch] = {
     a.model_type: a
-    for a in (Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),)
+    for a in (
+        Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
+        Arch("qwen2_moe", "freetoken.models.qwen2_moe", "qwen2moe", "qwen2moe"),
+        # llama.cpp writes Mixtral as llama with expert tensors, and Ollama names it so
+        Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
+        Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
+        Arch("minimax_m2", "freetoken.models.minimax_m2", "minimax-m2", "minimax-m2"),
+        Arch("glm4_moe", "freetoken.models.glm4_moe", "glm4moe", "glm4moe"),
+    )
 }
 
 
