@@ -22,15 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from freetoken.layers import context
+from freetoken.kernels.triton import block
+from freetoken.layers import context, fused
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import apply_rope
 from freetoken.layers.rope_scaling import apply_rope_interleaved
 
-__all__ = ["LATENT_NORM_EPS", "MLAttention"]
+__all__ = ["LATENT_NORM_EPS", "MLAttention", "decode_latent_attention"]
 
 # q_a_layernorm and kv_a_layernorm keep RMSNorm's default epsilon whatever the model's own
 LATENT_NORM_EPS = 1e-6
+SPLIT_TOKENS = 256  # context positions per split of a long decode context (one program each)
+MAX_SPLITS = 32
+HEAD_BLOCK = 16  # query heads a kernel program serves (the latents are read once for them)
 
 
 class PerHead(nn.Module):
@@ -170,6 +174,8 @@ class MLAttention(nn.Module):
         self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, d: context.DecodeView
     ) -> torch.Tensor:
         """One token per sequence (q [B, H, *]) over the first d.lens[b] positions."""
+        if kernel_usable(q_nope, cache):
+            return self._decode_absorbed(q_nope, q_pe, cache, d)
         if d.ctx_slots is None:
             d.derive()
         B, S = d.ctx_slots.shape
@@ -179,3 +185,87 @@ class MLAttention(nn.Module):
         q = torch.cat((q_nope, q_pe), dim=-1).unsqueeze(2)  # [B, H, 1, dn + dr]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=self.scale)
         return o.squeeze(2)
+
+    def _decode_absorbed(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, d: context.DecodeView
+    ) -> torch.Tensor:
+        """q_nope absorbed into W_UK, attention over the latents in place, out through W_UV."""
+        q_abs = torch.einsum("bhn,hnr->bhr", q_nope, self.w_uk().to(q_nope.dtype))
+        o = decode_latent_attention(q_abs.contiguous(), q_pe.contiguous(), cache, d, self.scale)
+        return torch.einsum("bhr,hvr->bhv", o, self.w_uv().to(o.dtype))
+
+
+def kernel_usable(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether decode runs the absorbed form's kernel: a GPU pool with the fused kernels on,
+    queries of its dtype (they are made contiguous for it)."""
+    return fused.usable(cache) and q.is_cuda and q.dtype == cache.dtype
+
+
+def decode_latent_attention(
+    q_abs: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    d: context.DecodeView,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax((q_abs·c + q_pe·k_pe)·scale) · c for each sequence's latents in the pool.
+
+    q_abs [B, H, r], q_pe [B, H, dr], cache [slots, 1, r + dr] -> [B, H, r] (the kernel;
+    the torch code below is its reference)."""
+    from freetoken.kernels.triton import mla as kernels
+
+    B, H, R = q_abs.shape
+    P = q_pe.shape[-1]
+    # splits follow the padded length, fixed for a captured step; each spreads the actual one
+    splits = min(MAX_SPLITS, -(-d.block_table.shape[1] * d.page_size // SPLIT_TOKENS))
+    out = torch.empty_like(q_abs)
+    part = lse = out
+    if splits > 1:
+        part = torch.empty((B, H, splits, R), dtype=torch.float32, device=q_abs.device)
+        lse = torch.empty((B, H, splits), dtype=torch.float32, device=q_abs.device)
+    R_BLOCK = max(16, block(R))
+    kernels.mla_decode_kernel[(B, -(-H // HEAD_BLOCK), splits)](
+        q_abs,
+        q_pe,
+        cache,
+        d.block_table,
+        d.lens,
+        out,
+        part,
+        lse,
+        scale,
+        d.block_table.stride(0),
+        H,
+        splits,
+        R=R,
+        R_BLOCK=R_BLOCK,
+        P=P,
+        P_BLOCK=max(16, block(P)),
+        HB=HEAD_BLOCK,
+        PAGE=d.page_size,
+        BLOCK_N=32 if R_BLOCK <= 256 else 16,
+        DIRECT=splits == 1,
+    )
+    if splits > 1:
+        kernels.mla_merge_kernel[(B * H,)](
+            part, lse, out, splits, R=R, R_BLOCK=R_BLOCK, S_BLOCK=max(2, block(splits))
+        )
+    return out
+
+
+def latent_attention_reference(
+    q_abs: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    d: context.DecodeView,
+    scale: float,
+) -> torch.Tensor:
+    """The absorbed attention in torch (what the kernel computes), in fp32."""
+    if d.ctx_slots is None:
+        d.derive()
+    R = q_abs.shape[-1]
+    lat = cache[d.ctx_slots, 0].float()  # [B, S, r + dr]
+    s = torch.einsum("bhr,bsr->bhs", q_abs.float(), lat[..., :R])
+    s = (s + torch.einsum("bhp,bsp->bhs", q_pe.float(), lat[..., R:])) * scale
+    s = s.masked_fill(~d.mask[:, 0], float("-inf"))
+    return torch.einsum("bhs,bsr->bhr", torch.softmax(s, dim=-1), lat[..., :R]).to(q_abs.dtype)

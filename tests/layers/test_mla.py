@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from freetoken.layers import mla
+from freetoken.layers import fused, mla
 from freetoken.layers.context import DecodeView, KVStore, SeqSpan, StepContext, step_context
 from freetoken.layers.rope_scaling import ScaledRotaryEmbedding
 
@@ -119,9 +119,86 @@ def test_decode_step_equals_the_prefill_of_the_whole_context(q_lora_rank):
         assert torch.allclose(out[b], full[-1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_absorbed_decode_equals_the_expanded_one(split, monkeypatch):
+    layer = make_layer(seed=1)
+    layer = split_copy(layer) if split else layer
+    want, _, _ = run_both(layer, monkeypatch, None)
+    got, _, _ = run_both(layer, monkeypatch, mla.latent_attention_reference)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_split_kv_b_equals_the_whole_one():
     layer = make_layer(seed=2)
     a, kv_a, _ = run_both(layer, None, None)
     b, kv_b, _ = run_both(split_copy(layer), None, None)
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
     assert torch.allclose(kv_a.k[0], kv_b.k[0])  # the cache holds only the latents
+
+
+# lengths, padded context (one split up to 256 positions, more beyond), heads, latent, rope
+CASES = [((1, 37, 64), 64, 4, 32, 16), ((5, 300, 700), 768, 20, 48, 8), ((200,), 256, 16, 64, 64)]
+
+
+def kernel_case(lens, max_ctx, H, R, P, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B, npages = len(lens), max_ctx // PAGE
+    pages = B * npages + 3
+    pool = torch.randn((pages * PAGE, 1, R + P), generator=g).to(dtype)
+    table = torch.randperm(pages, generator=g)[: B * npages].view(B, npages)
+    q = torch.randn((B, H, R), generator=g).to(dtype)
+    qp = torch.randn((B, H, P), generator=g).to(dtype)
+    view = DecodeView(
+        block_table=table.to(device), lens=torch.tensor(lens).to(device), page_size=PAGE
+    )
+    return q.to(device), qp.to(device), pool.to(device), view
+
+
+def reference(q, qp, pool, view, scale):
+    view.derive()
+    return mla.latent_attention_reference(q, qp, pool, view, scale)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+@pytest.mark.parametrize("lens,max_ctx,H,R,P", CASES)
+def test_kernel_in_the_interpreter(lens, max_ctx, H, R, P):
+    q, qp, pool, view = kernel_case(lens, max_ctx, H, R, P, torch.float32, "cpu")
+    scale = (R + P) ** -0.5
+    got = mla.decode_latent_attention(q, qp, pool, view, scale)
+    assert torch.allclose(got, reference(q, qp, pool, view, scale), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+def test_layer_decode_through_the_kernel_in_the_interpreter(monkeypatch):
+    layer = make_layer(seed=3)
+    want, _, _ = run_both(layer, monkeypatch, None)
+    got, _, _ = run_both(layer, monkeypatch, mla.decode_latent_attention)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens,max_ctx,H,R,P", CASES + [((3, 4000), 4096, 128, 512, 64)])
+def test_kernel_matches_the_torch_code_on_a_gpu(lens, max_ctx, H, R, P, dtype):
+    q, qp, pool, view = kernel_case(lens, max_ctx, H, R, P, dtype, "cuda")
+    scale = (R + P) ** -0.5
+    got = mla.decode_latent_attention(q, qp, pool, view, scale)
+    want = reference(q, qp, pool, view, scale)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    assert got.dtype == dtype and torch.allclose(got.float(), want.float(), **tol)
+
+
+@pytest.mark.gpu
+def test_layer_decode_on_a_gpu_equals_the_expanded_torch_code():
+    layer = make_layer(seed=4).cuda()
+    pages, lens = SEQS
+    g = torch.Generator().manual_seed(5)
+    kv = store(layer)
+    kv.k = [kv.k[0].cuda()]
+    xs = [torch.randn((n, 48), generator=g).cuda() for n in lens]
+    prefill(layer, kv, torch.cat([x[:-1] for x in xs]), pages, [n - 1 for n in lens])
+    last = torch.stack([x[-1] for x in xs])
+    got = decode(layer, kv, last, pages, lens)
+    with fused.disabled():
+        want = decode(layer, kv, last, pages, lens)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
