@@ -41,7 +41,10 @@ class Arch:
 
 ARCHITECTURES: dict[str, Arch] = {
     a.model_type: a
-    for a in (Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),)
+    for a in (
+        Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
+        Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
+    )
 }
 
 
