@@ -43,7 +43,10 @@ ARCHITECTURES: dict[str, Arch] = {
     a.model_type: a
     for a in (
         Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
+        # llama.cpp's deepseek2 files of either DeepSeek are read by the first; its
+        # config_from_gguf names the one a file is
         Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
+        Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
     )
 }
 

@@ -1,12 +1,13 @@
 """The grouped routers against transformers' own: DeepSeek-V3's sigmoid grouped top-k with a
-correction bias and routed scaling (SigmoidGroupedTopK; GLM-4.7-Flash routes the same way)."""
+correction bias and routed scaling (SigmoidGroupedTopK; GLM-4.7-Flash routes the same way),
+and DeepSeek-V2's softmax greedy / group-limited greedy (SoftmaxGroupedTopK)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from freetoken.layers.routers import SigmoidGroupedTopK
+from freetoken.layers.routers import SigmoidGroupedTopK, SoftmaxGroupedTopK
 
 E, H, T = 16, 32, 40
 
@@ -61,5 +62,35 @@ def test_sigmoid_grouped_topk_matches_deepseek_v3(n_group, topk_group, k, norm, 
         ref.e_score_correction_bias.copy_(bias)
         ours.weight.copy_(weight)
         ours.e_score_correction_bias.copy_(bias)
+        _, w0, ids0 = ref(x)
+        _same_routes(ours(x), (w0, ids0))
+
+
+@pytest.mark.parametrize(
+    "method,n_group,topk_group,k,scaling",
+    [("greedy", None, None, 4, 1.0), ("group_limited_greedy", 4, 2, 3, 16.0)],
+)
+def test_softmax_grouped_topk_matches_deepseek_v2(method, n_group, topk_group, k, scaling):
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    cfg = DeepseekV2Config(
+        hidden_size=H,
+        n_routed_experts=E,
+        num_experts_per_tok=k,
+        topk_method=method,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=scaling,
+    )
+    ref = DeepseekV2TopkRouter(cfg)
+    groups = n_group if method == "group_limited_greedy" else 1
+    ours = SoftmaxGroupedTopK(
+        H, E, k, n_group=groups, topk_group=topk_group or 1, routed_scaling=scaling
+    )
+    weight, _, x = _inputs(k)
+    with torch.no_grad():
+        ref.weight.copy_(weight)
+        ours.weight.copy_(weight)
         _, w0, ids0 = ref(x)
         _same_routes(ours(x), (w0, ids0))
