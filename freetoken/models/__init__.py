@@ -47,6 +47,7 @@ ARCHITECTURES: dict[str, Arch] = {
         # config_from_gguf names the one a file is
         Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
         Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
+        Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
     )
 }
 
