@@ -49,6 +49,11 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
         Arch("minimax_m2", "freetoken.models.minimax_m2", "minimax-m2", "minimax-m2"),
         Arch("glm4_moe", "freetoken.models.glm4_moe", "glm4moe", "glm4moe"),
+        # llama.cpp's deepseek2 files of either DeepSeek are read by the first; its
+        # config_from_gguf names the one a file is
+        Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
+        Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
+        Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
     )
 }
 
