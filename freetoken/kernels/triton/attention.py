@@ -48,41 +48,49 @@ def decode_attention_kernel(
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
-    n_ctx = tl.load(lens_ptr + b)
-    if WINDOW > 0:
-        first = tl.maximum(n_ctx - WINDOW, 0)
-        per = tl.cdiv(tl.cdiv(n_ctx - first, SPLITS), BLOCK_N) * BLOCK_N
-        lo = first + split * per
-    else:
-        per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * per
-    hi = tl.minimum(lo + per, n_ctx)
+    lo, hi = _split_range(tl.load(lens_ptr + b), split, SPLITS, BLOCK_N, WINDOW)
     g = tl.arange(0, G_BLOCK)
     d = tl.arange(0, D)
     heads = b * H + kh * GROUP + g
     gmask = g < GROUP
     q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0)
-    m_i = tl.full((G_BLOCK,), float("-inf"), tl.float32)
-    l_i = tl.zeros((G_BLOCK,), tl.float32)
-    acc = tl.zeros((G_BLOCK, D), tl.float32)
-    merged = SPLITS  # rows per head of the split outputs
-    if sinks_ptr is not None:
-        sink = tl.load(sinks_ptr + kh * GROUP + g, mask=gmask, other=0.0).to(tl.float32)
-        if DIRECT:  # the sink as a first key of weight exp(sink) and value zero
-            m_i = sink
-            l_i = tl.full((G_BLOCK,), 1.0, tl.float32)
-        else:  # the merge's extra row, written once per head
-            merged = SPLITS + 1
-            if split == 0:
-                at = heads * merged + SPLITS
-                tl.store(lse_ptr + at, sink, mask=gmask)
-                zeros = tl.zeros((G_BLOCK, D), tl.float32)
-                tl.store(part_ptr + at[:, None] * D + d[None, :], zeros, mask=gmask[:, None])
+    hg = kh * GROUP + g  # the group's head numbers, of H
+    m_i, l_i, merged = _start_softmax(
+        sinks_ptr, part_ptr, lse_ptr, heads, hg, gmask, split, SPLITS, G_BLOCK, D, DIRECT
+    )
+    row = table_ptr + b * table_stride  # this sequence's pages
+    m_i, l_i, acc = _attend_range(
+        q, k_ptr, v_ptr, row, kh, KVH, lo, hi, scale, m_i, l_i, D, PAGE, BLOCK_N
+    )
+    _store_split(out_ptr, part_ptr, lse_ptr, acc, m_i, l_i, heads, gmask, split, merged, D, DIRECT)
+
+
+@triton.jit
+def _attend_range(
+    q,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    kh,
+    KVH,
+    lo,
+    hi,
+    scale,
+    m_i,
+    l_i,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Online softmax over context positions [lo, hi) of one sequence (`table_ptr` is its
+    row of the block table): the running max and sum, updated, and the weighted values."""
+    d = tl.arange(0, D)
+    acc = tl.zeros((q.shape[0], D), tl.float32)
     start = lo
     while start < hi:  # a loop with data-dependent bounds that Triton's interpreter also runs
         n = start + tl.arange(0, BLOCK_N)
         nmask = n < hi
-        page = tl.load(table_ptr + b * table_stride + n // PAGE, mask=nmask, other=0)
+        page = tl.load(table_ptr + n // PAGE, mask=nmask, other=0)
         rows = (page * PAGE + n % PAGE) * KVH + kh
         k = tl.load(k_ptr + rows[:, None] * D + d[None, :], mask=nmask[:, None], other=0.0)
         v = tl.load(v_ptr + rows[:, None] * D + d[None, :], mask=nmask[:, None], other=0.0)
@@ -95,7 +103,56 @@ def decode_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         start += BLOCK_N
-    _store_split(out_ptr, part_ptr, lse_ptr, acc, m_i, l_i, heads, gmask, split, merged, D, DIRECT)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_range(n_ctx, split, SPLITS, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """The context positions [lo, hi) this split reads: the last WINDOW of them, if set."""
+    if WINDOW > 0:
+        first = tl.maximum(n_ctx - WINDOW, 0)
+        per = tl.cdiv(tl.cdiv(n_ctx - first, SPLITS), BLOCK_N) * BLOCK_N
+        lo = first + split * per
+    else:
+        per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * per
+    return lo, tl.minimum(lo + per, n_ctx)
+
+
+@triton.jit
+def _start_softmax(
+    sinks_ptr,
+    part_ptr,
+    lse_ptr,
+    heads,
+    head_of,
+    gmask,
+    split,
+    SPLITS,
+    G_BLOCK: tl.constexpr,
+    D: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    """The running max and sum before the first key, and the rows per head of the split
+    outputs: with sinks, the sink is a first key of weight exp(sink) and value zero (one
+    split), or the merge's extra row, written once per head."""
+    m_i = tl.full((G_BLOCK,), float("-inf"), tl.float32)
+    l_i = tl.zeros((G_BLOCK,), tl.float32)
+    merged = SPLITS
+    if sinks_ptr is not None:
+        sink = tl.load(sinks_ptr + head_of, mask=gmask, other=0.0).to(tl.float32)
+        if DIRECT:
+            m_i = sink
+            l_i = tl.full((G_BLOCK,), 1.0, tl.float32)
+        else:
+            merged = SPLITS + 1
+            if split == 0:
+                d = tl.arange(0, D)
+                at = heads * merged + SPLITS
+                tl.store(lse_ptr + at, sink, mask=gmask)
+                zeros = tl.zeros((G_BLOCK, D), tl.float32)
+                tl.store(part_ptr + at[:, None] * D + d[None, :], zeros, mask=gmask[:, None])
+    return m_i, l_i, merged
 
 
 @triton.jit
