@@ -1,7 +1,9 @@
 """GGUF files written with the `gguf` package from a transformers model (the reference).
 
-Names come from gguf's own tensor-name map, not from FreeToken's, so the converter is
-checked against an independent mapping.
+Names come from gguf's own tensor-name map for the architecture, not from FreeToken's, so
+the converter is checked against an independent mapping; the metadata and the tensor
+transforms (the llama arch's q/k row permutation, experts stacked per layer) follow
+llama.cpp's converter for each architecture.
 """
 
 from __future__ import annotations
@@ -79,40 +81,131 @@ def _tokenizer_kv(w, tok_dir: Path) -> None:
     w.add_chat_template(cfg["chat_template"])
 
 
-def write_gguf(model, tok_dir: Path, out: Path, qtype: str = "F32") -> Path:
-    """The model's weights as a qwen3moe GGUF; expert (and large) tensors in `qtype`."""
-    import gguf
-
-    c = model.config
-    w = gguf.GGUFWriter(str(out), "qwen3moe")
-    w.add_block_count(c.num_hidden_layers)
+def _base_kv(w, c, block_count: int, rms_eps: float) -> None:
+    """The keys llama.cpp's converter writes for every decoder (TextModel's parameters)."""
+    w.add_block_count(block_count)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_expert_count(c.num_experts)
+    w.add_layer_norm_rms_eps(rms_eps)
+    experts = next(
+        getattr(c, k)
+        for k in ("num_local_experts", "num_experts", "n_routed_experts")
+        if hasattr(c, k)
+    )
+    w.add_expert_count(experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    _tokenizer_kv(w, tok_dir)
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3MOE, c.num_hidden_layers)
+    if getattr(c, "n_group", None) is not None:
+        w.add_expert_group_count(c.n_group)
+        w.add_expert_group_used_count(c.topk_group)
+    if getattr(c, "head_dim", None):
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+
+
+def _head_dim(c) -> int:
+    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+def _arch_kv(w, c, arch: str) -> None:
+    """The keys each architecture's converter class adds."""
+    import gguf
+
+    sigmoid = gguf.ExpertGatingFuncType.SIGMOID
+    if arch == "qwen3moe":
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    elif arch == "qwen2moe":
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    elif arch == "llama":
+        w.add_vocab_size(c.vocab_size)
+        w.add_rope_dimension_count(_head_dim(c))
+    elif arch == "minimax-m2":
+        w.add_expert_gating_func(sigmoid)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+        w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
+    elif arch == "glm4moe":
+        w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_count(c.n_shared_experts)
+        w.add_leading_dense_block_count(c.first_k_dense_replace)
+        w.add_expert_gating_func(sigmoid)
+        w.add_expert_weights_scale(c.routed_scaling_factor)
+        w.add_expert_weights_norm(c.norm_topk_prob)
+
+
+def permute_for_ggml_rope(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter interleaves each head's two halves of q/k rows for llama-arch
+    files (GGML's rope rotates adjacent pairs)."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _tensors(model, arch: str, block_count: int):
+    """(GGUF name, array) of every tensor, named by gguf's own map for the arch."""
+    import gguf
+
+    c = model.config
+    arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    name_map = gguf.get_tensor_name_map(arch_enum, block_count)
+
+    def gguf_name(hf: str) -> str:
+        found = name_map.get_name(hf, try_suffixes=(".weight", ".bias"))
+        if found is None:
+            raise KeyError(f"gguf's {arch} name map has no tensor for {hf}")
+        return found
+
     for name, t in model.state_dict().items():
         arr = t.detach().float().numpy()
-        if name.endswith("mlp.experts.gate_up_proj"):
-            layer = name.split(".")[2]
+        # as llama.cpp's converter does before looking names up
+        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            arr = permute_for_ggml_rope(arr, heads)
+        if name.endswith("experts.gate_up_proj"):
+            base = name.removesuffix(".gate_up_proj")
             gate, up = np.split(arr, 2, axis=1)
-            _add(w, f"blk.{layer}.ffn_gate_exps.weight", gate, qtype)
-            _add(w, f"blk.{layer}.ffn_up_exps.weight", up, qtype)
-            continue
-        if name.endswith("mlp.experts.down_proj"):
-            _add(w, f"blk.{name.split('.')[2]}.ffn_down_exps.weight", arr, qtype)
-            continue
-        gname = name_map.get_name(name, try_suffixes=(".weight",))
-        _add(w, gname, arr, qtype if arr.ndim == 2 and arr.shape[-1] % 256 == 0 else "F32")
+            yield gguf_name(f"{base}.gate_proj") + ".weight", gate
+            yield gguf_name(f"{base}.up_proj") + ".weight", up
+        elif name.endswith("experts.down_proj"):
+            yield gguf_name(name) + ".weight", arr
+        else:
+            yield gguf_name(name), arr
+
+
+def write_gguf(
+    model,
+    tok_dir: Path,
+    out: Path,
+    qtype: str = "F32",
+    arch: str = "qwen3moe",
+    nextn: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
+    and tensor names its converter writes (names from gguf's own map); expert (and large)
+    tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
+    (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
+    tensors by GGUF name."""
+    import gguf
+
+    c = model.config
+    w = gguf.GGUFWriter(str(out), arch)
+    # llama.cpp's OLMoE converter writes a fixed epsilon
+    _base_kv(w, c, c.num_hidden_layers, 1e-5 if arch == "olmoe" else c.rms_norm_eps)
+    _arch_kv(w, c, arch)
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
+    _tokenizer_kv(w, tok_dir)
+    for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
+        quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
+        _add(w, name, arr, qtype if quantize else "F32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -34,7 +34,7 @@ def convert_gguf(
     pieces: dict[tuple[int, str], list] = defaultdict(list)
     writer = Writer(out, shard_limit)
     try:
-        for _, t, key in gguf_file.keyed_tensors(reader, cls):
+        for _, t, key in gguf_file.keyed_tensors(reader, cls, config):
             if isinstance(key, ExpertKey):
                 pieces[(key.layer, key.bank)].append((t, key))
                 continue

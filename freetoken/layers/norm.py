@@ -34,9 +34,9 @@ def head_norm_rope(
     x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
     """x [T, heads, D]: each head normalised and scaled by weight [D], then rotated by
-    cos/sin [T, D]."""
+    cos/sin [T, R] (R < D: partial rotary, the first R dimensions; the kernel rotates all)."""
     T, heads, D = x.shape
-    if fused.usable(x, weight, cos, sin) and D == block(D) and D >= 2:
+    if fused.usable(x, weight, cos, sin) and D == block(D) and D >= 2 and cos.shape[-1] == D:
         from freetoken.kernels.triton import norm
 
         out = torch.empty_like(x)

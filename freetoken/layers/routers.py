@@ -12,7 +12,7 @@ from torch import nn
 from freetoken.kernels.triton import block
 from freetoken.layers import fused
 
-__all__ = ["Router", "SigmoidGroupedTopK", "TopKRouter"]
+__all__ = ["Router", "SigmoidGroupedTopK", "SoftmaxGroupedTopK", "TopKRouter"]
 
 
 class Router(nn.Module):
@@ -109,4 +109,39 @@ class SigmoidGroupedTopK(Router):
         weights = scores.gather(1, ids)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return (weights * self.routed_scaling).to(x.dtype), ids
+
+
+class SoftmaxGroupedTopK(Router):
+    """DeepSeek-V2 routing, in fp32: softmax over every expert's logit, then the top k of
+    them ("greedy"), or of the experts in the `topk_group` best of `n_group` groups, a group
+    scored by its best expert ("group_limited_greedy"); the weights are the chosen
+    probabilities times `routed_scaling`, not renormalised (as transformers computes it)."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        n_group: int = 1,
+        topk_group: int = 1,
+        routed_scaling: float = 1.0,
+    ):
+        super().__init__()
+        if num_experts % n_group:
+            raise ValueError(f"{num_experts} experts do not split into {n_group} groups")
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+        self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
+        self.routed_scaling = routed_scaling
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.linear(x.float(), self.weight.float()).softmax(dim=-1)  # [T, E]
+        if self.n_group > 1:
+            T, E = probs.shape
+            grouped = probs.view(T, self.n_group, E // self.n_group)
+            keep = grouped.amax(dim=-1).topk(self.topk_group, dim=-1, sorted=False)[1]
+            mask = torch.zeros((T, self.n_group), dtype=torch.bool, device=x.device)
+            probs = grouped.masked_fill(~mask.scatter_(1, keep, True)[:, :, None], 0.0).view(T, E)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1, sorted=False)
         return (weights * self.routed_scaling).to(x.dtype), ids

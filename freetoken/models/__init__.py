@@ -41,7 +41,20 @@ class Arch:
 
 ARCHITECTURES: dict[str, Arch] = {
     a.model_type: a
-    for a in (Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),)
+    for a in (
+        Arch("qwen3_moe", "freetoken.models.qwen3_moe", "qwen3moe", "qwen3moe"),
+        Arch("qwen2_moe", "freetoken.models.qwen2_moe", "qwen2moe", "qwen2moe"),
+        # llama.cpp writes Mixtral as llama with expert tensors, and Ollama names it so
+        Arch("mixtral", "freetoken.models.mixtral", "llama", "llama"),
+        Arch("olmoe", "freetoken.models.olmoe", "olmoe", "olmoe"),
+        Arch("minimax_m2", "freetoken.models.minimax_m2", "minimax-m2", "minimax-m2"),
+        Arch("glm4_moe", "freetoken.models.glm4_moe", "glm4moe", "glm4moe"),
+        # llama.cpp's deepseek2 files of either DeepSeek are read by the first; its
+        # config_from_gguf names the one a file is
+        Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
+        Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
+        Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
+    )
 }
 
 

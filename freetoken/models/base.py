@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 __all__ = [
     "ACTIVATIONS",
+    "GGUF_TENSORS",
     "ExpertKey",
     "ExpertSpec",
     "KVLayout",
@@ -31,6 +32,10 @@ __all__ = [
 #   silu            h = silu(g) · u                                   (SwiGLU)
 #   swiglu_clamped  g = min(g, limit), u = clamp(u, ±limit), h = (u + 1) · g · σ(alpha · g)
 ACTIVATIONS = ("silu", "swiglu_clamped")
+
+# The key under which `config_from_gguf`'s metadata also holds the file's tensor names: some
+# choices no metadata key states (GLM-4.5's q/k norms and biases) show in which tensors exist.
+GGUF_TENSORS = "freetoken.tensor_names"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +162,9 @@ class ModelFile(Protocol):
                               for a dense weight;
       dense_key(name)         the model's own name for a dense checkpoint tensor;
       gguf_key(name)          the model's name for a GGUF tensor, or its ExpertKey;
+      ignored(name, config)   a checkpoint tensor the model does not use (a
+                              multi-token-prediction layer after the last), skipped by
+                              the weight readers (optional: none where absent);
       tie_weights()           shares the embedding with the output head.
     Structure:
       args                    the parsed config (a frozen dataclass): `num_hidden_layers`,
@@ -187,6 +195,9 @@ class ModelFile(Protocol):
 
     @staticmethod
     def gguf_key(name: str) -> str | ExpertKey: ...
+
+    @classmethod
+    def ignored(cls, name: str, config: Mapping[str, Any]) -> bool: ...
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]: ...

@@ -1,12 +1,15 @@
-"""What the decoder-only model files share: embeddings, a stack of layers, the final norm
-and the output head, and the contract's defaults (models/base.py) built from the layers.
+"""What the decoder-only model files share: embeddings, a stack of pre-norm layers, the
+final norm and the output head, and the contract's defaults (models/base.py) built from the
+layers.
 
-A family subclasses `DecoderModel` and supplies its layers; everything here reads only the
-modules the family built (its `Experts` ops, its attention layers), never the family's name.
+A family subclasses `DecoderModel` and supplies its layers (`DecoderLayer` around its
+attention and MLP, or its own); everything here reads only the modules the family built
+(its `Experts` ops, its attention layers), never the family's name.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,14 +17,53 @@ import torch
 from torch import nn
 
 from freetoken.layers.moe import Experts
+from freetoken.layers.norm import RMSNorm
+from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models.base import ExpertSpec, KVLayout
+
+_LAYER = re.compile(r"(?:model\.layers|blk)\.(\d+)\.")
+
+
+class DecoderLayer(nn.Module):
+    """x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(x))."""
+
+    def __init__(self, self_attn: nn.Module, mlp: nn.Module, hidden: int, eps: float):
+        super().__init__()
+        self.self_attn, self.mlp = self_attn, mlp
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """embed_tokens, the layers, the final norm, and the rotary tables the layers share."""
+
+    def __init__(
+        self, vocab: int, hidden: int, layers: list[nn.Module], eps: float, rotary: RotaryEmbedding
+    ):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, hidden)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hidden, eps)
+        self.rotary = rotary
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, H]
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope)
+        return self.norm(x)
 
 
 class DecoderModel(nn.Module):
     """`model` (embed_tokens, layers, norm) and `lm_head`, as Hub checkpoints name them.
 
-    Subclasses set `args` and `model` in __init__ and define `layer_kv(i)`; each layer of
-    `model.layers` must read `layers.context` for its cache and run over a flat batch.
+    Subclasses set `args` and `model` in __init__; each layer of `model.layers` must read
+    `layers.context` for its cache and run over a flat batch. The KV layout defaults to
+    each layer's `self_attn` (heads, head dim, window).
     """
 
     args: Any
@@ -53,7 +95,15 @@ class DecoderModel(nn.Module):
         return [self.layer_kv(i) for i in range(self.args.num_hidden_layers)]
 
     def layer_kv(self, i: int) -> KVLayout:
-        raise NotImplementedError
+        attn = self.model.layers[i].self_attn
+        return KVLayout.attention(attn.n_kv_heads, attn.head_dim, window=attn.window)
+
+    @classmethod
+    def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:
+        """Tensors of layers past num_hidden_layers (Hub `model.layers.{i}.`, GGUF `blk.{i}.`):
+        the multi-token-prediction layers some checkpoints append, which no step runs."""
+        m = _LAYER.match(name)
+        return m is not None and int(m.group(1)) >= int(config["num_hidden_layers"])
 
     @staticmethod
     def dense_key(name: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["first", "num_experts", "rope_theta", "standard_info"]
+__all__ = ["first", "num_experts", "rope_parameters", "rope_theta", "standard_info"]
 
 
 def first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -21,6 +21,19 @@ def rope_theta(config: Mapping[str, Any], default: float = 10000.0) -> float:
     """`rope_theta` from either spelling: top-level (Hub) or `rope_parameters` (transformers 5)."""
     params = config.get("rope_parameters") or {}
     return float(first(config, "rope_theta", default=params.get("rope_theta", default)))
+
+
+def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The rope settings as one dict, from either spelling: `rope_scaling` beside a top-level
+    `rope_theta` (Hub) or `rope_parameters` (transformers 5); the kind under `rope_type` (or
+    the older `type`), `rope_theta` always set. A top-level `original_max_position_embeddings`
+    wins over the dict's, as transformers has it."""
+    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    params["rope_theta"] = rope_theta(config)
+    if config.get("original_max_position_embeddings"):
+        params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+    return params
 
 
 def num_experts(config: Mapping[str, Any]) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from freetoken import models
-from freetoken.models.base import ExpertKey
+from freetoken.models.base import GGUF_TENSORS, ExpertKey
 from freetoken.models.hub import num_experts
 from freetoken.weights import BankKey, ModelWeights, WeightsError
 from freetoken.weights.experts import assemble
@@ -60,8 +60,8 @@ def model_class(kv: dict[str, Any]) -> tuple[type, str]:
 
 def config_of(reader, kv: dict[str, Any]) -> dict[str, Any]:
     cls, arch = model_class(kv)
-    config = cls.config_from_gguf(kv, arch)
     names = {t.name for t in reader.tensors}
+    config = cls.config_from_gguf({**kv, GGUF_TENSORS: sorted(names)}, arch)
     config["vocab_size"] = (
         len(kv.get("tokenizer.ggml.tokens") or []) or _shape(reader, "token_embd.weight")[0]
     )
@@ -91,10 +91,15 @@ def tensor_of(t) -> torch.Tensor:
     return torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(shape)
 
 
-def keyed_tensors(reader, cls: type) -> Iterator[tuple[str, object, str | ExpertKey]]:
-    """Every tensor of the file with the model's key for it: a dense name or an ExpertKey."""
+def keyed_tensors(
+    reader, cls: type, config: dict[str, Any]
+) -> Iterator[tuple[str, object, str | ExpertKey]]:
+    """Every tensor of the file the model uses, with the model's key for it: a dense name
+    or an ExpertKey."""
+    ignored = getattr(cls, "ignored", None)
     for t in reader.tensors:
-        yield t.name, t, cls.gguf_key(t.name)
+        if ignored is None or not ignored(t.name, config):
+            yield t.name, t, cls.gguf_key(t.name)
 
 
 def banks_of(
@@ -127,7 +132,7 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
             "/".join(quantized),
         )
     pieces: dict[BankKey, list[tuple[object, ExpertKey]]] = defaultdict(list)
-    for _, t, key in keyed_tensors(reader, cls):
+    for _, t, key in keyed_tensors(reader, cls, weights.config):
         if isinstance(key, ExpertKey):
             pieces[(key.layer, key.bank)].append((t, key))
         else:

@@ -121,3 +121,17 @@ def test_the_build_calls_this_environments_ninja(monkeypatch, tmp_path):
     assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]
     config.prefer_tools_beside_python()  # once is enough
     assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]
+
+
+def test_checkouts_with_the_same_sources_share_one_build(tmp_path):
+    """ninja rebuilds when a source's path changes: the build compiles copies kept in the
+    build directory (keyed by the sources' content), so every checkout names the same paths."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "k.cpp").write_text("int f() { return 1; }\n")
+    build = tmp_path / "build"
+    build.mkdir()
+    first = cpu._sources_in(build, [a / "k.cpp"])
+    assert first == cpu._sources_in(build, [b / "k.cpp"]) == [str(build / "k.cpp")]
+    assert (build / "k.cpp").read_text() == (a / "k.cpp").read_text()

@@ -21,7 +21,53 @@ def _ptxas() -> bool:
 
 
 def _kernels():
-    return _dense_kernels() + _expert_kernels()
+    return _dense_kernels() + _expert_kernels() + _mla_kernels()
+
+
+def _mla_kernels():
+    from freetoken.kernels.triton import mla
+
+    out = []
+    for dt in ("bf16", "fp32"):
+        for direct in (True, False):
+            part = f"*{dt}" if direct else "*fp32"
+            out.append(
+                (
+                    mla.mla_decode_kernel,
+                    {
+                        "q_ptr": f"*{dt}",
+                        "pe_ptr": f"*{dt}",
+                        "pool_ptr": f"*{dt}",
+                        "table_ptr": "*i64",
+                        "lens_ptr": "*i64",
+                        "out_ptr": f"*{dt}",
+                        "part_ptr": part,
+                        "lse_ptr": part,
+                        "scale": "fp32",
+                        "table_stride": "i64",
+                        "H": "i32",
+                        "SPLITS": "i32",
+                    },
+                    {
+                        "R": 512,
+                        "R_BLOCK": 512,
+                        "P": 64,
+                        "P_BLOCK": 64,
+                        "HB": 16,
+                        "PAGE": 16,
+                        "BLOCK_N": 16,
+                        "DIRECT": direct,
+                    },
+                )
+            )
+        out.append(
+            (
+                mla.mla_merge_kernel,
+                {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": f"*{dt}", "SPLITS": "i32"},
+                {"R": 512, "R_BLOCK": 512, "S_BLOCK": 4},
+            )
+        )
+    return out
 
 
 def _expert_kernels():
@@ -103,40 +149,46 @@ def _dense_kernels():
     return out
 
 
+# decode attention's options: (window, sinks); (0, False) is the plain kernel
+ATTENTION_OPTIONS = [(0, False), (4096, False), (0, True), (128, True)]
+
+
 def _attention(dt: str):
     from freetoken.kernels.triton import attention
 
     out = []
     for direct in (True, False):
         part = f"*{dt}" if direct else "*fp32"
-        out.append(
-            (
-                attention.decode_attention_kernel,
-                {
-                    "q_ptr": f"*{dt}",
-                    "k_ptr": f"*{dt}",
-                    "v_ptr": f"*{dt}",
-                    "table_ptr": "*i64",
-                    "lens_ptr": "*i64",
-                    "out_ptr": f"*{dt}",
-                    "part_ptr": part,
-                    "lse_ptr": part,
-                    "scale": "fp32",
-                    "table_stride": "i64",
-                    "H": "i32",
-                    "KVH": "i32",
-                    "SPLITS": "i32",
-                },
-                {
-                    "GROUP": 8,
-                    "G_BLOCK": 16,
-                    "D": 128,
-                    "PAGE": 16,
-                    "BLOCK_N": 64,
-                    "DIRECT": direct,
-                },
-            )
-        )
+        for window, sinks in ATTENTION_OPTIONS:
+            sig = {
+                "q_ptr": f"*{dt}",
+                "k_ptr": f"*{dt}",
+                "v_ptr": f"*{dt}",
+                "table_ptr": "*i64",
+                "lens_ptr": "*i64",
+                "out_ptr": f"*{dt}",
+                "part_ptr": part,
+                "lse_ptr": part,
+                "scale": "fp32",
+                "table_stride": "i64",
+                "H": "i32",
+                "KVH": "i32",
+                "SPLITS": "i32",
+            }
+            consts = {
+                "GROUP": 8,
+                "G_BLOCK": 16,
+                "D": 128,
+                "PAGE": 16,
+                "BLOCK_N": 64,
+                "DIRECT": direct,
+                "WINDOW": window,
+            }
+            if sinks:
+                sig["sinks_ptr"] = f"*{dt}"
+            else:
+                consts["sinks_ptr"] = None  # no sinks: the argument is compiled out
+            out.append((attention.decode_attention_kernel, sig, consts))
     return out
 
 

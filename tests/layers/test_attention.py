@@ -1,6 +1,7 @@
 """Decode attention read from the paged pool in place, and the KV write, against the torch
 code they replace (gather the padded contexts, masked SDPA; indexed stores): on a GPU
-through the layer's own entry points, and on the CPU by Triton's interpreter."""
+through the layer's own entry points, and on the CPU by Triton's interpreter. Sliding
+windows and sinks are checked in test_attention_options.py."""
 
 import importlib.util
 import os

@@ -98,3 +98,62 @@ def policies_match_resident(path: Path, num_experts: int, moe_layers: int) -> No
         assert rel(full_logits(streamed, PROMPT), ref) <= 1e-5
         (seq,) = generate(streamed, [PROMPT], 12)
         assert seq.output_ids == want.output_ids
+
+
+def fixed_shape_decode_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> None:
+    """Decode through the fixed-shape step (DecodeView: padded contexts masked by length,
+    the path CUDA graphs capture), run eagerly: transformers' tokens."""
+    (seq,) = generate(make_engine(path, graphs="eager"), [prompt], n)
+    assert seq.output_ids == fixtures.hf_greedy(hf, prompt, n)
+
+
+def gguf_matches(path: Path, hf, work: Path, arch: str, prompt=PROMPT) -> None:
+    """The model written as llama.cpp's converter writes `arch` (F32), converted to FTW and
+    loaded bare: transformers' logits and greedy tokens."""
+    from freetoken.ftw.convert import convert
+    from freetoken.runtime import loader
+    from tests.fixtures_gguf import write_gguf
+
+    gguf = write_gguf(hf, path, work / "m.gguf", "F32", arch=arch)
+    engine = make_engine(convert(gguf, work / "ftw"))
+    assert rel(full_logits(engine, prompt), fixtures.hf_logits(hf, prompt)) <= 1e-4
+    (seq,) = generate(engine, [prompt], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, prompt, 16)
+    files = loader.with_gguf_metadata({"m.gguf": gguf}, work / "meta")
+    bare = loader.load(files, "cpu")
+    assert type(bare.model).__module__ == type(engine.model).__module__
+
+
+def rerandomize_with_biases(model: torch.nn.Module, seed: int) -> None:
+    """fixtures.rerandomize, then every bias (projection biases, and routers' correction
+    biases, which transformers keeps as buffers) ~ 0.1·randn: centred, as trained biases
+    are, rather than around 1 as norm weights."""
+    fixtures.rerandomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith("bias"):
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+
+
+def hub_spelling(config: dict, **extra) -> dict:
+    """A transformers 5 config.json in the spelling Hub checkpoints use: rope_theta (and a
+    partial rotary factor) at the top level instead of rope_parameters, plus `extra`."""
+    c = {k: v for k, v in config.items() if k != "rope_parameters"}
+    params = config.get("rope_parameters") or {}
+    c["rope_theta"] = params["rope_theta"]
+    if "partial_rotary_factor" in params:
+        c["partial_rotary_factor"] = params["partial_rotary_factor"]
+    return {**c, **extra}
+
+
+def gpu_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> None:
+    """On a GPU (fp32) with the fused kernels and captured CUDA graphs: transformers' logits
+    and tokens, alone and batched."""
+    engine = make_engine(path, device="cuda", graphs="capture")
+    assert rel(full_logits(engine, prompt), fixtures.hf_logits(hf, prompt)) <= 1e-4
+    (seq,) = generate(engine, [prompt], n)
+    assert seq.output_ids == fixtures.hf_greedy(hf, prompt, n)
+    prompts = [prompt[:5], LONG]  # batched, and a prefill longer than a decode step
+    for p, s in zip(prompts, generate(engine, prompts, n)):
+        assert s.output_ids == fixtures.hf_greedy(hf, p, n)

@@ -49,6 +49,21 @@ def _build_dir(sources: list[Path]) -> Path:
     return d
 
 
+def _sources_in(build: Path, sources: list[Path]) -> list[str]:
+    """The sources, copied into the build directory: ninja rebuilds when a source's path
+    changes, and checkouts with the same sources (the directory is keyed by their content)
+    would otherwise rebuild each other's kernel, a minute or more each time."""
+    out = []
+    for src in sources:
+        dst = build / src.name
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            tmp = dst.with_suffix(".tmp")
+            tmp.write_bytes(src.read_bytes())
+            tmp.replace(dst)
+        out.append(str(dst))
+    return out
+
+
 @contextlib.contextmanager
 def _exclusive(build: Path) -> Iterator[None]:
     """One build at a time in `build`, across processes. The lock is the kernel's (flock), so
@@ -85,7 +100,7 @@ def extension():
                 with _exclusive(build):
                     _ext = load(
                         name="freetoken_cpu_moe",
-                        sources=[str(s) for s in srcs],
+                        sources=_sources_in(build, srcs),
                         build_directory=str(build),
                         extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
                         extra_ldflags=["-fopenmp"],

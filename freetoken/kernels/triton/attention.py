@@ -6,6 +6,12 @@ through the block table and stop at each sequence's length. One program serves a
 and the query heads that share it (grouped-query attention), so K and V are read once for
 the group. Long contexts are cut into splits, each a program, merged by a second kernel
 through each split's log-sum-exp.
+
+Options compiled in only where a layer has them (constexpr; off, the kernel is the plain
+one): WINDOW > 0 reads each sequence's last WINDOW positions alone; `sinks_ptr` (None: no
+sinks) adds a logit per query head to the softmax's denominator, once: in the direct path
+as the running maximum and sum's start, with splits as one more term of the merge (a row
+whose log-sum-exp is the sink and whose output is zero, so the merge kernel is unchanged).
 """
 
 import triton
@@ -22,6 +28,7 @@ def decode_attention_kernel(
     out_ptr,
     part_ptr,
     lse_ptr,
+    sinks_ptr,
     scale,
     table_stride,
     H,
@@ -33,16 +40,22 @@ def decode_attention_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
-    """q [B, H, D]; k/v pools [slots, KVH, D]; table [B, pages]; lens [B]. DIRECT: write the
-    output [B, H, D]; else this split's normalised output [B, H, SPLITS, D] and its
-    log-sum-exp [B, H, SPLITS]."""
+    """q [B, H, D]; k/v pools [slots, KVH, D]; table [B, pages]; lens [B]; sinks [H] or None.
+    DIRECT: write the output [B, H, D]; else this split's normalised output [B, H, R, D] and
+    its log-sum-exp [B, H, R], R = SPLITS (+ 1 for the sinks' row)."""
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     split = tl.program_id(2)
     n_ctx = tl.load(lens_ptr + b)
-    per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per
+    if WINDOW > 0:
+        first = tl.maximum(n_ctx - WINDOW, 0)
+        per = tl.cdiv(tl.cdiv(n_ctx - first, SPLITS), BLOCK_N) * BLOCK_N
+        lo = first + split * per
+    else:
+        per = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * per
     hi = tl.minimum(lo + per, n_ctx)
     g = tl.arange(0, G_BLOCK)
     d = tl.arange(0, D)
@@ -52,6 +65,19 @@ def decode_attention_kernel(
     m_i = tl.full((G_BLOCK,), float("-inf"), tl.float32)
     l_i = tl.zeros((G_BLOCK,), tl.float32)
     acc = tl.zeros((G_BLOCK, D), tl.float32)
+    merged = SPLITS  # rows per head of the split outputs
+    if sinks_ptr is not None:
+        sink = tl.load(sinks_ptr + kh * GROUP + g, mask=gmask, other=0.0).to(tl.float32)
+        if DIRECT:  # the sink as a first key of weight exp(sink) and value zero
+            m_i = sink
+            l_i = tl.full((G_BLOCK,), 1.0, tl.float32)
+        else:  # the merge's extra row, written once per head
+            merged = SPLITS + 1
+            if split == 0:
+                at = heads * merged + SPLITS
+                tl.store(lse_ptr + at, sink, mask=gmask)
+                zeros = tl.zeros((G_BLOCK, D), tl.float32)
+                tl.store(part_ptr + at[:, None] * D + d[None, :], zeros, mask=gmask[:, None])
     start = lo
     while start < hi:  # a loop with data-dependent bounds that Triton's interpreter also runs
         n = start + tl.arange(0, BLOCK_N)
@@ -69,7 +95,7 @@ def decode_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
         start += BLOCK_N
-    _store_split(out_ptr, part_ptr, lse_ptr, acc, m_i, l_i, heads, gmask, split, SPLITS, D, DIRECT)
+    _store_split(out_ptr, part_ptr, lse_ptr, acc, m_i, l_i, heads, gmask, split, merged, D, DIRECT)
 
 
 @triton.jit
@@ -83,11 +109,12 @@ def _store_split(
     heads,
     gmask,
     split,
-    SPLITS,
+    ROWS,
     D: tl.constexpr,
     DIRECT: tl.constexpr,
 ):
-    """The output of one split: final where there is one split, else with its log-sum-exp."""
+    """The output of one split: final where there is one split, else with its log-sum-exp
+    (ROWS of them per head)."""
     d = tl.arange(0, D)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a split past the length has nothing
     if DIRECT:
@@ -97,7 +124,7 @@ def _store_split(
             mask=gmask[:, None],
         )
     else:
-        at = heads * SPLITS + split
+        at = heads * ROWS + split
         tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=gmask[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         tl.store(lse_ptr + at, lse, mask=gmask)
