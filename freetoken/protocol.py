@@ -50,7 +50,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 
 
 # fields beyond what Ollama's generate and chat carry: on the wire only where they are set
-_EXTRAS = frozenset({"tool_choice", "logprobs", "top_logprobs", "images", "stream_tool_calls"})
+_EXTRAS = frozenset({"tool_choice", "logprobs", "top_logprobs", "images"})
 
 
 @dataclass(frozen=True)
