@@ -35,6 +35,7 @@ from freetoken.api.types import (
     reduce_chat,
     reduce_generate,
 )
+from freetoken.protocol import CompletionRequest
 from freetoken.server.residency import default_num_ctx
 from freetoken.server.runner import RunnerError, RunnerSpec, refusal
 from freetoken.store import ModelView
@@ -98,7 +99,7 @@ async def _load_or_unload(svc: Services, plan: Plan, keep_alive: float | None) -
 
 
 async def events(
-    svc: Services, plan: Plan, keep_alive: float | None, body: dict[str, Any]
+    svc: Services, plan: Plan, keep_alive: float | None, body: CompletionRequest
 ) -> AsyncIterator[dict[str, Any]]:
     """The runner's events; the done event gains `total_ns` and `load_ns`."""
     start = time.monotonic_ns()
@@ -117,13 +118,13 @@ async def events(
         lease.release()
 
 
-async def count_tokens(svc: Services, plan: Plan, body: dict[str, Any]) -> int:
+async def count_tokens(svc: Services, plan: Plan, body: CompletionRequest) -> int:
     """The prompt length of a runner request, rendered and tokenized by the runner itself."""
     lease = await svc.residency.acquire(plan.view, plan.spec, None)
     transport = httpx.AsyncHTTPTransport(uds=str(lease.runner.socket))
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://runner") as client:
-            r = await client.post("/tokenize", json=body, timeout=60.0)
+            r = await client.post("/tokenize", json=body.to_json(), timeout=60.0)
     except httpx.TransportError as e:
         raise RunnerError(f"lost the connection to the model runner: {e}") from None
     finally:
@@ -169,25 +170,23 @@ async def _chat_chunks(
             yield final | metrics(event, event["total_ns"], event["load_ns"])
 
 
-def generate_body(plan: Plan, req: GenerateRequest, **extra: Any) -> dict[str, Any]:
-    """The runner's /completion request for a generate; `extra` adds fields beyond Ollama's."""
+def generate_body(plan: Plan, req: GenerateRequest, **extra: Any) -> CompletionRequest:
+    """The runner's /completion request for a generate; `extra` sets fields beyond Ollama's."""
     view = plan.view
-    return {
-        "kind": "generate",
-        "messages": None,
-        "prompt": req.prompt,
-        "suffix": req.suffix,
-        "system": None if req.raw else (req.system if req.system is not None else view.system),
-        "raw": req.raw,
-        "template": None if req.raw else (req.template or view.template),
-        "tools": None,
-        "think": req.think,
-        "format": req.format,
-        "context": req.context,
-        "truncate": True if req.truncate is None else req.truncate,
-        "options": plan.options,
+    return CompletionRequest(
+        kind="generate",
+        prompt=req.prompt,
+        suffix=req.suffix,
+        system=None if req.raw else (req.system if req.system is not None else view.system),
+        raw=req.raw,
+        template=None if req.raw else (req.template or view.template),
+        think=req.think,
+        format=req.format,
+        context=req.context,
+        truncate=True if req.truncate is None else req.truncate,
+        options=plan.options,
         **extra,
-    }
+    )
 
 
 @handler
@@ -220,24 +219,19 @@ def chat_messages(view: ModelView, messages: list[dict[str, Any]]) -> list[dict[
     return out
 
 
-def chat_body(plan: Plan, req: ChatRequest, **extra: Any) -> dict[str, Any]:
-    """The runner's /completion request for a chat; `extra` adds fields beyond Ollama's."""
-    return {
-        "kind": "chat",
-        "messages": chat_messages(plan.view, req.messages),
-        "prompt": None,
-        "suffix": None,
-        "system": None,
-        "raw": False,
-        "template": plan.view.template,
-        "tools": req.tools,
-        "think": req.think,
-        "format": req.format,
-        "context": None,
-        "truncate": True if req.truncate is None else req.truncate,
-        "options": plan.options,
+def chat_body(plan: Plan, req: ChatRequest, **extra: Any) -> CompletionRequest:
+    """The runner's /completion request for a chat; `extra` sets fields beyond Ollama's."""
+    return CompletionRequest(
+        kind="chat",
+        messages=chat_messages(plan.view, req.messages),
+        template=plan.view.template,
+        tools=req.tools,
+        think=req.think,
+        format=req.format,
+        truncate=True if req.truncate is None else req.truncate,
+        options=plan.options,
         **extra,
-    }
+    )
 
 
 @handler

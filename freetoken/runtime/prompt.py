@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from freetoken.chat import template as chat_template
+from freetoken.protocol import CompletionRequest
 from freetoken.runtime.tokenizer import Tokenizer
 
 
@@ -26,11 +27,11 @@ class Prompt:
     truncated: bool = False
 
 
-def _messages_for_generate(req: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages_for_generate(req: CompletionRequest) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = []
-    if req.get("system"):
-        msgs.append({"role": "system", "content": req["system"]})
-    msgs.append({"role": "user", "content": req.get("prompt") or ""})
+    if req.system:
+        msgs.append({"role": "system", "content": req.system})
+    msgs.append({"role": "user", "content": req.prompt or ""})
     return msgs
 
 
@@ -53,35 +54,35 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.template = template or tokenizer.chat_template
 
-    def render(self, messages: list[dict[str, Any]], req: dict[str, Any]) -> str:
-        source = req.get("template") or self.template
+    def render(self, messages: list[dict[str, Any]], req: CompletionRequest) -> str:
+        source = req.template or self.template
         if not source:
             # No template at all: plain concatenation, so base models still complete text.
             return "".join(m["content"] for m in messages)
-        generate = req.get("kind") == "generate"
+        generate = req.is_generate
         return chat_template.render_any(
             source,
             messages,
-            tools=req.get("tools"),
-            think=req.get("think"),
+            tools=req.tools,
+            think=req.think,
             bos_token=self.tokenizer.bos_token,
             eos_token=self.tokenizer.eos_token,
-            prompt=req.get("prompt") if generate else None,
-            suffix=req.get("suffix") if generate else None,
+            prompt=req.prompt if generate else None,
+            suffix=req.suffix if generate else None,
         )
 
-    def build(self, req: dict[str, Any], num_ctx: int) -> Prompt:
-        truncate = req.get("truncate", True) is not False
-        num_keep = int((req.get("options") or {}).get("num_keep", 4))
-        if req.get("kind") == "generate":
-            prefix = list(req.get("context") or [])
-            if req.get("raw"):
-                text = req.get("prompt") or ""
+    def build(self, req: CompletionRequest, num_ctx: int) -> Prompt:
+        truncate = req.truncate
+        num_keep = int(req.options.get("num_keep", 4))
+        if req.is_generate:
+            prefix = list(req.context or [])
+            if req.raw:
+                text = req.prompt or ""
             else:
                 text = self.render(_messages_for_generate(req), req)
             ids = prefix + self.tokenizer.encode(text)
             return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
-        messages = _clean(req.get("messages") or [])
+        messages = _clean(req.messages or [])
         text = self.render(messages, req)
         ids = self.tokenizer.encode(text)
         if len(ids) >= num_ctx and truncate:
@@ -89,7 +90,7 @@ class PromptBuilder:
         return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
 
     def _drop_messages(
-        self, messages: list[dict[str, Any]], req: dict[str, Any], num_ctx: int
+        self, messages: list[dict[str, Any]], req: CompletionRequest, num_ctx: int
     ) -> tuple[str, list[int]]:
         kept = list(messages)
         while True:

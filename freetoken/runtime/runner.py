@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from freetoken import config as settings
+from freetoken.protocol import CompletionRequest, ProtocolError
 from freetoken.runtime.service import ModelService, RequestError
 
 log = logging.getLogger("freetoken.runner")
@@ -53,6 +54,8 @@ def _endpoint(handle: Callable[[dict[str, Any], asyncio.AbstractEventLoop], Any]
             return JSONResponse({"error": f"invalid JSON: {e}"}, status_code=400)
         except RequestError as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
+        except ProtocolError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
         return result if isinstance(result, Response) else JSONResponse(result)
 
     return route
@@ -66,7 +69,7 @@ def build_app(service: ModelService) -> Starlette:
         return JSONResponse(service.stats())
 
     def completion(body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Response:
-        handle = service.start(body, loop)
+        handle = service.start(CompletionRequest.from_json(body), loop)
         return StreamingResponse(_ndjson(service, handle), media_type="application/x-ndjson")
 
     routes = [
@@ -75,7 +78,11 @@ def build_app(service: ModelService) -> Starlette:
         Route("/completion", _endpoint(completion), methods=["POST"]),
         Route("/resize", _endpoint(lambda body, _: service.resize(body)), methods=["POST"]),
         Route("/embed", _endpoint(lambda body, _: service.embed(body)), methods=["POST"]),
-        Route("/tokenize", _endpoint(lambda body, _: service.tokenize(body)), methods=["POST"]),
+        Route(
+            "/tokenize",
+            _endpoint(lambda body, _: service.tokenize(CompletionRequest.from_json(body))),
+            methods=["POST"],
+        ),
     ]
     return Starlette(routes=routes)
 

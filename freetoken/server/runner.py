@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from freetoken.protocol import CompletionRequest
+
 __all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
 
 log = logging.getLogger(__name__)
@@ -228,8 +230,11 @@ class Runner:
         self.info["expert_cache_bytes"] = result.get("bytes")
         return result
 
-    async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Streams the runner's events for one request; raises RunnerError on any failure.
+    async def completion(
+        self, request: CompletionRequest | dict[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Streams the runner's events for one request (a dict is sent as the protocol's raw
+        JSON); raises RunnerError on any failure.
 
         Closing the iterator early closes the connection, which cancels the request in the
         runner.
@@ -237,6 +242,7 @@ class Runner:
         if not self.alive:
             raise self._died("is not running")
         try:
+            body = request.to_json() if isinstance(request, CompletionRequest) else request
             async with self._client.stream("POST", "/completion", json=body) as r:
                 if r.status_code != 200:
                     raise refusal(r.status_code, await r.aread())

@@ -11,6 +11,7 @@ import ollama
 import pytest
 
 from freetoken.api import completion
+from freetoken.protocol import CompletionRequest
 from freetoken.server.runner import RunnerError
 from freetoken.store import Store
 from tests.server.harness import LiveServer, add_model, make_config
@@ -80,9 +81,9 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[dict[str, Any]
         bodies: list[dict[str, Any]] = []
 
         async def scripted(
-            svc: Any, plan: Any, keep_alive: Any, body: dict[str, Any]
+            svc: Any, plan: Any, keep_alive: Any, body: CompletionRequest
         ) -> AsyncIterator[dict[str, Any]]:
-            bodies.append(body)
+            bodies.append(body.to_json())  # as the runner would receive it
             for ev in events:
                 await asyncio.sleep(pause)
                 if "raise" in ev:

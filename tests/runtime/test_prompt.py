@@ -2,9 +2,14 @@ from __future__ import annotations
 
 import pytest
 
+from freetoken.protocol import CompletionRequest
 from freetoken.runtime.prompt import PromptBuilder, PromptError
 from freetoken.runtime.tokenizer import Tokenizer
 from tests.runtime.engine_util import files_of
+
+
+def build(builder: PromptBuilder, body: dict, num_ctx: int):
+    return builder.build(CompletionRequest.from_json(body), num_ctx)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +27,7 @@ def _chat(n):
 
 
 def test_chat_renders_the_template(builder):
-    p = builder.build({"kind": "chat", "messages": _chat(0)}, 512)
+    p = build(builder, {"kind": "chat", "messages": _chat(0)}, 512)
     assert p.text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nlast question<|im_end|>\n"
         "<|im_start|>assistant\n"
@@ -31,8 +36,8 @@ def test_chat_renders_the_template(builder):
 
 
 def test_long_chat_drops_oldest_messages_but_keeps_system_and_last(builder):
-    full = builder.build({"kind": "chat", "messages": _chat(20)}, 100000)
-    p = builder.build({"kind": "chat", "messages": _chat(20)}, len(full.ids) // 2)
+    full = build(builder, {"kind": "chat", "messages": _chat(20)}, 100000)
+    p = build(builder, {"kind": "chat", "messages": _chat(20)}, len(full.ids) // 2)
     assert len(p.ids) < len(full.ids) // 2
     assert p.text.startswith("<|im_start|>system\nBe brief.")
     assert "last question" in p.text
@@ -41,13 +46,14 @@ def test_long_chat_drops_oldest_messages_but_keeps_system_and_last(builder):
 
 def test_truncate_false_is_an_error(builder):
     with pytest.raises(PromptError, match="exceeds the context length"):
-        builder.build({"kind": "chat", "messages": _chat(20), "truncate": False}, 64)
+        build(builder, {"kind": "chat", "messages": _chat(20), "truncate": False}, 64)
 
 
 def test_generate_raw_is_verbatim_and_truncates_keeping_num_keep(builder):
-    p = builder.build({"kind": "generate", "prompt": "hello world " * 50, "raw": True}, 100000)
+    p = build(builder, {"kind": "generate", "prompt": "hello world " * 50, "raw": True}, 100000)
     assert builder.tokenizer.decode(p.ids) == "hello world " * 50
-    short = builder.build(
+    short = build(
+        builder,
         {
             "kind": "generate",
             "prompt": "hello world " * 50,
@@ -61,8 +67,8 @@ def test_generate_raw_is_verbatim_and_truncates_keeping_num_keep(builder):
 
 
 def test_generate_with_system_and_context(builder):
-    p = builder.build(
-        {"kind": "generate", "prompt": "hi", "system": "S", "context": [1, 2, 3]}, 512
+    p = build(
+        builder, {"kind": "generate", "prompt": "hi", "system": "S", "context": [1, 2, 3]}, 512
     )
     assert p.ids[:3] == [1, 2, 3]
     assert (
@@ -73,7 +79,8 @@ def test_generate_with_system_and_context(builder):
 
 def test_images_are_rejected_for_text_models(builder):
     with pytest.raises(PromptError, match="images"):
-        builder.build(
+        build(
+            builder,
             {"kind": "chat", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
             512,
         )

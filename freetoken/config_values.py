@@ -1,0 +1,161 @@
+"""How settings' values are written: hosts, durations, sizes, booleans, lists, GPU sets,
+and the checks each setting's parser applies. Pure parsing: nothing here reads the
+environment (config.py does, and only it)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        # Clients cannot connect to the wildcard address; they use loopback instead.
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def parse_host(value: str) -> Host:
+    """Accepts `host`, `host:port`, `:port`, `scheme://host:port[/path]` like Ollama."""
+    value = value.strip()
+    scheme, port = "http", 11434
+    m = re.match(r"^(https?)://(.*)$", value)
+    if m:
+        scheme, value = m.group(1), m.group(2)
+        port = 443 if scheme == "https" else 80
+    value = value.split("/", 1)[0]
+    host = value
+    m = re.match(r"^\[([^\]]*)\](?::(\d+))?$", value) or re.match(r"^([^:]*)(?::(\d+))?$", value)
+    if not m:
+        raise ValueError(f"cannot parse host {value!r}")
+    host = m.group(1) or "127.0.0.1"
+    if m.group(2):
+        port = int(m.group(2))
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range")
+    return Host(scheme, host, port)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number (seconds) or a Go duration string ("5m", "1h30m", "-1").
+
+    A negative result means "forever", as in Ollama's keep_alive.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(body) or not body:
+        raise ValueError(f"invalid duration {value!r}")
+    return sign * total
+
+
+def parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+def parse_size(value: str) -> int:
+    """Bytes from `123`, `8GiB`, `512MB`, `1.5G` (binary units for G/M/K)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*", value, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"expected a size like 8GiB, got {value!r}")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(float(m.group(1)) * scale)
+
+
+def _choice(*names: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        v = value.strip().lower()
+        if v not in names:
+            raise ValueError(f"expected one of {', '.join(names)}, got {value!r}")
+        return v
+
+    return parse
+
+
+def _nonneg_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError(f"expected a number >= 0, got {value!r}")
+    return n
+
+
+def _pos_int(value: str) -> int:
+    n = int(value)
+    if n <= 0:
+        raise ValueError(f"expected a number > 0, got {value!r}")
+    return n
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def _gpus(value: str) -> str | tuple[int, ...]:
+    """ "auto", a list of CUDA device indices ("0,1"), or "cpu:N" (N ranks on the CPU)."""
+    v = value.strip().lower()
+    if v == "auto":
+        return v
+    m = re.fullmatch(r"cpu:(\d+)", v)
+    if m:
+        if int(m.group(1)) < 1:
+            raise ValueError(f"expected at least one CPU rank, got {value!r}")
+        return f"cpu:{int(m.group(1))}"
+    try:
+        ids = tuple(int(p) for p in v.split(","))
+    except ValueError:
+        raise ValueError(
+            f"expected auto, a list of GPU indices like 0,1, or cpu:N, got {value!r}"
+        ) from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"expected distinct GPU indices >= 0, got {value!r}")
+    return ids
+
+
+def _registry(value: str) -> str:
+    """A registry address as model names carry it (empty: Ollama's registry)."""
+    v = value.strip().rstrip("/")
+    if v and not re.fullmatch(r"(?:https?://)?[A-Za-z0-9_][A-Za-z0-9_.:-]*", v):
+        raise ValueError(f"expected host[:port] or http(s)://host[:port], got {value!r}")
+    return v
+
+
+def _path(value: str) -> Path:
+    return Path(value).expanduser()
