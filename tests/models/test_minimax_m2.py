@@ -17,6 +17,14 @@ from freetoken.models import minimax_m2
 from tests import fixtures
 from tests.models import family
 
+# transformers 5.17 (on the GPU machine) builds a different MiniMax-M2 from the same config
+# (its logits differ from 5.24's by 35 %, on the CPU as on the GPU): the reference is 5.24's
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(
+    tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24),
+    reason=f"the reference is transformers 5.24's MiniMax-M2 (installed: {transformers.__version__})",
+)
+
 CONFIG = dict(
     hidden_size=64,
     intermediate_size=32,
