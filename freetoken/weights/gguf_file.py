@@ -96,9 +96,8 @@ def keyed_tensors(
 ) -> Iterator[tuple[str, object, str | ExpertKey]]:
     """Every tensor of the file the model uses, with the model's key for it: a dense name
     or an ExpertKey."""
-    ignored = getattr(cls, "ignored", None)
     for t in reader.tensors:
-        if ignored is None or not ignored(t.name, config):
+        if not cls.ignored(t.name, config):
             yield t.name, t, cls.gguf_key(t.name)
 
 

@@ -45,7 +45,7 @@ class Checkpoint:
 
     `model_cls` is the model file's `Model` (models/base.py, ModelFile): its `expert_key`
     says which tensors are expert pieces, `dense_key` what the model calls the others and
-    `ignored` (where it has one) which it does not use.
+    `ignored` which it does not use.
     """
 
     def __init__(self, files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None):
@@ -57,11 +57,10 @@ class Checkpoint:
         self.handles: dict[str, object] = {}
         self.dense: list[str] = []
         self.pieces: dict[BankKey, list[tuple[str, ExpertKey]]] = defaultdict(list)
-        ignored = getattr(model_cls, "ignored", None)
         for path in safetensors_files(files):
             f = self._stack.enter_context(safe_open(str(path), framework="pt"))
             for name in f.keys():
-                if ignored is not None and ignored(name, self.config):
+                if model_cls.ignored(name, self.config):
                     continue
                 self.handles[name] = f
                 key = model_cls.expert_key(name)
