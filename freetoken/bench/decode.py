@@ -22,6 +22,7 @@ from freetoken import config
 from freetoken.bench import common, routing, synthmodel
 from freetoken.bench.stepper import PROMPT, Bench, measure_bandwidths, placement, profile_steps
 from freetoken.layers import fused
+from freetoken.models.hub import num_experts
 from freetoken.moe.dispatch import Split
 from freetoken.moe.policy import POLICIES
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                 "optionally :host, :lane or :nolane"
             )
     cuda = torch.cuda.is_available()
-    if not cuda and args.model != "tiny":
+    if not cuda and not args.model.startswith("tiny"):
         raise SystemExit("bench decode needs a CUDA device for full-size models")
     dev = torch.device("cuda" if cuda else "cpu")
     fused.ENABLED = config.current().fused_kernels  # as the runner sets it
@@ -139,7 +140,7 @@ def run_mode(
     if mode in ("trace", "uniform"):
         c = bench.sm.config
         kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
-        tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
+        tr = routing.Trace(c["num_hidden_layers"], num_experts(c), c["num_experts_per_tok"], **kw)
         bench.routes = routing.install_trace(
             bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device
         )

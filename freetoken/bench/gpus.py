@@ -27,6 +27,7 @@ from freetoken.bench.prefill import prefill_seconds
 from freetoken.bench.stepper import Bench
 from freetoken.ftw import INDEX
 from freetoken.ftw.writer import Writer
+from freetoken.models.hub import num_experts
 from freetoken.moe import profile
 from freetoken.runtime import loader
 
@@ -143,7 +144,7 @@ def decode_rows(
 ) -> dict:
     bench, c = cfg.bench, cfg.bench.sm.config
     kw = {} if mode == "trace" else {"reuse": 0.0, "zipf": 0.0}
-    tr = routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw)
+    tr = routing.Trace(c["num_hidden_layers"], num_experts(c), c["num_experts_per_tok"], **kw)
     bench.routes = routing.install_trace(
         bench.sm.model, tr, c["num_hidden_layers"], bench.sm.device
     )

@@ -16,6 +16,7 @@ import torch
 
 from freetoken.bench import common, routing
 from freetoken.bench.stepper import PROMPT, Bench, _sync
+from freetoken.models.hub import num_experts
 from freetoken.moe.dispatch import Split
 
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         kw = {} if args.routing == "trace" else {"reuse": 0.0, "zipf": 0.0}
         bench.routes = routing.install_trace(
             bench.sm.model,
-            routing.Trace(c["num_hidden_layers"], c["num_experts"], c["num_experts_per_tok"], **kw),
+            routing.Trace(c["num_hidden_layers"], num_experts(c), c["num_experts_per_tok"], **kw),
             c["num_hidden_layers"],
             bench.sm.device,
         )

@@ -94,16 +94,18 @@ class Bench:
         self._ops.route_through(None)
         gc.collect()
         c, S = self.sm.config, self.host.expert_bytes
-        L, E = c["num_hidden_layers"], c["num_experts"]
+        # the cache indexes layers by number; only the MoE layers hold experts
+        L, E = c["num_hidden_layers"], self.host.num_experts
+        every = len(self.host.layers) * E
         if cap_gib is None:
-            slots = L * E
+            slots = every
         elif cap_gib < 1.0 and self.fractions:
-            slots = int(cap_gib * L * E)  # a fraction of all experts, not GiB
+            slots = int(cap_gib * every)  # a fraction of all experts, not GiB
         else:
             _sync(self.sm.device, empty=True)
             used = torch.cuda.memory_allocated() if self.sm.device.type == "cuda" else 0
             room = int(cap_gib * 2**30) - used - ACTIVATION_RESERVE
-            slots = int(min(max(room // S, 0), L * E))
+            slots = int(min(max(room // S, 0), every))
         # a cap of 0: no cache, every expert on the CPU (llama.cpp's -ncmoe over all layers)
         cache = (
             ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)

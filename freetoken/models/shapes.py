@@ -30,7 +30,52 @@ QWEN3_30B_A3B: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# GLM-4.5-Air as its config.json states it: 46 layers, the first dense, 128 routed experts
+# (top-8) and one shared, partial rotary. Its 45 MoE layers hold 200 GB of experts in BF16.
+GLM_4_5_AIR: dict[str, Any] = dict(
+    model_type="glm4_moe",
+    vocab_size=151552,
+    hidden_size=4096,
+    intermediate_size=10944,
+    moe_intermediate_size=1408,
+    num_hidden_layers=46,
+    num_attention_heads=96,
+    num_key_value_heads=8,
+    head_dim=128,
+    partial_rotary_factor=0.5,
+    n_routed_experts=128,
+    num_experts_per_tok=8,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=1.0,
+    norm_topk_prob=True,
+    attention_bias=True,
+    use_qk_norm=False,
+    rms_norm_eps=1e-5,
+    rope_theta=1000000.0,
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+)
+
 SHAPES: dict[str, dict[str, Any]] = {
+    "glm-4.5-air": GLM_4_5_AIR,
+    "tiny-glm4-moe": {  # the same layers at the size of a CPU test
+        **GLM_4_5_AIR,
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "n_routed_experts": 16,
+        "num_experts_per_tok": 4,
+    },
+    # the depth whose BF16 experts fit a 128 GiB host beside the rest (15 MoE layers, 66 GB)
+    "glm-4.5-air-16": {**GLM_4_5_AIR, "num_hidden_layers": 16},
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-30b-a3b-half": {**QWEN3_30B_A3B, "num_hidden_layers": 24},
     "tiny": {

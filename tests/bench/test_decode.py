@@ -97,3 +97,19 @@ def test_a_row_takes_the_counters_of_its_median_run():
     )
     assert row["median_repeat"] == 3  # where adaptive's placement is read from too
     assert row["bound_tok_s"] == pytest.approx(1 / (0.001 + 8 * 1e6 / 110e9))
+
+
+def test_a_shape_of_another_family_benchmarks_alike(capsys):
+    """GLM-4.5-Air's layers (a dense first layer, shared experts, sigmoid routing) at a tiny
+    size: the bench builds them through their own model file and counts only MoE layers."""
+    decode.main(
+        ["--model", "tiny-glm4-moe", "--fractions", "--caps", "0.5", "--tokens", "4",
+         "--warmup", "2", "--settle", "4", "--settle-fixed", "2", "--repeats", "1",
+         "--policies", "lru-pcie", "--routing", "trace", "--bw-seconds", "0.1", "--json"]
+    )  # fmt: skip
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    (row,) = [r for r in rows if r["policy"] == "lru-pcie"]
+    k = 4 * 3  # top-4 over the three MoE layers (the first is dense)
+    assert 0 < row["misses_per_token"] <= k
+    assert row["hit_rate"] == pytest.approx(1 - row["misses_per_token"] / k)
+    assert row["slots"] == 16 * 3 // 2
