@@ -161,6 +161,21 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("kv_page_size", "FREETOKEN_KV_PAGE_SIZE", _pos_int, "16", "tokens per KV-cache page"),
     Setting(
+        "kv_cache_size",
+        "FREETOKEN_KV_CACHE_SIZE",
+        parse_size,
+        "0",
+        "memory for the KV cache of each loaded model, shared by its sequences and the prefix "
+        "cache (0: room for max(2 x num_ctx, num_parallel x min(num_ctx, 8192)) tokens)",
+    ),
+    Setting(
+        "prefix_cache",
+        "FREETOKEN_PREFIX_CACHE",
+        parse_bool,
+        "1",
+        "keep computed KV pages for reuse by later requests that start with the same tokens",
+    ),
+    Setting(
         "prefill_chunk",
         "FREETOKEN_PREFILL_CHUNK",
         _pos_int,

@@ -4,7 +4,8 @@ the API layer (validation and merging) and the runner (sampling).
 Precedence is request options > Modelfile PARAMETERs > these defaults. Unknown keys are
 ignored (Ollama logs and ignores them); a known key with the wrong type is an error.
 
-FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed), and
+FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed),
+`cache_prompt` (false: the request reuses nothing from the prefix cache), and
 `tool_choice` ("auto", "none" or "required") for clients that cannot send the request field
 of that name. "none" keeps the tools out of the prompt. "required" forces the answer to be
 one tool call, but only while the conversation's last message is not a tool result: an
@@ -52,6 +53,7 @@ OPTION_TYPES: dict[str, str] = {
     "moe_policy": "str",
     "vram_budget": "str",
     "tool_choice": "str",  # "auto" | "none" | "required": see above
+    "cache_prompt": "bool",  # false: compute the whole prompt, reusing no cached prefix
 }
 
 # Legacy keys ollama-python still sends: accepted, type-checked loosely, ignored.

@@ -146,11 +146,12 @@ class Done:
     """The last event of a request that ended normally."""
 
     done_reason: str  # "stop" | "length"
-    prompt_eval_count: int  # prompt tokens
+    prompt_eval_count: int  # prompt tokens evaluated (those the prefix cache held are not)
     prompt_eval_duration: int  # ns, from submission to the first token
     eval_count: int  # generated tokens
     eval_duration: int  # ns, from the first token to the last
     context: list[int]  # prompt and output token ids
+    prompt_cached_count: int = 0  # prompt tokens taken from the prefix cache (ours)
 
     def to_json(self) -> dict[str, Any]:
         return {"done": True, **dataclasses.asdict(self)}

@@ -232,7 +232,11 @@ def message_object(model: str, out: Outcome) -> dict[str, Any]:
         "content": content,
         "stop_reason": stop_reason(out.done_reason, bool(out.calls)),
         "stop_sequence": None,
-        "usage": {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens},
+        "usage": {
+            "input_tokens": out.prompt_tokens,
+            "cache_read_input_tokens": out.cached_tokens,
+            "output_tokens": out.completion_tokens,
+        },
     }
 
 
@@ -307,6 +311,7 @@ class MessageStream:
         reason = stop_reason(done.get("done_reason") or "stop", self.calls > 0)
         usage = {
             "input_tokens": int(done.get("prompt_eval_count") or 0),
+            "cache_read_input_tokens": int(done.get("prompt_cached_count") or 0),
             "output_tokens": int(done.get("eval_count") or 0),
         }
         delta = {"type": "message_delta", "usage": usage}

@@ -219,6 +219,10 @@ class Outcome:
         return int(self.done.get("prompt_eval_count") or 0)
 
     @property
+    def cached_tokens(self) -> int:
+        return int(self.done.get("prompt_cached_count") or 0)
+
+    @property
     def completion_tokens(self) -> int:
         return int(self.done.get("eval_count") or 0)
 

@@ -37,13 +37,16 @@ def finish_reason(done_reason: str, calls: bool) -> str:
     return done_reason if done_reason in ("stop", "length") else "stop"
 
 
-def usage(done: dict[str, Any]) -> dict[str, int]:
-    prompt = int(done.get("prompt_eval_count") or 0)
+def usage(done: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI counts every prompt token, and the cached ones among them apart."""
+    cached = int(done.get("prompt_cached_count") or 0)
+    prompt = int(done.get("prompt_eval_count") or 0) + cached
     completion = int(done.get("eval_count") or 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

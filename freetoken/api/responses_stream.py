@@ -79,10 +79,11 @@ def function_call_item(item_id: str, call: Call, status: str = "completed") -> d
 
 
 def _usage(done: dict[str, Any]) -> dict[str, Any]:
-    inp, out = int(done.get("prompt_eval_count") or 0), int(done.get("eval_count") or 0)
+    cached = int(done.get("prompt_cached_count") or 0)
+    inp, out = int(done.get("prompt_eval_count") or 0) + cached, int(done.get("eval_count") or 0)
     return {
         "input_tokens": inp,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": out,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": inp + out,

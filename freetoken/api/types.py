@@ -318,6 +318,7 @@ def metrics(done: dict[str, Any], total_ns: int, load_ns: int) -> dict[str, Any]
         "load_duration": int(load_ns),
         "prompt_eval_count": int(done.get("prompt_eval_count") or 0),
         "prompt_eval_duration": int(done.get("prompt_eval_duration") or 0),
+        "prompt_cached_count": int(done.get("prompt_cached_count") or 0),
         "eval_count": int(done.get("eval_count") or 0),
         "eval_duration": int(done.get("eval_duration") or 0),
     }

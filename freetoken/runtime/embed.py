@@ -21,7 +21,7 @@ def mean_hidden(engine: Engine, ids: list[int], chunk: int) -> torch.Tensor | No
     the KV pool has too few free pages right now (the caller retries after a step)."""
     kv, dev = engine.kv, engine.device
     need = kv.pages_for(len(ids))
-    if need > kv.pool.num_free:
+    if not engine.scheduler.make_room(need):
         return None
     pages = kv.pool.alloc(need)
     try:

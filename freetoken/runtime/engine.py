@@ -6,6 +6,7 @@ calls it; requests arrive and leave through `add` / `abort`, which only queue wo
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +21,12 @@ from freetoken.runtime import sampling
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status
 from freetoken.runtime.tokenizer import Tokenizer
+
+log = logging.getLogger("freetoken.runner")
 
 # Called on the engine thread with (sequence, text delta, finished).
 OutputFn = Callable[[Sequence, str, bool], None]
@@ -49,12 +53,14 @@ class Engine:
         max_running: int,
         prefill_chunk: int,
         graphs: DecodeGraphs | None = None,
+        prefix_cache: bool = False,
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs = graphs
         self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
-        self.scheduler = Scheduler(kv, max_running, prefill_chunk)
+        prefix = PrefixCache(kv.pool, kv.page_size, kv.copy_page) if prefix_cache else None
+        self.scheduler = Scheduler(kv, max_running, prefill_chunk, prefix, self._matched)
         self.requests: dict[int, Request] = {}
         self._inbox: list[tuple[str, Request | int]] = []
         self._lock = threading.Condition()
@@ -189,6 +195,7 @@ class Engine:
         row = 0
         for seq, n in plan:
             seq.num_cached += n
+            self.scheduler.cache_pages(seq)
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
@@ -240,6 +247,28 @@ class Engine:
         del self.requests[seq.id]
         req.on_output(seq, tail, True)
 
+    def _matched(self, seq: Sequence, found: Match) -> None:
+        """Says in the debug log how much of a prompt the prefix cache held, and where and
+        why the rest differs from what it holds (a history that re-renders to other token
+        ids than were generated costs a re-prefill from that point on)."""
+        if not log.isEnabledFor(logging.DEBUG) or not found.diverged:
+            return
+        at = seq.cached_tokens
+        ours = seq.tokens[at : at + len(found.diverged)]
+        cached_text = self.tokenizer.decode(list(found.diverged))
+        our_text = self.tokenizer.decode(ours)
+        same = cached_text.startswith(our_text) or our_text.startswith(cached_text)
+        why = "the same text tokenised differently" if same else "the history differs"
+        log.debug(
+            "prefix cache: %d of %d prompt tokens reused; at token %d %s (cached %r, now %r)",
+            at,
+            len(seq.prompt_ids),
+            at,
+            why,
+            cached_text,
+            our_text,
+        )
+
     def fail_all(self, message: str) -> None:
         """Ends every request with an error (after a failed step) and frees their pages."""
         for req in list(self.requests.values()):
@@ -253,6 +282,7 @@ class Engine:
             "waiting": len(self.scheduler.waiting),
             "kv_pages_total": pool.num_pages,
             "kv_pages_free": pool.num_free,
+            "kv_pages_cached": prefix.cached_pages if (prefix := self.scheduler.prefix) else 0,
             "kv_page_size": self.kv.page_size,
             "kv_bytes": self.kv.bytes,
             "steps": self.steps,

@@ -68,11 +68,12 @@ class EventFormatter:
         seq = handle.seq
         return Done(
             done_reason=seq.finish_reason or "stop",
-            prompt_eval_count=handle.prompt_tokens,
+            prompt_eval_count=handle.prompt_tokens - seq.cached_tokens,
             prompt_eval_duration=seq.prefill_ns,
             eval_count=len(seq.output_ids),
             eval_duration=seq.decode_ns,
             context=seq.prompt_ids + seq.output_ids,
+            prompt_cached_count=seq.cached_tokens,
         ).to_json()
 
     def _logprobs(self, seq: Sequence) -> list[dict[str, Any]]:

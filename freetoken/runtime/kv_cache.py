@@ -101,6 +101,14 @@ class KVCache(KVStore):
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
+    def copy_page(self, src: int, dst: int, tokens: int) -> None:
+        """Copies the first `tokens` entries of page src into page dst, in every layer (a
+        prefix cache's private copy of a page it shares only in part)."""
+        a, b = src * self.page_size, dst * self.page_size
+        for t in self.k + self.v:
+            if t is not None:
+                t[b : b + tokens].copy_(t[a : a + tokens])
+
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 

@@ -19,6 +19,7 @@ from freetoken import dist
 from freetoken.config import parse_size
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
+from freetoken.models.base import KVLayout
 from freetoken.moe.backend import ExpertBackend
 from freetoken.runtime import loader
 from freetoken.runtime.constrain import MaskCache
@@ -81,11 +82,13 @@ class ModelLoad:
             experts=self.group.experts if self.group else None,
             huge_pages=cfg.huge_pages,
         )
-        page = cfg.kv_page_size
-        pages = (-(-self.num_ctx // page)) * self.num_parallel
-        kv = KVCache(loaded.model.kv_layout(), pages, page, loaded.dtype, loaded.device)
+        layout, page = loaded.model.kv_layout(), cfg.kv_page_size
+        pages = kv_pages(layout, loaded.dtype, page, self.num_ctx, self.num_parallel, cfg)
+        kv = KVCache(layout, pages, page, loaded.dtype, loaded.device)
         experts = loader.place_experts(loaded, placement, self.group)
-        serving = self._serving(loaded, kv, experts)
+        # recurrent layers keep a state per sequence that pages cannot share
+        reuse = cfg.prefix_cache and all(lay.kind != "recurrent" for lay in layout)
+        serving = self._serving(loaded, kv, experts, reuse)
         serving.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
         return serving
@@ -104,7 +107,9 @@ class ModelLoad:
             cpu_lane=cfg.cpu_lane,
         )
 
-    def _serving(self, loaded: loader.Loaded, kv: KVCache, experts: ExpertBackend) -> Serving:
+    def _serving(
+        self, loaded: loader.Loaded, kv: KVCache, experts: ExpertBackend, prefix_cache: bool
+    ) -> Serving:
         model, device = loaded.model, loaded.device
         graphs = None
         if device.type == "cuda" and self.cfg.cuda_graphs:
@@ -119,6 +124,7 @@ class ModelLoad:
             self.num_parallel,
             self.cfg.prefill_chunk,
             graphs,
+            prefix_cache,
         )
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
         vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size)
@@ -134,3 +140,25 @@ class ModelLoad:
             "expert_cache_bytes": experts.capacity * experts.expert_bytes,
         }
         return Serving(engine, experts, requests, EventFormatter(vocab, tokenizer), 0, sizes)
+
+
+def kv_pages(
+    layout: list[KVLayout], dtype: torch.dtype, page: int, num_ctx: int, num_parallel: int, cfg
+) -> int:
+    """Pages in the KV pool: from FREETOKEN_KV_CACHE_SIZE, else room for two whole contexts
+    or every parallel sequence at up to 8k tokens, whichever is more. Sequences take pages
+    as they grow, so one long agent and idle slots do not reserve num_parallel contexts;
+    what is left holds cached prefixes."""
+    per_page = KVCache.token_bytes(layout, dtype) * page
+    one_ctx = -(-num_ctx // page)
+    if cfg.kv_cache_size and per_page:
+        pages = cfg.kv_cache_size // per_page
+        if pages < one_ctx:
+            need = one_ctx * per_page / 2**20
+            raise ValueError(
+                f"FREETOKEN_KV_CACHE_SIZE holds {pages * page} tokens, fewer than num_ctx "
+                f"{num_ctx} (needs {need:.0f} MiB)"
+            )
+        return pages
+    tokens = max(2 * num_ctx, num_parallel * min(num_ctx, 8192))
+    return -(-tokens // page)

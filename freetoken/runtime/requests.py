@@ -57,6 +57,7 @@ class RequestBuilder:
             # no text
             stops = tok.eos_ids | tok.special_ids(params.stop)
             seq = Sequence(prompt.ids, params, max_new, stops)
+            seq.reuse = req.options.get("cache_prompt") is not False
             seq.constraint = self._constraint(req, forced, prompt, stops)
         except (structured.SchemaError, PromptError, chat_template.TemplateError) as e:
             raise RequestError(str(e)) from None

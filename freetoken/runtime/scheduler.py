@@ -2,23 +2,38 @@
 
 Plain Python over Sequence objects. Decoding sequences go first (one token each) so a
 long prompt never starves them; the rest of the step's token budget goes to prefill
-chunks. When the KV pool runs dry the most recently admitted sequence is preempted: its
-pages are released and it is recomputed later.
+chunks. A sequence admitted takes what the prefix cache holds of its tokens first. When
+the KV pool runs dry, pages only the prefix cache holds are evicted; then the most recently
+admitted sequence is preempted: its pages are released and it is recomputed later (from
+the prefix cache, which by then holds its full pages).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.sequence import Sequence, Status
 
 Plan = list[tuple[Sequence, int]]
 
 
 class Scheduler:
-    def __init__(self, kv: KVCache, max_running: int, chunk: int):
+    """`prefix`: the prefix cache over `kv`'s pages (None: every prompt is computed whole);
+    `on_match(seq, match)` hears what it found for each sequence admitted."""
+
+    def __init__(
+        self,
+        kv: KVCache,
+        max_running: int,
+        chunk: int,
+        prefix: PrefixCache | None = None,
+        on_match: Callable[[Sequence, Match], None] | None = None,
+    ):
         self.kv, self.max_running, self.chunk = kv, max_running, chunk
+        self.prefix, self.on_match = prefix, on_match
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -50,6 +65,8 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
             seq = self.waiting[0]
+            if not seq.pages:
+                self._reuse(seq)
             n = min(seq.num_tokens - seq.num_cached, budget)
             if not self._reserve(seq, n, plan, preempt=False):
                 break
@@ -60,9 +77,35 @@ class Scheduler:
             budget -= n
         return plan
 
+    def make_room(self, pages: int) -> bool:
+        """Whether `pages` pages are free, after evicting what only the prefix cache holds."""
+        free = self.kv.pool.num_free
+        if pages > free and self.prefix is not None:
+            self.prefix.evict(pages - free)
+        return pages <= self.kv.pool.num_free
+
+    def cache_pages(self, seq: Sequence) -> None:
+        """Enters the sequence's newly filled pages into the prefix cache (after a step)."""
+        if self.prefix is None or seq.num_cached // self.kv.page_size <= seq.trie_pages:
+            return
+        computed = seq.tokens[: seq.num_cached]
+        seq.trie_node = self.prefix.insert(computed, seq.pages, seq.trie_node, seq.trie_pages)
+        seq.trie_pages = seq.num_cached // self.kv.page_size
+
+    def _reuse(self, seq: Sequence) -> None:
+        """Starts the sequence from what the prefix cache holds of it; its last token is
+        always computed, for the logits it is sampled from."""
+        if self.prefix is None or not seq.reuse:
+            return
+        pages, cached, found = self.prefix.acquire(seq.tokens, seq.num_tokens - 1)
+        seq.pages, seq.num_cached, seq.cached_tokens = pages, cached, cached
+        seq.trie_node, seq.trie_pages = found.node, len(found.pages)
+        if self.on_match is not None:
+            self.on_match(seq, found)
+
     def _reserve(self, seq: Sequence, n: int, plan: Plan, preempt: bool = True) -> bool:
         need = self.kv.pages_for(seq.num_cached + n) - len(seq.pages)
-        while need > self.kv.pool.num_free:
+        while not self.make_room(need):
             victim = self._victim(seq, plan) if preempt else None
             if victim is None:
                 return False
@@ -89,3 +132,4 @@ class Scheduler:
         if seq.pages:
             self.kv.pool.release(seq.pages)
             seq.pages = []
+        seq.trie_node, seq.trie_pages = None, 0

@@ -28,6 +28,12 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     pages: list[int] = field(default_factory=list)
     num_cached: int = 0  # tokens whose K/V are in the cache
+    cached_tokens: int = 0  # of those, taken from the prefix cache when it was admitted
+    reuse: bool = True  # may start from the prefix cache (the `cache_prompt` option)
+    # where its full pages end in the prefix cache: the node of its last page entered there,
+    # and how many of its pages are entered
+    trie_node: Any = None
+    trie_pages: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None

@@ -54,7 +54,11 @@ def test_event_grammar_of_a_streamed_message():
     pieces = [d["delta"]["partial_json"] for d in data if d.get("index") == 2 and "delta" in d]
     assert len(pieces) > 1 and "".join(pieces) == '{"city":"Tōkyō","unit":"c"}'
     assert data[-2]["delta"]["stop_reason"] == "tool_use"
-    assert data[-2]["usage"] == {"input_tokens": 7, "output_tokens": 5}
+    assert data[-2]["usage"] == {
+        "input_tokens": 7,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 5,
+    }
 
 
 @pytest.mark.parametrize(
@@ -239,7 +243,10 @@ def test_streamed_message_matches_the_whole_one(claude):
     assert streamed.content[0].text == whole.content[0].text
     assert streamed.stop_reason == whole.stop_reason
     assert streamed.usage.output_tokens == whole.usage.output_tokens
-    assert streamed.usage.input_tokens == whole.usage.input_tokens
+    # the second reads what the first computed from the prefix cache
+    total = streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens
+    assert total == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+    assert streamed.usage.cache_read_input_tokens > 0
 
 
 def test_thinking_blocks_of_a_thinking_model(claude):
@@ -286,7 +293,9 @@ def test_count_tokens_agrees_with_the_prompt_the_runner_builds(claude):
     system = "You are a weather bot."
     counted = claude.messages.count_tokens(model="tiny", messages=HI, system=system)
     used = claude.messages.create(model="tiny", max_tokens=1, messages=HI, system=system)
-    assert counted.input_tokens == used.usage.input_tokens > 0
+    # input_tokens leaves out what was read from the prefix cache, as Anthropic's API does
+    assert counted.input_tokens == used.usage.input_tokens + used.usage.cache_read_input_tokens
+    assert used.usage.input_tokens > 0
     bare = claude.messages.count_tokens(model="tiny", messages=HI).input_tokens
     with_tools = claude.messages.count_tokens(
         model="tiny", messages=HI, tools=[WEATHER]

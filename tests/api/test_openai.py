@@ -102,6 +102,7 @@ def test_stream_shape_role_reasoning_finish_usage_done():
         "prompt_tokens": 7,
         "completion_tokens": 5,
         "total_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 
@@ -300,6 +301,19 @@ def test_chat_stream_matches_the_whole_answer(oai):
     *_, finish, usage = chunks
     assert finish.choices[0].finish_reason == whole.choices[0].finish_reason
     assert usage.choices == [] and usage.usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens(oai):
+    """OpenAI counts every prompt token and the cached ones apart; a follow-up turn reads the
+    conversation so far from the prefix cache."""
+    args = {"model": "tiny", "max_completion_tokens": 6, "temperature": 0}
+    first = oai.chat.completions.create(messages=HI, **args)
+    answer = {"role": "assistant", "content": first.choices[0].message.content or "."}
+    turn = [*HI, answer, {"role": "user", "content": "And at sunset?"}]
+    second = oai.chat.completions.create(messages=turn, **args)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens
+    assert cached >= first.usage.prompt_tokens // 16 * 16 - 16
 
 
 def test_reasoning_of_a_thinking_model(oai):

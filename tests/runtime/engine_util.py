@@ -41,6 +41,7 @@ def make_engine(
     graphs: str = "",
     device_cache: str = "auto",
     cpu_lane: str = "auto",
+    prefix_cache: bool = False,
 ) -> Engine:
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
@@ -60,7 +61,15 @@ def make_engine(
         else None
     )
     return Engine(
-        loaded.model, Tokenizer(files), kv, loaded.device, num_ctx, max_running, chunk, dg
+        loaded.model,
+        Tokenizer(files),
+        kv,
+        loaded.device,
+        num_ctx,
+        max_running,
+        chunk,
+        dg,
+        prefix_cache,
     )
 
 
@@ -88,11 +97,15 @@ def full_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
         kv.pool.release(pages)
 
 
-def generate(engine: Engine, prompts: list[list[int]], n: int, **params) -> list[Sequence]:
-    """Runs sequences to completion together; returns them (output in .output_ids)."""
+def generate(
+    engine: Engine, prompts: list[list[int]], n: int, reuse: bool = True, **params
+) -> list[Sequence]:
+    """Runs sequences to completion together; returns them (output in .output_ids).
+    reuse=False: none of them starts from the prefix cache."""
     p = SamplingParams(**{"temperature": 0.0, **params})
     seqs = [Sequence(list(ids), p, n, frozenset()) for ids in prompts]
     for s in seqs:
+        s.reuse = reuse
         engine.submit(s, lambda *_: None)
     while not all(s.is_finished for s in seqs):
         engine.step()

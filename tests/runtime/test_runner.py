@@ -79,10 +79,12 @@ def test_closing_the_stream_cancels_and_frees_pages(runner):
     deadline = time.time() + 10
     while time.time() < deadline:
         s = runner.get("/stats").json()
-        if s["running"] == 0 and s["waiting"] == 0 and s["kv_pages_free"] == s["kv_pages_total"]:
+        # the pages it computed stay in the prefix cache, held by nothing else
+        unheld = s["kv_pages_free"] + s["kv_pages_cached"]
+        if s["running"] == 0 and s["waiting"] == 0 and unheld == s["kv_pages_total"]:
             break
         time.sleep(0.05)
-    assert s["kv_pages_free"] == s["kv_pages_total"]
+    assert unheld == s["kv_pages_total"]
 
 
 def test_concurrent_requests_all_finish(runner):
@@ -99,6 +101,34 @@ def test_concurrent_requests_all_finish(runner):
     texts = {"".join(e.get("content", "") for e in ev) for ev in results}
     assert len(texts) == 1  # same greedy output whatever the batching
     assert all(ev[-1]["eval_count"] == 16 for ev in results)
+
+
+def test_a_second_turn_evaluates_only_what_is_new(runner):
+    """The three-turn chat of an agent: each turn's done counts only the tokens it evaluated,
+    the rest as cached, and answers as a request that reuses nothing does."""
+    messages = [{"role": "system", "content": "You are terse. " * 20}]
+    before: list[int] = []  # the token ids the last turn computed
+    for i, turn in enumerate(("first question", "second question", "third")):
+        messages.append({"role": "user", "content": turn})
+        body = {
+            "kind": "chat",
+            "messages": messages,
+            "options": {"temperature": 0, "num_predict": 8},
+        }
+        ev = _events(runner, body)
+        fresh = _events(runner, {**body, "options": {**body["options"], "cache_prompt": False}})
+        text = "".join(e.get("content", "") for e in ev)
+        assert text == "".join(e.get("content", "") for e in fresh)
+        done, total = ev[-1], fresh[-1]["prompt_eval_count"]
+        assert fresh[-1]["prompt_cached_count"] == 0
+        assert done["prompt_eval_count"] + done["prompt_cached_count"] == total
+        prompt = done["context"][:total]
+        same = next((j for j, (a, b) in enumerate(zip(before, prompt)) if a != b), len(before))
+        # evaluated: what differs from the last turn, and at most the page it starts in
+        assert done["prompt_eval_count"] <= total - same + 16
+        assert i == 0 or done["prompt_cached_count"] > total // 2
+        before = done["context"]
+        messages.append({"role": "assistant", "content": text})
 
 
 @pytest.fixture(scope="module", params=["off", "on"])
