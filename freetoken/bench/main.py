@@ -13,6 +13,7 @@ BENCHES = {
     "resize": "freetoken.bench.resize",
     "pull": "freetoken.bench.pull",
     "gpus": "freetoken.bench.gpus",
+    "agent": "freetoken.bench.agent",
 }
 
 

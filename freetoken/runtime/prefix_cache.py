@@ -10,8 +10,10 @@ still run to give logits) — a private copy of that page's first r entries.
 Ownership is by reference count in the page pool: the trie holds one reference to every
 page in it and each sequence one to every page in its page list, so a page is free only
 when neither needs it. Pages only the trie holds are evicted least recently used, leaves
-first, when the pool needs room. A page enters the trie only once it is full, and a
-sequence never writes below its `num_cached`, so shared pages are never written.
+first, when the pool needs room. A page enters the trie once it is full, or — the last,
+partly filled page of a sequence that ended — as a leaf keyed by the tokens it holds; a
+sequence never writes below its `num_cached`, so shared pages are never written. The end
+of one turn is therefore found whole by the next, which differs from it only after it.
 
 The trie is one node per page (children keyed by the page's token tuple): a match is one
 dictionary lookup per 16 tokens, and a running sequence adds its pages from the node it
@@ -144,6 +146,20 @@ class PrefixCache:
             child.used = tick
             node = child
         return node
+
+    def insert_tail(self, tokens: list[int], pages: list[int], start: Node | None) -> None:
+        """Enters the last, partly filled page of a sequence that has ended (its full pages
+        are in below `start`) as a leaf, unless a leaf of the same tokens is there."""
+        P, node = self.page_size, start or self.root
+        full = len(tokens) // P
+        if len(tokens) == full * P or len(pages) <= full:
+            return
+        key = tuple(tokens[full * P :])
+        if key in node.children:
+            return
+        leaf = Node(key, pages[full], node, used=next(self._tick))
+        node.children[key] = self.nodes[leaf.page] = leaf
+        self.pool.share([leaf.page])
 
     # --- room ----------------------------------------------------------------------------
     def evict(self, n: int, keep: int = -1) -> int:

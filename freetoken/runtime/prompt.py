@@ -45,7 +45,11 @@ def _clean(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise PromptError("message content must be a string")
         if m.get("images"):
             raise PromptError("this model does not support images")
-        out.append({**m, "role": m["role"].lower(), "content": content or ""})
+        msg = {**m, "role": m["role"].lower(), "content": content or ""}
+        # Hugging Face templates read an earlier answer's reasoning as reasoning_content
+        if isinstance(m.get("thinking"), str) and "reasoning_content" not in m:
+            msg["reasoning_content"] = m["thinking"]
+        out.append(msg)
     return out
 
 

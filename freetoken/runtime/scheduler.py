@@ -41,11 +41,15 @@ class Scheduler:
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
-        """Drop a sequence from the queues and give its pages back."""
+        """Drop a sequence from the queues and give its pages back (what it computed stays
+        in the prefix cache)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if self.prefix is not None and seq.num_cached:
+            computed = seq.tokens[: seq.num_cached]
+            self.prefix.insert_tail(computed, seq.pages, seq.trie_node)
         self._release(seq)
 
     @property

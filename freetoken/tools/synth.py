@@ -30,7 +30,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 
 # ChatML with tools in the system turn and tool calls as <tool_call>{json}</tool_call>; the
-# same conventions as the Qwen3 family, written for FreeToken.
+# same conventions as the Qwen3 family, written for FreeToken. An answer's reasoning is shown
+# only for answers after the last user message (the tool calls of the turn in progress), as
+# Qwen3's template does: a new user message changes how the earlier turns render.
 CHAT_TEMPLATE = (
     "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}"
     "{%- if tools or sys is not none -%}"
@@ -45,10 +47,17 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
     "{%- for m in messages -%}"
     "{%- if m.role == 'system' and loop.first -%}"
     "{%- elif m.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' + (m.content or '') -}}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if m.reasoning_content and loop.index0 > ns.last_user -%}"
+    "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- m.content or '' -}}"
     "{%- for c in (m.tool_calls or []) -%}"
     "{{- '<tool_call>{\"name\": ' -}}{{- c.function.name | tojson -}}"
     "{{- ', \"arguments\": ' -}}{{- c.function.arguments | tojson -}}{{- '}</tool_call>' -}}"

@@ -54,6 +54,19 @@ def test_the_last_token_is_never_taken_from_the_cache():
     assert copies == [(held[3], pages[3], 3)]  # the last page, all but its last token
 
 
+def test_the_last_page_of_an_ended_sequence_is_found_in_part():
+    pool, cache, copies = _cache()
+    tokens = list(range(10))
+    pages = pool.alloc(3)
+    node = cache.insert(tokens, pages, None, 0)
+    cache.insert_tail(tokens, pages, node)
+    cache.insert_tail(tokens, pages, node)  # once
+    pool.release(pages)
+    assert cache.cached_pages == 3 and pool.refs[pages[2]] == 1
+    got, cached, _ = cache.acquire(tokens + [1, 2], 11)
+    assert cached == 10 and copies == [(pages[2], got[2], 2)]
+
+
 def test_a_page_computed_twice_is_held_once():
     pool, cache, _ = _cache()
     tokens = list(range(12))
@@ -136,9 +149,9 @@ def test_a_turn_resumed_from_the_cache_equals_a_full_prefill(engine):
     # the next turn: the whole first turn, then a new message
     turn = history + first.output_ids + _prompt(9, 1)
     (second,) = generate(engine, [turn], 1)
-    # the first turn's full pages: its last sampled token was never fed, and a page is
-    # entered once full
-    assert second.cached_tokens == (len(history) + 5) // 4 * 4
+    # all the first turn computed (its last sampled token was never fed), the last page
+    # partly filled
+    assert second.cached_tokens == len(history) + 5
     (alone,) = generate(engine, [turn], 1, reuse=False)
     ref = full_logits(engine, turn)[-1]
     assert second.output_ids == alone.output_ids == [int(ref.argmax())]
