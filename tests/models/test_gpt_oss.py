@@ -15,6 +15,7 @@ import torch
 from freetoken.models import gpt_oss
 from tests import fixtures
 from tests.models import family
+from tests.runtime.engine_util import generate, make_engine
 
 ROPE = {
     "rope_type": "yarn",
@@ -90,6 +91,45 @@ def test_fixed_shape_decode_matches_transformers(hub):
 
 def test_every_policy_matches_resident(hub):
     family.policies_match_resident(hub[0], num_experts=8, moe_layers=3)
+
+
+@pytest.mark.parametrize(
+    "mode,device",
+    [
+        ("split", "cpu"),
+        ("layers", "cpu"),
+        pytest.param("split", "cuda", marks=pytest.mark.gpu),
+        pytest.param("layers", "cuda", marks=pytest.mark.gpu),
+    ],
+)
+def test_adaptive_through_the_lane_and_device_books(hub, mode, device):
+    """Biased, clamped experts through the CPU lane (a share of each layer's misses, or
+    whole CPU layers) with the cache's books on the device, in CUDA graphs on a GPU:
+    transformers' tokens."""
+    from freetoken.moe import dispatch
+
+    path, hf = hub
+    engine = make_engine(
+        path,
+        policy="adaptive",
+        slots={"split": 9, "layers": 8}[mode],
+        device=device,
+        device_cache="on",
+        cpu_lane="on",
+        graphs="capture" if device == "cuda" else "",
+    )
+    backend = family.experts_of(engine)
+    backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
+    assert backend.lru is not None and backend.lane is not None
+    try:
+        for prompt in (family.PROMPT, family.LONG):
+            (seq,) = generate(engine, [prompt], 16)
+            assert seq.output_ids == fixtures.hf_greedy(hf, prompt, 16)
+        assert backend.placement.mode == mode
+        lane = backend.stats()["lane"]
+        assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
+    finally:
+        backend.lane.stop()
 
 
 def test_gguf_import_matches_transformers(tmp_path_factory):
