@@ -178,6 +178,25 @@ def test_structure_follows_the_config(hub):
     assert info["gpt-oss.rope.scaling.factor"] == 8.0
 
 
+def test_show_counts_the_converted_tensors(hub, tmp_path):
+    """What `show` reports of a converted model: the model file's keys and the parameters
+    the index counts, the experts' biases among the experts (a token uses 4 of 8)."""
+    from freetoken import models
+    from freetoken.ftw.convert import convert
+
+    path, hf = hub
+    out = convert(path, tmp_path / "ftw")
+    config = json.loads((out / "config.json").read_text())
+    info = models.model_info(config, json.loads((out / "ftw.json").read_text()))
+    params = hf.state_dict()
+    total = sum(t.numel() for t in params.values())
+    experts = sum(t.numel() for n, t in params.items() if ".experts." in n)
+    assert info["general.parameter_count"] == total
+    assert info["general.active_parameter_count"] == total - experts // 2
+    assert info["general.architecture"] == "gpt-oss" and info["gpt-oss.expert_count"] == 8
+    assert models.arch_for(config).family == "gptoss"
+
+
 def test_checkpoint_names():
     key = gpt_oss.Model.expert_key
     gu = key("model.layers.3.mlp.experts.gate_up_proj")
