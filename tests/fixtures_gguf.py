@@ -251,7 +251,7 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
 
     if qtype == "F32" or arr.ndim == 1:
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    elif qtype in ("Q8_0", "Q4_0", "BF16"):
+    elif qtype in ("Q8_0", "Q4_0", "BF16", "MXFP4"):
         q = gguf.quants.quantize(arr, QT[qtype])
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     elif qtype == "F16":

@@ -7,6 +7,7 @@ banks, and llama.cpp's gpt-oss GGUF (gate and up split, each with its bias)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from freetoken.models import gpt_oss
 from tests import fixtures
 from tests.models import family
-from tests.runtime.engine_util import generate, make_engine
+from tests.runtime.engine_util import full_logits, generate, make_engine
 
 ROPE = {
     "rope_type": "yarn",
@@ -132,10 +133,11 @@ def test_adaptive_through_the_lane_and_device_books(hub, mode, device):
         backend.lane.stop()
 
 
-def test_gguf_import_matches_transformers(tmp_path_factory):
+@pytest.fixture(scope="module")
+def for_gguf(tmp_path_factory):
     """llama.cpp's files name no clamp (its own is the released models'): a model at those
     values, its gate/up scaled so that the clamp is reached."""
-    path, hf = _build(
+    return _build(
         tmp_path_factory,
         "gpt-oss-gguf",
         seed=63,
@@ -143,7 +145,45 @@ def test_gguf_import_matches_transformers(tmp_path_factory):
         swiglu_alpha=1.702,
         swiglu_limit=7.0,
     )
-    family.gguf_matches(path, hf, tmp_path_factory.mktemp("gguf"), "gpt-oss")
+
+
+def test_gguf_import_matches_transformers(for_gguf, tmp_path):
+    family.gguf_matches(*for_gguf, tmp_path, "gpt-oss")
+
+
+def _with_experts(hf, weights: dict[str, torch.Tensor]):
+    """transformers' model with its experts' matrices replaced by a GGUF file's (by GGUF
+    name, split gate and up): the exact reference for a file whose experts are rounded."""
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for i, layer in enumerate(ref.model.layers):
+            gate, up = (weights[f"blk.{i}.ffn_{p}_exps.weight"] for p in ("gate", "up"))
+            E, I, H = gate.shape
+            interleaved = torch.stack((gate, up), dim=2).reshape(E, 2 * I, H)
+            layer.mlp.experts.gate_up_proj.copy_(interleaved.transpose(1, 2))
+            down = weights[f"blk.{i}.ffn_down_exps.weight"]
+            layer.mlp.experts.down_proj.copy_(down.transpose(1, 2))
+    return ref
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "MXFP4"])
+def test_gguf_with_rounded_experts_loads_them_as_they_are(for_gguf, tmp_path, qtype):
+    """Expert tensors in F16, BF16 or MXFP4 (llama.cpp's gpt-oss files are MXFP4; it is
+    dequantized at create): the banks hold gguf's own values, biases included, and the
+    logits are transformers' with those experts."""
+    from freetoken.ftw.convert import convert
+    from tests.fixtures_gguf import dequantized_state, write_gguf
+
+    path, hf = for_gguf
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype, arch="gpt-oss")
+    engine = make_engine(convert(gguf, tmp_path / "ftw"))
+    ref = dequantized_state(gguf)
+    banks = family.experts_of(engine).banks.banks[1]
+    halves = [ref[f"blk.1.ffn_{p}_exps.bias"] for p in ("gate", "up")]
+    assert torch.equal(banks["gate_up_bias"], torch.cat(halves, 1))
+    assert torch.equal(banks["down"].float(), ref["blk.1.ffn_down_exps.weight"])
+    want = fixtures.hf_logits(_with_experts(hf, ref), family.PROMPT)
+    assert family.rel(full_logits(engine, family.PROMPT), want) <= 1e-4
 
 
 def test_layer_types_from_the_config(tmp_path_factory):
