@@ -127,6 +127,15 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_expert_gating_func(sigmoid)
         w.add_expert_feed_forward_length(c.intermediate_size)
         w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
+    elif arch == "gpt-oss":
+        w.add_sliding_window(c.sliding_window)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+        rope = c.rope_parameters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     elif arch == "glm4moe":
         w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
@@ -163,6 +172,11 @@ def _tensors(model, arch: str, block_count: int):
 
     for name, t in model.state_dict().items():
         arr = t.detach().float().numpy()
+        if arch == "gpt-oss" and ".experts." in name:
+            yield from _gpt_oss_experts(name, arr, gguf_name)
+            continue
+        if name.endswith(".sinks"):  # llama.cpp's converter names them as a weight
+            name += ".weight"
         # as llama.cpp's converter does before looking names up
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -177,6 +191,24 @@ def _tensors(model, arch: str, block_count: int):
             yield gguf_name(name) + ".weight", arr
         else:
             yield gguf_name(name), arr
+
+
+def _gpt_oss_experts(name: str, arr: np.ndarray, gguf_name):
+    """gpt-oss's whole-layer banks as llama.cpp's converter writes them: matrices transposed
+    to [E, out, in], the interleaved gate/up columns (and bias entries) split in two."""
+    base, part = name.rsplit(".", 1)
+    if part.startswith("gate_up_proj"):
+        bias = part.endswith("_bias")
+        if not bias:
+            arr = arr.swapaxes(-1, -2)  # [E, 2I, H]
+        gate, up = (arr[..., 0::2], arr[..., 1::2]) if bias else (arr[:, 0::2], arr[:, 1::2])
+        suffix = ".bias" if bias else ".weight"
+        yield gguf_name(f"{base}.gate_proj") + suffix, np.ascontiguousarray(gate)
+        yield gguf_name(f"{base}.up_proj") + suffix, np.ascontiguousarray(up)
+    elif part == "down_proj_bias":
+        yield gguf_name(f"{base}.down_proj") + ".bias", arr
+    else:
+        yield gguf_name(f"{base}.down_proj") + ".weight", np.ascontiguousarray(arr.swapaxes(-1, -2))
 
 
 def write_gguf(
@@ -219,7 +251,7 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
 
     if qtype == "F32" or arr.ndim == 1:
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    elif qtype in ("Q8_0", "Q4_0", "BF16"):
+    elif qtype in ("Q8_0", "Q4_0", "BF16", "MXFP4"):
         q = gguf.quants.quantize(arr, QT[qtype])
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     elif qtype == "F16":

@@ -54,6 +54,8 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
         Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
         Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
+        # llama.cpp's GGUF architecture is gpt-oss; Ollama names the family gptoss
+        Arch("gpt_oss", "freetoken.models.gpt_oss", "gpt-oss", "gptoss"),
     )
 }
 

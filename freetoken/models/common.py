@@ -129,9 +129,12 @@ GGUF_WHOLE = {
     ("exp_probs_b", "bias"): "mlp.gate.e_score_correction_bias",
     ("attn_sinks", "weight"): "self_attn.sinks",
 }
+# stacked expert tensors (blk.{l}.<name>.weight, and .bias where experts have biases); the
+# fused gate_up form holds the gate rows before the up rows, as the banks do
 GGUF_BANKS = {
     "ffn_gate_exps": ("gate_up", 0),
     "ffn_up_exps": ("gate_up", 1),
+    "ffn_gate_up_exps": ("gate_up", None),
     "ffn_down_exps": ("down", None),
 }
 # older llama.cpp files keep one tensor per expert: blk.{l}.ffn_gate.{e}.weight
@@ -152,6 +155,7 @@ class GgufNames:
         layer, kind, suffix = int(parts[1]), parts[2], parts[-1]
         if kind in GGUF_BANKS:
             bank, half = GGUF_BANKS[kind]
+            bank = f"{bank}_bias" if suffix == "bias" else bank
             return ExpertKey(layer, bank, expert=None, half=half)
         if len(parts) == 5 and kind in GGUF_PER_EXPERT:
             bank, half = GGUF_PER_EXPERT[kind]

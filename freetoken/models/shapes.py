@@ -59,6 +59,37 @@ GLM_4_5_AIR: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# gpt-oss-120b as its config.json states it: 36 layers alternating a 128-token sliding window
+# and full attention, 128 experts (top-4) of width 2880 with biases and the clamped SwiGLU,
+# YaRN. Its experts are 229 GB in BF16 (the released checkpoint is MXFP4).
+GPT_OSS_120B: dict[str, Any] = dict(
+    model_type="gpt_oss",
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=36,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    sliding_window=128,
+    attention_bias=True,
+    swiglu_limit=7.0,
+    rms_norm_eps=1e-5,
+    rope_theta=150000.0,
+    rope_scaling={
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    max_position_embeddings=131072,
+    tie_word_embeddings=False,
+)
+
 SHAPES: dict[str, dict[str, Any]] = {
     "glm-4.5-air": GLM_4_5_AIR,
     "tiny-glm4-moe": {  # the same layers at the size of a CPU test
@@ -76,6 +107,21 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
     # the depth whose BF16 experts fit a 128 GiB host beside the rest (15 MoE layers, 66 GB)
     "glm-4.5-air-16": {**GLM_4_5_AIR, "num_hidden_layers": 16},
+    "gpt-oss-120b": GPT_OSS_120B,
+    # the depth whose BF16 experts fit a 128 GiB host beside the rest (12 layers, 76 GB)
+    "gpt-oss-120b-12": {**GPT_OSS_120B, "num_hidden_layers": 12},
+    "tiny-gpt-oss": {  # the same layers at the size of a CPU test
+        **GPT_OSS_120B,
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "num_local_experts": 16,
+        "sliding_window": 8,
+    },
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-30b-a3b-half": {**QWEN3_30B_A3B, "num_hidden_layers": 24},
     "tiny": {

@@ -40,6 +40,18 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
     return [Path(files[n]) for n in found]
 
 
+def _refuse_quantized(config: dict) -> None:
+    """Quantized checkpoints (MXFP4, FP8) hold packed blocks and scales no kernel reads yet:
+    refused before a tensor is read, rather than failing on their tensor names later."""
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method:
+        raise WeightsError(
+            f"the checkpoint's weights are {method}-quantized (quantization_config), which is "
+            "not supported yet: use its BF16 form"
+        )
+
+
 class Checkpoint:
     """Open safetensors files, with tensor names sorted into dense weights and expert pieces.
 
@@ -50,6 +62,7 @@ class Checkpoint:
 
     def __init__(self, files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None):
         self.config = json.loads(Path(files["config.json"]).read_text())
+        _refuse_quantized(self.config)
         self.experts = num_experts(self.config)
         self.dtype = dtype
         self.dense_key = model_cls.dense_key

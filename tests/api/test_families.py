@@ -22,6 +22,7 @@ def _families():
         test_deepseek_v3,
         test_glm4_moe,
         test_glm4_moe_lite,
+        test_gpt_oss,
         test_minimax_m2,
         test_mixtral,
         test_olmoe,
@@ -41,6 +42,7 @@ def _families():
         "glm4-moe-lite": lambda f: test_glm4_moe_lite._build(
             f, "api-flash", test_glm4_moe_lite.FLASH, 78
         ),
+        "gpt-oss": lambda f: test_gpt_oss._build(f, "api-gpt-oss", 79),
     }
 
 
@@ -53,6 +55,7 @@ FAMILIES = [
     "deepseek-v3",
     "deepseek-v2",
     "glm4-moe-lite",
+    "gpt-oss",
 ]
 
 

@@ -4,6 +4,7 @@ counters add up, and a misspelt policy fails before the model is built."""
 import json
 
 import pytest
+import torch
 
 from freetoken.bench import decode, synthmodel
 
@@ -113,3 +114,24 @@ def test_a_shape_of_another_family_benchmarks_alike(capsys):
     assert 0 < row["misses_per_token"] <= k
     assert row["hit_rate"] == pytest.approx(1 - row["misses_per_token"] / k)
     assert row["slots"] == 16 * 3 // 2
+
+
+def test_the_gpt_oss_shape_benchmarks_with_biased_clamped_experts(capsys):
+    """gpt-oss's layers (sinks, sliding and full attention, a biased router, experts with
+    biases and the clamped SwiGLU) at a tiny size: the bench builds their bias banks, and
+    the lane serves them."""
+    decode.main(
+        ["--model", "tiny-gpt-oss", "--fractions", "--caps", "0,0.5", "--tokens", "4",
+         "--warmup", "2", "--settle", "4", "--settle-fixed", "2", "--repeats", "1",
+         "--policies", "lru-pcie,adaptive:lane", "--routing", "uniform", "--bw-seconds", "0.1",
+         "--json"]
+    )  # fmt: skip
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    by = {(r["policy"], r["cap"]): r for r in rows}
+    k = 4 * 4  # top-4 over four MoE layers
+    r = by[("lru-pcie", 0.5)]
+    assert 0 < r["misses_per_token"] <= k and r["slots"] == 16 * 4 // 2
+    lane = by[("adaptive:lane", 0)]
+    assert lane["lane_served"] > 0 and lane["lane_failed"] == 0
+    sm = synthmodel.build("tiny-gpt-oss", torch.device("cpu"))
+    assert {b for _, b in sm.banks} == {"gate_up", "down", "gate_up_bias", "down_bias"}

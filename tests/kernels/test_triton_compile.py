@@ -76,7 +76,8 @@ def _expert_kernels():
     out = []
     for dt in ("bf16", "fp32"):
         for bias, act in ((False, 0), (True, 0), (True, 1)):
-            rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32", "H": "i32"}
+            rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32"}
+            shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(
                 (
                     moe_decode.gate_up_kernel,
@@ -84,11 +85,10 @@ def _expert_kernels():
                         **rows,
                         "x_ptr": f"*{dt}",
                         "h_ptr": "*fp32",
-                        "I": "i32",
                         "alpha": "fp32",
                         "limit": "fp32",
                     },
-                    {"K": 8, "BLOCK_I": 16, "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
+                    {**shape, "K": 8, "BLOCK_I": 16, "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
                 )
             )
             out.append(
@@ -101,10 +101,8 @@ def _expert_kernels():
                         "slot_ptr": "*i32",
                         "w_ptr": f"*{dt}",
                         "out_ptr": "*fp32",
-                        "H": "i32",
-                        "I": "i32",
                     },
-                    {"BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias},
+                    {**shape, "BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias},
                 )
             )
     return out

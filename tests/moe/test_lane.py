@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from freetoken.kernels import cpu as cpu_kernel
+from freetoken.kernels import reference
 from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.lane import CpuLane
+from tests.kernels import experts
 
 L, E, H, I, K = 3, 10, 48, 24, 4
 
@@ -83,6 +85,32 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     finally:
         lane.stop()
     assert lane._thread is None
+
+
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
+def test_the_loop_computes_every_kind_of_expert(variant):
+    """The spec's biases and activation (gpt-oss's clamp, reached here) travel to the loop:
+    its answers are the plain-torch reference's."""
+    spec = experts.spec(variant, H, I)
+    g = torch.Generator().manual_seed(4)
+    raw = {}
+    for layer in range(L):
+        raw |= {(layer, b): t for b, t in experts.banks(E, spec, torch.float32, g).items()}
+    hb = HostBanks(raw, torch.float32, pin=False, spec=spec)
+    lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    lane.start()
+    try:
+        for step in range(6):
+            layer = step % L
+            x, w = torch.randn((1, H), generator=g), torch.rand((1, K), generator=g)
+            ids = torch.randperm(E, generator=g)[:K][None]
+            lane.post(layer, x, ids, w)
+            got = lane.collect(torch.zeros(1, H))
+            want = reference.moe_experts(x, ids, w, hb.banks[layer], spec)
+            assert float((got - want).norm() / want.norm()) <= 1e-5, f"step {step}"
+        assert lane.stats()["failed"] == 0
+    finally:
+        lane.stop()
 
 
 def test_a_request_posted_before_the_loop_starts_is_served():

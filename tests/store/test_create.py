@@ -129,6 +129,13 @@ def test_unknown_architecture_lists_supported_ones(store, tmp_path):
         store.plan_create(CreateSpec("x", from_=str(d)))
 
 
+def test_a_quantized_checkpoint_fails_clearly(store, tmp_path):
+    d = write_model_dir(tmp_path / "mxfp4", quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(CreateError, match="mxfp4-quantized .*not supported yet"):
+        create(store, "x", from_=str(d))
+    assert store.list_models() == []
+
+
 def test_wrong_parameter_type(store, model_dir):
     with pytest.raises(CreateError, match="temperature"):
         store.plan_create(CreateSpec("x", from_=str(model_dir), parameters={"temperature": "hot"}))

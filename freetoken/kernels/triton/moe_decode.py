@@ -5,6 +5,10 @@ One program per (route, row tile). Routes whose slot is negative are served else
 down [S, H, I], the optional biases gate_up_bias [S, 2I] and down_bias [S, H], h [T*k, I]
 (fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 the clamped form
 (models/base.py, ACTIVATIONS).
+
+H and I are compile-time constants: a model has one expert shape, and loops over constant
+bounds are the ones Triton's interpreter runs as well (it cannot turn a run-time integer
+argument into a Python loop bound).
 """
 
 import triton
@@ -27,10 +31,10 @@ def gate_up_kernel(
     bias_ptr,
     slot_ptr,
     h_ptr,
-    H,
-    I,
     alpha,
     limit,
+    H: tl.constexpr,
+    I: tl.constexpr,
     K: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -72,8 +76,8 @@ def down_kernel(
     slot_ptr,
     w_ptr,
     out_ptr,
-    H,
-    I,
+    H: tl.constexpr,
+    I: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_I: tl.constexpr,
     HAS_BIAS: tl.constexpr,
