@@ -21,8 +21,7 @@ from typing import Any
 
 import httpx
 
-from freetoken import config
-from freetoken.bench import common
+from freetoken.bench import common, served
 from freetoken.bench.agent_session import Session, session
 from freetoken.protocol import CompletionRequest
 from freetoken.runtime import loader
@@ -91,9 +90,9 @@ def chat(client: httpx.Client, body: dict[str, Any]) -> tuple[float, dict[str, A
 
 
 def replay(args: argparse.Namespace, s: Session, prompts: LocalPrompts) -> list[dict[str, Any]]:
+    """args: url, model, num_ctx, num_predict, turns, baseline, timeout."""
     rows, history, last = [], [], []
-    host = config.current().host
-    url = args.url or f"http://{host.host}:{host.port}"
+    url = args.url
     options = {"temperature": 0, "num_predict": args.num_predict, "num_ctx": args.num_ctx}
     with httpx.Client(base_url=url, timeout=args.timeout) as client:
         history.append({"role": "system", "content": s.system})
@@ -149,8 +148,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="freetoken bench agent", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="a model in the local store, being served")
-    p.add_argument("--url", default="", help="the server (default: FREETOKEN_HOST)")
+    served.add_arguments(p)
     p.add_argument("--num-ctx", type=int, default=32768, help="context length requested")
     p.add_argument("--num-predict", type=int, default=16, help="tokens generated a turn")
     p.add_argument("--turns", type=int, default=0, help="replay only the first N (0: all)")
@@ -159,8 +157,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="freetoken-bench-agent-") as scratch:
-        prompts = LocalPrompts(Store.from_config(), args.model, Path(scratch))
+    with (
+        served.target(args) as (args.url, args.model, store),
+        tempfile.TemporaryDirectory(prefix="freetoken-bench-agent-") as scratch,
+    ):
+        prompts = LocalPrompts(store, args.model, Path(scratch))
         rows = replay(args, session(args.seed), prompts)
     head = common.header("agent") | {"model": args.model}
     common.emit(rows, COLUMNS, args.json, head)

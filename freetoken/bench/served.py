@@ -1,0 +1,134 @@
+"""What the benchmarks that go through the HTTP server share: a server of their own (or one
+already running), and a model in its store made from a directory or from a named shape.
+
+A shape (models/shapes.py) becomes a Hugging Face checkpoint with seeded random weights,
+written once into a work directory and created into the store as a user's `freetoken
+create` would, so the measured path is the whole product's: FTW conversion, the runner's
+load, the scheduler, the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from freetoken.models.shapes import SHAPES
+from freetoken.store import CreateSpec, Store
+
+__all__ = ["add_arguments", "checkpoint", "ensure_model", "server"]
+
+
+def add_arguments(p: Any) -> None:
+    """The options every served benchmark takes."""
+    p.add_argument("--url", default="", help="a running server to use (default: start one)")
+    p.add_argument("--model", default="", help="a model in the store (with --url, or --store)")
+    p.add_argument("--from", dest="source", default="", help="a Hugging Face directory to create")
+    p.add_argument("--shape", default="", help=f"a synthetic checkpoint: {', '.join(SHAPES)}")
+    p.add_argument("--layers", type=int, default=0, help="the shape cut to this many layers")
+    p.add_argument("--dtype", default="bfloat16", help="the synthetic checkpoint's dtype")
+    p.add_argument("--work", default="", help="where checkpoints and the store are kept")
+    p.add_argument(
+        "--env", action="append", default=[], help="NAME=VALUE for a server started here"
+    )
+
+
+def checkpoint(shape: str, layers: int, work: Path, dtype: str = "bfloat16") -> Path:
+    """A random-weight checkpoint of `shape` (cut to `layers`), written once into `work`."""
+    from freetoken.tools import synth
+
+    cfg = dict(SHAPES[shape])
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    name = f"{shape}-{cfg['num_hidden_layers']}l-{dtype}"
+    out = work / "checkpoints" / name
+    if (out / "model.safetensors").exists():
+        return out
+    if cfg.pop("model_type") != "qwen3_moe":
+        raise SystemExit(f"no synthetic checkpoint writer for {shape!r}: pass --from DIR")
+    cfg.pop("vocab_size", None)  # the synthetic tokenizer's vocabulary
+    partial = out.with_name(name + ".partial")
+    synth.write_qwen3_moe(partial, dtype=dtype, **cfg)
+    partial.rename(out)
+    return out
+
+
+def ensure_model(store: Store, name: str, source: Path) -> None:
+    """Creates `name` from `source` unless the store has it."""
+    with contextlib.suppress(Exception):
+        store.resolve(name)
+        return
+    t0 = time.perf_counter()
+    for _ in store.plan_create(CreateSpec(name=name, from_=str(source))).run():
+        pass
+    print(f"# created {name} from {source} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
+    """`freetoken serve` on a free loopback port over `store_dir`; yields its URL."""
+    port = _free_port()
+    extra = dict(e.split("=", 1) for e in env)
+    environ = {
+        **os.environ,
+        "FREETOKEN_HOST": f"127.0.0.1:{port}",
+        "FREETOKEN_MODELS": str(store_dir),
+        **extra,
+    }
+    cmd = [sys.executable, "-m", "freetoken", "serve"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/api/version", timeout=2).status_code == 200:
+                    break
+            if proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"the server did not start (see {log})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def target(args: Any) -> Iterator[tuple[str, str, Store]]:
+    """(server URL, model name, its store) for the options of `add_arguments`."""
+    work = Path(args.work or Path.cwd() / ".freetoken-bench")
+    work.mkdir(parents=True, exist_ok=True)
+    if args.url:
+        from freetoken import config
+
+        yield args.url, args.model, Store.from_config(config.current())
+        return
+    store = Store(work / "store")
+    if args.shape:
+        source = checkpoint(args.shape, args.layers, work, args.dtype)
+        name = args.model or source.name.lower()
+    elif args.source:
+        source, name = Path(args.source), args.model or Path(args.source).name.lower()
+    else:
+        raise SystemExit("name a model: --url and --model, --shape, or --from")
+    ensure_model(store, name, source)
+    with server(work / "store", args.env, work / "server.log") as url:
+        yield url, name, store
