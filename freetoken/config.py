@@ -361,6 +361,11 @@ def current() -> Any:
 RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
+def child_environment(overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment a process started here begins with: this one's, with `overrides`."""
+    return {**os.environ, **overrides}
+
+
 def export_rank_env() -> None:
     """Sets what NCCL reads in this process and what its rank processes inherit."""
     os.environ.update(RANK_ENV)

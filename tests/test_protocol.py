@@ -67,7 +67,7 @@ def test_logprobs_asked_for_by_either_field():
 
 
 def test_done_event_on_the_wire():
-    done = Done("stop", 3, 10, 2, 20, [1, 2, 3, 4, 5])
+    done = Done("stop", 3, 10, 2, 20, [1, 2, 3, 4, 5], prompt_cached_count=7)
     assert done.to_json() == {
         "done": True,
         "done_reason": "stop",
@@ -76,6 +76,7 @@ def test_done_event_on_the_wire():
         "eval_count": 2,
         "eval_duration": 20,
         "context": [1, 2, 3, 4, 5],
+        "prompt_cached_count": 7,
     }
 
 

@@ -10,7 +10,6 @@ load, the scheduler, the API.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from freetoken import config
 from freetoken.models.shapes import SHAPES
 from freetoken.store import CreateSpec, Store
 
@@ -50,13 +50,13 @@ def checkpoint(shape: str, layers: int, work: Path, dtype: str = "bfloat16") -> 
         cfg["num_hidden_layers"] = layers
     name = f"{shape}-{cfg['num_hidden_layers']}l-{dtype}"
     out = work / "checkpoints" / name
-    if (out / "model.safetensors").exists():
+    if (out / "config.json").exists():
         return out
-    if cfg.pop("model_type") != "qwen3_moe":
-        raise SystemExit(f"no synthetic checkpoint writer for {shape!r}: pass --from DIR")
-    cfg.pop("vocab_size", None)  # the synthetic tokenizer's vocabulary
     partial = out.with_name(name + ".partial")
-    synth.write_qwen3_moe(partial, dtype=dtype, **cfg)
+    try:
+        synth.write_checkpoint(partial, cfg, dtype)
+    except ValueError as e:
+        raise SystemExit(f"{e}: pass --from DIR") from None
     partial.rename(out)
     return out
 
@@ -82,13 +82,8 @@ def _free_port() -> int:
 def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
     """`freetoken serve` on a free loopback port over `store_dir`; yields its URL."""
     port = _free_port()
-    extra = dict(e.split("=", 1) for e in env)
-    environ = {
-        **os.environ,
-        "FREETOKEN_HOST": f"127.0.0.1:{port}",
-        "FREETOKEN_MODELS": str(store_dir),
-        **extra,
-    }
+    settings = {"FREETOKEN_HOST": f"127.0.0.1:{port}", "FREETOKEN_MODELS": str(store_dir)}
+    environ = config.child_environment(settings | dict(e.split("=", 1) for e in env))
     cmd = [sys.executable, "-m", "freetoken", "serve"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT)
@@ -117,8 +112,6 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
     work = Path(args.work or Path.cwd() / ".freetoken-bench")
     work.mkdir(parents=True, exist_ok=True)
     if args.url:
-        from freetoken import config
-
         yield args.url, args.model, Store.from_config(config.current())
         return
     store = Store(work / "store")

@@ -16,10 +16,12 @@ from typing import Any
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "CHAT_TEMPLATE_THINKING",
     "MARKUP_TOKENS",
     "SPECIAL_TOKENS",
     "qwen3_moe_config",
     "train_tokenizer",
+    "write_checkpoint",
     "write_qwen3_moe",
     "write_tokenizer_files",
 ]
@@ -30,9 +32,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 
 # ChatML with tools in the system turn and tool calls as <tool_call>{json}</tool_call>; the
-# same conventions as the Qwen3 family, written for FreeToken. An answer's reasoning is shown
-# only for answers after the last user message (the tool calls of the turn in progress), as
-# Qwen3's template does: a new user message changes how the earlier turns render.
+# same conventions as the Qwen3 family, written for FreeToken.
 CHAT_TEMPLATE = (
     "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}"
     "{%- if tools or sys is not none -%}"
@@ -47,17 +47,10 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
-    "{%- set ns = namespace(last_user=-1) -%}"
-    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
-    "{%- endif -%}{%- endfor -%}"
     "{%- for m in messages -%}"
     "{%- if m.role == 'system' and loop.first -%}"
     "{%- elif m.role == 'assistant' -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if m.reasoning_content and loop.index0 > ns.last_user -%}"
-    "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
-    "{%- endif -%}"
-    "{{- m.content or '' -}}"
+    "{{- '<|im_start|>assistant\\n' + (m.content or '') -}}"
     "{%- for c in (m.tool_calls or []) -%}"
     "{{- '<tool_call>{\"name\": ' -}}{{- c.function.name | tojson -}}"
     "{{- ', \"arguments\": ' -}}{{- c.function.arguments | tojson -}}{{- '}</tool_call>' -}}"
@@ -68,6 +61,23 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# The same with reasoning, for thinking models: an answer's reasoning is shown only for the
+# answers after the last user message (the tool calls of the turn in progress), as Qwen3's
+# template does, so a new user message changes how the earlier turns render.
+CHAT_TEMPLATE_THINKING = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    + CHAT_TEMPLATE.replace(
+        "{{- '<|im_start|>assistant\\n' + (m.content or '') -}}",
+        "{{- '<|im_start|>assistant\\n' -}}"
+        "{%- if m.reasoning_content and loop.index0 > ns.last_user -%}"
+        "{{- '<think>\\n' + m.reasoning_content + '\\n</think>\\n\\n' -}}"
+        "{%- endif -%}"
+        "{{- m.content or '' -}}",
+    )
 )
 
 _CORPUS_MODULES = [
@@ -136,7 +146,7 @@ def train_tokenizer(vocab_size: int = 512):
     return tok
 
 
-def write_tokenizer_files(out: Path, vocab_size: int = 512) -> int:
+def write_tokenizer_files(out: Path, vocab_size: int = 512, template: str = CHAT_TEMPLATE) -> int:
     """Writes tokenizer.json and tokenizer_config.json; returns the vocabulary size."""
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(vocab_size)
@@ -147,7 +157,7 @@ def write_tokenizer_files(out: Path, vocab_size: int = 512) -> int:
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "model_max_length": 4096,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "added_tokens_decoder": {
             str(tok.token_to_id(t)): {"content": t, "special": t in SPECIAL_TOKENS}
             for t in SPECIAL_TOKENS + MARKUP_TOKENS
@@ -233,13 +243,19 @@ def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any
 
 
 def write_qwen3_moe(
-    out: Path, *, seed: int = 0, vocab_size: int = 512, dtype: str = "float32", **overrides: Any
+    out: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    dtype: str = "float32",
+    template: str = CHAT_TEMPLATE,
+    **overrides: Any,
 ) -> Path:
     """A complete random Qwen3-MoE directory: config, weights, tokenizer, generation config."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer_files(out, vocab_size)
+    vocab = write_tokenizer_files(out, vocab_size, template)
     cfg = qwen3_moe_config(vocab, torch_dtype=dtype, **overrides)
     tok = json.loads((out / "tokenizer.json").read_text())
     eos = next(a["id"] for a in tok["added_tokens"] if a["content"] == "<|im_end|>")
@@ -251,3 +267,14 @@ def write_qwen3_moe(
         _random_tensors(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"}
     )
     return out
+
+
+def write_checkpoint(out: Path, config: dict[str, Any], dtype: str = "bfloat16") -> Path:
+    """A random checkpoint of a Hub-style config (a benchmark shape), with the synthetic
+    tokenizer and the thinking template; ValueError for a family without a writer here."""
+    cfg = dict(config)
+    model_type = cfg.pop("model_type")
+    cfg.pop("vocab_size", None)  # the synthetic tokenizer's
+    if model_type != "qwen3_moe":
+        raise ValueError(f"no synthetic checkpoint writer for {model_type!r}")
+    return write_qwen3_moe(out, dtype=dtype, template=CHAT_TEMPLATE_THINKING, **cfg)

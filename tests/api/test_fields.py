@@ -108,7 +108,8 @@ def _prompt_tokens(http, model, messages):
         json={"model": model, "messages": messages, "stream": False, "options": {"num_predict": 1}},
     )
     assert r.status_code == 200, r.text
-    return r.json()["prompt_eval_count"]
+    # the whole prompt: what was evaluated and what the prefix cache held
+    return r.json()["prompt_eval_count"] + r.json()["prompt_cached_count"]
 
 
 def test_chat_gets_the_modelfile_system_unless_it_sends_its_own(http):

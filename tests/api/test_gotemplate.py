@@ -68,7 +68,7 @@ def _prompt_of(served: tuple[httpx.Client, Tokenizer], **body: Any) -> str:
     )
     assert r.status_code == 200, r.text
     out = r.json()
-    n = out["prompt_eval_count"]
+    n = out["prompt_eval_count"] + out["prompt_cached_count"]  # evaluated and reused
     assert len(out["context"]) == n + out["eval_count"]
     return tok.decode(out["context"][:n], skip_special_tokens=False)
 
@@ -131,4 +131,5 @@ def test_chat_with_tools_renders_them_into_the_prompt(served):
         '"parameters":{"type":"object","properties":{}}}}]<|im_end|>\n'
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert r.json()["prompt_eval_count"] == len(tok.encode(expected, add_special_tokens=False).ids)
+    prompt = r.json()["prompt_eval_count"] + r.json()["prompt_cached_count"]
+    assert prompt == len(tok.encode(expected, add_special_tokens=False).ids)

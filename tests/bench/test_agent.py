@@ -30,7 +30,9 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     # the tiny model with room for the session's 16k-token prompts
     src = synth.write_qwen3_moe(
-        tmp_path_factory.mktemp("src") / "tiny", **{**TINY, "max_position_embeddings": 32768}
+        tmp_path_factory.mktemp("src") / "tiny",
+        template=synth.CHAT_TEMPLATE_THINKING,
+        **{**TINY, "max_position_embeddings": 32768},
     )
     for _ in Store(root).plan_create(CreateSpec(name="tiny", from_=str(src))).run():
         pass
