@@ -25,9 +25,9 @@ from freetoken.layers.gated_delta import (
     causal_conv1d,
     chunk_rule,
     conv1d_step,
+    decode_rule,
     gated_rms_norm,
     gates,
-    recurrent_step,
 )
 
 PROJECTIONS = ("grouped", "split")
@@ -117,24 +117,23 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ctx = context.current()
         qkv, z, b, a = self.project(x)
-        g, beta = gates(a, b, self.A_log, self.dt_bias)
         if ctx.decode is not None:
-            core = self._decode(qkv, g, beta, ctx)
+            core = self._decode(qkv, a, b, ctx)
         else:
-            core = self._prefill(qkv, g, beta, ctx)
+            core = self._prefill(qkv, *gates(a, b, self.A_log, self.dt_bias), ctx)
         out = gated_rms_norm(core, z, self.norm.weight, self.norm.eps)
         return self.out_proj(out.reshape(x.shape[0], -1))
 
     def _decode(
-        self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ctx: context.StepContext
+        self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ctx: context.StepContext
     ) -> torch.Tensor:
         """One token per sequence, each continuing from its slot (state_slots [B])."""
         if ctx.state is None or ctx.state_slots is None:
             raise RuntimeError(f"layer {self.layer} keeps recurrent state: the step has no pool")
         conv, rec = ctx.state.conv[self.layer], ctx.state.recurrent[self.layer]
-        qkv = conv1d_step(qkv, self.conv1d.weight[:, 0], conv, ctx.state_slots)
-        q, k, v = self.split_heads(qkv)
-        return recurrent_step(q, k, v, g, beta, rec, ctx.state_slots)
+        slots = ctx.state_slots
+        qkv = conv1d_step(qkv, self.conv1d.weight[:, 0], conv, slots)
+        return decode_rule(qkv, a, b, self.A_log, self.dt_bias, rec, slots, self.HK)
 
     def _prefill(
         self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ctx: context.StepContext

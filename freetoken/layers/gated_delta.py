@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from freetoken.kernels.triton import block
 from freetoken.layers import fused
 
 CHUNK = 64  # tokens the chunked form takes at once
@@ -78,10 +79,8 @@ def conv1d_step(
 ) -> torch.Tensor:
     """One token per sequence, x [B, C]: y [B, C], and each sequence's state in the pool
     conv_state [N, C, K-1] at slots [B] moved on by one input, in place."""
-    if fused.usable(x, conv_state) and fused.usable(weight) and slots.is_contiguous():
-        from freetoken.kernels.triton import gated_delta as kernels
-
-        return kernels.conv1d_step(x, weight, conv_state, slots)
+    if fused.usable(x, conv_state, weight) and slots.is_contiguous():
+        return _conv1d_step_fused(x, weight, conv_state, slots)
     window = torch.cat((conv_state[slots].to(x.dtype), x[:, :, None]), dim=2)  # [B, C, K]
     y = (window.float() * weight.float()).sum(-1)
     conv_state[slots] = window[:, :, 1:].to(conv_state.dtype)
@@ -116,6 +115,35 @@ def recurrent_step(
     return (S * q[..., None]).sum(-2).to(v.dtype)
 
 
+def decode_rule(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    k_heads: int,
+) -> torch.Tensor:
+    """A decode step from the conv's output q|k|v [B, C] and the raw gate inputs a, b
+    [B, HV]: the gates, the split into heads and `recurrent_step` (one kernel on a GPU)."""
+    B = qkv.shape[0]
+    HV, Dk, Dv = state.shape[1:]
+    if (
+        fused.usable(qkv, a, b)
+        and fused.usable(A_log, dt_bias)
+        and fused.usable(state)
+        and slots.is_contiguous()
+        and a.stride() == b.stride()
+    ):
+        return _decode_rule_fused(qkv, a, b, A_log, dt_bias, state, slots, k_heads)
+    q, k, v = qkv.split([k_heads * Dk, k_heads * Dk, HV * Dv], dim=-1)
+    g, beta = gates(a, b, A_log, dt_bias)
+    return recurrent_step(
+        q.view(B, k_heads, Dk), k.view(B, k_heads, Dk), v.view(B, HV, Dv), g, beta, state, slots
+    )
+
+
 def chunk_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -128,9 +156,7 @@ def chunk_rule(
     """One sequence's tokens: q, k [T, HK, Dk], v [T, HV, Dv], g/beta [T, HV], continuing
     from state [HV, Dk, Dv]. Returns (o [T, HV, Dv] in v's dtype, the new state, fp32)."""
     if _rows(q, k, v) and fused.usable(g, beta, state):
-        from freetoken.kernels.triton import gated_delta_chunk as kernels
-
-        return kernels.chunk_rule(q, k, v, g, beta, state, chunk)
+        return _chunk_rule_fused(q, k, v, g, beta, state, chunk)
     T, HV = v.shape[:2]
     q, k = _heads(q, k, HV)
     n = -(-T // chunk)
@@ -167,10 +193,91 @@ def gated_rms_norm(
     """RMSNorm of each head's output x [.., Dv] (fp32, cast back, then the weight), times
     SiLU of the gate z."""
     if fused.usable(x, z, weight):
-        from freetoken.kernels.triton import gated_delta as kernels
-
-        return kernels.gated_rms_norm(x, z, weight, eps)
+        return _gated_rms_norm_fused(x, z, weight, eps)
     dtype = x.dtype
     h = x.float()
     h = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
     return (h * F.silu(z.float())).to(dtype)
+
+
+def _conv1d_step_fused(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor
+) -> torch.Tensor:
+    from freetoken.kernels.triton import gated_delta as kernels
+
+    (B, C), K = x.shape, weight.shape[-1]
+    out = torch.empty_like(x)
+    BLOCK_C = 128
+    kernels.conv1d_step_kernel[(B, -(-C // BLOCK_C))](
+        x, weight, conv_state, slots, out, C, x.stride(0), K=K, KB=block(K), BLOCK_C=BLOCK_C
+    )
+    return out
+
+
+def _chunk_rule_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from freetoken.kernels.triton import gated_delta_chunk as kernels
+
+    T, HK, Dk = q.shape
+    HV, Dv = v.shape[1:]
+    n = -(-T // chunk)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    cum = torch.empty((n * chunk, HV), **f32)
+    wk, wv = torch.empty((n * chunk, HV, Dk), **f32), torch.empty((n * chunk, HV, Dv), **f32)
+    # fp32 activations get fp32 products; others the tensor cores' tf32, as their own dtype
+    # would round harder anyway
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    BK, BV = max(16, block(Dk)), max(16, block(Dv))
+    kernels.chunk_prepare_kernel[(n, HV)](
+        k, v, g, beta, cum, wk, wv, T, k.stride(0), v.stride(0), HK, HV,
+        C=chunk, DK=Dk, DV=Dv, BK=BK, BV=BV, PRECISION=precision,
+    )  # fmt: skip
+    S = state.float().contiguous().clone()
+    out = v.new_empty((T, HV, Dv))
+    BV_STATE = min(BV, 32)
+    kernels.chunk_state_kernel[(HV, -(-Dv // BV_STATE))](
+        q, k, cum, wk, wv, S, out, T, n, q.stride(0), k.stride(0), HK, HV, Dk**-0.5,
+        C=chunk, DK=Dk, DV=Dv, BK=BK, BV=BV_STATE, PRECISION=precision,
+    )  # fmt: skip
+    return out, S
+
+
+def _decode_rule_fused(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    k_heads: int,
+) -> torch.Tensor:
+    from freetoken.kernels.triton import gated_delta as kernels
+
+    B = qkv.shape[0]
+    HV, Dk, Dv = state.shape[1:]
+    out = qkv.new_empty((B, HV, Dv))
+    BV = min(32, max(16, block(Dv)))
+    kernels.recurrent_step_kernel[(B, HV, -(-Dv // BV))](
+        qkv, a, b, A_log, dt_bias, state, slots, out, qkv.stride(0), a.stride(0),
+        k_heads, HV, Dk**-0.5, DK=Dk, DV=Dv, BK=max(16, block(Dk)), BV=BV,
+    )  # fmt: skip
+    return out
+
+
+def _gated_rms_norm_fused(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    from freetoken.kernels.triton import gated_delta as kernels
+
+    out = torch.empty_like(x)
+    D = x.shape[-1]
+    kernels.gated_rms_norm_kernel[(x.numel() // D,)](x, z, weight, out, D, eps, BLOCK=block(D))
+    return out
