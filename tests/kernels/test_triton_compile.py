@@ -181,12 +181,23 @@ def _dense_kernels():
     out = []
     for dt in ("bf16", "fp32"):
         act = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
+        rope = {"cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"}
         out += [
-            (norm.rms_norm_kernel, {**act, "D": "i32", "eps": "fp32"}, {"BLOCK": 2048}),
-            (
-                norm.head_norm_rope_kernel,
-                {**act, "cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"},
-                {"D": 128, "HALF": 64},
+            *(
+                (
+                    norm.rms_norm_kernel,
+                    {**act, "D": "i32", "eps": "fp32"},
+                    {"BLOCK": 2048, "ZERO_CENTERED": zc},
+                )
+                for zc in (False, True)
+            ),
+            *(
+                (
+                    norm.head_norm_rope_kernel,
+                    {**act, **rope},
+                    {"D": 128, "HALF": 64, "ZERO_CENTERED": zc},
+                )
+                for zc in (False, True)
             ),
             (
                 router.topk_softmax_kernel,
