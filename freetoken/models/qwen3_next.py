@@ -27,7 +27,7 @@ from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
-from freetoken.models import common, hub
+from freetoken.models import UnsupportedModel, common, hub
 from freetoken.models.base import ExpertKey, ExpertSpec, KVLayout
 from freetoken.models.decoder import DecoderModel, DecoderStack
 
@@ -210,14 +210,20 @@ class Model(DecoderModel):
 
     @staticmethod
     def gguf_key(name: str) -> str | ExpertKey:
-        raise NotImplementedError(GGUF_UNSUPPORTED)
+        raise UnsupportedModel(GGUF_UNSUPPORTED)
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
-        raise NotImplementedError(GGUF_UNSUPPORTED)
+        raise UnsupportedModel(GGUF_UNSUPPORTED)
 
 
-GGUF_UNSUPPORTED = "GGUF files of hybrid DeltaNet models are not read yet: use the safetensors"
+# llama.cpp's converter rewrites these models' DeltaNet tensors (value heads reordered, the
+# fused projections split, A_log and the norms' offsets folded in); reading them back is
+# not done yet
+GGUF_UNSUPPORTED = (
+    "GGUF files of the hybrid DeltaNet families are not read yet: create the model from its "
+    "Hugging Face (safetensors) directory"
+)
 
 
 def hybrid_info(arch: str, config: Mapping[str, Any], a: ModelArgs) -> dict[str, Any]:

@@ -155,6 +155,78 @@ def test_structure_follows_the_config(multimodal, text_only):
         assert linear.projections == "split"
 
 
+# A chat template in the form of these models' own (a test's, not the checkpoints'): tools
+# listed as JSON, calls in Qwen3-Coder's XML form, the answer opened inside <think>.
+TEMPLATE = """
+{%- if tools %}<|im_start|>system
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a tool as <tool_call><function=NAME><parameter=ARG>VALUE</parameter></function></tool_call>
+<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{%- for call in m.tool_calls %}
+<tool_call>
+<function={{ call.function.name }}>
+{%- for k, v in call.function.arguments.items() %}
+<parameter={{ k }}>
+{{ v }}
+</parameter>
+{%- endfor %}
+</function>
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}
+{%- endif %}"""
+
+
+def test_chat_format_renders_tools_and_parses_thinking_and_xml_calls():
+    from freetoken.chat import template
+    from freetoken.chat.output import OutputParser, style_for
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny"},
+    ]
+    prompt = template.render(TEMPLATE, messages, tools=tools, think=True)
+    assert '"name": "get_weather"' in prompt and "<parameter=city>\nParis\n" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    assert set(template.capabilities(TEMPLATE)) >= {"tools", "thinking"}
+    parser = OutputParser(style_for(TEMPLATE), thinking=True, tools=True)
+    out = "It is sunny.\n</think>\n\nLet me check tomorrow.\n<tool_call>\n<function=get_weather>"
+    out += "\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>"
+    out += "\n</function>\n</tool_call>"
+    events = parser.feed(out) + parser.finish()
+    thinking = "".join(e.get("thinking", "") for e in events)
+    content = "".join(e.get("content", "") for e in events)
+    calls = [c for e in events for c in e.get("tool_calls", [])]
+    assert thinking.strip() == "It is sunny." and content.strip() == "Let me check tomorrow."
+    assert calls == [
+        {"function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+    ]
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_with_fused_kernels_and_graphs(multimodal):
     family.gpu_matches(*multimodal)

@@ -16,6 +16,7 @@ import json
 import pytest
 import torch
 
+from freetoken import models
 from freetoken.models import qwen3_next
 from tests import fixtures
 from tests.models import family
@@ -168,12 +169,13 @@ def test_structure_follows_the_config(interval, listed):
     assert info["qwen3next.full_attention_interval"] == 2
     assert info["qwen3next.ssm.inner_size"] == 64 and info["qwen3next.ssm.group_count"] == 2
     assert info["qwen3next.rope.dimension_count"] == 8
+    with pytest.raises(models.UnsupportedModel, match="safetensors"):
+        qwen3_next.Model.config_from_gguf({}, "qwen3next")
     listed_config = json.loads((listed[0] / "config.json").read_text())
     assert qwen3_next.Model.model_info(listed_config)["qwen3next.full_attention_interval"] == 0
 
 
 def test_show_counts_the_checkpoints_parameters(interval, tmp_path):
-    from freetoken import models
     from freetoken.ftw.convert import convert
 
     path, hf = interval
