@@ -200,8 +200,14 @@ class DecodeGraphs:
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            # one eager step first: lazy initialisation and kernel compilation must not be captured
+            # one eager step first: lazy initialisation and kernel compilation must not be
+            # captured. It moves the sequences' recurrent state on, which the step replayed
+            # next does once more: their state is put back.
+            slots = bk.ctx.state_slots
+            kept = self.state.save(slots) if self.state is not None else None
             self._forward(bk)
+            if kept is not None:
+                self.state.restore(slots, kept)
             stream.synchronize()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()

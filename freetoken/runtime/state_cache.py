@@ -72,8 +72,7 @@ class StateCache(StateStore):
 
     @property
     def bytes(self) -> int:
-        tensors = [t for t in self.conv + self.recurrent if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self._tensors())
 
     @property
     def num_free(self) -> int:
@@ -84,10 +83,20 @@ class StateCache(StateStore):
         if not self.free_list:
             raise OutOfSlots(f"all {self.num_slots} state slots are held")
         slot = self.free_list.pop()
-        for t in self.conv + self.recurrent:
-            if t is not None:
-                t[slot].zero_()
+        for t in self._tensors():
+            t[slot].zero_()
         return slot
+
+    def save(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """Copies of the states in `slots`, every layer's, for `restore`."""
+        return [t[slots] for t in self._tensors()]
+
+    def restore(self, slots: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        for t, kept in zip(self._tensors(), saved):
+            t[slots] = kept
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [t for t in self.conv + self.recurrent if t is not None]
 
     def free(self, slot: int) -> None:
         if slot in self.free_list or not 0 <= slot < self.num_slots:

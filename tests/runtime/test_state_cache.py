@@ -48,6 +48,18 @@ def test_a_slot_taken_is_zeroed_and_each_is_held_once():
     assert not pool.recurrent[0][a].any() and not pool.conv[2][a].any()
 
 
+def test_saved_states_come_back():
+    """What a graph capture's warm-up step changes in the batch's slots is put back."""
+    pool = StateCache(LAYOUT, 3, torch.float32, torch.device("cpu"))
+    pool.recurrent[2][1] = 3.0
+    slots = torch.tensor([2, 1])
+    kept = pool.save(slots)
+    pool.recurrent[2][1] += 1.0
+    pool.conv[0][2] = 5.0
+    pool.restore(slots, kept)
+    assert (pool.recurrent[2][1] == 3.0).all() and not pool.conv[0][2].any()
+
+
 def _seq(n: int) -> Sequence:
     return Sequence(list(range(1, n + 1)), SamplingParams(), 8, frozenset())
 
