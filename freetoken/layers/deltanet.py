@@ -120,7 +120,7 @@ class GatedDeltaNet(nn.Module):
         if ctx.decode is not None:
             core = self._decode(qkv, a, b, ctx)
         else:
-            core = self._prefill(qkv, *gates(a, b, self.A_log, self.dt_bias), ctx)
+            core = self._prefill(qkv, a, b, ctx)
         out = gated_rms_norm(core, z, self.norm.weight, self.norm.eps)
         return self.out_proj(out.reshape(x.shape[0], -1))
 
@@ -136,13 +136,22 @@ class GatedDeltaNet(nn.Module):
         return decode_rule(qkv, a, b, self.A_log, self.dt_bias, rec, slots, self.HK)
 
     def _prefill(
-        self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ctx: context.StepContext
+        self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ctx: context.StepContext
     ) -> torch.Tensor:
         """Each sequence's tokens of the step, from its slot's state (or zero state at
-        position 0), the state after them written back."""
+        position 0), the state after them written back. Sequences that feed one token after
+        others (decode tokens beside prefill chunks) run together as a decode step."""
         out = qkv.new_empty((qkv.shape[0], self.HV, self.Dv))
+        steps = []
+        if ctx.state is not None:
+            steps = [i for i, s in enumerate(ctx.seqs) if s.q_len == 1 and s.ctx_len > 1]
+        if steps:
+            self._steps(qkv, a, b, ctx, steps, out)
+        g, beta = gates(a, b, self.A_log, self.dt_bias)
         weight = self.conv1d.weight[:, 0]
         for i, s in enumerate(ctx.seqs):
+            if i in steps:
+                continue
             rows = slice(s.q_start, s.q_start + s.q_len)
             conv0, rec0 = self._initial(ctx, i, s)
             y, conv1 = causal_conv1d(qkv[rows], weight, conv0)
@@ -153,6 +162,22 @@ class GatedDeltaNet(nn.Module):
                 ctx.state.conv[self.layer][slot] = conv1
                 ctx.state.recurrent[self.layer][slot] = rec1
         return out
+
+    def _steps(
+        self,
+        qkv: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        ctx: context.StepContext,
+        steps: list[int],
+        out: torch.Tensor,
+    ) -> None:
+        """The one-token continuations `steps` (indices into ctx.seqs), as one decode step."""
+        rows = torch.tensor([ctx.seqs[i].q_start for i in steps], device=qkv.device)
+        slots = ctx.state_slots[torch.tensor(steps, device=ctx.state_slots.device)]
+        conv, rec = ctx.state.conv[self.layer], ctx.state.recurrent[self.layer]
+        y = conv1d_step(qkv[rows], self.conv1d.weight[:, 0], conv, slots)
+        out[rows] = decode_rule(y, a[rows], b[rows], self.A_log, self.dt_bias, rec, slots, self.HK)
 
     def _initial(
         self, ctx: context.StepContext, i: int, s: context.SeqSpan

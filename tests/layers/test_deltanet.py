@@ -95,7 +95,8 @@ def test_layer_matches_transformers(projections):
 @pytest.mark.parametrize("projections", ["grouped", "split"])
 def test_state_carries_across_chunks_and_decode_steps(projections):
     """Two sequences in slots 2 and 0 of a pool of three: prefill chunks of both in one
-    step, a second chunk, then batched decode steps; each equals its whole-prompt output."""
+    step, a second chunk of each, a decode token beside a chunk, then batched decode steps;
+    each equals its whole-prompt output."""
     ref = reference(projections, seed=5)
     layer = ours(ref, projections)
     g = torch.Generator().manual_seed(6)
@@ -116,12 +117,17 @@ def test_state_carries_across_chunks_and_decode_steps(projections):
     rows_a.append(out)
     out = run(layer, xb[4:9], [SeqSpan(0, 5, 9, torch.arange(9))], pool, slots[1:])
     rows_b.append(out)
-    for t in range(5):  # both decode together, one token each
-        out = run(layer, torch.stack((xa[14 + t], xb[9 + t])), [], pool, slots, decode=True)
+    # a decode token beside a prefill chunk, in one step
+    spans = [SeqSpan(0, 1, 15, torch.arange(15)), SeqSpan(1, 3, 12, torch.arange(12))]
+    out = run(layer, torch.cat((xa[14:15], xb[9:12])), spans, pool, slots)
+    rows_a.append(out[:1])
+    rows_b.append(out[1:])
+    for t in range(4):  # both decode together, one token each
+        out = run(layer, torch.stack((xa[15 + t], xb[12 + t])), [], pool, slots, decode=True)
         rows_a.append(out[:1])
         rows_b.append(out[1:])
     assert torch.allclose(torch.cat(rows_a), want_a[:19], atol=1e-5)
-    assert torch.allclose(torch.cat(rows_b), want_b[:14], atol=1e-5)
+    assert torch.allclose(torch.cat(rows_b), want_b[:16], atol=1e-5)
     assert not pool.conv[0][1].any() and not pool.recurrent[0][1].any()
 
 
