@@ -146,6 +146,15 @@ def test_a_preempted_sequence_starts_again_from_zero_state(interval):
     assert preempted and engine.state.num_free == engine.state.num_slots
 
 
+def test_an_embedding_in_chunks_carries_state_across_them(interval):
+    from freetoken.runtime.embed import mean_hidden
+
+    engine = make_engine(interval[0])
+    whole = mean_hidden(engine, family.LONG, 1000)
+    assert torch.allclose(mean_hidden(engine, family.LONG, 7), whole, atol=1e-5)
+    assert engine.state.num_free == engine.state.num_slots
+
+
 def test_structure_follows_the_config(interval, listed):
     path, _ = interval
     config = json.loads((path / "config.json").read_text())
