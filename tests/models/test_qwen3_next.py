@@ -201,3 +201,14 @@ def test_show_counts_the_checkpoints_parameters(interval, tmp_path):
 @pytest.mark.gpu
 def test_on_a_gpu_with_fused_kernels_and_graphs(interval):
     family.gpu_matches(*interval)
+
+
+@pytest.mark.gpu
+def test_batching_on_a_gpu_mixes_decode_tokens_with_prefill_chunks(interval):
+    """Prefill chunks of 8 tokens beside other sequences' decode tokens, with the fused
+    kernels, and decode-only steps replayed from graphs: each sequence as alone."""
+    path, hf = interval
+    prompts = [family.PROMPT, family.PROMPT[:7], family.LONG]
+    engine = make_engine(path, chunk=8, page_size=4, pages=128, device="cuda", graphs="capture")
+    for p, s in zip(prompts, generate(engine, prompts, 16)):
+        assert s.output_ids == fixtures.hf_greedy(hf, p, 16)
