@@ -33,7 +33,7 @@ from freetoken.dist.group import (
 )
 from freetoken.ftw import sources
 from freetoken.kernels import cpu as cpu_kernel
-from freetoken.models.hub import num_experts
+from freetoken.models.hub import num_experts, text_config
 from freetoken.moe import setup
 from freetoken.moe.offload import OffloadExperts
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         mine = dx.status(group, None, f"{type(e).__name__}: {e}")
     try:
         group.gather(mine)
-        serve(group, backend, int(config["hidden_size"]))
+        serve(group, backend, int(text_config(config)["hidden_size"]))
     except Exception as e:  # rank 0 or another rank is gone: nothing left to serve
         log.error("the group failed: %s", e)
         os._exit(EXIT_FOLLOWED)

@@ -1,6 +1,6 @@
 """Grouped-query attention over the paged KV pool, with the options families combine:
 q/k/v and output projection biases, q/k RMSNorm per head or over the whole projection,
-partial rotary, sliding-window attention and attention sinks.
+partial rotary, sliding-window attention, attention sinks and an output gate.
 
 A sliding window of w: a query sees the last w keys, itself included (transformers' sliding
 mask). Every page stays in the pool; prefill and decode read only the window's keys. A sink
@@ -19,7 +19,7 @@ from torch import nn
 
 from freetoken.kernels.triton import block
 from freetoken.layers import context, fused
-from freetoken.layers.norm import RMSNorm, head_norm_rope, rms_norm
+from freetoken.layers.norm import RMSNorm, head_norm_rope
 from freetoken.layers.rope import apply_rope
 
 BLOCK_N = 64  # context positions a program takes at a time
@@ -39,6 +39,9 @@ class Attention(nn.Module):
     rope_pairs: rotate adjacent dimension pairs rather than halves (layers/rope.py).
     window: the keys a query sees, counting itself (0: every key).
     sinks: a learned per-head logit in the softmax's denominator (`sinks` [heads]).
+    gate: q_proj also yields a gate per head (its rows, head by head, are that head's q then
+        its gate); the attention output is scaled by σ(gate) before o_proj (Qwen3-Next).
+    zero_centered: the q/k norms scale by 1 + weight (layers/norm.py).
     Partial rotary needs no option: the rope tables' width is the rotated width.
     """
 
@@ -58,6 +61,8 @@ class Attention(nn.Module):
         rope_pairs: bool = False,
         window: int = 0,
         sinks: bool = False,
+        gate: bool = False,
+        zero_centered: bool = False,
     ):
         super().__init__()
         self.layer = layer
@@ -67,20 +72,25 @@ class Attention(nn.Module):
         if self.qk_norm not in (None, *QK_NORMS):
             raise ValueError(f"unknown q/k norm {qk_norm!r} (one of {QK_NORMS})")
         self.clip_qkv, self.rope_pairs, self.window = clip_qkv, rope_pairs, window
-        self.q_proj = nn.Linear(hidden, n_heads * head_dim, bias=bias)
+        self.gate = gate
+        self.q_proj = nn.Linear(hidden, n_heads * head_dim * (2 if gate else 1), bias=bias)
         self.k_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, n_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(n_heads * head_dim, hidden, bias=bias if o_bias is None else o_bias)
         self.q_norm = self.k_norm = None
         if self.qk_norm is not None:
             full = self.qk_norm == "full"
-            self.q_norm = RMSNorm(n_heads * head_dim if full else head_dim, eps)
-            self.k_norm = RMSNorm(n_kv_heads * head_dim if full else head_dim, eps)
+            self.q_norm = RMSNorm(n_heads * head_dim if full else head_dim, eps, zero_centered)
+            self.k_norm = RMSNorm(n_kv_heads * head_dim if full else head_dim, eps, zero_centered)
         self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         T = x.shape[0]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        gate = None
+        if self.gate:
+            q, gate = q.view(T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q = q.reshape(T, -1)  # contiguous again, for the fused norm
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
@@ -90,14 +100,20 @@ class Attention(nn.Module):
         k = k.view(T, self.n_kv_heads, self.head_dim)
         v = v.view(T, self.n_kv_heads, self.head_dim)
         q, k = self._rotate(q, k, rope)
+        out = self._attend(q, k, v)
+        if gate is not None:
+            out = out.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1))
+        return self.o_proj(out.reshape(T, -1))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, KVH, D] into the pool, then attention over it: [T, H, D]."""
         ctx = context.current()
         k_cache, v_cache = ctx.kv.k[self.layer], ctx.kv.v[self.layer]
         store_kv(k, v, ctx.slots, k_cache, v_cache)
         if ctx.decode is not None:
-            out = decode_attention(
+            return decode_attention(
                 q, k_cache, v_cache, ctx.decode, self.scale, self.window, self.sinks
             )
-            return self.o_proj(out.reshape(T, -1))
         out = torch.empty_like(q)
         for s in ctx.seqs:
             out[s.q_start : s.q_start + s.q_len] = prefill_attention(
@@ -109,7 +125,7 @@ class Attention(nn.Module):
                 self.window,
                 self.sinks,
             )
-        return self.o_proj(out.reshape(T, -1))
+        return out
 
     def _rotate(
         self, q: torch.Tensor, k: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
@@ -117,11 +133,11 @@ class Attention(nn.Module):
         """q/k [T, heads, D], normed per head where the layer does so, then rotated."""
         cos, sin = rope
         if self.qk_norm == "head" and not self.rope_pairs:  # one kernel on a GPU
-            q = head_norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin)
-            return q, head_norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
+            zc = self.q_norm.zero_centered
+            q = head_norm_rope(q, self.q_norm.weight, self.q_norm.eps, cos, sin, zc)
+            return q, head_norm_rope(k, self.k_norm.weight, self.k_norm.eps, cos, sin, zc)
         if self.qk_norm == "head":
-            q = rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin, self.rope_pairs), apply_rope(k, cos, sin, self.rope_pairs)
 
 

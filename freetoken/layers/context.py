@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DecodeView", "KVStore", "SeqSpan", "StepContext", "current", "step_context"]
+__all__ = [
+    "DecodeView",
+    "KVStore",
+    "SeqSpan",
+    "StateStore",
+    "StepContext",
+    "current",
+    "step_context",
+]
 
 
 class KVStore:
@@ -22,6 +30,15 @@ class KVStore:
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+
+
+class StateStore:
+    """Per-sequence recurrent state in fixed slots: conv[layer] [num_slots, *conv shape] and
+    recurrent[layer] [num_slots, *recurrent shape] for recurrent layers, None elsewhere. A
+    slot holds a sequence's state after the tokens it has cached."""
+
+    conv: list[torch.Tensor | None]
+    recurrent: list[torch.Tensor | None]
 
 
 @dataclass(slots=True)
@@ -63,6 +80,10 @@ class StepContext:
     logits_index: torch.Tensor  # [B] tokens whose logits the step needs
     extra: dict = field(default_factory=dict)
     decode: DecodeView | None = None  # set for fixed-shape decode steps; seqs is then unused
+    # recurrent layers: the pool, and each sequence's slot in it ([len(seqs)], or [B] with
+    # `decode`); None: no state kept, every sequence starts at position 0 in this step
+    state: StateStore | None = None
+    state_slots: torch.Tensor | None = None
 
 
 _current: StepContext | None = None

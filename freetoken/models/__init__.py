@@ -56,6 +56,10 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
         # llama.cpp's GGUF architecture is gpt-oss; Ollama names the family gptoss
         Arch("gpt_oss", "freetoken.models.gpt_oss", "gpt-oss", "gptoss"),
+        Arch("qwen3_next", "freetoken.models.qwen3_next", "qwen3next", "qwen3next"),
+        # the multimodal checkpoint (text_config inside) and its language model alone
+        Arch("qwen3_5_moe", "freetoken.models.qwen3_5_moe", "qwen35moe", "qwen35moe"),
+        Arch("qwen3_5_moe_text", "freetoken.models.qwen3_5_moe", "qwen35moe", "qwen35moe"),
     )
 }
 
@@ -92,6 +96,7 @@ def parameter_count(config: Mapping[str, Any]) -> int:
     """Parameters of a decoder-only MoE transformer, estimated from its config alone: the
     store counts a converted model's tensors instead (ftw.json), which is exact for any
     family."""
+    config = hub.text_config(config)
     h = int(config["hidden_size"])
     v = int(config["vocab_size"])
     layers = int(config["num_hidden_layers"])
@@ -132,6 +137,7 @@ def tensor_counts(tensors: list[Mapping[str, Any]], config: Mapping[str, Any]) -
 
     total = sum(numel(t) for t in tensors)
     experts = sum(numel(t) for t in tensors if t.get("kind") == "bank")
+    config = hub.text_config(config)
     e = hub.num_experts(config)
     k = int(hub.first(config, "num_experts_per_tok", default=e) or 0)
     active = total - experts + (experts * k // e if e else 0)

@@ -6,7 +6,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["first", "num_experts", "rope_parameters", "rope_theta", "standard_info"]
+__all__ = [
+    "first",
+    "num_experts",
+    "rope_parameters",
+    "rope_theta",
+    "standard_info",
+    "text_config",
+]
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's settings: a multimodal checkpoint's config.json nests them
+    under `text_config` (the model's own keys win over the wrapper's); others as they are."""
+    nested = config.get("text_config")
+    return {**config, **nested} if isinstance(nested, Mapping) else config
 
 
 def first(config: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
@@ -37,13 +51,14 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def num_experts(config: Mapping[str, Any]) -> int:
+    config = text_config(config)
     return int(first(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
 
 
 def standard_info(gguf_arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The GGUF-style keys every decoder has (`<arch>.context_length`, ...), from the
     spellings most families use; a model file adds or replaces its own."""
-    a = gguf_arch
+    a, config = gguf_arch, text_config(config)
     nq = int(config["num_attention_heads"])
     info: dict[str, Any] = {
         "general.architecture": a,

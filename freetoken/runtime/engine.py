@@ -24,6 +24,7 @@ from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status
+from freetoken.runtime.state_cache import StateCache
 from freetoken.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("freetoken.runner")
@@ -54,13 +55,14 @@ class Engine:
         prefill_chunk: int,
         graphs: DecodeGraphs | None = None,
         prefix_cache: bool = False,
+        state: StateCache | None = None,
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
-        self.graphs = graphs
+        self.graphs, self.state = graphs, state
         self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
         prefix = PrefixCache(kv.pool, kv.page_size, kv.copy_page) if prefix_cache else None
-        self.scheduler = Scheduler(kv, max_running, prefill_chunk, prefix, self._matched)
+        self.scheduler = Scheduler(kv, max_running, prefill_chunk, prefix, self._matched, state)
         self.requests: dict[int, Request] = {}
         self._inbox: list[tuple[str, Request | int]] = []
         self._lock = threading.Condition()
@@ -149,6 +151,7 @@ class Engine:
                 [seq.tokens[seq.num_cached] for seq, _ in plan],
                 [seq.num_cached for seq, _ in plan],
                 [seq.pages for seq, _ in plan],
+                [seq.state_slot or 0 for seq, _ in plan],
             )
         ids: list[int] = []
         positions: list[int] = []
@@ -173,12 +176,21 @@ class Engine:
             seqs=spans,
             kv=self.kv,
             logits_index=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            state=self.state,
+            state_slots=self._state_slots(plan),
         )
         with step_context(ctx):
             hidden = self.model(torch.tensor(ids, device=dev), ctx.positions)
             if not sample_rows:
                 return torch.empty(0)
             return self.model.logits(hidden[ctx.logits_index])
+
+    def _state_slots(self, plan: Plan) -> torch.Tensor | None:
+        """Each planned sequence's state slot, in plan order (None: no recurrent layers)."""
+        if self.state is None:
+            return None
+        slots = [seq.state_slot for seq, _ in plan]
+        return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     @staticmethod
     def _masks(plan: Plan) -> list[torch.Tensor | None]:
@@ -285,5 +297,10 @@ class Engine:
             "kv_pages_cached": prefix.cached_pages if (prefix := self.scheduler.prefix) else 0,
             "kv_page_size": self.kv.page_size,
             "kv_bytes": self.kv.bytes,
+            **(
+                {"state_slots_total": self.state.num_slots, "state_slots_free": self.state.num_free}
+                if self.state is not None
+                else {}
+            ),
             "steps": self.steps,
         }

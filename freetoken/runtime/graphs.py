@@ -27,6 +27,7 @@ import torch
 from freetoken.layers.context import DecodeView, StepContext, step_context
 from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.state_cache import StateCache
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,9 @@ class DecodeGraphs:
         capture: bool = True,
         max_batch: int = 8,
         min_ctx: int = 0,
+        state: StateCache | None = None,
     ):
-        self.model, self.kv, self.device = model, kv, device
+        self.model, self.kv, self.device, self.state = model, kv, device, state
         self.capture = capture and device.type == "cuda"
         self.max_batch = max_batch
         page = kv.page_size
@@ -104,8 +106,15 @@ class DecodeGraphs:
         return () if backend is None else (id(backend), backend.generation)
 
     @torch.inference_mode()
-    def run(self, tokens: list[int], positions: list[int], pages: list[list[int]]) -> torch.Tensor:
-        """Logits [B, V] of one decode step; valid until the next call."""
+    def run(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        pages: list[list[int]],
+        state_slots: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Logits [B, V] of one decode step; valid until the next call. `state_slots`: each
+        sequence's recurrent state slot, for models with recurrent layers."""
         B = len(tokens)
         max_ctx = self._bucket_ctx(max(positions) + 1)
         version = self._version()
@@ -115,7 +124,7 @@ class DecodeGraphs:
         bk = self._buckets.get((B, max_ctx))
         if bk is None:
             bk = self._buckets[(B, max_ctx)] = self._new_bucket(B, max_ctx)
-        self._load(bk, tokens, positions, pages)
+        self._load(bk, tokens, positions, pages, state_slots or [0] * B)
         if not self.capture:
             return self._forward(bk)
         if not bk.segments:
@@ -128,11 +137,11 @@ class DecodeGraphs:
                         "keeping them on the host: %s",
                         e,
                     )
-                    return self.run(tokens, positions, pages)
+                    return self.run(tokens, positions, pages, state_slots)
                 log.warning("CUDA graph capture failed, decoding without graphs: %s", e)
                 self.capture = False
                 self.reset()
-                return self.run(tokens, positions, pages)
+                return self.run(tokens, positions, pages, state_slots)
         return self._replay(bk)
 
     def _books_to_host(self) -> bool:
@@ -143,9 +152,9 @@ class DecodeGraphs:
     # --- fixed inputs -----------------------------------------------------------------
     def _new_bucket(self, B: int, max_ctx: int) -> _Bucket:
         P = max_ctx // self.kv.page_size
-        packed = torch.zeros(B * (4 + P), dtype=torch.long, device=self.device)
-        ids, pos, slots, lens = (packed[i * B : (i + 1) * B] for i in range(4))
-        table = packed[4 * B :].view(B, P)
+        packed = torch.zeros(B * (5 + P), dtype=torch.long, device=self.device)
+        ids, pos, slots, lens, state_slots = (packed[i * B : (i + 1) * B] for i in range(5))
+        table = packed[5 * B :].view(B, P)
         view = DecodeView(block_table=table, lens=lens, page_size=self.kv.page_size)
         ctx = StepContext(
             positions=pos,
@@ -154,22 +163,30 @@ class DecodeGraphs:
             kv=self.kv,
             logits_index=torch.arange(B, device=self.device),
             decode=view,
+            state=self.state,
+            state_slots=state_slots,
         )
         return _Bucket(B, max_ctx, packed, ctx, ids)
 
     def _load(
-        self, bk: _Bucket, tokens: list[int], positions: list[int], pages: list[list[int]]
+        self,
+        bk: _Bucket,
+        tokens: list[int],
+        positions: list[int],
+        pages: list[list[int]],
+        state_slots: list[int],
     ) -> None:
         B, page = bk.batch, self.kv.page_size
         P = bk.max_ctx // page
-        host = np.zeros(B * (4 + P), dtype=np.int64)
+        host = np.zeros(B * (5 + P), dtype=np.int64)
         host[:B] = tokens
         host[B : 2 * B] = positions
+        host[4 * B : 5 * B] = state_slots
         for i, (p, seq_pages) in enumerate(zip(positions, pages)):
             host[2 * B + i] = seq_pages[p // page] * page + p % page
             host[3 * B + i] = p + 1
             n = min(len(seq_pages), P)
-            host[4 * B + i * P : 4 * B + i * P + n] = seq_pages[:n]
+            host[5 * B + i * P : 5 * B + i * P + n] = seq_pages[:n]
         bk.packed.copy_(torch.from_numpy(host), non_blocking=False)
 
     def _forward(self, bk: _Bucket) -> torch.Tensor:
@@ -183,8 +200,14 @@ class DecodeGraphs:
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            # one eager step first: lazy initialisation and kernel compilation must not be captured
+            # one eager step first: lazy initialisation and kernel compilation must not be
+            # captured. It moves the sequences' recurrent state on, which the step replayed
+            # next does once more: their state is put back.
+            slots = bk.ctx.state_slots
+            kept = self.state.save(slots) if self.state is not None else None
             self._forward(bk)
+            if kept is not None:
+                self.state.restore(slots, kept)
             stream.synchronize()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()

@@ -29,6 +29,7 @@ from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prompt import PromptBuilder
 from freetoken.runtime.requests import RequestBuilder
+from freetoken.runtime.state_cache import StateCache
 from freetoken.runtime.tokenizer import Tokenizer
 from freetoken.runtime.vocab import Vocab
 
@@ -85,12 +86,16 @@ class ModelLoad:
         layout, page = loaded.model.kv_layout(), cfg.kv_page_size
         pages = kv_pages(layout, loaded.dtype, page, self.num_ctx, self.num_parallel, cfg)
         kv = KVCache(layout, pages, page, loaded.dtype, loaded.device)
+        # a state slot for each sequence that may run at once (hybrid models' recurrent layers)
+        state = StateCache.for_layout(layout, self.num_parallel, loaded.dtype, loaded.device)
         experts = loader.place_experts(loaded, placement, self.group)
         # recurrent layers keep a state per sequence that pages cannot share
-        reuse = cfg.prefix_cache and all(lay.kind != "recurrent" for lay in layout)
-        serving = self._serving(loaded, kv, experts, reuse)
+        reuse = cfg.prefix_cache and state is None
+        serving = self._serving(loaded, kv, experts, reuse, state)
         serving.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
+        if state is not None:
+            log.info("%d recurrent state slots (%.1f MiB)", state.num_slots, state.bytes / 2**20)
         return serving
 
     def placement(self) -> loader.Placement:
@@ -108,12 +113,19 @@ class ModelLoad:
         )
 
     def _serving(
-        self, loaded: loader.Loaded, kv: KVCache, experts: ExpertBackend, prefix_cache: bool
+        self,
+        loaded: loader.Loaded,
+        kv: KVCache,
+        experts: ExpertBackend,
+        prefix_cache: bool,
+        state: StateCache | None,
     ) -> Serving:
         model, device = loaded.model, loaded.device
         graphs = None
         if device.type == "cuda" and self.cfg.cuda_graphs:
-            graphs = DecodeGraphs(model, kv, device, self.num_ctx, max_batch=self.num_parallel)
+            graphs = DecodeGraphs(
+                model, kv, device, self.num_ctx, max_batch=self.num_parallel, state=state
+            )
         tokenizer = Tokenizer(self.files)
         engine = Engine(
             model,
@@ -125,6 +137,7 @@ class ModelLoad:
             self.cfg.prefill_chunk,
             graphs,
             prefix_cache,
+            state,
         )
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
         vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size)
@@ -132,8 +145,9 @@ class ModelLoad:
         requests = RequestBuilder(tokenizer, prompts, MaskCache(vocab), self.num_ctx)
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = device.type == "cuda"
+        state_bytes = state.bytes if state is not None else 0
         sizes = {
-            "size": dense + experts.host_bytes + kv.bytes,
+            "size": dense + experts.host_bytes + kv.bytes + state_bytes,
             "size_vram": (torch.cuda.memory_allocated(device) if on_gpu else 0)
             + experts.vram_elsewhere,
             "kv_cache_bytes": kv.bytes,

@@ -6,6 +6,10 @@ chunks. A sequence admitted takes what the prefix cache holds of its tokens firs
 the KV pool runs dry, pages only the prefix cache holds are evicted; then the most recently
 admitted sequence is preempted: its pages are released and it is recomputed later (from
 the prefix cache, which by then holds its full pages).
+
+A model with recurrent layers also gives each running sequence a state slot
+(runtime/state_cache.py), taken at admission and given back with its pages; such a
+sequence never starts from the prefix cache, whose pages hold no recurrent state.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ from collections.abc import Callable
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.sequence import Sequence, Status
+from freetoken.runtime.state_cache import StateCache
 
 Plan = list[tuple[Sequence, int]]
 
 
 class Scheduler:
     """`prefix`: the prefix cache over `kv`'s pages (None: every prompt is computed whole);
-    `on_match(seq, match)` hears what it found for each sequence admitted."""
+    `on_match(seq, match)` hears what it found for each sequence admitted; `state`: the
+    recurrent state slots (None: the model keeps none)."""
 
     def __init__(
         self,
@@ -31,9 +37,10 @@ class Scheduler:
         chunk: int,
         prefix: PrefixCache | None = None,
         on_match: Callable[[Sequence, Match], None] | None = None,
+        state: StateCache | None = None,
     ):
         self.kv, self.max_running, self.chunk = kv, max_running, chunk
-        self.prefix, self.on_match = prefix, on_match
+        self.prefix, self.on_match, self.state = prefix, on_match, state
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -62,12 +69,16 @@ class Scheduler:
         for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_cached):
             if budget <= 0:
                 break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted by an earlier sequence of this loop: it waits now
             n = min(seq.num_tokens - seq.num_cached, budget)
             if n <= 0 or not self._reserve(seq, n, plan):
                 continue
             plan.append((seq, n))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            if self.state is not None and not self.state.num_free:
+                break
             seq = self.waiting[0]
             if not seq.pages:
                 self._reuse(seq)
@@ -75,6 +86,8 @@ class Scheduler:
             if not self._reserve(seq, n, plan, preempt=False):
                 break
             self.waiting.popleft()
+            if self.state is not None:
+                seq.state_slot = self.state.alloc()
             seq.status = Status.RUNNING
             self.running.append(seq)
             plan.append((seq, n))
@@ -99,7 +112,7 @@ class Scheduler:
     def _reuse(self, seq: Sequence) -> None:
         """Starts the sequence from what the prefix cache holds of it; its last token is
         always computed, for the logits it is sampled from."""
-        if self.prefix is None or not seq.reuse:
+        if self.prefix is None or not seq.reuse or self.state is not None:
             return
         pages, cached, found = self.prefix.acquire(seq.tokens, seq.num_tokens - 1)
         seq.pages, seq.num_cached, seq.cached_tokens = pages, cached, cached
@@ -137,3 +150,6 @@ class Scheduler:
             self.kv.pool.release(seq.pages)
             seq.pages = []
         seq.trie_node, seq.trie_pages = None, 0
+        if seq.state_slot is not None:
+            self.state.free(seq.state_slot)
+            seq.state_slot = None

@@ -34,6 +34,7 @@ class Sequence:
     # and how many of its pages are entered
     trie_node: Any = None
     trie_pages: int = 0
+    state_slot: int | None = None  # its recurrent state's slot (models with recurrent layers)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None

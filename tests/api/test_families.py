@@ -3,9 +3,12 @@ converted to FTW) continues a raw prompt with transformers' 32 greedy tokens."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
+from freetoken import models
 from freetoken.runtime.tokenizer import Tokenizer
 from freetoken.store import CreateSpec, Store
 from tests import fixtures
@@ -27,6 +30,8 @@ def _families():
         test_mixtral,
         test_olmoe,
         test_qwen2_moe,
+        test_qwen3_5_moe,
+        test_qwen3_next,
     )
 
     return {
@@ -43,6 +48,8 @@ def _families():
             f, "api-flash", test_glm4_moe_lite.FLASH, 78
         ),
         "gpt-oss": lambda f: test_gpt_oss._build(f, "api-gpt-oss", 79),
+        "qwen3-next": lambda f: test_qwen3_next._build(f, "api-next", test_qwen3_next.INTERVAL, 79),
+        "qwen3.5-moe": lambda f: test_qwen3_5_moe._build(f, "api-qwen35", 80),
     }
 
 
@@ -56,6 +63,8 @@ FAMILIES = [
     "deepseek-v2",
     "glm4-moe-lite",
     "gpt-oss",
+    "qwen3-next",
+    "qwen3.5-moe",
 ]
 
 
@@ -101,5 +110,8 @@ def test_raw_greedy_generation_matches_transformers(server, name):
     assert r.json()["response"] == want
     shown = http.post("/api/show", json={"model": name}).json()["model_info"]
     # the checkpoint's tensors, as GGUF counts them: the parameters and the persistent
-    # buffers (a router's correction bias)
-    assert shown["general.parameter_count"] == sum(t.numel() for t in hf.state_dict().values())
+    # buffers (a router's correction bias), but those the model file ignores (a vision tower)
+    config = json.loads((path / "config.json").read_text())
+    ignored = models.load_class(config).ignored
+    counted = [t for n, t in hf.state_dict().items() if not ignored(n, config)]
+    assert shown["general.parameter_count"] == sum(t.numel() for t in counted)

@@ -21,7 +21,74 @@ def _ptxas() -> bool:
 
 
 def _kernels():
-    return _dense_kernels() + _expert_kernels() + _mla_kernels()
+    return _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels()
+
+
+def _delta_kernels():
+    from freetoken.kernels.triton import gated_delta, gated_delta_chunk
+
+    out = []
+    for dt in ("bf16", "fp32"):
+        out += [
+            (
+                gated_delta.conv1d_step_kernel,
+                {
+                    "x_ptr": f"*{dt}",
+                    "w_ptr": f"*{dt}",
+                    "state_ptr": f"*{dt}",
+                    "slots_ptr": "*i64",
+                    "out_ptr": f"*{dt}",
+                    "C": "i32",
+                    "x_stride": "i32",
+                },
+                {"K": 4, "KB": 4, "BLOCK_C": 128},
+            ),
+            (
+                gated_delta.recurrent_step_kernel,
+                {
+                    "qkv_ptr": f"*{dt}",
+                    "a_ptr": f"*{dt}",
+                    "b_ptr": f"*{dt}",
+                    "a_log_ptr": f"*{dt}",
+                    "dt_bias_ptr": f"*{dt}",
+                    "state_ptr": "*fp32",
+                    "slots_ptr": "*i64",
+                    "out_ptr": f"*{dt}",
+                    "qkv_stride": "i32",
+                    "ab_stride": "i32",
+                    "HK": "i32",
+                    "HV": "i32",
+                    "scale": "fp32",
+                },
+                {"DK": 128, "DV": 128, "BK": 128, "BV": 32},
+            ),
+            (
+                gated_delta.gated_rms_norm_kernel,
+                {"x_ptr": f"*{dt}", "z_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}",
+                 "D": "i32", "eps": "fp32"},
+                {"BLOCK": 128},
+            ),
+        ]  # fmt: skip
+        chunk = {"C": 64, "DK": 128, "DV": 128, "BK": 128}
+        precision = "ieee" if dt == "fp32" else "tf32"
+        out += [
+            (
+                gated_delta_chunk.chunk_prepare_kernel,
+                {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+                 "cum_ptr": "*fp32", "wk_ptr": "*fp32", "wv_ptr": "*fp32", "T": "i32",
+                 "k_stride": "i32", "v_stride": "i32", "HK": "i32", "HV": "i32"},
+                {**chunk, "BV": 128, "PRECISION": precision},
+            ),
+            (
+                gated_delta_chunk.chunk_state_kernel,
+                {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "cum_ptr": "*fp32", "wk_ptr": "*fp32",
+                 "wv_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": f"*{dt}", "T": "i32",
+                 "n_chunks": "i32", "q_stride": "i32", "k_stride": "i32", "HK": "i32",
+                 "HV": "i32", "scale": "fp32"},
+                {**chunk, "BV": 32, "PRECISION": precision},
+            ),
+        ]  # fmt: skip
+    return out
 
 
 def _mla_kernels():
@@ -114,12 +181,23 @@ def _dense_kernels():
     out = []
     for dt in ("bf16", "fp32"):
         act = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
+        rope = {"cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"}
         out += [
-            (norm.rms_norm_kernel, {**act, "D": "i32", "eps": "fp32"}, {"BLOCK": 2048}),
-            (
-                norm.head_norm_rope_kernel,
-                {**act, "cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"},
-                {"D": 128, "HALF": 64},
+            *(
+                (
+                    norm.rms_norm_kernel,
+                    {**act, "D": "i32", "eps": "fp32"},
+                    {"BLOCK": 2048, "ZERO_CENTERED": zc},
+                )
+                for zc in (False, True)
+            ),
+            *(
+                (
+                    norm.head_norm_rope_kernel,
+                    {**act, **rope},
+                    {"D": 128, "HALF": 64, "ZERO_CENTERED": zc},
+                )
+                for zc in (False, True)
             ),
             (
                 router.topk_softmax_kernel,

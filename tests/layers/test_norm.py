@@ -29,8 +29,11 @@ def unfused(fn, *args):
         return fn(*args)
 
 
-def reference(x, w, cos, sin, eps=1e-6):
-    return unfused(norm.rms_norm, x, w, eps), unfused(norm.head_norm_rope, x, w, eps, cos, sin)
+def reference(x, w, cos, sin, eps=1e-6, zc=False):
+    return (
+        unfused(norm.rms_norm, x, w, eps, zc),
+        unfused(norm.head_norm_rope, x, w, eps, cos, sin, zc),
+    )
 
 
 def close(a, b, dtype):
@@ -40,18 +43,19 @@ def close(a, b, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("zc", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_fused_kernels_match_the_torch_code_on_a_gpu(shape, dtype):
+def test_fused_kernels_match_the_torch_code_on_a_gpu(shape, dtype, zc):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x, w, cos, sin = inputs(*shape, dtype, "cuda")
-    want_norm, want_rope = reference(x, w, cos, sin)
-    assert close(norm.rms_norm(x, w, 1e-6), want_norm, dtype)
-    assert close(norm.head_norm_rope(x, w, 1e-6, cos, sin), want_rope, dtype)
+    want_norm, want_rope = reference(x, w, cos, sin, zc=zc)
+    assert close(norm.rms_norm(x, w, 1e-6, zc), want_norm, dtype)
+    assert close(norm.head_norm_rope(x, w, 1e-6, cos, sin, zc), want_rope, dtype)
     h = x.reshape(shape[0], -1).contiguous()  # a hidden-state row, as the decoder layers norm it
     wh = w.repeat(shape[1])
-    assert close(norm.rms_norm(h, wh, 1e-6), unfused(norm.rms_norm, h, wh, 1e-6), dtype)
+    assert close(norm.rms_norm(h, wh, 1e-6, zc), unfused(norm.rms_norm, h, wh, 1e-6, zc), dtype)
 
 
 INTERPRET = (
@@ -60,8 +64,9 @@ INTERPRET = (
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+@pytest.mark.parametrize("zc", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_kernels_in_the_interpreter(shape):
+def test_kernels_in_the_interpreter(shape, zc):
     """fp32 only: the interpreter converts to bf16 by truncating, where a GPU rounds to
     nearest, so bf16 rounding is checked on the GPU above."""
     from freetoken.kernels.triton import norm as kernels
@@ -69,10 +74,12 @@ def test_kernels_in_the_interpreter(shape):
     dtype = torch.float32
     T, heads, D = shape
     x, w, cos, sin = inputs(T, heads, D, dtype, "cpu")
-    want_norm, want_rope = reference(x, w, cos, sin)
+    want_norm, want_rope = reference(x, w, cos, sin, zc=zc)
     out = torch.empty_like(x)
-    kernels.rms_norm_kernel[(T * heads,)](x, w, out, D, 1e-6, BLOCK=block(D))
+    kernels.rms_norm_kernel[(T * heads,)](x, w, out, D, 1e-6, BLOCK=block(D), ZERO_CENTERED=zc)
     assert close(out, want_norm, dtype)
     out = torch.empty_like(x)
-    kernels.head_norm_rope_kernel[(T * heads,)](x, w, cos, sin, out, heads, 1e-6, D=D, HALF=D // 2)
+    kernels.head_norm_rope_kernel[(T * heads,)](
+        x, w, cos, sin, out, heads, 1e-6, D=D, HALF=D // 2, ZERO_CENTERED=zc
+    )
     assert close(out, want_rope, dtype)

@@ -41,10 +41,13 @@ def logits_match(path: Path, hf, prompt=PROMPT, tol: float = 1e-4) -> None:
 
 
 def cached_decode_matches(path: Path, prompt=PROMPT) -> None:
+    """Prefill 5 tokens, then one token at a time through the paged KV (and, for models
+    with recurrent layers, a state slot): the uncached forward's logits."""
     engine = make_engine(path, page_size=4)  # several pages per sequence
     full = full_logits(engine, prompt)
-    kv = engine.kv
+    kv, state = engine.kv, engine.state
     pages = kv.pool.alloc(kv.pages_for(len(prompt)))
+    slot = state.alloc() if state is not None else None
     rows = []
     for start, end in [(0, 5)] + [(i, i + 1) for i in range(5, len(prompt))]:
         ctx_slots = kv.slots_of(pages, 0, end, engine.device)
@@ -52,6 +55,8 @@ def cached_decode_matches(path: Path, prompt=PROMPT) -> None:
         ctx = StepContext(
             torch.arange(start, end), ctx_slots[start:], [span], kv, torch.arange(end - start)
         )
+        if state is not None:
+            ctx.state, ctx.state_slots = state, torch.tensor([slot])
         with torch.inference_mode(), step_context(ctx):
             h = engine.model(torch.tensor(prompt[start:end]), ctx.positions)
             rows.append(engine.model.logits(h).float())

@@ -20,6 +20,7 @@ from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
+from freetoken.runtime.state_cache import StateCache
 from freetoken.runtime.tokenizer import Tokenizer
 
 
@@ -47,7 +48,9 @@ def make_engine(
     files = files_of(path)
     loaded = loader.load(files, device, "auto")
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
-    kv = KVCache(loaded.model.kv_layout(), pages, page_size, loaded.dtype, loaded.device)
+    layout = loaded.model.kv_layout()
+    kv = KVCache(layout, pages, page_size, loaded.dtype, loaded.device)
+    state = StateCache.for_layout(layout, max_running, loaded.dtype, loaded.device)
     dg = (
         DecodeGraphs(
             loaded.model,
@@ -56,6 +59,7 @@ def make_engine(
             num_ctx,
             capture=graphs == "capture",
             max_batch=max_running,
+            state=state,
         )
         if graphs
         else None
@@ -70,6 +74,7 @@ def make_engine(
         chunk,
         dg,
         prefix_cache,
+        state,
     )
 
 
