@@ -21,6 +21,8 @@ import platformdirs
 __all__ = ["Config", "ConfigError", "Host", "SETTINGS", "current", "load", "parse_duration"]
 
 from freetoken.config_values import (  # noqa: F401  (re-exported: callers name them as config.X)
+    MAX_DURATION_S,
+    MOE_POLICIES,
     ConfigError,
     Host,
     _choice,
@@ -30,6 +32,7 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     _path,
     _pos_int,
     _registry,
+    keep_alive_seconds,
     parse_bool,
     parse_duration,
     parse_host,
@@ -127,6 +130,13 @@ SETTINGS: tuple[Setting, ...] = (
         "how long a model may take to load",
         ("OLLAMA_LOAD_TIMEOUT",),
     ),
+    Setting(
+        "max_request_size",
+        "FREETOKEN_MAX_REQUEST_SIZE",
+        parse_size,
+        "64MiB",
+        "largest request body the API reads (blob uploads are not bounded)",
+    ),
     Setting("origins", "FREETOKEN_ORIGINS", _csv, "", "extra CORS origins", ("OLLAMA_ORIGINS",)),
     Setting(
         "noprune",
@@ -200,7 +210,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "moe_policy",
         "FREETOKEN_MOE_POLICY",
-        _choice("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers"),
+        _choice(*MOE_POLICIES),
         "adaptive",
         "how routed experts that miss the GPU cache are served",
     ),

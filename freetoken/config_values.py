@@ -4,11 +4,15 @@ environment (config.py does, and only it)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# How routed experts that miss the GPU cache are served (the setting and the option).
+MOE_POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers")
 
 
 class ConfigError(ValueError):
@@ -55,20 +59,26 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# Go's largest time.Duration, in seconds: a keep_alive beyond it cannot be an expiry time.
+MAX_DURATION_S = (2**63 - 1) / 1e9
+
+
 def parse_duration(value: Any) -> float:
     """Seconds from a number (seconds) or a Go duration string ("5m", "1h30m", "-1").
 
-    A negative result means "forever", as in Ollama's keep_alive.
+    A negative result means "forever", as in Ollama's keep_alive. NaN and infinities are
+    refused: they would become an expiry time nothing can print.
     """
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}")
     if isinstance(value, (int, float)):
-        return float(value)
+        return _finite_duration(float(value), value)
     text = str(value).strip()
     try:
-        return float(text)
-    except ValueError:
-        pass
+        return _finite_duration(float(text), value)
+    except ValueError as e:
+        if "invalid duration" in str(e):
+            raise
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
     pos, total = 0, 0.0
@@ -80,6 +90,18 @@ def parse_duration(value: Any) -> float:
     if pos != len(body) or not body:
         raise ValueError(f"invalid duration {value!r}")
     return sign * total
+
+
+def _finite_duration(seconds: float, value: Any) -> float:
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}")
+    return seconds
+
+
+def keep_alive_seconds(seconds: float) -> float:
+    """A keep_alive as residency keeps it: longer than Go's largest duration is forever
+    (negative), as a Go server's overflowing conversion makes it."""
+    return -1.0 if seconds > MAX_DURATION_S else seconds
 
 
 def parse_bool(value: str) -> bool:

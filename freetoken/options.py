@@ -2,7 +2,11 @@
 the API layer (validation and merging) and the runner (sampling).
 
 Precedence is request options > Modelfile PARAMETERs > these defaults. Unknown keys are
-ignored (Ollama logs and ignores them); a known key with the wrong type is an error.
+ignored (Ollama logs and ignores them); a known key with the wrong type is an error, and so
+is a value no Ollama could hold (NaN, infinities, past float32 or a 64-bit integer) or one
+with no meaning here (`_in_range`): such a value is refused where it arrives — a request,
+a Modelfile, a create — so it never reaches a sampler, a runner or the store. Ollama's
+sentinels stay valid: a seed of -1, a top_k of 0, a temperature of 0 or below (greedy).
 
 FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed),
 `cache_prompt` (false: the request reuses nothing from the prefix cache), and
@@ -16,7 +20,10 @@ has answered. A request's own `tool_choice` field overrides the option, except a
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from freetoken.config_values import MOE_POLICIES, parse_size
 
 __all__ = ["DEFAULTS", "OPTION_TYPES", "IGNORED", "OptionError", "coerce", "merge", "validate"]
 
@@ -96,6 +103,14 @@ LOAD_OPTIONS: frozenset[str] = frozenset(
 )
 
 
+# Go's Options fields are float32 and int: a value beyond those is refused, not wrapped.
+_FLOAT32_MAX = 3.4028234663852886e38
+_INT64 = (-(2**63), 2**63 - 1)
+# Values below these have no meaning: a context of one token holds no answer, a repeat
+# penalty of zero divides by zero and a negative one inverts itself.
+_GREATER_THAN: dict[str, float] = {"num_ctx": 1, "repeat_penalty": 0.0}
+
+
 def _type_error(name: str, kind: str, value: Any) -> OptionError:
     return OptionError(
         f'option "{name}" must be of type {kind}, got {type(value).__name__} {value!r}'
@@ -108,9 +123,38 @@ def coerce(name: str, value: Any, *, from_text: bool = False) -> Any:
     if kind is None:
         return value
     if from_text and isinstance(value, str):
-        return _from_text(name, kind, value)
+        return _in_range(name, _from_text(name, kind, value))
+    return _in_range(name, _typed(name, kind, value))
+
+
+def _in_range(name: str, value: Any) -> Any:
+    """`value` if it is one Ollama could hold and the sampler and loader can use."""
+    if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+        raise OptionError(f'option "{name}" must be a finite number, got {value!r}')
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise OptionError(f'option "{name}" is out of range for a 64-bit integer')
+    if name in _GREATER_THAN and value <= _GREATER_THAN[name]:
+        raise OptionError(f'option "{name}" must be greater than {_GREATER_THAN[name]:g}')
+    if name == "moe_policy" and value not in MOE_POLICIES:
+        raise OptionError(f'option "moe_policy" must be one of {", ".join(MOE_POLICIES)}')
+    if name == "vram_budget":
+        try:
+            parse_size(value)
+        except ValueError:
+            raise OptionError(
+                f'option "vram_budget" must be a size like 12GiB, got {value!r}'
+            ) from None
+    return value
+
+
+def _typed(name: str, kind: str, value: Any) -> Any:
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
+        ):
             raise _type_error(name, "integer", value)
         return int(value)
     if kind == "float":

@@ -51,6 +51,7 @@ _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
     529: "overloaded_error",
@@ -150,11 +151,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     out = []
-    for tool in field_of(body, "tools", list) or []:
+    for i, tool in enumerate(field_of(body, "tools", list) or []):
         if not isinstance(tool, dict) or not isinstance(tool.get("input_schema"), dict):
             kind = tool.get("type") if isinstance(tool, dict) else None
             raise APIError(400, f"tools: tool type {kind!r} is not supported (no input_schema)")
-        fn = {"name": tool.get("name", ""), "description": tool.get("description", "")}
+        name, about = tool.get("name"), tool.get("description", "")
+        if not isinstance(name, str) or not name or not isinstance(about, str):
+            raise APIError(400, f"tools.{i}: name and description must be strings")
+        fn = {"name": name, "description": about}
         out.append({"type": "function", "function": fn | {"parameters": tool["input_schema"]}})
     return out or None
 
@@ -163,7 +167,10 @@ def _tool_choice(choice: Any) -> Any:
     """Anthropic's tool_choice in the OpenAI terms the runner reads; "none" is None."""
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name", "")}}
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, "tool_choice.name: Field required")
+        return {"type": "function", "function": {"name": name}}
     if kind in ("auto", "any"):
         return {"auto": "auto", "any": "required"}[kind]
     if kind != "none":
@@ -186,11 +193,15 @@ def messages_request(body: dict[str, Any], counting: bool = False) -> MessagesCa
     model = field_of(body, "model", str, "")
     if not model:
         raise APIError(400, "model: Field required")
-    if not counting and field_of(body, "max_tokens", int) is None:
+    max_tokens = field_of(body, "max_tokens", int)
+    if not counting and max_tokens is None:
         raise APIError(400, "max_tokens: Field required")
+    if not counting and max_tokens < 1:
+        raise APIError(400, "max_tokens: Input should be greater than or equal to 1")
     tools, extra = _tools(body), {}
+    # checked with or without tools: a choice nobody can honour is the client's mistake
+    choice = _tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else None
     if tools and body.get("tool_choice") is not None:
-        choice = _tool_choice(body["tool_choice"])
         tools = tools if choice is not None else None
         extra = {"tool_choice": choice} if choice is not None else {}
     req = ChatRequest(

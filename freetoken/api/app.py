@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from freetoken import config
 from freetoken.api import anthropic, cache, completion, embed, ollama, openai, responses
+from freetoken.api.guard import RequestGuard
 from freetoken.api.middleware import CORS, HostGuard, is_loopback_bind
 from freetoken.api.state import Services
 from freetoken.server.residency import Residency
@@ -73,8 +74,9 @@ def create_app(
 ) -> Starlette:
     """The app for `cfg` (default: this process's settings); stopping it stops the runners.
 
-    Requests pass the Host-header guard (only when `cfg.host` is a loopback address) and
-    CORS (`freetoken.api.middleware`) before the routes."""
+    Requests pass the Host-header guard (only when `cfg.host` is a loopback address), CORS
+    (`freetoken.api.middleware`) and the request guard (`freetoken.api.guard`: body size,
+    errors in the API's own shape) before the routes."""
     cfg = cfg or config.current()
     svc = Services(cfg=cfg, store=store or Store(cfg.models), residency=residency or Residency(cfg))
 
@@ -85,10 +87,12 @@ def create_app(
         finally:
             await svc.residency.shutdown()
 
-    # The host guard runs first: a rebinding page is refused before CORS can answer it.
+    # The host guard runs first: a rebinding page is refused before CORS can answer it;
+    # the request guard last, so its answers carry CORS headers too.
     middleware = [
         Middleware(HostGuard, enabled=is_loopback_bind(cfg.host.host)),
         Middleware(CORS, origins=cfg.origins),
+        Middleware(RequestGuard, max_body=cfg.max_request_size),
     ]
     app = Starlette(
         routes=routes,

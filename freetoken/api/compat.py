@@ -38,6 +38,7 @@ __all__ = [
     "reply",
     "sampling_options",
     "think_for_effort",
+    "tool_choice",
     "v1_handler",
 ]
 
@@ -125,6 +126,25 @@ def think_for_effort(effort: Any) -> bool | str | None:
     return _EFFORT[effort]
 
 
+_CHOICES = ("auto", "none", "required")
+
+
+def tool_choice(choice: Any, flat: bool = False) -> Any:
+    """An OpenAI `tool_choice`, checked: "auto", "none", "required", or a forced function,
+    `{"type": "function", "function": {"name"}}` (Chat Completions) or, `flat`,
+    `{"type": "function", "name"}` (Responses). Returned in Chat Completions' spelling."""
+    if choice is None or choice in _CHOICES:
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice if flat else choice.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]:
+            return {"type": "function", "function": {"name": fn["name"]}}
+    raise APIError(
+        400,
+        'invalid tool_choice: expected "auto", "none", "required" or a function to call by name',
+    )
+
+
 def _number(body: dict[str, Any], name: str, default: float | None = None) -> float | None:
     value = field_of(body, name, (int, float))
     return default if value is None else float(value)
@@ -146,6 +166,12 @@ def sampling_options(
     }
     for key in max_keys:
         if (n := field_of(body, key, int)) is not None:
+            if n < 0:  # Ollama's "unlimited"; a client that sends it made a mistake
+                raise APIError(
+                    400,
+                    f"Invalid '{key}': integer below minimum value. "
+                    f"Expected a value >= 0, but got {n} instead.",
+                )
             options["num_predict"] = n
             break
     stop = field_of(body, stop_key, (str, list))

@@ -6,9 +6,12 @@ input reaches the server loop.
 
 from __future__ import annotations
 
+import errno
 import functools
+import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -19,7 +22,15 @@ from freetoken.server.residency import ServerBusy
 from freetoken.server.runner import RunnerError, RunnerRequestError
 from freetoken.store import CreateError, DigestMismatch, InvalidName, ModelNotFound
 
-__all__ = ["APIError", "as_api_error", "error_response", "handler"]
+__all__ = [
+    "APIError",
+    "BodyTooLarge",
+    "JSONBody",
+    "as_api_error",
+    "error_response",
+    "handler",
+    "shaped_handler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +44,29 @@ class APIError(Exception):
         self.message = message
 
 
+class BodyTooLarge(Exception):
+    """A request body past the size the server accepts (FREETOKEN_MAX_REQUEST_SIZE)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"request body too large (more than {limit} bytes)")
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_MESSAGE = "no space left on device while writing to the model store"
+
+
+class JSONBody(JSONResponse):
+    """A JSON response that renders whatever text it holds: a string that cannot be UTF-8
+    (a lone surrogate echoed from a request) becomes '?', never an exception that would turn
+    the answer into a plain-text 500 and reset the connection."""
+
+    def render(self, content: Any) -> bytes:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8", "replace")
+
+
 def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONBody({"error": message}, status_code=status)
 
 
 def as_api_error(exc: BaseException) -> APIError:
@@ -54,6 +86,10 @@ def as_api_error(exc: BaseException) -> APIError:
         return APIError(500, str(exc))
     if isinstance(exc, ClientDisconnect):
         return APIError(499, "request canceled")
+    if isinstance(exc, BodyTooLarge):
+        return APIError(413, str(exc))
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        return APIError(507, DISK_FULL_MESSAGE)
     log.exception("unexpected error", exc_info=exc)
     return APIError(500, str(exc) or type(exc).__name__)
 
@@ -72,7 +108,7 @@ def shaped_handler(error_body: Callable[[APIError], dict]) -> Callable[[Handler]
                 return await fn(request)
             except Exception as e:
                 err = as_api_error(e)
-                return JSONResponse(error_body(err), status_code=err.status)
+                return JSONBody(error_body(err), status_code=err.status)
 
         return wrapped
 

@@ -124,6 +124,8 @@ def _create_spec(body: dict[str, Any]) -> CreateSpec:
         raise APIError(400, 'invalid value for "files": expected digests as strings')
     messages = field_of(body, "messages", list)
     license_ = field_of(body, "license", (str, list))
+    if isinstance(license_, list) and not all(isinstance(x, str) for x in license_):
+        raise APIError(400, 'invalid value for "license": expected a string or strings')
     return CreateSpec(
         name=name,
         from_=field_of(body, "from", str),

@@ -23,6 +23,7 @@ from freetoken.api.compat import (
     reply,
     sampling_options,
     think_for_effort,
+    tool_choice,
     v1_handler,
 )
 from freetoken.api.errors import APIError
@@ -34,6 +35,7 @@ from freetoken.api.openai_stream import (
 )
 from freetoken.api.state import resolve, services
 from freetoken.api.types import ChatRequest, GenerateRequest, field_of, parse_json
+from freetoken.api.validate import check_tools
 from freetoken.store import Name
 
 __all__ = [
@@ -151,8 +153,8 @@ def _stream_options(body: dict[str, Any]) -> bool:
 def chat_request(body: dict[str, Any]) -> V1Call:
     """A /v1/chat/completions body as an Ollama chat request."""
     model = _model(body)
-    tools = field_of(body, "tools", list) or None
-    choice = body.get("tool_choice")
+    tools = check_tools(field_of(body, "tools", list) or []) or None
+    choice = tool_choice(body.get("tool_choice"))
     if choice == "none":
         tools = None  # "none": the model is not offered the tools at all
     req = ChatRequest(

@@ -25,6 +25,7 @@ from freetoken.api.compat import (
     reply,
     sampling_options,
     think_for_effort,
+    tool_choice,
     v1_handler,
 )
 from freetoken.api.errors import APIError
@@ -39,6 +40,7 @@ from freetoken.api.responses_stream import (
 )
 from freetoken.api.state import services
 from freetoken.api.types import ChatRequest, field_of, parse_json
+from freetoken.api.validate import check_tools
 
 __all__ = ["responses", "responses_request"]
 
@@ -96,7 +98,7 @@ class _Items:
         self.out.append(msg)
 
     def reasoning(self, item: dict[str, Any]) -> None:
-        parts = (item.get("summary") or []) + (item.get("content") or [])
+        parts = (field_of(item, "summary", list) or []) + (field_of(item, "content", list) or [])
         self.thinking += joined_text(parts, "reasoning item", _TEXT)
 
 
@@ -125,14 +127,7 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise APIError(400, f"tool type {kind!r} is not supported")
         fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice: Any) -> Any:
-    # the runner reads Chat Completions' spelling of a forced function
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name", "")}}
-    return choice
+    return check_tools(out)
 
 
 def _format(text: dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -159,12 +154,13 @@ def responses_request(body: dict[str, Any]) -> ResponsesCall:
     if not model:
         raise APIError(400, "model is required")
     tools, choice = _tools(body), body.get("tool_choice")
+    forced = tool_choice(choice, flat=True)  # the runner reads Chat Completions' spelling
     reasoning = field_of(body, "reasoning", dict) or {}
     text = field_of(body, "text", dict)
     options = sampling_options(
         body, max_keys=("max_output_tokens",), stop_key="stop", defaults=True
     )
-    extra = {"tool_choice": _tool_choice(choice)} if tools and choice not in (None, "none") else {}
+    extra = {"tool_choice": forced} if tools and forced not in (None, "none") else {}
     req = ChatRequest(
         model=model,
         stream=field_of(body, "stream", bool, False),

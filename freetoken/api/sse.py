@@ -34,7 +34,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
 
 
 def event(data: Any, name: str | None = None) -> bytes:

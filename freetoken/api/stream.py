@@ -23,7 +23,7 @@ Reduce = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
 
 
 def last(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ ignored, as Go's decoder ignores them.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,14 @@ from typing import Any
 from freetoken import config
 from freetoken import options as opts
 from freetoken.api.errors import APIError
+from freetoken.api.validate import (
+    JSON_NAMES,
+    check_int,
+    check_tool_calls,
+    check_tools,
+    parse_json,
+    type_name,
+)
 
 __all__ = [
     "ChatRequest",
@@ -33,15 +40,6 @@ __all__ = [
 
 _THINK_LEVELS = ("low", "medium", "high", "max")
 _ROLES = ("system", "user", "assistant", "tool")
-_JSON_NAMES = {
-    str: "string",
-    bool: "boolean",
-    int: "number",
-    float: "number",
-    list: "array",
-    dict: "object",
-    type(None): "null",
-}
 
 
 def now() -> str:
@@ -53,42 +51,6 @@ def now() -> str:
     return f"{stamp}.{digits}Z" if digits else f"{stamp}Z"
 
 
-def _json_error(e: json.JSONDecodeError) -> str:
-    # The messages Go's encoding/json gives, which clients and users already know.
-    rest = e.doc[e.pos :].strip()
-    if not rest:
-        return "unexpected EOF"
-    c = e.doc[e.pos]
-    if e.msg.startswith("Expecting value"):
-        return f"invalid character {c!r} looking for beginning of value"
-    if e.msg.startswith("Expecting property name"):
-        return f"invalid character {c!r} looking for beginning of object key string"
-    if e.msg.startswith("Extra data"):
-        return f"invalid character {c!r} after top-level value"
-    if e.msg.startswith("Expecting ':'"):
-        return f"invalid character {c!r} after object key"
-    if e.msg.startswith("Expecting ','"):
-        return f"invalid character {c!r} after object key:value pair"
-    return f"invalid JSON: {e.msg} (offset {e.pos})"
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object; 400 for an empty or malformed body."""
-    if not raw.strip():
-        raise APIError(400, "missing request body")
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise APIError(400, _json_error(e)) from None
-    except UnicodeDecodeError:
-        raise APIError(400, "invalid request body: not UTF-8") from None
-    if not isinstance(obj, dict):
-        raise APIError(
-            400, f"cannot unmarshal {_JSON_NAMES.get(type(obj), 'value')} into a request object"
-        )
-    return obj
-
-
 def field_of(
     body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None
 ) -> Any:
@@ -98,10 +60,15 @@ def field_of(
         return default
     kinds = kind if isinstance(kind, tuple) else (kind,)
     ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if isinstance(value, float) and int in kinds and float not in kinds:
+        raise APIError(400, f'invalid value for "{name}": number {value:g} is not an integer')
     if not ok:
-        want = " or ".join(dict.fromkeys(_JSON_NAMES[k] for k in kinds))
-        got = _JSON_NAMES.get(type(value), type(value).__name__)
-        raise APIError(400, f'invalid value for "{name}": cannot unmarshal {got} into {want}')
+        want = " or ".join(dict.fromkeys(JSON_NAMES[k] for k in kinds))
+        raise APIError(
+            400, f'invalid value for "{name}": cannot unmarshal {type_name(value)} into {want}'
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and float not in kinds:
+        check_int(name, value)  # Go's int is 64 bits
     return value
 
 
@@ -116,7 +83,7 @@ def _keep_alive(body: dict[str, Any]) -> float | None:
     if value is None:
         return None
     try:
-        return config.parse_duration(value)
+        return config.keep_alive_seconds(config.parse_duration(value))
     except ValueError:
         raise APIError(400, f'time: invalid duration "{value}"') from None
 
@@ -164,7 +131,31 @@ def _message(m: Any) -> dict[str, Any]:
     out = {k: v for k, v in m.items() if v is not None}
     out["role"] = role
     out["content"] = field_of(m, "content", str, "")
+    for key in ("thinking", "tool_name", "tool_call_id"):
+        field_of(m, key, str)
+    _strings(m, "images")
+    if calls := field_of(m, "tool_calls", list):
+        check_tool_calls(calls, "message.tool_calls")
     return out
+
+
+def _strings(body: dict[str, Any], name: str) -> list[str] | None:
+    """An array of strings (images as base64, for one), or None."""
+    value = field_of(body, name, list)
+    if value is not None and not all(isinstance(v, str) for v in value):
+        raise APIError(400, f'invalid value for "{name}": expected an array of strings')
+    return value
+
+
+def _context(body: dict[str, Any]) -> list[int] | None:
+    """A generate's earlier context: token ids, which are never negative (the runner checks
+    them against its vocabulary)."""
+    context = field_of(body, "context", list)
+    if context is not None and not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in context
+    ):
+        raise APIError(400, 'invalid value for "context": expected an array of token ids')
+    return context
 
 
 @dataclass
@@ -214,11 +205,7 @@ class GenerateRequest(_Common):
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> GenerateRequest:
-        context = field_of(body, "context", list)
-        if context is not None and not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in context
-        ):
-            raise APIError(400, 'invalid value for "context": expected an array of integers')
+        context = _context(body)
         req = cls(
             **cls.common(body),
             prompt=field_of(body, "prompt", str, ""),
@@ -227,7 +214,7 @@ class GenerateRequest(_Common):
             template=field_of(body, "template", str),
             context=context,
             raw=field_of(body, "raw", bool, False),
-            images=field_of(body, "images", list) or None,
+            images=_strings(body, "images") or None,
         )
         if req.raw and (req.template or req.system or req.context):
             raise APIError(400, "raw mode does not support template, system, or context")
@@ -248,7 +235,7 @@ class ChatRequest(_Common):
         return cls(
             **cls.common(body),
             messages=[_message(m) for m in field_of(body, "messages", list, [])],
-            tools=field_of(body, "tools", list) or None,
+            tools=check_tools(field_of(body, "tools", list) or []) or None,
         )
 
 
