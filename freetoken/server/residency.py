@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from freetoken.config_values import MAX_DURATION_S, keep_alive_seconds
 from freetoken.server.runner import Runner, RunnerError, RunnerSpec
 from freetoken.store.models import ModelView, rfc3339
 
@@ -29,7 +30,7 @@ BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceede
 _DEFAULT_NUM_CTX = 4096
 _DEFAULT_MAX_LOADED = 3
 # What /api/ps shows for "forever": Go's largest duration from now, as Ollama does.
-_FOREVER_S = (2**63 - 1) / 1e9
+_FOREVER_S = MAX_DURATION_S
 
 StartRunner = Callable[..., Awaitable[Runner]]
 
@@ -114,8 +115,14 @@ class Residency:
         """Requests holding or waiting for a lease (what `max_queue` caps)."""
         return self._pending
 
+    @property
+    def connections(self) -> int:
+        """Connections a runner's client may open: every request the queue admits may be
+        in flight to one runner, beside the sequences each loaded model decodes."""
+        return self.cfg.num_parallel * self.max_loaded + self.cfg.max_queue
+
     def default_keep_alive(self) -> float:
-        return float(self.cfg.keep_alive)
+        return keep_alive_seconds(float(self.cfg.keep_alive))
 
     # -- leases --------------------------------------------------------------------------
 
@@ -131,7 +138,7 @@ class Residency:
         except BaseException:
             self._pending -= 1
             raise
-        ka = self.default_keep_alive() if keep_alive is None else keep_alive
+        ka = self.default_keep_alive() if keep_alive is None else keep_alive_seconds(keep_alive)
         entry.refs += 1
         entry.keep_alive = ka  # the latest request's keep_alive wins, as in Ollama
         entry.drop_when_idle = False
@@ -234,6 +241,7 @@ class Residency:
                 python=self.cfg.runner_python,
                 load_timeout=float(self.cfg.load_timeout),
                 on_progress=progress,
+                max_connections=self.connections,
             )
         except asyncio.CancelledError:
             self._forget(entry)

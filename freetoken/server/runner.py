@@ -34,6 +34,8 @@ _TAIL_LINES = 40
 _STOP_GRACE_S = 5.0
 # How long to wait for the exit status after the socket breaks, to report it.
 _EXIT_WAIT_S = 2.0
+_DEFAULT_CONNECTIONS = 100
+_KEEPALIVE = 64
 
 
 class RunnerError(RuntimeError):
@@ -79,7 +81,13 @@ def refusal(status: int, body: bytes) -> RunnerError:
 class Runner:
     """A started runner process. Use `Runner.start`; then `completion`, and `stop` at the end."""
 
-    def __init__(self, spec: RunnerSpec, proc: asyncio.subprocess.Process, workdir: Path):
+    def __init__(
+        self,
+        spec: RunnerSpec,
+        proc: asyncio.subprocess.Process,
+        workdir: Path,
+        max_connections: int = _DEFAULT_CONNECTIONS,
+    ):
         self.spec = spec
         self.proc = proc
         self.workdir = workdir
@@ -87,10 +95,18 @@ class Runner:
         self.info: dict[str, Any] = {}
         self.started_at = time.monotonic()
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        # One connection per request in flight: the residency's queue cap is the
+        # backpressure (a 503 past it), so a request never waits here for a connection,
+        # and a wait here would end in a pool timeout the client saw as a lost runner.
+        # (A transport given to a client keeps its own limits: they are set on it.)
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=min(max_connections, _KEEPALIVE),
+        )
         self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)),
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket), limits=limits),
             base_url="http://runner",
-            timeout=httpx.Timeout(10.0, read=None),
+            timeout=httpx.Timeout(10.0, read=None, pool=None),
         )
         self._reader = asyncio.create_task(self._read_output())
         self.exited = asyncio.create_task(self._wait_exit())
@@ -103,8 +119,10 @@ class Runner:
         python: str = "",
         load_timeout: float = 300.0,
         on_progress: Callable[[int, int], None] | None = None,
+        max_connections: int = _DEFAULT_CONNECTIONS,
     ) -> Runner:
-        """Starts the process and waits until it reports the model loaded."""
+        """Starts the process and waits until it reports the model loaded; `max_connections`
+        bounds the requests that can be in flight to it at once."""
         workdir = Path(tempfile.mkdtemp(prefix="freetoken-runner-"))
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
@@ -120,7 +138,7 @@ class Runner:
             # Its own session: a Ctrl-C at the server's terminal is the server's to handle.
             start_new_session=True,
         )
-        runner = cls(spec, proc, workdir)
+        runner = cls(spec, proc, workdir, max_connections)
         log.info("runner for %s started (pid %d)", spec.name, proc.pid)
         try:
             await runner._wait_ready(load_timeout, on_progress)

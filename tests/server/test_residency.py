@@ -162,3 +162,89 @@ def test_loading_progress_is_visible_while_a_model_loads(tmp_path):
         t.join()
         assert loaded[0].json()["done_reason"] == "load"
         assert httpx.get(f"{srv.url}/api/loading").json() == {"models": []}
+
+
+FAKE_SLOW_RUNNER = r"""
+import json, socketserver, sys, time
+from http.server import BaseHTTPRequestHandler
+
+sock = sys.argv[sys.argv.index("--socket") + 1]
+HOLD = float(sys.argv[sys.argv.index("--hold") + 1])
+
+class Runner(BaseHTTPRequestHandler):
+    def _send(self, body, close=False):
+        self.send_response(200)
+        if not close:
+            self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._send(json.dumps({"status": "ok", "info": {}}).encode())
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self.close_connection = True
+        self._send(b'{"content": "x"}\n', close=True)
+        self.wfile.flush()
+        time.sleep(HOLD)  # the server closes the connection first: its client left
+
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "runner"
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+Server(sock, Runner).serve_forever()
+"""
+
+
+async def _hold_streams(url: str, n: int) -> tuple[list[int], httpx.Response]:
+    """`n` streams held open at once (each past its first event), then one request more;
+    returns the streams' statuses and the answer to the one more."""
+    import asyncio
+
+    started, release = asyncio.Semaphore(0), asyncio.Event()
+    limits = httpx.Limits(max_connections=n + 10)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def hold() -> int:
+            body = {"model": "a", "prompt": "x"}
+            async with client.stream("POST", "/api/generate", json=body) as r:
+                lines = r.aiter_lines()  # held: a dropped iterator closes the stream
+                await anext(lines)  # the runner's first event came through
+                started.release()
+                await release.wait()
+                return r.status_code
+
+        streams = [asyncio.create_task(hold()) for _ in range(n)]
+        for _ in range(n):  # all of them at once: none waits for a connection to the runner
+            await asyncio.wait_for(started.acquire(), 30)
+        over = await client.post("/api/generate", json={"model": "a", "prompt": "x"})
+        release.set()
+        return list(await asyncio.gather(*streams)), over
+
+
+def test_more_streams_than_a_connection_pool_queue_or_get_503(tmp_path):
+    """Issue 22: past 100 concurrent streams, requests waited for a connection to their
+    runner until the pool gave up, and failed as a lost runner (500). Now every request the
+    queue admits has its connection at once; past the queue it is Ollama's 503."""
+    import asyncio
+    import sys
+
+    script = tmp_path / "fake_runner.py"
+    script.write_text(FAKE_SLOW_RUNNER)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} {script} --hold 60 "$@"\n')
+    python.chmod(0o755)
+    env = {"FREETOKEN_RUNNER_PYTHON": str(python), "FREETOKEN_MAX_QUEUE": "120"}
+    with serve(tmp_path, **env) as srv:
+        httpx.post(f"{srv.url}/api/generate", json={"model": "a"}, timeout=30)  # loaded
+        statuses, over = asyncio.run(_hold_streams(srv.url, 120))
+        assert statuses == [200] * 120
+        assert over.status_code == 503 and over.json() == {"error": BUSY_MESSAGE}
+        wait_for(lambda: srv.services.residency.pending == 0)
