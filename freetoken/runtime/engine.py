@@ -59,6 +59,7 @@ class Engine:
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs, self.state = graphs, state
+        self.vocab_size = model.args.vocab_size  # token ids a step can embed
         self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
         prefix = PrefixCache(kv.pool, kv.page_size, kv.copy_page) if prefix_cache else None
@@ -124,6 +125,10 @@ class Engine:
         for kind, item in inbox:
             if kind == "add":
                 self.requests[item.seq.id] = item
+                if bad := self._bad_token(item.seq):
+                    # an id past the embedding would fail the whole step, every sequence in it
+                    self._fail(item, f"token id {bad} is not in the vocabulary")
+                    continue
                 self.scheduler.add(item.seq)
             elif kind == "call":
                 fn, fut = item
@@ -133,6 +138,9 @@ class Engine:
                     fut.set_exception(e)
             elif item in self.requests:
                 self._finish(self.requests[item], "abort", emit=False)
+
+    def _bad_token(self, seq: Sequence) -> int | None:
+        return next((t for t in seq.prompt_ids if not 0 <= t < self.vocab_size), None)
 
     def _between_steps(self, tokens: int) -> None:
         """Lets the expert backend change placement now, never in the middle of a step."""
@@ -193,16 +201,26 @@ class Engine:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     @staticmethod
-    def _masks(plan: Plan) -> list[torch.Tensor | None]:
-        """For each sequence that samples this step, its grammar's mask (None: free)."""
-        return [
-            seq.constraint.mask() if seq.constraint is not None else None
-            for seq, n in plan
-            if seq.num_cached + n == seq.num_tokens
-        ]
+    def _masks(plan: Plan) -> list[torch.Tensor | Exception | None]:
+        """For each sequence that samples this step, its grammar's mask (None: free), or
+        the error its grammar raised (that sequence fails; the others go on)."""
+        out: list[torch.Tensor | Exception | None] = []
+        for seq, n in plan:
+            if seq.num_cached + n != seq.num_tokens:
+                continue
+            try:
+                out.append(seq.constraint.mask() if seq.constraint is not None else None)
+            except Exception as e:
+                out.append(e)
+        return out
 
     def _postprocess(
-        self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None], t0: int, t1: int
+        self,
+        plan: Plan,
+        logits: torch.Tensor,
+        masks: list[torch.Tensor | Exception | None],
+        t0: int,
+        t1: int,
     ) -> None:
         row = 0
         for seq, n in plan:
@@ -217,16 +235,28 @@ class Engine:
                 seq.prefill_ns = t1 - req.t_submit
                 seq.first_token_ns = t1
             seq.decode_ns = t1 - seq.first_token_ns
-            if mask is not None:
-                if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
-                    self._finish(req, "stop")
-                    continue
-                scores = scores.masked_fill(~mask, float("-inf"))
-            token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
-            if seq.top_logprobs is not None and token not in seq.stop_ids:
-                lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
-                seq.logprobs.append((token, lp, top))
-            self._accept(req, token)
+            try:
+                # what fails here is this sequence's own (its parameters, its grammar, its
+                # output parser): it ends with the error, the batch goes on
+                if isinstance(mask, Exception):
+                    raise mask
+                self._sample(req, scores, mask)
+            except Exception as e:
+                log.error("sequence %d failed: %s", seq.id, e, exc_info=e)
+                self._fail(req, f"{type(e).__name__}: {e}")
+
+    def _sample(self, req: Request, scores: torch.Tensor, mask: torch.Tensor | None) -> None:
+        seq = req.seq
+        if mask is not None:
+            if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
+                self._finish(req, "stop")
+                return
+            scores = scores.masked_fill(~mask, float("-inf"))
+        token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+        if seq.top_logprobs is not None and token not in seq.stop_ids:
+            lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
+            seq.logprobs.append((token, lp, top))
+        self._accept(req, token)
 
     def _accept(self, req: Request, token: int) -> None:
         seq = req.seq
@@ -259,6 +289,20 @@ class Engine:
         del self.requests[seq.id]
         req.on_output(seq, tail, True)
 
+    def _fail(self, req: Request, message: str) -> None:
+        """Ends one request with an error; its pages go back whatever its output does."""
+        seq = req.seq
+        seq.error = message
+        if seq.id not in self.requests:  # it failed while finishing: already gone
+            return
+        seq.status, seq.finish_reason = Status.FINISHED, "error"
+        self.scheduler.remove(seq)
+        del self.requests[seq.id]
+        try:
+            req.on_output(seq, "", True)
+        except Exception:
+            log.exception("sequence %d: its error could not be reported", seq.id)
+
     def _matched(self, seq: Sequence, found: Match) -> None:
         """Says in the debug log how much of a prompt the prefix cache held, and where and
         why the rest differs from what it holds (a history that re-renders to other token
@@ -284,8 +328,7 @@ class Engine:
     def fail_all(self, message: str) -> None:
         """Ends every request with an error (after a failed step) and frees their pages."""
         for req in list(self.requests.values()):
-            req.seq.error = message
-            self._finish(req, "error", emit=False)
+            self._fail(req, message)
 
     def stats(self) -> dict:
         pool = self.kv.pool

@@ -4,6 +4,11 @@ Truncation follows Ollama: a chat that does not fit in num_ctx loses its oldest
 non-system messages first (the last message always stays); what still does not fit is cut
 at the token level, keeping the first `num_keep` tokens. With `truncate: false` an
 over-long input is an error instead.
+
+The time this takes is bounded by the context, not by the request: no token covers more
+than `max_token_chars` characters, so a text longer than num_ctx times that is known to be
+too long without tokenizing it; of such a text only the head and the tail that truncation
+keeps are tokenized, and the messages to drop are found by bisection.
 """
 
 from __future__ import annotations
@@ -77,37 +82,68 @@ class PromptBuilder:
 
     def build(self, req: CompletionRequest, num_ctx: int) -> Prompt:
         truncate = req.truncate
-        num_keep = int(req.options.get("num_keep", 4))
+        num_keep = max(0, min(int(req.options.get("num_keep", 4)), num_ctx - 1))
+        limit = self._limit(num_ctx)
         if req.is_generate:
             prefix = list(req.context or [])
             if req.raw:
                 text = req.prompt or ""
             else:
                 text = self.render(_messages_for_generate(req), req)
-            ids = prefix + self.tokenizer.encode(text)
+            ids = prefix + self._encode(text, limit, num_keep, num_ctx, truncate)
             return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
         messages = _clean(req.messages or [])
         text = self.render(messages, req)
-        ids = self.tokenizer.encode(text)
-        if len(ids) >= num_ctx and truncate:
-            text, ids = self._drop_messages(messages, req, num_ctx)
+        ids = self._encode_within(text, limit)
+        if (ids is None or len(ids) >= num_ctx) and truncate:
+            text, ids = self._drop_messages(messages, req, num_ctx, limit)
+        if ids is None:
+            ids = self._encode(text, limit, num_keep, num_ctx, truncate)
         return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
 
+    def _limit(self, num_ctx: int) -> int:
+        # twice the bound: normalizers that merge characters must not make a text that
+        # fits look too long
+        return 2 * num_ctx * self.tokenizer.max_token_chars
+
+    def _encode_within(self, text: str, limit: int) -> list[int] | None:
+        """The text's ids, or None for a text too long to fit (not worth tokenizing)."""
+        return self.tokenizer.encode(text) if len(text) <= limit else None
+
+    def _encode(
+        self, text: str, limit: int, num_keep: int, num_ctx: int, truncate: bool
+    ) -> list[int]:
+        """The ids of `text`, or of a text too long to fit, the head and tail that the
+        token-level cut keeps (each holds at least as many tokens as it keeps)."""
+        if (ids := self._encode_within(text, limit)) is not None:
+            return ids
+        if not truncate:
+            raise PromptError(f"the input length exceeds the context length ({num_ctx} tokens)")
+        head = self.tokenizer.encode(text[: num_keep * self.tokenizer.max_token_chars])
+        return head[:num_keep] + self.tokenizer.encode(text[-limit:])
+
     def _drop_messages(
-        self, messages: list[dict[str, Any]], req: CompletionRequest, num_ctx: int
-    ) -> tuple[str, list[int]]:
-        kept = list(messages)
-        while True:
-            droppable = [i for i, m in enumerate(kept[:-1]) if m["role"] != "system"]
-            if not droppable:
-                break
-            del kept[droppable[0]]
-            text = self.render(kept, req)
-            ids = self.tokenizer.encode(text)
-            if len(ids) < num_ctx:
-                return text, ids
-        text = self.render(kept, req)
-        return text, self.tokenizer.encode(text)
+        self, messages: list[dict[str, Any]], req: CompletionRequest, num_ctx: int, limit: int
+    ) -> tuple[str, list[int] | None]:
+        """The fewest oldest non-system messages to drop (the last always stays) for the
+        rest to fit; all of them if nothing fits. Fewer messages never make more tokens,
+        so the count is found by bisection."""
+        droppable = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+
+        def without(k: int) -> tuple[str, list[int] | None]:
+            gone = set(droppable[:k])
+            text = self.render([m for i, m in enumerate(messages) if i not in gone], req)
+            return text, self._encode_within(text, limit)
+
+        lo, hi, found = 1, len(droppable), None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            text, ids = without(mid)
+            if ids is not None and len(ids) < num_ctx:
+                found, hi = (text, ids), mid - 1
+            else:
+                lo = mid + 1
+        return found or without(len(droppable))
 
     @staticmethod
     def _fit_tokens(p: Prompt, num_ctx: int, num_keep: int, truncate: bool) -> Prompt:
@@ -120,7 +156,7 @@ class PromptBuilder:
                 f"the input length ({len(p.ids)} tokens) exceeds the context length "
                 f"({num_ctx} tokens)"
             )
-        keep = max(0, min(num_keep, limit))
+        keep = min(num_keep, limit)
         p.ids = p.ids[:keep] + p.ids[len(p.ids) - (limit - keep) :]
         p.truncated = True
         return p

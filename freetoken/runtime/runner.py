@@ -68,8 +68,8 @@ def build_app(service: ModelService) -> Starlette:
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse(service.stats())
 
-    def completion(body: dict[str, Any], loop: asyncio.AbstractEventLoop) -> Response:
-        handle = service.start(CompletionRequest.from_json(body), loop)
+    async def completion(body: dict[str, Any], _: asyncio.AbstractEventLoop) -> Response:
+        handle = await service.start(CompletionRequest.from_json(body))
         return StreamingResponse(_ndjson(service, handle), media_type="application/x-ndjson")
 
     routes = [

@@ -94,7 +94,10 @@ def sample(
         vals, idx = torch.topk(logits, p.top_k)
     else:
         vals, idx = torch.sort(logits, descending=True)
-    probs = torch.softmax(vals / p.temperature, dim=-1)
+    # the largest is 0 before scaling, so no temperature (1e-300 included) overflows it
+    probs = torch.softmax((vals - vals[0]) / p.temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):  # logits that were not finite to begin with
+        return int(idx[0])
     keep = probs.numel()
     if 0.0 < p.top_p < 1.0:
         cum = torch.cumsum(probs, dim=-1)

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from freetoken import dist
 from freetoken import options as opts
 from freetoken.config import parse_size
 from freetoken.moe import elastic
-from freetoken.protocol import CompletionRequest
+from freetoken.protocol import CompletionRequest, error_event
 from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
 from freetoken.runtime.events import Handle
@@ -50,6 +51,8 @@ class ModelService:
         self.watcher: elastic.Watcher | None = None
         self.ceiling = 0  # the cache size the watcher grows back to (the last manual resize)
         self._load = ModelLoad(spec, cfg, self.files, self.num_ctx, self.num_parallel)
+        # prompts are prepared here; two at once keep a long one from holding up the rest
+        self._prepare_pool = ThreadPoolExecutor(2, thread_name_prefix="prepare")
 
     @property
     def engine(self):
@@ -133,15 +136,27 @@ class ModelService:
             out["experts"] = self.experts.stats()
         return out
 
-    def start(self, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Handle:
-        """Submits the request; its events arrive on the handle's queue."""
+    async def start(self, req: CompletionRequest) -> Handle:
+        """Submits the request; its events arrive on the handle's queue. The prompt is
+        rendered and tokenized on a worker thread, never on the loop that streams every
+        other request's output."""
         s = self._ready()
-        prepared = s.requests.prepare(req)
+        vocab = s.engine.vocab_size
+        if bad := next((t for t in req.context or () if not 0 <= t < vocab), None):
+            raise RequestError(f"context holds token id {bad}, not in the model's vocabulary")
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._prepare_pool, s.requests.prepare, req)
         seq = prepared.seq
         handle = Handle(seq, asyncio.Queue(), prepared.prompt_tokens, req.kind, prepared.parser)
 
         def on_output(_: Sequence, text: str, finished: bool) -> None:
-            for event in s.formatter.events(handle, text, finished):
+            try:
+                events = s.formatter.events(handle, text, finished)
+            except Exception as e:  # this request's output parser: it alone fails
+                failed = error_event(f"{type(e).__name__}: {e}")
+                loop.call_soon_threadsafe(handle.queue.put_nowait, failed)
+                raise
+            for event in events:
                 loop.call_soon_threadsafe(handle.queue.put_nowait, event)
 
         if seq.max_new_tokens <= 0:
@@ -151,9 +166,11 @@ class ModelService:
             s.engine.submit(seq, on_output)
         return handle
 
-    def tokenize(self, req: CompletionRequest) -> dict[str, int]:
+    async def tokenize(self, req: CompletionRequest) -> dict[str, int]:
         """How many tokens /completion would start from for `req`, before any truncation."""
-        return {"count": self._ready().requests.count(req)}
+        count = self._ready().requests.count
+        loop = asyncio.get_running_loop()
+        return {"count": await loop.run_in_executor(self._prepare_pool, count, req)}
 
     def cancel(self, handle: Handle) -> None:
         if not handle.seq.is_finished and self.engine is not None:

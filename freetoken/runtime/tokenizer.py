@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,9 +54,17 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size()
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: a text of n characters is at least
+        n / max_token_chars tokens, which bounds the text worth tokenizing for a context."""
+        return max(1, max((len(t) for t in self.tok.get_vocab(with_added_tokens=True)), default=1))
+
     def encode(self, text: str) -> list[int]:
-        # Templates write special tokens as text; they are matched as tokens here.
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        # Templates write special tokens as text; they are matched as tokens here. The batch
+        # call releases the GIL while it works (the single one does not): a long prompt
+        # tokenized on one thread no longer stops every other thread of the runner.
+        ids = self.tok.encode_batch([text], add_special_tokens=False)[0].ids
         if self.add_bos and not text.startswith(self.bos_token or "\0"):
             ids = [self.tok.token_to_id(self.bos_token)] + ids
         return ids

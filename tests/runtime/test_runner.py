@@ -103,6 +103,38 @@ def test_concurrent_requests_all_finish(runner):
     assert all(ev[-1]["eval_count"] == 16 for ev in results)
 
 
+def test_context_ids_outside_the_vocabulary_are_400(runner):
+    for ids in ([999_999], [-1], [1, 2, 10**12]):
+        body = {"kind": "generate", "prompt": "x", "context": ids}
+        r = runner.post("/completion", json=body)
+        assert r.status_code == 400 and "vocabulary" in r.json()["error"], ids
+    assert _events(runner, {"kind": "generate", "prompt": "x", "options": {"num_predict": 1}})
+
+
+def test_a_huge_prompt_is_cut_in_bounded_time_beside_a_running_stream(runner):
+    """Templating and tokenization of a prompt far past the context run off the runner's
+    event loop and only over what the context can hold (tests/runtime/test_prompt.py counts
+    the characters): a 4 MB prompt is answered from its last tokens in seconds, and a
+    stream running meanwhile finishes whole."""
+    import concurrent.futures as cf
+
+    stream = {"kind": "generate", "prompt": "a", "raw": True}
+    stream["options"] = {"temperature": 0, "num_predict": 40, "stop": []}
+    huge = {"kind": "chat", "messages": [{"role": "user", "content": "word " * 800_000}]}
+    huge["options"] = {"num_predict": 2}
+    with cf.ThreadPoolExecutor(2) as ex:
+        running = ex.submit(_events, runner, stream)
+        t0 = time.monotonic()
+        done = _events(runner, huge)[-1]
+        took = time.monotonic() - t0
+        other = running.result()[-1]
+    assert done["done"] and done["prompt_eval_count"] <= 256
+    assert took < 30, took
+    assert other["done"] and other["eval_count"] + other["prompt_eval_count"] > 0
+    r = runner.post("/completion", json={**huge, "truncate": False})
+    assert r.status_code == 400 and "exceeds the context length" in r.json()["error"]
+
+
 def test_a_second_turn_evaluates_only_what_is_new(runner):
     """The three-turn chat of an agent: each turn's done counts only the tokens it evaluated,
     the rest as cached, and answers as a request that reuses nothing does."""
