@@ -35,7 +35,7 @@ from freetoken.api.openai_stream import (
 )
 from freetoken.api.state import resolve, services
 from freetoken.api.types import ChatRequest, GenerateRequest, field_of, parse_json
-from freetoken.api.validate import check_tools
+from freetoken.api.validate import check_format, check_tools
 from freetoken.store import Name
 
 __all__ = [
@@ -126,10 +126,11 @@ def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
     if kind == "json_object":
         return "json"
     if kind == "json_schema":
-        schema = (rf.get("json_schema") or {}).get("schema")
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
             raise APIError(400, "invalid response_format: json_schema.schema must be an object")
-        return schema
+        return check_format(schema)
     raise APIError(400, f"invalid response_format type {kind!r}")
 
 

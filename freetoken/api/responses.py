@@ -40,7 +40,7 @@ from freetoken.api.responses_stream import (
 )
 from freetoken.api.state import services
 from freetoken.api.types import ChatRequest, field_of, parse_json
-from freetoken.api.validate import check_tools
+from freetoken.api.validate import check_format, check_tools
 
 __all__ = ["responses", "responses_request"]
 
@@ -132,13 +132,15 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _format(text: dict[str, Any] | None) -> str | dict[str, Any] | None:
     fmt = (text or {}).get("format") or {}
+    if not isinstance(fmt, dict):
+        raise APIError(400, "invalid text.format: expected an object")
     kind = fmt.get("type")
     if kind in (None, "text"):
         return None
     if kind == "json_object":
         return "json"
     if kind == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return fmt["schema"]
+        return check_format(fmt["schema"])
     raise APIError(400, f"invalid text.format {kind!r}")
 
 

@@ -16,6 +16,7 @@ from freetoken import options as opts
 from freetoken.api.errors import APIError
 from freetoken.api.validate import (
     JSON_NAMES,
+    check_format,
     check_int,
     check_tool_calls,
     check_tools,
@@ -104,7 +105,7 @@ def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:
     if value in (None, ""):
         return None
     if value == "json" or isinstance(value, dict):
-        return value
+        return check_format(value)
     raise APIError(400, 'invalid format: expected "json" or a JSON schema')
 
 

@@ -16,11 +16,13 @@ import re
 from typing import Any
 
 from freetoken.api.errors import APIError
+from freetoken.chat import structured
 
 __all__ = [
     "INT64",
     "JSON_NAMES",
     "MAX_DEPTH",
+    "check_format",
     "check_int",
     "check_tool_calls",
     "check_tools",
@@ -194,3 +196,19 @@ def check_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
         if fn.get("arguments") is not None:
             _object(fn["arguments"], f"{at}.function.arguments")
     return calls
+
+
+def check_format(fmt: Any) -> Any:
+    """A `format` JSON schema the runner can hold an answer to, compiled here once so that a
+    schema it cannot (a `$ref` that points nowhere, `properties` that are not an object) is
+    this request's 400 before any runner is involved."""
+    if not isinstance(fmt, dict):
+        return fmt
+    try:
+        structured.format_grammar(fmt)
+    except structured.SchemaError as e:
+        raise APIError(400, f"invalid format: {e}") from None
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as e:
+        # the compiler met a shape it does not expect: the schema's fault, not the server's
+        raise APIError(400, f"invalid format: not a usable JSON schema ({e})") from None
+    return fmt

@@ -202,3 +202,22 @@ def test_error_messages_echoing_odd_text_still_render(http):
     name = 'nope"\\\u2028'
     r = http.post("/api/show", content=json.dumps({"model": name}).encode())
     assert r.status_code == 404 and name in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"type": "object", "properties": [1]},
+        {"$ref": "#/nope"},
+        {"$ref": "https://example.com/schema"},
+        {"type": "object", "properties": {"a": {}}, "required": ["b"]},
+        {"items": 3, "type": "array"},
+    ],
+)
+def test_unusable_format_schemas_are_400_before_any_runner(http, v1_http, server, fmt):
+    r = http.post("/api/chat", json={**CHAT, "format": fmt})
+    assert r.status_code == 400 and r.json()["error"].startswith("invalid format"), r.text
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": fmt}}
+    r = v1_http.post("/v1/chat/completions", json={**CHAT, "response_format": rf})
+    assert _openai_400(r) and "invalid format" in r.json()["error"]["message"]
+    assert server.services.residency.runners() == {}
