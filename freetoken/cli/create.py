@@ -25,7 +25,7 @@ __all__ = ["build_request", "create", "digest_file", "model_files", "resolve_pat
 MODEL_FILE_PATTERNS = (
     "*.json",
     "*.safetensors",
-    "*.ftw",
+    "ftw-*.bin",  # FTW shards (docs/ftw.md)
     "*.gguf",
     "*.txt",
     "*.model",

@@ -26,6 +26,7 @@ import math
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from freetoken.pull.frames import (
     aligned_buffer,
     decode_frame,
 )
+from freetoken.pull.options import TransferOptions
 from freetoken.pull.sha256 import Sha256
 
 __all__ = [
@@ -59,28 +61,6 @@ _WRITE_BUFFER = 1 << 20
 
 class Cancelled(Exception):
     """Every pull waiting for this download went away."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransferOptions:
-    """How pulls and pushes use the network; `from_config` reads the settings."""
-
-    streams: int = 8  # ranged GETs in flight (pull), layers sent at once (push)
-    # The largest part of a blob. Parts are fetched in order, so the hash follows at most
-    # about `streams` parts behind the bytes that arrive.
-    part_size: int = 16 << 20
-    min_part_size: int = 1 << 20  # a blob is cut into parts no smaller than this
-    stall_timeout: float = 30.0  # seconds without a byte before a part is tried again
-    retries: int = 6  # tries of one part after the first, without progress in between
-    backoff: float = 1.0  # seconds before the first retry; doubles with each
-    state_every: int = 8 << 20  # bytes between writes of a part's state file
-    verified_every: int = 64 << 20  # file bytes hashed between saves of the hash state
-    upload_chunk: int = 64 << 20  # bytes per PATCH of an upload
-    frame_size: int = 4 << 20  # file bytes per zstd frame of a pushed file
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> TransferOptions:
-        return cls(streams=cfg.max_transfer_streams)
 
 
 @dataclass(slots=True)
@@ -329,7 +309,7 @@ def fetch_part(
     Tries count only while nothing is kept: a part that keeps making progress keeps going.
     Raises Cancelled, RegistryError (retries spent, or a registry that refuses), OSError.
     """
-    failures = 0
+    failures, progressed = 0, time.monotonic()
     try:
         while not part.done:
             if cancelled.is_set():
@@ -338,12 +318,20 @@ def fetch_part(
             try:
                 _stream_part(client, repo, digest, part, partial, opts, cancelled, on_bytes, frames)
             except TransientError as e:
-                failures = 0 if part.completed > before else failures + 1
-                if failures > opts.retries:
-                    raise RegistryError(
-                        f"downloading {digest}: {e} (gave up after {failures} tries)", e.status
-                    ) from None
-                if cancelled.wait(opts.backoff * 2 ** (failures - 1) if failures else 0):
+                if part.completed > before:
+                    failures, progressed = 0, time.monotonic()
+                else:
+                    failures += 1
+                wait = opts.backoff * 2 ** (failures - 1) if failures else 0
+                idle = time.monotonic() - progressed
+                why = f"gave up after {failures} tries"
+                if failures and idle + wait + opts.stall_timeout > opts.give_up:
+                    why += f", {idle:.0f} s without a byte"  # the next try would end past it
+                elif failures <= opts.retries:
+                    why = ""
+                if why:
+                    raise RegistryError(f"downloading {digest}: {e} ({why})", e.status) from None
+                if cancelled.wait(wait):
                     raise Cancelled from None
     finally:
         if part.completed:  # a part that never began needs no state file

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 from freetoken.store import manifest as mf
@@ -40,17 +39,6 @@ ZSTD = mf.FILE + "+zstd"
 FRAME_SIZE = "org.freetoken.zstd.frame-size"
 FRAMES = "org.freetoken.zstd.frames"
 MAX_FRAME_SIZE = 1 << 28  # a pull holds a few frames per stream in memory
-
-
-def _safe_file_name(name: str) -> bool:
-    """A relative path inside the model directory: a registry must not name `../x`."""
-    path = PurePosixPath(name)
-    return (
-        bool(name)
-        and "\\" not in name
-        and not path.is_absolute()
-        and all(part not in ("", ".", "..") for part in name.split("/"))
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +104,7 @@ class WireLayer:
         except (KeyError, TypeError, ValueError) as e:
             raise mf.ManifestError(f"bad layer {json.dumps(obj)[:200]}: {e}") from None
         name = layer.name
-        if name is not None and not (isinstance(name, str) and _safe_file_name(name)):
+        if name is not None and not mf.safe_file_name(name):
             raise mf.ManifestError(f"bad layer name {name!r}")
         if layer.media_type in (mf.FILE, ZSTD) and layer.name is None:
             raise mf.ManifestError(f"file layer {layer.digest} has no name")

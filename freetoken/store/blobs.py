@@ -2,7 +2,9 @@
 
 Bytes go to a temporary file in the blobs directory and are hashed as they are written; the
 file is fsynced and renamed to its digest's name only once the digest checks out. A reader
-therefore sees a blob either whole or not at all, and anything else in the directory is a
+therefore sees a blob either whole or not at all. Beside the blobs live the partial files
+of interrupted pulls (`<blob>-partial`, with the saved state that lets a later pull resume
+them: `-partial-<N>` per part, `-partial-verified` for the hash); anything else is a
 leftover that `prune` may remove.
 """
 
@@ -20,6 +22,8 @@ from freetoken.store.names import parse_digest
 __all__ = ["BlobStore", "BlobWriter", "DigestMismatch", "digest_of_file"]
 
 _BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
+# A pull's partial file and its saved states (freetoken.pull.parts writes them).
+_PARTIAL = re.compile(r"(sha256-[0-9a-f]{64}-partial)(?:-(?:\d+|verified))?")
 _TEMP_PREFIX = "partial-"
 _CHUNK = 1 << 20
 
@@ -174,13 +178,25 @@ class BlobStore:
         self.path(digest).unlink(missing_ok=True)
 
     def prune(self, keep: set[str]) -> list[str]:
-        """Removes every file that is not a blob in `keep` (leftovers included); returns names."""
+        """Removes every file that is not a blob in `keep` nor part of a pull that can be
+        resumed (a partial file with saved state); returns the names removed."""
         if not self.root.is_dir():
             return []
-        keep_names = {parse_digest(d).replace(":", "-") for d in keep}
+        files = {p.name for p in self.root.iterdir() if p.is_file()}
+        keep_names = {parse_digest(d).replace(":", "-") for d in keep} | _resumable(files)
         removed = []
-        for p in self.root.iterdir():
-            if p.is_file() and p.name not in keep_names:
-                p.unlink(missing_ok=True)
-                removed.append(p.name)
+        for name in sorted(files - keep_names):
+            (self.root / name).unlink(missing_ok=True)
+            removed.append(name)
         return removed
+
+
+def _resumable(names: set[str]) -> set[str]:
+    """The partial files that a pull can resume, with their states: a partial file whose
+    progress was saved (a part's state or the hash state). A partial without any state
+    holds nothing known to be good, and states without their file resume nothing."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if m := _PARTIAL.fullmatch(name):
+            groups.setdefault(m.group(1), []).append(name)
+    return {n for base, group in groups.items() if base in names and len(group) > 1 for n in group}

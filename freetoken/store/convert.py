@@ -7,7 +7,9 @@ store rather than copied.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -70,6 +72,8 @@ def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
             last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [
                 f"exit code {proc.returncode}"
             ]
+            if os.strerror(errno.ENOSPC) in err:  # the disk, not the model: a 507 like any write
+                raise OSError(errno.ENOSPC, f"converting {src.name} to FTW: {last[0]}")
             raise ConversionFailed(
                 f"converting {src.name} to FTW failed: {last[0].removeprefix('error: ')}"
             )

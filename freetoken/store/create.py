@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from freetoken import options as opts
 from freetoken.store import convert
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
+from freetoken.store.ftwcheck import FTWInvalid, check_ftw
 from freetoken.store.names import InvalidName, Name, parse_digest
 
 if TYPE_CHECKING:
@@ -139,8 +140,11 @@ def _shards(read_json: Any, index: str) -> set[str]:
     return set((data.get("weight_map") or {}).values())
 
 
-def _check_files(names: set[str], read_json: Any, where: str) -> dict[str, Any]:
-    """Checks a model directory's file set; returns its manifest config blob.
+def _check_files(
+    names: set[str], read_json: Any, where: str, size_of: Callable[[str], int | None]
+) -> dict[str, Any]:
+    """Checks a model directory's file set; returns its manifest config blob. An FTW
+    model's index and shards are checked whole (`size_of`: a file's size, None if absent).
 
     A single GGUF file is accepted as it is: what it holds is known once it is converted.
     """
@@ -163,6 +167,11 @@ def _check_files(names: set[str], read_json: Any, where: str) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise CreateError(f"{where}: config.json is not a JSON object")
     index = read_json(FTW_INDEX) if FTW_INDEX in names else None
+    if index is not None:
+        try:
+            check_ftw(index, lambda name: size_of(name) if name in names else None)
+        except FTWInvalid as e:
+            raise CreateError(f"{where}: {FTW_INDEX}: {e}") from None
     out = _model_config(config, where, index if isinstance(index, dict) else None)
     if FTW_INDEX in names:
         out["model_format"] = "ftw"
@@ -300,8 +309,7 @@ def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
     where = "the uploaded files"
     checked: dict[str, str] = {}
     for name, digest in files.items():
-        parts = Path(name).parts
-        if not name or Path(name).is_absolute() or ".." in parts or name.startswith("~"):
+        if not mf.safe_file_name(name) or name.startswith("~"):
             raise CreateError(f"invalid file name {name!r}: paths must be relative")
         try:
             digest = parse_digest(str(digest))
@@ -317,7 +325,8 @@ def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
         except (OSError, ValueError) as e:
             raise CreateError(f"{where}: cannot read {name}: {e}") from None
 
-    plan.model_config = _check_files(set(checked), read, where)
+    size_of = lambda name: store.blobs.size(checked[name])  # noqa: E731
+    plan.model_config = _check_files(set(checked), read, where, size_of)
     plan.upload_files = checked
 
 
@@ -340,7 +349,8 @@ def _from_directory(plan: CreatePlan, text: str) -> None:
             raise CreateError(f"{where}: cannot read {name}: {e}") from None
 
     ggufs = _gguf_names(path)
-    plan.model_config = _check_files(set(names) | ggufs, read, where)
+    size_of = lambda name: (path / name).stat().st_size  # noqa: E731
+    plan.model_config = _check_files(set(names) | ggufs, read, where, size_of)
     if ggufs:
         plan.copy_from = path / next(iter(ggufs))
     else:

@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "read",
+    "safe_file_name",
     "write",
 ]
 
@@ -45,6 +46,20 @@ LICENSE = "application/vnd.ollama.image.license"
 
 class ManifestError(ValueError):
     """A manifest file that is not valid JSON of the expected shape."""
+
+
+def safe_file_name(name: object) -> bool:
+    """A relative path inside the model directory. A layer's name becomes a file name
+    beside the others (a runner's links, a conversion's sources), so `../x`, `/etc/x` or
+    a backslash must never be one: every reader and the registry refuse such a manifest."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and "\\" not in name
+        and "\0" not in name
+        and not PurePosixPath(name).is_absolute()
+        and all(part not in ("", ".", "..") for part in name.split("/"))
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +83,11 @@ class Layer:
     def from_json(cls, obj: Any) -> Layer:
         if not isinstance(obj, dict):
             raise ManifestError("layer is not an object")
+        name = obj.get("name")
+        if name is not None and not safe_file_name(name):
+            raise ManifestError(f"bad layer name {name!r}: not a relative path")
         try:
-            return cls(str(obj["mediaType"]), str(obj["digest"]), int(obj["size"]), obj.get("name"))
+            return cls(str(obj["mediaType"]), str(obj["digest"]), int(obj["size"]), name)
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"bad layer {obj!r}: {e}") from None
 

@@ -168,6 +168,14 @@ def test_model_files_skips_hidden_files_and_subdirectories(model_dir):
     ]
 
 
+def test_model_files_of_an_ftw_directory_include_its_shards(tmp_path):
+    # issue 22: the shards (ftw-NNNNN.bin) were left behind and the create failed
+    for name in ("ftw.json", "ftw-00000.bin", "ftw-00001.bin", "config.json", "notes.bin"):
+        (tmp_path / name).write_bytes(b"x")
+    names = [p.name for p in model_files(tmp_path)]
+    assert names == ["config.json", "ftw-00000.bin", "ftw-00001.bin", "ftw.json"]
+
+
 def test_resolve_path_prefers_an_existing_path(tmp_path):
     (tmp_path / "demo").mkdir()
     assert resolve_path("demo", tmp_path) == tmp_path / "demo"

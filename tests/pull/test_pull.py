@@ -188,23 +188,31 @@ def test_a_new_version_frees_the_old_layers(source, registry, cfg, hub, dest):
     assert old - new and old & new  # the shard went; the shared tokenizer stayed
 
 
-def test_prune_drops_what_an_interrupted_pull_left(source, registry, cfg, hub, dest):
+def test_prune_keeps_what_a_pull_can_resume_and_drops_the_rest(source, registry, cfg, hub, dest):
     publish(source, cfg, "tiny")
     pull_model(dest, "tiny", cfg=cfg, transfers=hub)
     blobs = dest.blobs.root
-    for leftover in (
+    resumable = (  # a partial file with saved state: a later pull goes on from it
         "sha256-" + "a" * 64 + "-partial",
         "sha256-" + "a" * 64 + "-partial-0",
-        "sha256-" + "a" * 64 + "-partial-0.tmp",
+        "sha256-" + "a" * 64 + "-partial-verified",
+    )
+    leftovers = (
+        "sha256-" + "a" * 64 + "-partial-0.tmp",  # a state being written when the kill came
+        "sha256-" + "b" * 64 + "-partial",  # no state: nothing in it is known to be good
+        "sha256-" + "c" * 64 + "-partial-3",  # a state without its file
         "push-x1",
         "partial-x2",
-    ):
-        (blobs / leftover).write_bytes(b"x")
+    )
+    for name in resumable + leftovers:
+        (blobs / name).write_bytes(b"x")
     (dest.root / ".convert-x3").mkdir()
     kept = dest.blobs.digests()
-    dest.prune()
+    removed = dest.prune()
     assert dest.blobs.digests() == kept == dest.resolve("tiny").manifest.digests()
-    assert len(list(blobs.iterdir())) == len(kept) and not (dest.root / ".convert-x3").exists()
+    assert set(leftovers) <= set(removed) and all((blobs / n).exists() for n in resumable)
+    assert len(list(blobs.iterdir())) == len(kept) + len(resumable)
+    assert not (dest.root / ".convert-x3").exists()
 
 
 def test_a_pull_in_progress_keeps_its_blobs_from_delete(source, registry, cfg, hub, dest):

@@ -4,16 +4,21 @@ registries and pullers, resumes, full disks; for zstd layers in frames and in on
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import zstandard
 
 from freetoken.pull import RegistryError, pull, pull_model
+from freetoken.pull.downloads import Transfers
 from freetoken.pull.frames import Layout
 from freetoken.pull.parts import PartialFile, plan_parts
 from freetoken.pull.wire import ZSTD, WireLayer
@@ -188,6 +193,7 @@ def test_resume_after_the_puller_is_killed(source, registry, cfg, hub, dest, fra
             break
     proc.wait()
     assert dest.list_models() == []  # the manifest is written last
+    dest.prune()  # a server started now (issue 22: it pruned the partial, losing the pull)
     done = done_ranges(dest, layer)
     assert 0 < sum(b - a for a, b in done) < layer.size
     verified = PartialFile(dest.blobs.root, layer.digest, Layout.of(layer)).load_verified()
@@ -291,3 +297,49 @@ def test_frames_need_no_room_for_a_compressed_copy(source, registry, cfg, hub, s
     store = Store(small_disk)
     pull_model(store, "wide", cfg=cfg, transfers=hub)  # frames decode into the file's place
     same_files(source, store, "wide")
+
+
+class _Stalling(CountingTransport):
+    """The registry answers everything but the blobs' bytes, which never come: each ranged
+    GET waits out the read timeout (`stall` seconds) and fails as a stalled read does."""
+
+    def __init__(self, stall: float):
+        super().__init__()
+        self.stall, self.tries = stall, 0
+
+    def handle_request(self, request):
+        if request.method == "GET" and request.headers.get("range"):
+            self.tries += 1
+            time.sleep(self.stall)
+            raise httpx.ReadTimeout("timed out", request=request)
+        return super().handle_request(request)
+
+
+def test_a_stalled_registry_is_reported_within_the_give_up_time(source, registry, cfg, dest):
+    # issue 22: every try of every part waited out its stall, 274 s with the defaults
+    publish(source, cfg, "tiny")
+    opts = dataclasses.replace(OPTIONS, stall_timeout=0.5, give_up=2.0, backoff=0.2, retries=6)
+    hub = Transfers(opts)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RegistryError, match=r"gave up after \d tries, \d s without a byte"):
+            pull_model(dest, "tiny", cfg=cfg, transfers=hub, transport=_Stalling(0.5))
+    finally:
+        hub.close()
+    assert time.monotonic() - t0 < 2.0 + 1.5  # the budget, and the stall in flight
+    assert dest.list_models() == []
+
+
+def test_a_registry_that_never_answers_is_reported_at_its_first_stall(tmp_path, dest):
+    with socket.socket() as silent:  # accepts connections, reads, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        cfg = make_cfg(tmp_path / "models", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        hub = Transfers(dataclasses.replace(OPTIONS, stall_timeout=1.0))
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(RegistryError, match="timed out"):
+                pull_model(dest, "tiny", cfg=cfg, transfers=hub)
+        finally:
+            hub.close()
+    assert time.monotonic() - t0 < 5

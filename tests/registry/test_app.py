@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -276,6 +277,19 @@ def test_manifest_with_wrong_sizes_or_too_big_is_refused(client):
     assert r.status_code == 400 and error_code(r) == "MANIFEST_INVALID"
     r = client.put(f"/v2/{REPO}/manifests/latest", content=b" " * (5 << 20))
     assert r.status_code == 413
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/abs", "a/../b", "a\\b", "", "a//b", 7])
+def test_manifest_with_an_unsafe_layer_name_is_refused(registry, client, name):
+    # issue 22: a layer named ../../x was stored (201), and readers use names as file names
+    config, layer = b"{}", b"layer"
+    push_blob(client, REPO, config)
+    push_blob(client, REPO, layer)
+    obj = json.loads(manifest_for(config, layer))
+    obj["layers"][0]["name"] = name
+    r = client.put(f"/v2/{REPO}/manifests/latest", content=json.dumps(obj).encode())
+    assert r.status_code == 400 and error_code(r) == "MANIFEST_INVALID", r.text
+    assert list((registry.root / "manifests").rglob("*")) == []
 
 
 def test_catalog_and_tags(client):
