@@ -18,6 +18,7 @@ import torch
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
+from freetoken.runtime.anchors import Anchoring
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -56,13 +57,18 @@ class Engine:
         graphs: DecodeGraphs | None = None,
         prefix_cache: bool = False,
         state: StateCache | None = None,
+        anchoring: Anchoring | None = None,
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs, self.state = graphs, state
         self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
         prefix = PrefixCache(kv.pool, kv.page_size, kv.copy_page) if prefix_cache else None
-        self.scheduler = Scheduler(kv, max_running, prefill_chunk, prefix, self._matched, state)
+        self.anchoring = anchoring
+        store = anchoring.store if anchoring is not None else None
+        self.scheduler = Scheduler(
+            kv, max_running, prefill_chunk, prefix, self._matched, state, store
+        )
         self.requests: dict[int, Request] = {}
         self._inbox: list[tuple[str, Request | int]] = []
         self._lock = threading.Condition()
@@ -70,6 +76,8 @@ class Engine:
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
+        if self.anchoring is not None:
+            seq.anchor_at = self.anchoring.positions(seq.prompt_ids)
         req = Request(
             seq,
             on_output,
@@ -208,6 +216,8 @@ class Engine:
         for seq, n in plan:
             seq.num_cached += n
             self.scheduler.cache_pages(seq)
+            if self.anchoring is not None:
+                self.anchoring.after_step(seq)
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
@@ -255,6 +265,8 @@ class Engine:
         seq = req.seq
         tail = req.stops.push(req.detok.flush())[0] + req.stops.flush() if emit else ""
         seq.status, seq.finish_reason = Status.FINISHED, reason
+        if self.anchoring is not None and reason != "error":
+            self.anchoring.after_step(seq, ended=True)  # the next turn may repeat it all
         self.scheduler.remove(seq)
         del self.requests[seq.id]
         req.on_output(seq, tail, True)

@@ -34,6 +34,8 @@ class Sequence:
     # and how many of its pages are entered
     trie_node: Any = None
     trie_pages: int = 0
+    anchor_at: frozenset[int] = frozenset()  # prompt positions whose state is kept
+    resume: Any = None  # the anchor's state its slot starts from (hybrid models)
     state_slot: int | None = None  # its recurrent state's slot (models with recurrent layers)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
