@@ -73,6 +73,7 @@ class Engine:
         self._inbox: list[tuple[str, Request | int]] = []
         self._lock = threading.Condition()
         self.steps = 0
+        self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -124,6 +125,7 @@ class Engine:
         t1 = time.perf_counter_ns()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
+        self.decoded += len(masks)
         return sum(n for _, n in plan)
 
     def _drain_inbox(self) -> None:
@@ -315,4 +317,5 @@ class Engine:
                 else {}
             ),
             "steps": self.steps,
+            "decoded": self.decoded,
         }
