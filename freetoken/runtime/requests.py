@@ -55,7 +55,8 @@ class RequestBuilder:
             tok = self.tokenizer
             # a stop string that is a whole (control) token stops on the token: it decodes to
             # no text
-            stops = tok.eos_ids | tok.special_ids(params.stop)
+            eos = frozenset() if req.options.get("ignore_eos") else tok.eos_ids
+            stops = eos | tok.special_ids(params.stop)
             seq = Sequence(prompt.ids, params, max_new, stops)
             seq.reuse = req.options.get("cache_prompt") is not False
             seq.constraint = self._constraint(req, forced, prompt, stops)
