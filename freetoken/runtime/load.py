@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from freetoken import dist
+from freetoken.chat import formats
 from freetoken.config import parse_size
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
@@ -121,9 +122,15 @@ class ModelLoad:
             graphs,
         )
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
-        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size)
+        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)
         prompts = PromptBuilder(tokenizer, self.spec.get("template"))
-        requests = RequestBuilder(tokenizer, prompts, MaskCache(vocab), self.num_ctx)
+        requests = RequestBuilder(
+            tokenizer,
+            prompts,
+            MaskCache(vocab),
+            self.num_ctx,
+            architecture=loaded.config.get("model_type"),
+        )
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = device.type == "cuda"
         sizes = {

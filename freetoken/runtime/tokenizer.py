@@ -60,10 +60,21 @@ class Tokenizer:
             ids = [self.tok.token_to_id(self.bos_token)] + ids
         return ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        # Control tokens (<|im_start|> ...) are not text; markup tokens that are not marked
-        # special (<think>, <tool_call>) still decode, so output parsers can see them.
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], shown: frozenset[int] = frozenset()) -> str:
+        """Control tokens (<|im_start|> ...) are not text, except those in `shown` (a chat
+        format's markers, which its parser reads); markup tokens that are not marked special
+        (<think>, <tool_call>) always decode, so output parsers can see them."""
+        ids = list(ids)
+        if shown.isdisjoint(ids):
+            return self.tok.decode(ids, skip_special_tokens=True)
+        parts, run = [], []
+        for i in ids:
+            if i in shown:
+                parts += [self.tok.decode(run, skip_special_tokens=True), self.tok.id_to_token(i)]
+                run = []
+            else:
+                run.append(i)
+        return "".join(parts) + self.tok.decode(run, skip_special_tokens=True)
 
     def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
         """Ids of tokens whose whole text is one of `texts` (a stop string that is one token)."""

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from freetoken import options as opts
+from freetoken.chat.formats.parser import OutputParser
+from freetoken.chat.formats.qwen import QwenFormat
 from freetoken.chat.jsonfsm import Matcher
-from freetoken.chat.output import OutputParser, Style
 from freetoken.chat.structured import SchemaError, format_grammar, tool_call_grammar, tool_choice
 
 TOOLS = [
@@ -86,7 +87,7 @@ def test_tool_call_grammar():
     assert not accepts(g, '<tool_call>{"name": "other", "arguments": {}}</tool_call>')
     assert not accepts(g, '{"name": "now", "arguments": {}}')
     assert not accepts(g, good + " and more")
-    parser = OutputParser(Style(), tools=True)
+    parser = OutputParser(QwenFormat(), tools=True)
     events = parser.feed(good) + parser.finish()
     assert events == [
         {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
