@@ -30,9 +30,15 @@ __all__ = [
     "MARKERS",
     "CallSection",
     "ChatFormat",
+    "DeepSeekFormat",
     "Event",
+    "GlmFormat",
+    "HarmonyFormat",
+    "MiniMaxFormat",
+    "MistralFormat",
     "ParseOptions",
     "Parser",
+    "QwenFormat",
     "format_for",
 ]
 
