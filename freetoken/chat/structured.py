@@ -44,6 +44,7 @@ from freetoken.chat.schema import (
 __all__ = [
     "SchemaError",
     "call_alternatives",
+    "forced_tools",
     "format_grammar",
     "tool_call_grammar",
     "tool_choice",
@@ -111,22 +112,26 @@ def _tool_fn(tool: Any) -> dict[str, Any] | None:
     return fn if isinstance(fn.get("name"), str) and fn["name"] else None
 
 
+def forced_tools(tools: list[Any], name: str | None) -> list[dict[str, Any]]:
+    """The functions a forced call may call: `name`, or any of `tools`; SchemaError if none."""
+    found = [fn for fn in filter(None, map(_tool_fn, tools)) if name in (None, fn["name"])]
+    if not found:
+        raise SchemaError(
+            f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
+        )
+    return found
+
+
 def _arguments(tools: list[Any], name: str | None) -> list[tuple[str, Any]]:
     """(name, arguments node) of each tool a forced call may call."""
     out = []
-    for fn in filter(None, map(_tool_fn, tools)):
-        if name is not None and fn["name"] != name:
-            continue
+    for fn in forced_tools(tools, name):
         params = fn.get("parameters")
         try:
             args = compile_schema(params) if params else ANY_OBJECT
         except SchemaError as e:
             raise SchemaError(f'tool "{fn["name"]}": {e}') from None
         out.append((fn["name"], ANY_OBJECT if args is ANY else args))  # always an object
-    if not out:
-        raise SchemaError(
-            f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
-        )
     return out
 
 

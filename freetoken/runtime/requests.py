@@ -120,7 +120,8 @@ class RequestBuilder:
         """The grammar the answer follows: a forced tool call, else the `format`, else none."""
         if forced is not None:
             tools = req.tools or []
-            grammar = fmt.call_grammar(tools, forced or None)  # SchemaError: no such tool
+            structured.forced_tools(tools, forced or None)  # SchemaError: no such tool
+            grammar = fmt.call_grammar(tools, forced or None)
             if grammar is None:
                 log.warning("a forced call in the %s format is not constrained", fmt.name)
                 return None
