@@ -2,9 +2,11 @@
 format; the contract is base.py).
 
 A model's format is declared by its architecture: the table below maps each HF
-`model_type` (and the GGUF architecture name) to its family's format. Models no entry
-claims (Qwen's families, OLMoE, architectures added later) get the format whose markers
-their template shows, Qwen's when it shows none of the others'.
+`model_type` to its family's format (the runner reads it from the model's config.json; a
+GGUF file's is derived from its architecture and metadata, which the GGUF name alone
+cannot say: llama.cpp's `deepseek2` holds DeepSeek and GLM-4.7-Flash alike). Models no
+entry claims (Qwen's families, OLMoE, architectures added later) get the format whose
+markers their template shows, Qwen's when it shows none of the others'.
 
 Forced calls (`tool_choice`): Qwen's, DeepSeek's, Mistral's and Harmony's calls carry JSON
 arguments and have grammars; GLM's and MiniMax-M2's write values as bare text, which the
@@ -51,20 +53,15 @@ FORMATS: tuple[type[ChatFormat], ...] = (
     HarmonyFormat,
 )
 
-# model_type and GGUF architecture -> the format the family's checkpoints are trained on
+# model_type -> the format the family's checkpoints are trained to write
 BY_ARCHITECTURE: dict[str, type[ChatFormat]] = {
     "deepseek_v3": DeepSeekFormat,
     "deepseek_v2": DeepSeekFormat,
-    "deepseek2": DeepSeekFormat,
     "glm4_moe": GlmFormat,
-    "glm4moe": GlmFormat,
     "glm4_moe_lite": GlmFormat,
-    "glm4moelite": GlmFormat,
     "minimax_m2": MiniMaxFormat,
-    "minimax-m2": MiniMaxFormat,
     "mixtral": MistralFormat,
     "gpt_oss": HarmonyFormat,
-    "gpt-oss": HarmonyFormat,
 }
 
 # what identifies a format in a template, most specific first (Qwen's is the default)

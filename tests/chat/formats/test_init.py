@@ -27,8 +27,6 @@ from freetoken.tools import synth
         ("minimax_m2", MiniMaxFormat),
         ("mixtral", MistralFormat),
         ("gpt_oss", HarmonyFormat),
-        ("deepseek2", DeepSeekFormat),  # GGUF's names too
-        ("gpt-oss", HarmonyFormat),
     ],
 )
 def test_the_architecture_declares_the_format_whatever_the_template(architecture, cls):
