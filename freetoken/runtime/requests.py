@@ -123,7 +123,7 @@ class RequestBuilder:
             structured.forced_tools(tools, forced or None)  # SchemaError: no such tool
             grammar = fmt.call_grammar(tools, forced or None)
             if grammar is None:
-                log.warning("a forced call in the %s format is not constrained", fmt.name)
+                log.info("a forced call in the %s format is not constrained", fmt.name)
                 return None
             key = ["call", fmt.name, repr(fmt), tools, forced]
             masks = self.masks.get(key, lambda: grammar)

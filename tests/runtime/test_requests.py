@@ -38,10 +38,10 @@ SHOW = (
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    synth.write_tokenizer_files(out)
-    tok = Tokenizer({"tokenizer.json": out / "tokenizer.json"})
-    tok.tok.add_special_tokens(["<|channel|>", "<|message|>", "<|start|>"])
-    return tok
+    tok = synth.train_tokenizer(512)
+    tok.add_special_tokens(["<|channel|>", "<|message|>", "<|start|>"])
+    tok.save(str(out / "tokenizer.json"))
+    return Tokenizer({"tokenizer.json": out / "tokenizer.json"})
 
 
 def builder(tokenizer: Tokenizer, architecture: str | None) -> RequestBuilder:

@@ -15,7 +15,7 @@ from freetoken.tools import synth
 def files(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
     tok = synth.train_tokenizer(512)
-    tok.add_special_tokens(["<|channel|>", "<|hidden|>"])
+    tok.add_special_tokens(["<|channel|>", "<|hidden|>", "<｜tool▁sep｜>"])
     tok.save(str(out / "tokenizer.json"))
     return {"tokenizer.json": out / "tokenizer.json"}
 
@@ -28,6 +28,8 @@ def test_shown_control_tokens_decode_as_text(files):
     assert tok.decode(ids, shown=shown) == "a<|channel|>final b"
     d = Detokenizer(lambda x: tok.decode(x, shown=shown))
     assert "".join(d.push(i) for i in ids) + d.flush() == "a<|channel|>final b"
+    wide = tok.encode("é<｜tool▁sep｜>ü<|hidden|>")
+    assert tok.decode(wide, shown=tok.special_ids(["<｜tool▁sep｜>"])) == "é<｜tool▁sep｜>ü"
 
 
 def test_marker_tokens_have_bytes_but_are_never_string_content(files):
