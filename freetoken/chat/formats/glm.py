@@ -21,19 +21,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, typed_value
+from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value
 
 __all__ = ["GlmFormat"]
 
 _KEY = "<arg_key>"
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
-
-
-def parameter_schema(schemas: Mapping[str, Any], tool: str, name: str) -> Any:
-    """The schema of one parameter of an offered tool (None: not declared)."""
-    params = schemas.get(tool)
-    props = params.get("properties") if isinstance(params, Mapping) else None
-    return props.get(name) if isinstance(props, Mapping) else None
 
 
 @dataclass(frozen=True)

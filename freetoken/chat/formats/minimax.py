@@ -20,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from freetoken.chat.formats.glm import parameter_schema
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, typed_value, without
+from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value, without
 
 __all__ = ["MiniMaxFormat"]
 

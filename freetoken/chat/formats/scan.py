@@ -20,6 +20,7 @@ __all__ = [
     "MarkerScan",
     "call_event",
     "json_call",
+    "parameter_schema",
     "partial_suffix",
     "regex_head",
     "typed_value",
@@ -204,6 +205,13 @@ def _types(schema: Any) -> set[str]:
         for sub in schema.get(key) or []:
             found |= _types(sub)
     return found
+
+
+def parameter_schema(schemas: Mapping[str, Any], tool: str, name: str) -> Any:
+    """The schema of one parameter of an offered tool (None: not declared)."""
+    params = schemas.get(tool)
+    props = params.get("properties") if isinstance(params, Mapping) else None
+    return props.get(name) if isinstance(props, Mapping) else None
 
 
 def typed_value(raw: str, schema: Any) -> Any:
