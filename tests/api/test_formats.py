@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,6 @@ class Family:
     content: str
     calls: list[tuple[str, dict[str, Any]]]
     eos: str = "<|im_end|>"
-    extra: list[list[str]] = field(default_factory=list)
 
 
 def _qwen(f: pytest.TempPathFactory) -> Path:

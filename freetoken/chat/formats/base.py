@@ -10,7 +10,8 @@ __init__.py); the template's markers decide only for models no architecture clai
 Every parser keeps to the same rules: markup never reaches content or thinking (text that
 may be the start of a marker is held back until it is decided), content before a call
 streams, and a call that does not parse is shown as its text with the markers removed,
-so nothing is silently lost.
+so nothing is silently lost (Qwen's keeps its markers, as it always has). Without tools,
+call markup is text.
 """
 
 from __future__ import annotations

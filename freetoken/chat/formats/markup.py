@@ -1,5 +1,5 @@
 """Formats whose output is text with markers in it, read by the generic OutputParser
-(chat/output.py): think markers, a marker that opens a tool-call section, and a section
+(parser.py): think markers, a marker that opens a tool-call section, and a section
 reader. `DelimitedFormat` is the common shape of a section: calls between begin and end
 markers up to the section's close (DeepSeek, MiniMax-M2), or one call up to the close
 (GLM-4.5)."""
