@@ -6,6 +6,7 @@ calls it; requests arrive and leave through `add` / `abort`, which only queue wo
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -82,7 +83,7 @@ class Engine:
         req = Request(
             seq,
             on_output,
-            Detokenizer(self.tokenizer.decode),
+            Detokenizer(functools.partial(self.tokenizer.decode, shown=seq.shown_ids)),
             StopMatcher(seq.params.stop),
             sampling.make_generator(seq.params),
         )

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from freetoken import dist
-from freetoken.chat.output import style_for
+from freetoken.chat import formats
 from freetoken.config import parse_size
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
@@ -127,7 +127,8 @@ class ModelLoad:
             )
         tokenizer = Tokenizer(self.files)
         prompts = PromptBuilder(tokenizer, self.spec.get("template"))
-        anchoring = self._anchoring(tokenizer, prompts, state) if prefix_cache else None
+        fmt = formats.format_for(loaded.config.get("model_type"), prompts.template)
+        anchoring = self._anchoring(tokenizer, fmt, state) if prefix_cache else None
         engine = Engine(
             model,
             tokenizer,
@@ -142,8 +143,14 @@ class ModelLoad:
             anchoring,
         )
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
-        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size)
-        requests = RequestBuilder(tokenizer, prompts, MaskCache(vocab), self.num_ctx)
+        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)
+        requests = RequestBuilder(
+            tokenizer,
+            prompts,
+            MaskCache(vocab),
+            self.num_ctx,
+            architecture=loaded.config.get("model_type"),
+        )
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = device.type == "cuda"
         state_bytes = state.bytes if state is not None else 0
@@ -157,15 +164,16 @@ class ModelLoad:
         return Serving(engine, experts, requests, EventFormatter(vocab, tokenizer), 0, sizes)
 
     def _anchoring(
-        self, tokenizer: Tokenizer, prompts: PromptBuilder, state: StateCache | None
+        self, tokenizer: Tokenizer, fmt: formats.ChatFormat, state: StateCache | None
     ) -> anchors.Anchoring | None:
         """Where a hybrid model keeps its recurrent state for reuse (None: no recurrent
-        layers): after its end-of-message tokens and its markup's single-token markers."""
+        layers): after its end-of-message tokens, its chat format's single-token markers and
+        the end of its thinking."""
         if state is None:
             return None
         budget = self.cfg.anchor_cache_size or anchors.default_budget()
-        style = style_for(prompts.template)
-        markers = tokenizer.special_ids([m for m in (style.call_open, style.think_close) if m])
+        bounds = fmt.thinking_bounds()
+        markers = tokenizer.special_ids([*fmt.markers, *(bounds[1:] if bounds else ())])
         store = anchors.AnchorStore(budget)
         log.info("anchors: up to %.0f MiB of recurrent-state checkpoints", budget / 2**20)
         return anchors.Anchoring(store, state, tokenizer.eos_ids | markers)

@@ -44,6 +44,7 @@ class Sequence:
     decode_ns: int = 0
     first_token_ns: int = 0
     constraint: Any = None  # a runtime.constrain.Constraint: the grammar the output follows
+    shown_ids: frozenset[int] = frozenset()  # control tokens that decode as text (markers)
     top_logprobs: int | None = None  # None: no logprobs; else alternatives per token
     # (token, logprob, alternatives) of sampled tokens not yet sent
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
