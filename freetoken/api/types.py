@@ -23,6 +23,7 @@ from freetoken.api.validate import (
     parse_json,
     type_name,
 )
+from freetoken.protocol import ProtocolError, check_think
 
 __all__ = [
     "ChatRequest",
@@ -39,7 +40,6 @@ __all__ = [
     "reduce_generate",
 ]
 
-_THINK_LEVELS = ("low", "medium", "high", "max")
 _ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -90,14 +90,10 @@ def _keep_alive(body: dict[str, Any]) -> float | None:
 
 
 def _think(body: dict[str, Any]) -> bool | str | None:
-    value = field_of(body, "think", (bool, str))
-    if isinstance(value, str) and value not in _THINK_LEVELS:
-        raise APIError(
-            400,
-            f'invalid think value "{value}" (must be true, false, '
-            '"low", "medium", "high" or "max")',
-        )
-    return value
+    try:
+        return check_think(field_of(body, "think", (bool, str)))
+    except ProtocolError as e:
+        raise APIError(400, str(e)) from None
 
 
 def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:

@@ -13,6 +13,7 @@ keeps are tokenized, and the messages to drop are found by bisection.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,13 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.template = template or tokenizer.chat_template
 
-    def render(self, messages: list[dict[str, Any]], req: CompletionRequest) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        req: CompletionRequest,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
+        """`variables`: the Jinja variables the think setting becomes (the model's format's)."""
         source = req.template or self.template
         if not source:
             # No template at all: plain concatenation, so base models still complete text.
@@ -78,9 +85,12 @@ class PromptBuilder:
             eos_token=self.tokenizer.eos_token,
             prompt=req.prompt if generate else None,
             suffix=req.suffix if generate else None,
+            variables=variables,
         )
 
-    def build(self, req: CompletionRequest, num_ctx: int) -> Prompt:
+    def build(
+        self, req: CompletionRequest, num_ctx: int, variables: Mapping[str, Any] | None = None
+    ) -> Prompt:
         truncate = req.truncate
         num_keep = max(0, min(int(req.options.get("num_keep", 4)), num_ctx - 1))
         limit = self._limit(num_ctx)
@@ -89,14 +99,14 @@ class PromptBuilder:
             if req.raw:
                 text = req.prompt or ""
             else:
-                text = self.render(_messages_for_generate(req), req)
+                text = self.render(_messages_for_generate(req), req, variables)
             ids = prefix + self._encode(text, limit, num_keep, num_ctx, truncate)
             return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
         messages = _clean(req.messages or [])
-        text = self.render(messages, req)
+        text = self.render(messages, req, variables)
         ids = self._encode_within(text, limit)
         if (ids is None or len(ids) >= num_ctx) and truncate:
-            text, ids = self._drop_messages(messages, req, num_ctx, limit)
+            text, ids = self._drop_messages(messages, req, num_ctx, limit, variables)
         if ids is None:
             ids = self._encode(text, limit, num_keep, num_ctx, truncate)
         return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
@@ -123,7 +133,12 @@ class PromptBuilder:
         return head[:num_keep] + self.tokenizer.encode(text[-limit:])
 
     def _drop_messages(
-        self, messages: list[dict[str, Any]], req: CompletionRequest, num_ctx: int, limit: int
+        self,
+        messages: list[dict[str, Any]],
+        req: CompletionRequest,
+        num_ctx: int,
+        limit: int,
+        variables: Mapping[str, Any] | None,
     ) -> tuple[str, list[int] | None]:
         """The fewest oldest non-system messages to drop (the last always stays) for the
         rest to fit; all of them if nothing fits. Fewer messages never make more tokens,
@@ -132,7 +147,8 @@ class PromptBuilder:
 
         def without(k: int) -> tuple[str, list[int] | None]:
             gone = set(droppable[:k])
-            text = self.render([m for i, m in enumerate(messages) if i not in gone], req)
+            kept = [m for i, m in enumerate(messages) if i not in gone]
+            text = self.render(kept, req, variables)
             return text, self._encode_within(text, limit)
 
         lo, hi, found = 1, len(droppable), None
