@@ -31,7 +31,8 @@ __all__ = [
 # Expert activations the kernels implement, by code (the C++ and Triton kernels take the code):
 #   silu            h = silu(g) · u                                   (SwiGLU)
 #   swiglu_clamped  g = min(g, limit), u = clamp(u, ±limit), h = (u + 1) · g · σ(alpha · g)
-ACTIVATIONS = ("silu", "swiglu_clamped")
+#   silu_clamped    g = min(g, limit), u = clamp(u, ±limit), h = silu(g) · u
+ACTIVATIONS = ("silu", "swiglu_clamped", "silu_clamped")
 
 # The key under which `config_from_gguf`'s metadata also holds the file's tensor names: some
 # choices no metadata key states (GLM-4.5's q/k norms and biases) show in which tensors exist.
@@ -73,7 +74,7 @@ class ExpertSpec:
     intermediate: int
     activation: str = "silu"
     alpha: float = 1.702  # swiglu_clamped only
-    limit: float = 7.0  # swiglu_clamped only
+    limit: float = 7.0  # the clamped forms only
     bias: bool = False  # gate_up_bias [E, 2I] and down_bias [E, H] banks
 
     def __post_init__(self) -> None:

@@ -142,7 +142,7 @@ def _expert_kernels():
 
     out = []
     for dt in ("bf16", "fp32"):
-        for bias, act in ((False, 0), (True, 0), (True, 1)):
+        for bias, act in ((False, 0), (True, 0), (True, 1), (False, 2)):
             rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32"}
             shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(
