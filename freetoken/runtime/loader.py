@@ -71,7 +71,8 @@ def _load_dense(
             raise WeightsError(
                 f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}"
             )
-        p.data = t.to(device=device, dtype=dtype)
+        # integer tensors (a routing table) keep their dtype
+        p.data = t.to(device=device, dtype=dtype if p.is_floating_point() else p.dtype)
 
 
 def load(
