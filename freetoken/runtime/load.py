@@ -186,7 +186,7 @@ def kv_pages(
     or every parallel sequence at up to 8k tokens, whichever is more. Sequences take pages
     as they grow, so one long agent and idle slots do not reserve num_parallel contexts;
     what is left holds cached prefixes."""
-    per_page = KVCache.token_bytes(layout, dtype) * page
+    per_page = KVCache.page_bytes(layout, dtype, page)
     one_ctx = -(-num_ctx // page)
     if cfg.kv_cache_size and per_page:
         pages = cfg.kv_cache_size // per_page
