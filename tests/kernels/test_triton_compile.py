@@ -21,7 +21,9 @@ def _ptxas() -> bool:
 
 
 def _kernels():
-    return _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels()
+    return (
+        _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels() + _sparse_kernels()
+    )
 
 
 def _delta_kernels():
@@ -134,6 +136,53 @@ def _mla_kernels():
                 {"R": 512, "R_BLOCK": 512, "S_BLOCK": 4},
             )
         )
+    return out
+
+
+def _sparse_kernels():
+    from freetoken.kernels.triton import sparse
+
+    out = []
+    for dt in ("bf16", "fp32"):
+        # GLM-5's absorbed latent (576 = 512 + 64), and DeepSeek-V4's rows with sinks (512)
+        for D, dv, sink in ((576, 512, False), (512, 512, True)):
+            for direct in (True, False):
+                part = f"*{dt}" if direct else "*fp32"
+                sig = {
+                    "q_ptr": f"*{dt}",
+                    "pool_ptr": f"*{dt}",
+                    "rows_ptr": "*i32",
+                    "sink_ptr": "*fp32",
+                    "out_ptr": f"*{dt}",
+                    "part_ptr": part,
+                    "lse_ptr": part,
+                    "scale": "fp32",
+                    "pool_stride": "i64",
+                    "H": "i32",
+                    "K": "i32",
+                    "SPLITS": "i32",
+                }
+                consts = {
+                    "D": D,
+                    "DV": dv,
+                    "DV_BLOCK": 512,
+                    "DR_BLOCK": 64,
+                    "HB": 16,
+                    "BLOCK_N": 16,
+                    "HAS_SINK": sink,
+                    "DIRECT": direct,
+                }
+                out.append((sparse.sparse_attention_kernel, sig, consts))
+            sig = {
+                "part_ptr": "*fp32",
+                "lse_ptr": "*fp32",
+                "sink_ptr": "*fp32",
+                "out_ptr": f"*{dt}",
+                "H": "i32",
+                "SPLITS": "i32",
+            }
+            consts = {"DV": dv, "DV_BLOCK": 512, "S_BLOCK": 4, "HAS_SINK": sink}
+            out.append((sparse.sparse_merge_kernel, sig, consts))
     return out
 
 
