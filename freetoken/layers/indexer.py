@@ -21,7 +21,7 @@ from torch import nn
 from freetoken.layers import context
 from freetoken.layers.rope_scaling import apply_rope_interleaved
 
-__all__ = ["TokenIndexer", "causal_scores", "scores", "top_k"]
+__all__ = ["TokenIndexer", "prefix_top_k", "scores", "top_k"]
 
 SCORE_BUDGET = 1 << 25  # query-head-key products a block of prefill queries may hold at once
 
@@ -46,12 +46,12 @@ def top_k(scores: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
     return torch.where(visible.gather(1, best.indices), best.indices, -1)
 
 
-def causal_scores(
-    q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, k: int, first: int
+def prefix_top_k(
+    q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, k: int, seen: torch.Tensor
 ) -> torch.Tensor:
-    """The k best of keys [S, d] for queries at positions first, first + 1, ... of their
-    sequence, each seeing the keys at and before it; a block of queries at a time, so a
-    long context's prefill never holds every query's scores."""
+    """The k best of one sequence's keys [S, d] for each of its queries, query i seeing the
+    first seen[i] of them; a block of queries at a time, so a long context's prefill never
+    holds every query's scores."""
     n, h = w.shape
     S = keys.shape[0]
     out = torch.full((n, min(k, S)), -1, dtype=torch.long, device=q.device)
@@ -59,7 +59,7 @@ def causal_scores(
     pos = torch.arange(S, device=q.device)
     for lo in range(0, n, step):
         hi = min(lo + step, n)
-        visible = pos[None, :] <= first + torch.arange(lo, hi, device=q.device)[:, None]
+        visible = pos[None, :] < seen[lo:hi, None]
         out[lo:hi] = top_k(scores(q[lo:hi], w[lo:hi], keys), visible, k)
     return out
 
@@ -113,7 +113,7 @@ class TokenIndexer(nn.Module):
         out = torch.full((T, width), -1, dtype=torch.long, device=x.device)
         for s in ctx.seqs:
             rows = slice(s.q_start, s.q_start + s.q_len)
-            first = s.ctx_len - s.q_len
-            got = causal_scores(q[rows], w[rows], pool[s.ctx_slots, 0], self.topk, first)
+            seen = torch.arange(s.ctx_len - s.q_len, s.ctx_len, device=x.device) + 1
+            got = prefix_top_k(q[rows], w[rows], pool[s.ctx_slots, 0], self.topk, seen)
             out[rows, : got.shape[1]] = got
         return out
