@@ -69,16 +69,19 @@ HUB = dict(
 )
 
 
+def _build(tmp_path_factory, name, config, seed, **kw):
+    path = tmp_path_factory.mktemp(name)
+    return path, v4.build(path, config, seed=seed, **kw)
+
+
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ds4-mixed")
-    return path, v4.build(path, MIXED, seed=31, original_format=False)
+    return _build(tmp_path_factory, "ds4-mixed", MIXED, 31, original_format=False)
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ds4-hub")
-    hf = v4.build(path, HUB, seed=32)
+    path, hf = _build(tmp_path_factory, "ds4-hub", HUB, 32)
     v4.hub_spelling(path, hf)
     return path, hf
 
