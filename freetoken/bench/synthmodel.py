@@ -41,9 +41,13 @@ def build(
     with torch.device("meta"):
         model = models.load_class(config).from_config(config)
     model.to_empty(device=device)
+    experts = models.hub.num_experts(config)
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
+            if not p.is_floating_point():  # a token -> experts table: any expert ids
+                p.data = torch.randint(0, experts, p.shape, generator=g, device=gen_device)
+                p.data = p.data.to(device)
+            elif pname.endswith("norm.weight"):
                 p.data = torch.ones(p.shape, dtype=dtype, device=device)
             else:
                 p.data = (
