@@ -18,6 +18,7 @@ import torch
 from freetoken import dist
 from freetoken.chat import formats
 from freetoken.config import parse_size
+from freetoken.ftw import reader as ftw_reader
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
 from freetoken.models.base import KVLayout
@@ -75,6 +76,10 @@ class ModelLoad:
         device = dist.use(ranks[0]).type
         placement = self.placement()
         if len(ranks) > 1:
+            # every rank reads its share into this host's memory at once: the whole must fit
+            if ftw_reader.INDEX in self.files:
+                index = ftw_reader.Index.load(self.files)
+                ftw_reader.require_host_memory(index.total_bytes, "the model's weights")
             self.group = dist.launch(ranks, self.files, placement, cfg.dtype, on_death=on_death)
         loaded = loader.load(
             self.files,
