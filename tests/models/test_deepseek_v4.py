@@ -116,6 +116,10 @@ def test_fixed_shape_decode_gives_the_same_tokens(fixture, request):
     mla.fixed_shape_decode_matches(*request.getfixturevalue(fixture))
 
 
+def test_prefix_cache_reuse_matches_transformers(mixed):
+    family.prefix_reuse_matches(*mixed)
+
+
 def test_show_describes_the_model(mixed, tmp_path):
     info = v4.show_describes(*mixed, tmp_path)
     assert info["deepseek4.attention.compress_ratios"] == [0, 4, 8, 4]

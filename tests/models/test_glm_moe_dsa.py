@@ -99,6 +99,10 @@ def test_fixed_shape_decode_gives_the_same_tokens(fixture, request):
     mla.fixed_shape_decode_matches(*request.getfixturevalue(fixture))
 
 
+def test_prefix_cache_reuse_matches_transformers(shared):
+    family.prefix_reuse_matches(*shared)
+
+
 def test_show_describes_the_model(shared, tmp_path):
     info = mla.show_describes(*shared, tmp_path, "glm-dsa")
     assert info["glm-dsa.leading_dense_block_count"] == 1
