@@ -164,42 +164,48 @@ class CompressedAttention(nn.Module):
         """The entry rows [T, K] each token reads: every closed window's, or those its
         indexer chooses."""
         m, t = self.compressor.ratio, ctx.positions
-        d = ctx.decode
-        longest = d.block_table.shape[1] * d.page_size if d else max(s.ctx_len for s in ctx.seqs)
-        windows = torch.arange(longest // m, device=t.device)
         seen = (t + 1) // m  # windows closed at or before each token
+        q = w = None
+        if self.indexer is not None:
+            q, w = self.indexer.queries(x, q_resid, *rope)
+        d = ctx.decode
+        if d is None:
+            return self._rows_per_sequence(q, w, seen, ctx)
+        windows = torch.arange(d.block_table.shape[1] * d.page_size // m, device=t.device)
         visible = windows[None, :] < seen[:, None]
         ends = torch.where(visible, windows * m + m - 1, -1)
-        rows = self._entry_row(sparse.rows_of(ends), ctx)  # [T, windows]
+        rows = self._entry_row(sparse.rows_of(ends), ctx)  # [B, windows]
         if self.indexer is None or rows.shape[1] == 0:
             return rows
-        q, w = self.indexer.queries(x, q_resid, *rope)
-        keys = ctx.kv.index[self.layer]
-        if d is not None:
-            chosen = self.indexer.choose(q, w, keys[rows.clamp(min=0), 0], visible)
-        else:
-            chosen = self._choose_per_sequence(q, w, rows, seen, ctx)
-        got = rows.gather(1, chosen.clamp(min=0))
-        return torch.where(chosen >= 0, got, -1)
+        keys = ctx.kv.index[self.layer][rows.clamp(min=0), 0]
+        chosen = self.indexer.choose(q, w, keys, visible)
+        return torch.where(chosen >= 0, rows.gather(1, chosen.clamp(min=0)), -1)
 
-    def _choose_per_sequence(
+    def _rows_per_sequence(
         self,
-        q: torch.Tensor,
-        w: torch.Tensor,
-        rows: torch.Tensor,
+        q: torch.Tensor | None,
+        w: torch.Tensor | None,
         seen: torch.Tensor,
         ctx: context.StepContext,
     ) -> torch.Tensor:
-        """A prefill's choice: each sequence's keys once, its queries a block at a time."""
-        width = min(self.indexer.topk, rows.shape[1])
-        out = torch.full((q.shape[0], width), -1, dtype=torch.long, device=q.device)
-        keys = ctx.kv.index[self.layer]
+        """A prefill's rows, a sequence at a time: its entries' rows and keys once, and with
+        an indexer its queries' choice a block of queries at a time."""
+        m = self.compressor.ratio
+        most = max(s.ctx_len for s in ctx.seqs) // m
+        width = most if self.indexer is None else min(self.indexer.topk, most)
+        out = torch.full((seen.shape[0], width), -1, dtype=torch.long, device=seen.device)
         for s in ctx.seqs:
-            n = s.ctx_len // self.compressor.ratio
-            span = slice(s.q_start, s.q_start + s.q_len)
+            n = s.ctx_len // m
             if n == 0:
                 continue
-            mine = keys[rows[s.q_start + s.q_len - 1, :n], 0]  # the last query sees them all
-            got = prefix_top_k(q[span], w[span], mine, self.indexer.topk, seen[span])
-            out[span, : got.shape[1]] = got
+            span = slice(s.q_start, s.q_start + s.q_len)
+            ends = s.ctx_slots[torch.arange(n, device=seen.device) * m + m - 1]
+            rows = self._entry_row(ends, ctx)  # [n]: window w's entry row
+            if self.indexer is None:
+                visible = torch.arange(n, device=seen.device)[None, :] < seen[span, None]
+                out[span, :n] = torch.where(visible, rows[None, :], -1)
+                continue
+            keys = ctx.kv.index[self.layer][rows, 0]
+            got = prefix_top_k(q[span], w[span], keys, self.indexer.topk, seen[span])
+            out[span, : got.shape[1]] = torch.where(got >= 0, rows[got.clamp(min=0)], -1)
         return out
