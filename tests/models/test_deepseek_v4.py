@@ -140,3 +140,10 @@ def test_model_file_reads_both_spellings(mixed, hub):
 @pytest.mark.parametrize("policy,slots", [("resident", 0), ("lru-pcie", 13)])
 def test_captured_decode_on_a_gpu_matches_transformers(mixed, policy, slots):
     mla.captured_decode_matches(*mixed, policy, slots)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_with_fused_kernels_and_graphs_matches_transformers(mixed):
+    """fp32 on a GPU: prefill and decode through the sparse kernel, decode steps captured,
+    alone and batched with a prefill longer than a decode step."""
+    family.gpu_matches(*mixed)
