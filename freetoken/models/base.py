@@ -204,6 +204,9 @@ class ModelFile(Protocol):
       ignored(name, config)   a checkpoint tensor the model does not use (a
                               multi-token-prediction layer after the last), skipped by
                               the weight readers (optional: none where absent);
+      FP32                    parameters kept in fp32 whatever the model's dtype, as its
+                              reference keeps them (module names or dotted tails;
+                              optional: none where absent);
       tie_weights()           shares the embedding with the output head.
     Structure:
       args                    the parsed config (a frozen dataclass): `num_hidden_layers`,

@@ -283,6 +283,22 @@ _HALF = {"w1": 0, "gate_proj": 0, "w3": 1, "up_proj": 1}
 
 
 class Model(DecoderModel):
+    # what transformers keeps in fp32 in a bf16 model: the hyper-connections, sinks, window
+    # biases, correction biases and every norm's weight
+    FP32 = (
+        "attn_hc",
+        "ffn_hc",
+        "hc_head",
+        "sinks",
+        "position_bias",
+        "e_score_correction_bias",
+        "q_a_norm",
+        "kv_norm",
+        "input_layernorm",
+        "post_attention_layernorm",
+        "norm",
+    )
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

@@ -102,6 +102,7 @@ class Model(deepseek_v3.Model):
     Args = ModelArgs
     Stack = GlmDsaModel
     GGUF_ARCH = GGUF_ARCH
+    FP32 = ("e_score_correction_bias", "gate.weight")  # as transformers keeps them
 
     def __init__(self, args: ModelArgs):
         if not args.q_lora_rank:

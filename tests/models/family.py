@@ -119,6 +119,20 @@ def prefix_reuse_matches(path: Path, hf) -> None:
         assert seq.output_ids == fixtures.hf_greedy(hf, prompt, 8)
 
 
+def bf16_dtypes_match(path: Path, hf_cls) -> None:
+    """Loaded in bf16, every parameter has the dtype transformers gives it in bf16: those its
+    reference keeps in fp32 (norms, biases, mixing weights) stay fp32; and the model runs."""
+    import torch
+
+    ref = hf_cls.from_pretrained(path, dtype=torch.bfloat16)
+    engine = make_engine(path, dtype="bfloat16")
+    ours = dict(engine.model.named_parameters())
+    theirs = {n: p for n, p in ref.state_dict().items() if n in ours}
+    assert {n: p.dtype for n, p in theirs.items()} == {n: ours[n].dtype for n in theirs}
+    assert any(p.dtype == torch.float32 for p in theirs.values())
+    assert torch.isfinite(full_logits(engine, PROMPT)).all()
+
+
 def fixed_shape_decode_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> None:
     """Decode through the fixed-shape step (DecodeView: padded contexts masked by length,
     the path CUDA graphs capture), run eagerly: transformers' tokens."""

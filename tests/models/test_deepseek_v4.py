@@ -120,6 +120,12 @@ def test_prefix_cache_reuse_matches_transformers(mixed):
     family.prefix_reuse_matches(*mixed)
 
 
+def test_bf16_keeps_what_transformers_keeps_in_fp32(mixed):
+    from transformers import DeepseekV4ForCausalLM
+
+    family.bf16_dtypes_match(mixed[0], DeepseekV4ForCausalLM)
+
+
 def test_show_describes_the_model(mixed, tmp_path):
     info = v4.show_describes(*mixed, tmp_path)
     assert info["deepseek4.attention.compress_ratios"] == [0, 4, 8, 4]

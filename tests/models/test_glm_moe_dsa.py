@@ -103,6 +103,12 @@ def test_prefix_cache_reuse_matches_transformers(shared):
     family.prefix_reuse_matches(*shared)
 
 
+def test_bf16_keeps_what_transformers_keeps_in_fp32(shared):
+    from transformers import GlmMoeDsaForCausalLM
+
+    family.bf16_dtypes_match(shared[0], GlmMoeDsaForCausalLM)
+
+
 def test_show_describes_the_model(shared, tmp_path):
     info = mla.show_describes(*shared, tmp_path, "glm-dsa")
     assert info["glm-dsa.leading_dense_block_count"] == 1
