@@ -99,9 +99,8 @@ def install_trace(
             layer_of[id(m)] = int(name.split(".")[2])
 
     def forward(self: Router, x: torch.Tensor, token_ids: torch.Tensor | None = None):
-        probs = torch.softmax(
-            torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32
-        )
+        logits = torch.nn.functional.linear(x.float(), self.weight.float())  # an fp32 gate too
+        probs = torch.softmax(logits, dim=-1)
         ids = table.rows(layer_of[id(self)], x.shape[0])
         w = torch.gather(probs, 1, ids)
         return (w / w.sum(dim=-1, keepdim=True)).to(x.dtype), ids

@@ -104,12 +104,7 @@ class CompressedAttention(nn.Module):
     # --- the sliding window ------------------------------------------------------------------
     def _window_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """The rows [T, window] of each token's last `window` positions, itself included."""
-        at = (
-            positions[:, None]
-            - self.window
-            + 1
-            + torch.arange(self.window, device=positions.device)
-        )
+        at = positions[:, None] + torch.arange(1 - self.window, 1, device=positions.device)
         return sparse.rows_of(torch.where(at >= 0, at, -1))
 
     # --- forming entries ---------------------------------------------------------------------

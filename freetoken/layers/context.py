@@ -35,9 +35,6 @@ class KVStore:
     inputs: list[torch.Tensor | None]
     page_size: int
 
-    def entry_row(self, layer: int, page: int) -> int:
-        raise NotImplementedError
-
 
 class StateStore:
     """Per-sequence recurrent state in fixed slots: conv[layer] [num_slots, *conv shape] and
