@@ -172,8 +172,7 @@ class CompressedAttention(nn.Module):
         rows = self._entry_row(sparse.rows_of(ends), ctx)  # [B, windows]
         if self.indexer is None or rows.shape[1] == 0:
             return rows
-        keys = ctx.kv.index[self.layer][rows.clamp(min=0), 0]
-        chosen = self.indexer.choose(q, w, keys, visible)
+        chosen = self.indexer.choose(q, w, ctx.kv.index[self.layer], rows, seen)
         return torch.where(chosen >= 0, rows.gather(1, chosen.clamp(min=0)), -1)
 
     def _rows_per_sequence(
@@ -200,7 +199,7 @@ class CompressedAttention(nn.Module):
                 visible = torch.arange(n, device=seen.device)[None, :] < seen[span, None]
                 out[span, :n] = torch.where(visible, rows[None, :], -1)
                 continue
-            keys = ctx.kv.index[self.layer][rows, 0]
-            got = prefix_top_k(q[span], w[span], keys, self.indexer.topk, seen[span])
+            keys = ctx.kv.index[self.layer]
+            got = prefix_top_k(q[span], w[span], keys, rows, self.indexer.topk, seen[span])
             out[span, : got.shape[1]] = torch.where(got >= 0, rows[got.clamp(min=0)], -1)
         return out

@@ -129,8 +129,14 @@ class EntryIndexer(Compressor):
         return rope_tail(q, cos, sin), w
 
     def choose(
-        self, q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        seen: torch.Tensor,
     ) -> torch.Tensor:
-        """The entries [n, min(topk, S)] each query attends to, of keys [n, S, d] of which
-        `visible` [n, S] it may see (-1: none)."""
-        return indexer.top_k(indexer.scores(q, w, keys), visible, self.topk)
+        """The entries [n, min(topk, S)] query i attends to, of the keys in `keys` rows
+        rows[i, :seen[i]] (rows [n, S], -1: none), as positions in its list (-1: none)."""
+        every = torch.arange(q.shape[0], device=q.device)
+        return indexer.choose(q, w, keys, rows, every, seen, self.topk)

@@ -140,7 +140,7 @@ def _mla_kernels():
 
 
 def _sparse_kernels():
-    from freetoken.kernels.triton import sparse
+    from freetoken.kernels.triton import indexer, sparse
 
     out = []
     for dt in ("bf16", "fp32"):
@@ -183,6 +183,23 @@ def _sparse_kernels():
             }
             consts = {"DV": dv, "DV_BLOCK": 512, "S_BLOCK": 4, "HAS_SINK": sink}
             out.append((sparse.sparse_merge_kernel, sig, consts))
+        sig = {
+            "q_ptr": f"*{dt}",
+            "w_ptr": "*fp32",
+            "pool_ptr": f"*{dt}",
+            "lists_ptr": "*i32",
+            "which_ptr": "*i32",
+            "seen_ptr": "*i32",
+            "out_ptr": "*fp32",
+            "scale": "fp32",
+            "pool_stride": "i64",
+            "list_stride": "i64",
+            "S": "i32",
+        }
+        # GLM-5's indexer (32 heads) and DeepSeek-V4's (64), keys of 128
+        for heads in (32, 64):
+            consts = {"HEADS": heads, "H_BLOCK": heads, "D": 128, "D_BLOCK": 128, "BLOCK_S": 64}
+            out.append((indexer.index_scores_kernel, sig, consts))
     return out
 
 

@@ -88,8 +88,10 @@ def test_kernel_matches_the_reference_on_a_gpu(T, H, D, dv, K, sink, dtype, tol)
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
 @pytest.mark.parametrize("family", ["glm_moe_dsa", "deepseek_v4"])
 def test_the_sparse_families_through_the_kernel_in_the_interpreter(family, tmp_path, monkeypatch):
-    """GLM-5 and DeepSeek-V4 with their attention in the kernel (the interpreter standing in
-    for the GPU): transformers' logits, and its tokens through fixed-shape decode steps."""
+    """GLM-5 and DeepSeek-V4 with their attention and indexer scores in the kernels (the
+    interpreter standing in for the GPU): transformers' logits, and its tokens through
+    fixed-shape decode steps."""
+    from freetoken.layers import indexer
     from tests import fixtures
     from tests.models import family as checks
     from tests.models import mla, test_deepseek_v4, test_glm_moe_dsa, v4
@@ -103,6 +105,7 @@ def test_the_sparse_families_through_the_kernel_in_the_interpreter(family, tmp_p
     else:
         hf = v4.build(tmp_path, test_deepseek_v4.MIXED, seed=42, original_format=False)
     monkeypatch.setattr(sparse, "kernel_usable", lambda q, pool: True)
+    monkeypatch.setattr(indexer, "kernel_usable", lambda q, pool: True)
     prompt = checks.LONG[:20]
     checks.logits_match(tmp_path, hf, prompt=prompt)
     (seq,) = generate(make_engine(tmp_path, graphs="eager"), [prompt], 6)
