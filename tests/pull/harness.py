@@ -34,7 +34,7 @@ class ThreadRegistry:
     """`with ThreadRegistry(root) as reg:` serves `root` at `reg.url` (host `reg.host`)."""
 
     def __init__(self, root: Path, token: str | None = None):
-        from registry import create_app
+        from freetoken.registry import create_app
 
         self.root = root
         self.port = free_port()
@@ -57,7 +57,7 @@ class ThreadRegistry:
 
 
 class ProcessRegistry:
-    """`python -m registry serve` as a child process; `kill` is SIGKILL, `start` starts it
+    """`python -m freetoken.registry serve` as a child process; `kill` is SIGKILL, `start` starts it
     again on the same port and root."""
 
     def __init__(self, root: Path, token: str | None = None):
@@ -72,7 +72,7 @@ class ProcessRegistry:
         cmd = [
             sys.executable,
             "-m",
-            "registry",
+            "freetoken.registry",
             "serve",
             "--root",
             str(self.root),

@@ -19,11 +19,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from freetoken.registry.errors import RegistryError, handlers
+from freetoken.registry.storage import Storage, Upload, check_repo, check_tag, manifest_digest
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import DigestMismatch
 from freetoken.store.names import InvalidName, parse_digest
-from registry.errors import RegistryError, handlers
-from registry.storage import Storage, Upload, check_repo, check_tag, manifest_digest
 
 __all__ = ["create_app", "routes"]
 

@@ -1,4 +1,4 @@
-"""`python -m registry serve --root DIR [--host H] [--port P] [--token T]`."""
+"""`python -m freetoken.registry serve --root DIR [--host H] [--port P] [--token T]`."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from pathlib import Path
 
 __all__ = ["main", "serve"]
 
-log = logging.getLogger("registry")
+log = logging.getLogger(__name__)
 
 
 def serve(root: Path, host: str = "127.0.0.1", port: int = 11435, token: str | None = None) -> None:
     """Serves the registry in `root` until the process is told to stop."""
     import uvicorn
 
-    from registry.app import create_app
+    from freetoken.registry.app import create_app
 
     app = create_app(root, token)
     log.info(
@@ -29,7 +29,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 11435, token: str | N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m registry", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m freetoken.registry", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     cmd = commands.add_parser("serve", help="serve a registry directory over HTTP")
     cmd.add_argument(
