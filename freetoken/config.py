@@ -29,10 +29,10 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     _nonneg_int,
     _path,
     _pos_int,
-    _registry,
     parse_bool,
     parse_duration,
     parse_host,
+    parse_registry,
     parse_size,
 )
 
@@ -277,7 +277,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "registry",
         "FREETOKEN_REGISTRY",
-        _registry,
+        parse_registry,
         "",
         "default registry for pull and push: host[:port] or http(s)://host[:port]",
     ),

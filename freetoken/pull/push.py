@@ -243,7 +243,7 @@ def push(
     local, remote = locate(name, cfg.registry, insecure)
     opts = options or TransferOptions.from_config(cfg)
     stats = stats if stats is not None else PushStats()
-    yield {"status": "retrieving manifest"}
+    yield {"status": "retrieving manifest", "registry": remote.base_url}
     view = store.resolve(local)
     stats.name = view.display
     client = RegistryClient(
