@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,13 +378,11 @@ def export_rank_env() -> None:
     os.environ.update(RANK_ENV)
 
 
-def prefer_tools_beside_python() -> None:
-    """Puts this Python's own bin directory first on PATH, so the tools a build calls by name
-    (ninja, for the CPU kernel) are the environment's own wherever FreeToken was started
-    from: two ninjas of different versions each rebuild the other's output."""
-    here = str(Path(sys.executable).parent)
+def put_first_on_path(directory: Path) -> None:
+    """Puts `directory` first on this process's PATH (and its children's), once."""
+    here = str(directory)
     path = os.environ.get("PATH", "")
-    if (Path(here) / "ninja").exists() and path.split(os.pathsep)[:1] != [here]:
+    if path.split(os.pathsep)[:1] != [here]:
         os.environ["PATH"] = here + (os.pathsep + path if path else "")
 
 

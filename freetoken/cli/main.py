@@ -132,6 +132,7 @@ def _environment_help() -> str:
 
 # verb -> (module with main(argv), help)
 _LOCAL = {
+    "doctor": ("freetoken.doctor.main", "what this machine can serve, and how a model would run"),
     "convert": ("freetoken.ftw.convert", "convert a Hugging Face directory or a GGUF file to FTW"),
     "bench": ("freetoken.bench.main", "measure this machine: bw, load, decode, serve, …"),
 }
@@ -143,6 +144,8 @@ def _local(command: str, rest: list[str]) -> int:
     try:
         importlib.import_module(_LOCAL[command][0]).main(rest)
     except SystemExit as e:
+        if isinstance(e.code, str):  # a message, as the interpreter would print it
+            sys.stderr.write(e.code + "\n")
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 
