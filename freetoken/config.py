@@ -50,6 +50,14 @@ def _default_models() -> Path:
     return Path(platformdirs.user_data_dir("freetoken")) / "models"
 
 
+def _default_key() -> Path:
+    # Ollama's identity, where the user has one: a key registered with its registry works
+    ollama = Path.home() / ".ollama" / "id_ed25519"
+    return (
+        ollama if ollama.exists() else Path(platformdirs.user_data_dir("freetoken")) / "id_ed25519"
+    )
+
+
 def _default_cache() -> Path:
     return Path(platformdirs.user_cache_dir("freetoken"))
 
@@ -288,6 +296,14 @@ SETTINGS: tuple[Setting, ...] = (
         "bearer token sent to the registry for writes",
     ),
     Setting(
+        "key",
+        "FREETOKEN_KEY",
+        _path,
+        None,
+        "ed25519 key (OpenSSH format) that signs registry token requests (default: Ollama's "
+        "~/.ollama/id_ed25519 where it exists, else id_ed25519 in the data dir, made on first use)",
+    ),
+    Setting(
         "max_transfer_streams",
         "FREETOKEN_MAX_TRANSFER_STREAMS",
         _pos_int,
@@ -354,6 +370,8 @@ def load(environ: Mapping[str, str] | None = None) -> Any:
         values["models"] = _default_models()
     if values["cache_dir"] is None:
         values["cache_dir"] = _default_cache()
+    if values["key"] is None:
+        values["key"] = _default_key()
     return Config(**values)
 
 

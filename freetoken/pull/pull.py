@@ -83,7 +83,7 @@ def pull(
     cfg = cfg or config.current()
     local, remote = locate(name, cfg.registry, insecure)
     hub = transfers or shared_transfers(TransferOptions.from_config(cfg))
-    client = hub.client(remote.base_url, cfg.registry_token, transport)
+    client = hub.client(remote.base_url, cfg.registry_token, transport, cfg.key)
     stats = stats if stats is not None else PullStats()
     stats.name = local.display
     # `registry` says where the model comes from (the CLI shows it); clients ignore it

@@ -252,6 +252,7 @@ def push(
         transport=transport,
         read_timeout=opts.stall_timeout,
         max_connections=opts.streams + 2,
+        key_file=cfg.key,
     )
     try:
         jobs: dict[str, _Upload] = {}

@@ -33,7 +33,7 @@ def _wait_up(url: str, alive: Any, timeout: float = 20.0) -> None:
 class ThreadRegistry:
     """`with ThreadRegistry(root) as reg:` serves `root` at `reg.url` (host `reg.host`)."""
 
-    def __init__(self, root: Path, token: str | None = None):
+    def __init__(self, root: Path, token: str | None = None, challenge=None):
         from freetoken.registry import create_app
 
         self.root = root
@@ -41,7 +41,10 @@ class ThreadRegistry:
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}"
         config = uvicorn.Config(
-            create_app(root, token), host="127.0.0.1", port=self.port, log_level="warning"
+            create_app(root, token, challenge),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
