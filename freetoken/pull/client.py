@@ -212,9 +212,10 @@ class RegistryClient:
         return self._location(response, default=location)
 
     def finish_upload(self, location: str, digest: str) -> None:
-        self._request(
-            "PUT", location, params={"digest": digest}, content=b"", headers={"Content-Length": "0"}
-        )
+        # merged, not replaced: a registry's location carries its own state in the query
+        # (the distribution registry's `_state`), which `params=` would drop
+        url = str(httpx.URL(location).copy_merge_params({"digest": digest}))
+        self._request("PUT", url, content=b"", headers={"Content-Length": "0"})
 
     def _location(self, response: httpx.Response, default: str | None = None) -> str:
         headers = response.headers
