@@ -85,7 +85,7 @@ class Engine:
             on_output,
             Detokenizer(functools.partial(self.tokenizer.decode, shown=seq.shown_ids)),
             StopMatcher(seq.params.stop),
-            sampling.make_generator(seq.params),
+            sampling.make_generator(seq.params, self.device),
         )
         with self._lock:
             self._inbox.append(("add", req))
@@ -122,7 +122,6 @@ class Engine:
         masks = self._masks(plan)  # grammar masks, computed while the device works
         if (experts := self._ops.backend) is not None:
             experts.wait_step()
-        logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
@@ -215,7 +214,7 @@ class Engine:
     def _postprocess(
         self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None], t0: int, t1: int
     ) -> None:
-        row = 0
+        row, drawn = 0, []
         for seq, n in plan:
             seq.num_cached += n
             self.scheduler.cache_pages(seq)
@@ -224,7 +223,7 @@ class Engine:
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
-            scores, mask = logits[row], masks[row]
+            scores, mask = logits[row].float(), masks[row]
             row += 1
             if not seq.output_ids:
                 seq.prefill_ns = t1 - req.t_submit
@@ -234,8 +233,15 @@ class Engine:
                 if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
                     self._finish(req, "stop")
                     continue
-                scores = scores.masked_fill(~mask, float("-inf"))
-            token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+                scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+            p = seq.params
+            drawn.append(
+                (req, scores, sampling.draw(scores, seq.tokens, p, self.num_ctx, req.generator))
+            )
+        # the step's tokens drawn on the logits' device, read back together
+        tokens = torch.stack([t for *_, t in drawn]).tolist() if drawn else []
+        for (req, scores, _), token in zip(drawn, tokens):
+            seq = req.seq
             if seq.top_logprobs is not None and token not in seq.stop_ids:
                 lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
                 seq.logprobs.append((token, lp, top))
