@@ -22,6 +22,11 @@ __all__ = [
 ]
 
 
-def at_load(name: str, files: dict[str, Path], num_ctx: int, cfg: Any) -> Verdict:
-    """The judgement `freetoken doctor NAME` prints, for the load of a runner's files."""
-    return judge(probe(cfg), from_files(name, files), num_ctx, cfg)
+def at_load(
+    name: str, files: dict[str, Path], num_ctx: int, cfg: Any, device: Any = None
+) -> Verdict:
+    """The judgement `freetoken doctor NAME` prints, for the load of a runner's files onto
+    `device` (a torch.device; only its GPU is asked about, so no other gets a context)."""
+    cuda = device is not None and device.type == "cuda"
+    devices = [device.index if device.index is not None else 0] if cuda else []
+    return judge(probe(cfg, devices=devices), from_files(name, files), num_ctx, cfg)

@@ -66,11 +66,12 @@ def meminfo() -> dict[str, int]:
     return out
 
 
-def _gpus() -> list[Gpu]:
+def _gpus(devices: list[int] | None) -> list[Gpu]:
+    """Each GPU asked about (None: every visible one): asking makes a CUDA context there."""
     if not torch.cuda.is_available():
         return []
     out = []
-    for i in range(torch.cuda.device_count()):
+    for i in range(torch.cuda.device_count()) if devices is None else devices:
         free, total = torch.cuda.mem_get_info(i)
         out.append(Gpu(i, torch.cuda.get_device_name(i), total, free))
     return out
@@ -102,9 +103,10 @@ def torch_build() -> str:
     return f"{torch.__version__} (CPU-only build)"
 
 
-def probe(cfg: Any, build: bool = False) -> Machine:
-    """The machine as a load would find it; `build` builds the CPU kernel if need be."""
-    gpus = _gpus()
+def probe(cfg: Any, build: bool = False, devices: list[int] | None = None) -> Machine:
+    """The machine as a load would find it; `build` builds the CPU kernel if need be;
+    `devices` the GPUs to report (None: every visible one)."""
+    gpus = _gpus(devices)
     mem = meminfo()
     b_p, b_h, measured = profile.bandwidths(cfg.cache_dir)
     return Machine(

@@ -71,9 +71,9 @@ class ModelLoad:
         # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
         kernel = cpu_kernel.status()
         log.info("CPU experts: %s (%s)", kernel.kernel, kernel.reason)
-        self.log_judgement()
         # one rank per GPU: the others start now and load their experts while this one loads
         ranks = dist.devices(cfg.gpus, cfg.device)
+        self.log_judgement(dist.use(ranks[0]))
         device = dist.use(ranks[0]).type
         placement = self.placement()
         if len(ranks) > 1:
@@ -99,11 +99,11 @@ class ModelLoad:
             log.info("%d recurrent state slots (%.1f MiB)", state.num_slots, state.bytes / 2**20)
         return serving
 
-    def log_judgement(self) -> None:
+    def log_judgement(self, device: torch.device | None = None) -> None:
         """What `freetoken doctor MODEL` would say, so a load's log says it too."""
         name = str(self.spec.get("name", "model"))
         try:
-            verdict = doctor.at_load(name, self.files, self.num_ctx, self.cfg)
+            verdict = doctor.at_load(name, self.files, self.num_ctx, self.cfg, device)
         except (OSError, ValueError, KeyError) as e:  # a model without an FTW index
             log.info("doctor: no judgement for %s: %s", name, e)
             return
