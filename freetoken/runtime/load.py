@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from freetoken import dist
+from freetoken import dist, doctor
 from freetoken.chat import formats
 from freetoken.config import parse_size
 from freetoken.ftw import reader as ftw_reader
@@ -70,9 +70,11 @@ class ModelLoad:
             torch.set_num_threads(cfg.cpu_threads)
         fused.ENABLED = cfg.fused_kernels
         # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
-        cpu_kernel.extension()
+        kernel = cpu_kernel.status()
+        log.info("CPU experts: %s (%s)", kernel.kernel, kernel.reason)
         # one rank per GPU: the others start now and load their experts while this one loads
         ranks = dist.devices(cfg.gpus, cfg.device)
+        self.log_judgement(dist.use(ranks[0]))
         device = dist.use(ranks[0]).type
         placement = self.placement()
         if len(ranks) > 1:
@@ -101,6 +103,19 @@ class ModelLoad:
         if state is not None:
             log.info("%d recurrent state slots (%.1f MiB)", state.num_slots, state.bytes / 2**20)
         return serving
+
+    def log_judgement(self, device: torch.device | None = None) -> None:
+        """What `freetoken doctor MODEL` would say, so a load's log says it too."""
+        name = str(self.spec.get("name", "model"))
+        try:
+            verdict = doctor.at_load(name, self.files, self.num_ctx, self.cfg, device)
+        except (OSError, ValueError, KeyError) as e:  # a model without an FTW index
+            log.info("doctor: no judgement for %s: %s", name, e)
+            return
+        for line in verdict.lines():
+            log.log(
+                logging.WARNING if line.startswith("warning") else logging.INFO, "doctor: %s", line
+            )
 
     def placement(self) -> loader.Placement:
         """How the experts are placed: the request's load options, else the settings."""
