@@ -33,9 +33,10 @@ _EXAMPLES = 8  # failures shown in the report
 
 @contextlib.contextmanager
 def registry(root: Path, log: Path) -> Iterator[str]:
-    """The bundled registry (`python -m registry serve`) on a free loopback port."""
+    """The bundled registry (`python -m freetoken.registry serve`) on a free loopback port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "registry", "serve", "--root", str(root), "--port", str(port)]
+    serve = ["serve", "--root", str(root), "--port", str(port)]
+    cmd = [sys.executable, "-m", "freetoken.registry", *serve]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             cmd, env=config.child_environment({}), stdout=out, stderr=subprocess.STDOUT
