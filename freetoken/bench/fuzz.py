@@ -83,10 +83,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/api/copy", {"source": MODEL, "destination": "fuzz-copy"}),
     Endpoint("DELETE", "/api/delete", {"model": "fuzz-copy"}),
     Endpoint("POST", "/api/pull", {"model": "fuzz-absent", "insecure": True, "stream": False}),
+    # an absent model: refused before any byte leaves, so no case pushes the demo anywhere
+    Endpoint("POST", "/api/push", {"model": "fuzz-absent", "insecure": True, "stream": False}),
     Endpoint("POST", "/api/cache/resize", {"model": MODEL, "slots": 8}),
     Endpoint("POST", f"/api/blobs/{_DIGEST}", {"bytes": "not json: uploaded as they are"}),
     Endpoint("HEAD", f"/api/blobs/{_DIGEST}"),
+    Endpoint("GET", "/api/version"),
     Endpoint("GET", "/api/tags"),
+    Endpoint("GET", "/api/loading"),
     Endpoint("GET", "/api/ps"),
     Endpoint("GET", "/api/cache"),
     Endpoint("GET", "/v1/models"),
@@ -314,7 +318,9 @@ def _error_shape(api: str, status: int, body: Any) -> bool:
         )
     if api == "openai":
         err = body.get("error") if isinstance(body, dict) else None
+        # the four fields OpenAI's SDKs read; param and code may be null, never absent
         ok = isinstance(err, dict) and isinstance(err.get("message"), str)
+        ok = ok and {"type", "param", "code"} <= set(err)
         return ok and (status != 400 or err.get("type") == "invalid_request_error")
     return isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str)
 

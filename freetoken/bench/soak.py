@@ -110,6 +110,17 @@ class Server:
                     out.append(int(stat.parent.name))
         return out
 
+    def rss_mib(self) -> float:
+        """Resident memory of the server and its runners together, in MiB."""
+        assert self.proc is not None
+        kib = 0
+        for pid in (self.proc.pid, *self.runners()):
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        kib += int(line.split()[1])
+        return round(kib / 1024, 1)
+
     def kill(self) -> None:
         """SIGKILL: no clean-up runs (its runners exit once they see it gone)."""
         assert self.proc is not None

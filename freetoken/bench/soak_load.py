@@ -8,7 +8,10 @@ far past the context): it may be refused or answered, but no other stream may fa
 
 A request counts as ok when its stream ends with the API's last event (done, [DONE],
 message_stop), as failed by kind otherwise ("http 503", "error event", "reset", ...), and as
-lost when it ends with neither a last event nor an error.
+lost when it ends with neither a last event nor an error. Around the load, the server's
+and its runners' resident memory is read (growth across a run is what a leak looks like),
+and a greedy chat is answered before and after: the same answer says the server is alive
+and that nothing the load did changed what the model computes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from freetoken.bench.soak import MODEL, serving
+from freetoken.bench.soak import MODEL, Server, reference_chat, serving
 
 __all__ = ["POISONS", "run"]
 
@@ -51,6 +53,7 @@ class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     by_api: Counter[str] = field(default_factory=Counter)
     ttft: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)  # whole requests that ended ok
     tokens: int = 0
     poisons: Counter[str] = field(default_factory=Counter)
 
@@ -103,6 +106,8 @@ async def _one(client: httpx.AsyncClient, api: str, body: dict, cut: bool, t: Ta
                 if end:
                     t.tokens += tokens
                     t.ttft.append(first)
+                    if end == "ok":
+                        t.latency.append(time.monotonic() - t0)
                     return end
             return "lost"
     except httpx.TimeoutException:
@@ -145,9 +150,15 @@ async def _load(url: str, args: argparse.Namespace) -> Tally:
     return t
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ranked = sorted(values)
+    return round(ranked[round(q * (len(ranked) - 1))], 2)
+
+
 def _figures(t: Tally, seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     failed = {k: v for k, v in t.outcomes.items() if k not in ("ok", _DISCONNECTED)}
-    ttft = sorted(t.ttft)
     return {
         "clients": args.clients,
         "seconds": round(seconds, 1),
@@ -159,17 +170,31 @@ def _figures(t: Tally, seconds: float, args: argparse.Namespace) -> dict[str, An
         "lost": t.outcomes["lost"],
         "503 (queue full)": t.outcomes["http 503"],
         "tokens/s": round(t.tokens / seconds, 1),
-        "ttft p50 s": round(statistics.median(ttft), 2) if ttft else None,
-        "ttft p95 s": round(ttft[int(0.95 * (len(ttft) - 1))], 2) if ttft else None,
+        "ttft p50 s": _percentile(t.ttft, 0.5),
+        "ttft p99 s": _percentile(t.ttft, 0.99),
+        "latency p50 s": _percentile(t.latency, 0.5),
+        "latency p99 s": _percentile(t.latency, 0.99),
         "by api": dict(sorted(t.by_api.items())),
         "poisoned": dict(sorted(t.poisons.items())),
     }
 
 
+def _alive(server: Server, before: str) -> str:
+    try:
+        after = reference_chat(server.url)
+    except httpx.HTTPError as e:
+        return f"no ({type(e).__name__})"
+    return "yes, same answer" if after == before else "yes, but a different answer"
+
+
 def run(args: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
     with serving(work, env) as server:
-        # loaded first, so the run measures serving rather than one load
-        httpx.post(server.url + "/api/generate", json={"model": MODEL}, timeout=300)
+        # loaded first (by the reference chat), so the run measures serving, not one load
+        before = reference_chat(server.url)
+        rss0 = server.rss_mib()
         t0 = time.monotonic()
         tally = asyncio.run(_load(server.url, args))
-        return _figures(tally, time.monotonic() - t0, args)
+        figures = _figures(tally, time.monotonic() - t0, args)
+        rss1 = server.rss_mib()
+        memory = {"before MiB": rss0, "after MiB": rss1, "growth MiB": round(rss1 - rss0, 1)}
+        return figures | {"server and runners rss": memory, "alive": _alive(server, before)}

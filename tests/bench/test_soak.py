@@ -36,13 +36,17 @@ def test_tokens_are_counted_from_usage():
     assert soak_load._event("/api/chat", '{"done": true, "eval_count": 5}') == ("ok", 5)
 
 
+_OPENAI = {"message": "m", "param": None, "code": None}
+
+
 @pytest.mark.parametrize(
     "api, status, body, wrong",
     [
         ("ollama", 400, {"error": "bad"}, None),
         ("ollama", 400, {"error": "bad", "extra": 1}, "shape"),
-        ("openai", 400, {"error": {"message": "m", "type": "invalid_request_error"}}, None),
-        ("openai", 400, {"error": {"message": "m", "type": "api_error"}}, "shape"),
+        ("openai", 400, {"error": {**_OPENAI, "type": "invalid_request_error"}}, None),
+        ("openai", 400, {"error": {**_OPENAI, "type": "api_error"}}, "shape"),
+        ("openai", 400, {"error": {"message": "m", "type": "invalid_request_error"}}, "shape"),
         (
             "anthropic",
             400,
