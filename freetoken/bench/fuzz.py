@@ -83,7 +83,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/api/copy", {"source": MODEL, "destination": "fuzz-copy"}),
     Endpoint("DELETE", "/api/delete", {"model": "fuzz-copy"}),
     Endpoint("POST", "/api/pull", {"model": "fuzz-absent", "insecure": True, "stream": False}),
-    # an absent model: refused before any byte leaves, so no case pushes the demo anywhere
+    # an absent model (a 404) unless a create or copy case made it; the registry is loopback
     Endpoint("POST", "/api/push", {"model": "fuzz-absent", "insecure": True, "stream": False}),
     Endpoint("POST", "/api/cache/resize", {"model": MODEL, "slots": 8}),
     Endpoint("POST", f"/api/blobs/{_DIGEST}", {"bytes": "not json: uploaded as they are"}),

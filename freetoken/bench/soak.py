@@ -184,6 +184,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-predict", type=int, default=24, help="load: tokens per answer")
     p.add_argument("--requests", type=int, default=5000, help="fuzz: requests to send")
     p.add_argument("--concurrency", type=int, default=8, help="fuzz: requests in flight")
+    p.add_argument("--case-seconds", type=float, default=60, help="fuzz: a case's longest")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     p.add_argument("--json", action="store_true")

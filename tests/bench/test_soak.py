@@ -7,9 +7,10 @@ import json
 import socket
 import threading
 
+import httpx
 import pytest
 
-from freetoken.bench import fuzz, soak_load
+from freetoken.bench import fuzz, soak_fuzz, soak_load
 from freetoken.bench.soak_faults import Throttle, check_store
 from freetoken.store import Store
 from freetoken.store import manifest as mf
@@ -113,3 +114,14 @@ def test_throttle_passes_and_counts_what_the_upstream_sends():
             while chunk := c.recv(65536):
                 got += chunk
     assert got == b"x" * 50_000 and throttle.sent == 50_000
+
+
+def test_a_fuzz_case_still_answering_at_its_deadline_is_cut_not_failed():
+    # num_predict -1 runs to the context's end: the fuzz hangs up rather than wait minutes
+    def endless(request):
+        return httpx.Response(200, content=iter([b'{"done": false}\n'] * 1000))
+
+    case = fuzz.Case("POST", "/api/chat", b"{}", "ollama", "t")
+    with httpx.Client(transport=httpx.MockTransport(endless), base_url="http://x") as client:
+        assert soak_fuzz._send(client, case, 0.0) == ("cut", 200, "still answering")
+        assert soak_fuzz._send(client, case, 60.0)[:2] == (None, 200)
