@@ -251,7 +251,7 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
 
     if qtype == "F32" or arr.ndim == 1:
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    elif qtype in ("Q8_0", "Q4_0", "BF16", "MXFP4"):
+    elif qtype in ("Q8_0", "Q4_0", "Q5_0", "BF16", "MXFP4"):
         q = gguf.quants.quantize(arr, QT[qtype])
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     elif qtype == "F16":
@@ -259,6 +259,11 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
     elif qtype == "Q4_K":
         q = quantize_q4_k(arr)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q4_K)
+    elif qtype in ("Q5_K", "Q6_K"):  # gguf has no quantizer for these; its dequantizer checks ours
+        from freetoken.quant.quantize import quantize
+
+        q = quantize(torch.from_numpy(np.ascontiguousarray(arr)), qtype.lower()).numpy()
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     else:
         raise ValueError(qtype)
 

@@ -66,11 +66,11 @@ def convert_hf(
     writer = Writer(out, shard_limit)
     try:
         with safetensors_dir.Checkpoint(files, cls) as ck:
-            for name, t in ck.dense_items():
-                writer.add_dense(name, t)
+            for name, t, fmt in ck.dense_items():
+                writer.add_dense(name, t, fmt)
                 _report(progress, writer, total)
             for layer, bank in ck.bank_keys():
-                writer.add_bank(layer, bank, ck.bank((layer, bank)))
+                writer.add_bank(layer, bank, *ck.bank((layer, bank)))
                 _report(progress, writer, total)
         meta = {
             "model_type": config.get("model_type"),
@@ -92,12 +92,13 @@ def _report(progress: Progress | None, writer: Writer, total: int) -> None:
         progress(min(writer.bytes_written, total), total)
 
 
-def convert(src: Path, out: Path, **kw) -> Path:
+def convert(src: Path, out: Path, note: Callable[[str], None] | None = None, **kw) -> Path:
+    """`note` hears what the user should know about the conversion (dequantized types)."""
     src = Path(src)
     if src.is_file() and src.suffix == ".gguf":
         from freetoken.ftw.gguf_convert import convert_gguf
 
-        return convert_gguf(src, out, **kw)
+        return convert_gguf(src, out, note=note, **kw)
     return convert_hf(files_of_dir(src), out, **kw)
 
 
@@ -127,6 +128,16 @@ def _progress_printer(json_lines: bool) -> Progress:
     return report
 
 
+def _note_printer(json_lines: bool) -> Callable[[str], None]:
+    def note(text: str) -> None:
+        if json_lines:
+            print(json.dumps({"status": text}), flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    return note
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken convert", description="Convert a model to FTW.")
     ap.add_argument("src", type=Path, help="a Hugging Face directory or a .gguf file")
@@ -138,7 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     limit = round_up(int(args.shard_gib * 2**30))
     try:
         out = convert(
-            args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress)
+            args.src,
+            args.out,
+            shard_limit=limit,
+            progress=_progress_printer(args.json_progress),
+            note=_note_printer(args.json_progress),
         )
     except (FtwError, ValueError, OSError) as e:
         print(f"\nerror: {e}", file=sys.stderr)

@@ -1,4 +1,7 @@
-"""GGUF -> FTW: dense tensors under the model's names, experts stacked into banks per layer."""
+"""GGUF -> FTW: dense tensors under the model's names, experts stacked into banks per layer.
+
+Tensors in a block format the kernels read are written as the file holds them (packed);
+other quantized types are dequantized to BF16, which the converter announces."""
 
 from __future__ import annotations
 
@@ -24,11 +27,15 @@ def convert_gguf(
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Callable[[int, int], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> Path:
     reader = gguf_file._open(src)
     kv = gguf_file.metadata(reader)
     cls, _ = gguf_file.model_class(kv)
     config = gguf_file.config_of(reader, kv)
+    dequantized = gguf_file.dequantized_types(reader)
+    if dequantized and note is not None:
+        note(f"dequantizing {'/'.join(dequantized)} tensors to BF16 (no kernel reads them packed)")
     total = sum(int(t.n_bytes) for t in reader.tensors)
     done = 0
     pieces: dict[tuple[int, str], list] = defaultdict(list)
@@ -38,11 +45,11 @@ def convert_gguf(
             if isinstance(key, ExpertKey):
                 pieces[(key.layer, key.bank)].append((t, key))
                 continue
-            writer.add_dense(key, gguf_file.tensor_of(t))
+            writer.add_dense(key, *gguf_file.tensor_of(t))
             done += int(t.n_bytes)
             progress and progress(done, total)
-        for (layer, bank), tensor in gguf_file.banks_of(pieces, num_experts(config), src):
-            writer.add_bank(layer, bank, tensor)
+        for (layer, bank), tensor, fmt in gguf_file.banks_of(pieces, num_experts(config), src):
+            writer.add_bank(layer, bank, tensor, fmt)
             done += sum(int(t.n_bytes) for t, _ in pieces[(layer, bank)])
             progress and progress(done, total)
         with tempfile.TemporaryDirectory() as tmp:

@@ -2,6 +2,9 @@
 
     w = Writer(out_dir); w.add_dense(name, t); w.add_bank(layer, "gate_up", t); w.close(meta)
 
+Packed tensors (freetoken/quant) are written as their raw blocks, with the logical shape and
+the format in the index (docs/ftw.md).
+
 The directory is built under a temporary name and renamed when complete, so nothing
 half-written is ever visible under the final name.
 """
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from freetoken import quant
 from freetoken.ftw import (
     ALIGN,
     DEFAULT_SHARD_LIMIT,
@@ -83,7 +87,11 @@ class Writer:
             self.bytes_written += n
             data = data[n:]
 
-    def _add(self, entry: dict[str, Any], t: torch.Tensor) -> None:
+    def _add(self, entry: dict[str, Any], t: torch.Tensor, fmt: str | None) -> None:
+        shape = list(t.shape)
+        if fmt:  # packed blocks: the logical shape, and the format that says how to read them
+            shape[-1] = quant.get(fmt).logical_cols(shape[-1])
+            entry["quant"] = fmt
         data = tensor_bytes(t)
         padded = round_up(len(data))
         used = self.pos - self._shard_start
@@ -91,7 +99,7 @@ class Writer:
             self._open_shard()
         entry.update(
             dtype=dtype_name(t.dtype),
-            shape=list(t.shape),
+            shape=shape,
             offset=self.pos,
             nbytes=len(data),
             crc32=zlib.crc32(data),
@@ -101,19 +109,13 @@ class Writer:
             self._write(memoryview(_ZEROS[: padded - len(data)]))
         self.tensors.append(entry)
 
-    def add_dense(self, name: str, t: torch.Tensor) -> None:
-        self._add({"name": name, "kind": "dense"}, t)
+    def add_dense(self, name: str, t: torch.Tensor, fmt: str | None = None) -> None:
+        """A dense tensor; `fmt` names the block format of a packed one (uint8)."""
+        self._add({"name": name, "kind": "dense"}, t, fmt)
 
-    def add_bank(self, layer: int, bank: str, t: torch.Tensor, quant: str | None = None) -> None:
-        entry: dict[str, Any] = {
-            "name": bank_name(layer, bank),
-            "kind": "bank",
-            "layer": layer,
-            "bank": bank,
-        }
-        if quant:
-            entry["quant"] = quant
-        self._add(entry, t)
+    def add_bank(self, layer: int, bank: str, t: torch.Tensor, fmt: str | None = None) -> None:
+        entry = {"name": bank_name(layer, bank), "kind": "bank", "layer": layer, "bank": bank}
+        self._add(entry, t, fmt)
 
     def close(self, meta: dict[str, Any], metadata_files: dict[str, Path] | None = None) -> Path:
         """Writes the index and metadata files and moves the directory into place."""

@@ -18,7 +18,7 @@ from torch import nn
 
 from freetoken import models
 from freetoken.ftw import reader as ftw_reader
-from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights
+from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights, unpack_banks
 from freetoken.layers.computed import reset_buffers
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
@@ -51,9 +51,30 @@ def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]
     return {**files, "config.json": scratch / "config.json", **{n: scratch / n for n in names}}
 
 
+def _unpacked(t: torch.Tensor, fmt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A packed dense weight decoded on the device, a slice of rows at a time (the decoding
+    runs in fp32: a whole embedding at once would need 4 bytes a weight of room)."""
+    from freetoken.kernels.reference import dequantize
+
+    rows = t.reshape(-1, t.shape[-1])
+    step = max(1, (64 << 20) // rows.shape[1])
+    out = torch.cat([dequantize(r.to(device), fmt).to(dtype) for r in rows.split(step)])
+    return out.reshape(*t.shape[:-1], out.shape[-1])
+
+
 def _load_dense(
-    model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    model: nn.Module,
+    dense: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    formats: dict | None = None,
 ) -> None:
+    """Dense weights onto the device in the compute dtype: quantized ones are decoded (no
+    quantized linear layer reads them packed yet)."""
+    formats = formats or {}
+    dense = {
+        n: _unpacked(t, formats[n], device, dtype) if n in formats else t for n, t in dense.items()
+    }
     params = dict(model.named_parameters())
     missing = [n for n in params if n not in dense and not n.endswith("lm_head.weight")]
     if missing:
@@ -94,7 +115,8 @@ def load(
     with torch.device("meta"):
         model = cls.from_config(config)
     model.to_empty(device=device)
-    _load_dense(model, weights.dense, device, dtype)
+    _load_dense(model, weights.dense, device, dtype, weights.formats)
+    unpack_banks(weights, dtype)
     if "lm_head.weight" not in weights.dense:
         if not config.get("tie_word_embeddings"):
             raise WeightsError("checkpoint has no lm_head.weight and embeddings are not tied")

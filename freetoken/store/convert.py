@@ -59,12 +59,15 @@ def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("status") == "converting model":
+            status = event.get("status")
+            if status == "converting model":
                 yield {
                     "status": "converting model",
                     "total": event.get("total"),
                     "completed": event.get("completed"),
                 }
+            elif isinstance(status, str) and status != "success":
+                yield {"status": status}  # a note the converter wants the user to see
         err = proc.stderr.read() if proc.stderr else ""
         if proc.wait() != 0:
             last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [

@@ -92,7 +92,15 @@ def _check_messages(messages: list[dict[str, Any]] | None) -> list[dict[str, Any
     return out
 
 
-def _file_type(config: dict[str, Any]) -> str:
+def _file_type(config: dict[str, Any], index: dict[str, Any] | None = None) -> str:
+    """The weights' type as `show` reports it: the block format holding most of the FTW's
+    bytes (Q4_K, Q8_0, FP8_E4M3, …), else the checkpoint's quantization or float dtype."""
+    by_bytes: dict[str, int] = {}
+    for t in (index or {}).get("tensors") or []:
+        if isinstance(t, dict) and t.get("quant"):
+            by_bytes[t["quant"]] = by_bytes.get(t["quant"], 0) + int(t.get("nbytes") or 0)
+    if by_bytes:
+        return max(by_bytes, key=by_bytes.__getitem__).upper()
     quant = config.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method"):
         return str(quant["quant_method"]).upper()
@@ -118,7 +126,7 @@ def _model_config(
         "model_family": arch.family,
         "model_families": [arch.family],
         "model_type": size,
-        "file_type": _file_type(config),
+        "file_type": _file_type(config, index),
         "architecture": _GOARCH.get(platform.machine().lower(), platform.machine().lower()),
         "os": platform.system().lower(),
     }

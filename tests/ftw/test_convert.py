@@ -61,7 +61,7 @@ def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, q
     path, hf = k_quant_model
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype)
     out = convert(gguf, tmp_path / "ftw")
-    engine = make_engine(out)
+    engine = make_engine(out, dtype="float32")
     # the weights are exactly gguf's own dequantization
     ref = dequantized_state(gguf)
     bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0]["gate_up"]

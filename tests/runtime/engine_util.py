@@ -43,10 +43,11 @@ def make_engine(
     device_cache: str = "auto",
     cpu_lane: str = "auto",
     prefix_cache: bool = False,
+    dtype: str = "auto",
 ) -> Engine:
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
-    loaded = loader.load(files, device, "auto")
+    loaded = loader.load(files, device, dtype)
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
     layout = loaded.model.kv_layout()
     kv = KVCache(layout, pages, page_size, loaded.dtype, loaded.device)
