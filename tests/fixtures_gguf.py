@@ -237,12 +237,27 @@ def write_gguf(
     _tokenizer_kv(w, tok_dir)
     for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
-        _add(w, name, arr, qtype if quantize else "F32")
+        _add(w, name, arr, _type_of(qtype, name, c.num_hidden_layers) if quantize else "F32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _type_of(qtype: str, name: str, layers: int) -> str:
+    """A tensor's type in a file of `qtype`: Q4_K_M mixes Q4_K with Q6_K as llama.cpp does (the
+    output head, and expert down projections in the first and last eighth of the layers and
+    every third between), so a file's down banks differ from layer to layer."""
+    if qtype != "Q4_K_M":
+        return qtype
+    if name == "output.weight":
+        return "Q6_K"
+    if "ffn_down" in name:
+        i = int(name.split(".")[1])
+        more = i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+        return "Q6_K" if more else "Q4_K"
+    return "Q4_K"
 
 
 def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
@@ -280,3 +295,36 @@ def dequantized_state(path: Path) -> dict[str, torch.Tensor]:
             np.array(gguf.quants.dequantize(t.data, t.tensor_type))
         ).reshape(shape)
     return out
+
+
+def dequantized_model(model, path: Path, arch: str):
+    """A copy of the transformers `model` computing with a GGUF file's weights as gguf decodes
+    them (for the architectures whose converters only rename and split: no q/k permutation):
+    the exact reference for a quantized file."""
+    import copy
+
+    import gguf
+
+    assert arch in ("qwen3moe", "olmoe", "qwen2moe"), arch
+    arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    names = gguf.get_tensor_name_map(arch_enum, model.config.num_hidden_layers)
+    state = dequantized_state(path)
+
+    def of(hf: str) -> torch.Tensor:
+        return state[names.get_name(hf, try_suffixes=(".weight", ".bias"))]
+
+    def experts(hf: str) -> torch.Tensor:  # whole-layer tensors: the map names them bare
+        return state[names.get_name(hf) + ".weight"]
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, t in ref.state_dict().items():
+            if name.endswith("experts.gate_up_proj"):
+                base = name.removesuffix(".gate_up_proj")
+                gate, up = (experts(f"{base}.{p}_proj") for p in ("gate", "up"))
+                t.copy_(torch.cat([gate, up], dim=1))
+            elif name.endswith("experts.down_proj"):
+                t.copy_(experts(name))
+            else:
+                t.copy_(of(name).reshape(t.shape))
+    return ref

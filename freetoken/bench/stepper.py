@@ -108,7 +108,7 @@ class Bench:
             slots = int(min(max(room // S, 0), every))
         # a cap of 0: no cache, every expert on the CPU (llama.cpp's -ncmoe over all layers)
         cache = (
-            ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
+            ExpertCache(L, E, slots, self.host.rows, self.host.dtypes, self.sm.device)
             if cap_gib != 0
             else None
         )

@@ -23,7 +23,6 @@ __all__ = [
     "pick_device",
     "pick_dtype",
     "read_weights",
-    "unpack_banks",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -79,16 +78,6 @@ def read_weights(
     return weights
 
 
-def unpack_banks(weights: ModelWeights, dtype: torch.dtype) -> None:
-    """Packed expert banks decoded to `dtype` in host memory."""
-    from freetoken.kernels.reference import dequantize
-
-    for key, bank in weights.banks.items():
-        fmt = weights.formats.pop(key, None)
-        if fmt:
-            weights.banks[key] = dequantize(bank, fmt).to(dtype)
-
-
 def gguf_path(files: dict[str, Path]) -> Path | None:
     found = [p for n, p in files.items() if n.endswith(".gguf")]
     return Path(found[0]) if len(found) == 1 and ftw.INDEX not in files else None
@@ -100,14 +89,14 @@ def load_banks(
     dtype_setting: str,
     experts: tuple[int, int],
     huge_pages: str = "auto",
-) -> tuple[dict, torch.dtype, ExpertSpec]:
-    """Rows [lo, hi) of every expert bank, their dtype and what the experts compute, without
-    the dense weights (a rank that serves only experts, freetoken.dist)."""
+) -> tuple[dict, torch.dtype, ExpertSpec, dict]:
+    """Rows [lo, hi) of every expert bank, their dtype, what the experts compute and the
+    packed banks' formats, without the dense weights (a rank that serves only experts,
+    freetoken.dist)."""
     config = json.loads(Path(files["config.json"]).read_text())
     dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
     cls = models.load_class(config)
     weights = read_weights(files, cls, dtype, experts=experts, dense=False, huge_pages=huge_pages)
-    unpack_banks(weights, dtype)
     with torch.device("meta"):  # the model's structure alone: nothing is allocated
         spec = uniform_spec(cls.from_config(config).expert_specs())
-    return weights.banks, dtype, spec
+    return weights.banks, dtype, spec, weights.formats

@@ -29,19 +29,15 @@ def experts_from_slots(
     """x [T, H]; slots/weights [T, k]; `pool` the slot pool's banks (gate_up [S, 2I, H],
     down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype."""
     T, k = slots.shape
-    if x.is_cuda and T <= SMALL_BATCH:
+    if x.is_cuda and T <= SMALL_BATCH and not any(spec.formats):
         return _triton_small(x, slots, weights, pool, spec)
     return _grouped(x, slots, weights, pool, spec)
 
 
 def _grouped(x, slots, weights, pool, spec) -> torch.Tensor:
-    active = slots >= 0
-    if not bool(active.any()):
-        return torch.zeros_like(x)
-    # a masked route points at slot 0 with weight 0, so it adds nothing
-    safe = torch.where(active, slots, torch.zeros_like(slots))
-    w = torch.where(active, weights, torch.zeros_like(weights))
-    return reference.moe_experts(x, safe, w, pool, spec)
+    # masked routes (slot -1) are skipped, not computed at weight 0: a slot never filled
+    # may hold bytes that decode to NaN, and NaN · 0 is NaN
+    return reference.moe_experts(x, slots, weights, pool, spec)
 
 
 def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
@@ -98,19 +94,22 @@ def fetch_experts(
 ) -> None:
     """dst[slots[r]] = src[experts[r]] for every route r whose slot is >= 0.
 
-    src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool. On a GPU the
-    GPU reads the bank itself: no host work, so the copy can be captured in a CUDA graph.
+    src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool, whose slots may
+    be wider than src's experts (a packed expert fills the first bytes of its slot). On a
+    GPU the GPU reads the bank itself: no host work, so the copy can be captured in a CUDA
+    graph.
     """
+    row, stride = src[0].numel(), dst[0].numel()
+    assert src.is_contiguous() and dst.is_contiguous() and stride >= row, "shapes disagree"
     if not dst.is_cuda:
         keep = slots >= 0
-        dst.index_copy_(0, slots[keep].long(), src.index_select(0, experts[keep].long()))
+        rows = src.reshape(src.shape[0], -1).index_select(0, experts[keep].long())
+        dst.reshape(dst.shape[0], -1)[:, :row].index_copy_(0, slots[keep].long(), rows)
         return
     from freetoken.kernels.triton import fetch
 
-    row = src[0].numel()
-    assert src.is_contiguous() and dst.is_contiguous() and dst[0].numel() == row, "shapes disagree"
     grid = (slots.numel(), triton_cdiv(row, FETCH_BLOCK))
-    fetch.fetch_kernel[grid](src, dst, experts, slots, row, BLOCK=FETCH_BLOCK)
+    fetch.fetch_kernel[grid](src, dst, experts, slots, row, stride, BLOCK=FETCH_BLOCK)
 
 
 def triton_cdiv(a: int, b: int) -> int:

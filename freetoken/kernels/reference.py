@@ -39,7 +39,8 @@ def expert_ffn(x: torch.Tensor, w: Banks, spec: ExpertSpec) -> torch.Tensor:
 def moe_experts(
     x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, banks: Banks, spec: ExpertSpec
 ) -> torch.Tensor:
-    """Σ_j weights[t, j] · expert[ids[t, j]](x[t]) over `banks` indexed by `ids`.
+    """Σ_j weights[t, j] · expert[ids[t, j]](x[t]) over `banks` indexed by `ids`; routes
+    whose id is negative contribute nothing (others serve them).
 
     Each routed expert runs once over the tokens that chose it; accumulation is in the
     dtype of x (fp32 for fp32 models), in the order the experts are visited.
@@ -53,9 +54,28 @@ def moe_experts(
     for e, n in zip(experts.tolist(), counts.tolist()):
         sel = order[start : start + n]
         start += n
+        if e < 0:
+            continue
         tok = sel // k
-        y = expert_ffn(x[tok], {b: t[e].to(x.dtype) for b, t in banks.items()}, spec)
+        y = expert_ffn(x[tok], expert_weights(banks, e, spec, x.dtype), spec)
         out.index_add_(0, tok, y * weights.reshape(-1)[sel, None].to(x.dtype))
+    return out
+
+
+def expert_weights(banks: Banks, e: int, spec: ExpertSpec, dtype: torch.dtype) -> dict:
+    """Expert e's rows of every bank in `dtype`, packed banks decoded.
+
+    A packed expert's bytes start its row of the bank, which may be wider: a slot pool's
+    rows fit the widest format of any layer."""
+    out = {}
+    for name, t in banks.items():
+        fmt = spec.format_of(name)
+        if fmt:
+            rows, row_bytes = spec.stored_rows()[name]
+            t = dequantize(t[e].reshape(-1)[: rows * row_bytes].view(rows, row_bytes), fmt)
+        else:
+            t = t[e]
+        out[name] = t.to(dtype)
     return out
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from freetoken import models
 from freetoken.ftw import reader as ftw_reader
-from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights, unpack_banks
+from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights
 from freetoken.layers.computed import reset_buffers
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
@@ -34,6 +34,7 @@ class Loaded:
     device: torch.device
     dtype: torch.dtype
     banks: dict = field(default_factory=dict)
+    formats: dict = field(default_factory=dict)  # the packed banks' block formats
 
 
 def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]:
@@ -116,7 +117,6 @@ def load(
         model = cls.from_config(config)
     model.to_empty(device=device)
     _load_dense(model, weights.dense, device, dtype, weights.formats)
-    unpack_banks(weights, dtype)
     if "lm_head.weight" not in weights.dense:
         if not config.get("tie_word_embeddings"):
             raise WeightsError("checkpoint has no lm_head.weight and embeddings are not tied")
@@ -131,7 +131,8 @@ def load(
         device,
         dtype,
     )
-    return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
+    formats = {k: f for k, f in weights.formats.items() if k in weights.banks}
+    return Loaded(model, config, device, dtype, weights.banks, formats)
 
 
 def place_experts(loaded: Loaded, placement: Placement, group=None):
@@ -144,9 +145,17 @@ def place_experts(loaded: Loaded, placement: Placement, group=None):
         from freetoken.dist import experts as dist_experts
 
         backend = dist_experts.install(
-            loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, group
+            loaded.model,
+            loaded.banks,
+            loaded.device,
+            loaded.dtype,
+            placement,
+            group,
+            loaded.formats,
         )
     else:
-        backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
+        backend = setup.install(
+            loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, loaded.formats
+        )
     loaded.banks = {}  # the backend's host banks own them now
     return backend

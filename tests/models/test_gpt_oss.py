@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from freetoken.kernels import reference
 from freetoken.models import gpt_oss
 from tests import fixtures
 from tests.models import family
@@ -169,9 +170,9 @@ def _with_experts(hf, weights: dict[str, torch.Tensor]):
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "MXFP4"])
 def test_gguf_with_rounded_experts_loads_them_as_they_are(for_gguf, tmp_path, qtype):
-    """Expert tensors in F16, BF16 or MXFP4 (llama.cpp's gpt-oss files are MXFP4; it is
-    dequantized at create): the banks hold gguf's own values, biases included, and the
-    logits are transformers' with those experts."""
+    """Expert tensors in F16, BF16 or MXFP4 (llama.cpp's gpt-oss files are MXFP4, kept
+    packed): the banks hold gguf's own values, biases included, and the logits are
+    transformers' with those experts."""
     from freetoken.ftw.convert import convert
     from tests.fixtures_gguf import dequantized_state, write_gguf
 
@@ -179,10 +180,13 @@ def test_gguf_with_rounded_experts_loads_them_as_they_are(for_gguf, tmp_path, qt
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype, arch="gpt-oss")
     engine = make_engine(convert(gguf, tmp_path / "ftw"), dtype="float32")
     ref = dequantized_state(gguf)
-    banks = family.experts_of(engine).banks.banks[1]
+    host = family.experts_of(engine).banks
+    banks, fmt = host.banks[1], host.specs[1].format_of("down")
     halves = [ref[f"blk.1.ffn_{p}_exps.bias"] for p in ("gate", "up")]
     assert torch.equal(banks["gate_up_bias"], torch.cat(halves, 1))
-    assert torch.equal(banks["down"].float(), ref["blk.1.ffn_down_exps.weight"])
+    assert fmt == ("mxfp4" if qtype == "MXFP4" else "")  # kept packed
+    down = reference.dequantize(banks["down"], fmt) if fmt else banks["down"].float()
+    assert torch.equal(down, ref["blk.1.ffn_down_exps.weight"])
     want = fixtures.hf_logits(_with_experts(hf, ref), family.PROMPT)
     assert family.rel(full_logits(engine, family.PROMPT), want) <= 1e-4
 
