@@ -9,7 +9,7 @@ uint8 [E, rows, row_bytes], decoded here by `dequantize`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,14 +37,21 @@ def expert_ffn(x: torch.Tensor, w: Banks, spec: ExpertSpec) -> torch.Tensor:
 
 
 def moe_experts(
-    x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, banks: Banks, spec: ExpertSpec
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    banks: Banks,
+    spec: ExpertSpec,
+    expert: Callable[[Banks, int, ExpertSpec, torch.dtype], dict] | None = None,
 ) -> torch.Tensor:
     """Σ_j weights[t, j] · expert[ids[t, j]](x[t]) over `banks` indexed by `ids`; routes
     whose id is negative contribute nothing (others serve them).
 
     Each routed expert runs once over the tokens that chose it; accumulation is in the
-    dtype of x (fp32 for fp32 models), in the order the experts are visited.
+    dtype of x (fp32 for fp32 models), in the order the experts are visited. `expert`
+    gives an expert's weights in a dtype (default `expert_weights`; a kernel may decode).
     """
+    expert = expert or expert_weights
     out = torch.zeros_like(x)
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
@@ -57,7 +64,7 @@ def moe_experts(
         if e < 0:
             continue
         tok = sel // k
-        y = expert_ffn(x[tok], expert_weights(banks, e, spec, x.dtype), spec)
+        y = expert_ffn(x[tok], expert(banks, e, spec, x.dtype), spec)
         out.index_add_(0, tok, y * weights.reshape(-1)[sel, None].to(x.dtype))
     return out
 

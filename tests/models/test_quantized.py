@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from freetoken.ftw.convert import convert
 from tests import fixtures
 from tests.fixtures_gguf import dequantized_model, write_gguf
 from tests.models import family
-from tests.runtime.engine_util import generate, make_engine
+from tests.runtime.engine_util import full_logits, generate, make_engine
 
 # rows of 256 weights: whole K-quant blocks everywhere
 SHAPE = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=2)
@@ -76,3 +77,56 @@ def test_every_policy_matches_resident(quantized):
     _, out, _, config, _ = quantized
     experts = getattr(config, "num_experts", None) or config.num_local_experts
     family.policies_match_resident(out, experts, config.num_hidden_layers, dtype="float32")
+
+
+@pytest.mark.parametrize(
+    "mode,device",
+    [
+        ("split", "cpu"),
+        ("layers", "cpu"),
+        pytest.param("split", "cuda", marks=pytest.mark.gpu),
+        pytest.param("layers", "cuda", marks=pytest.mark.gpu),
+    ],
+)
+def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
+    """Packed experts fetched by the device-kept books and computed by the CPU lane (a share
+    of each layer's misses, or whole CPU layers), in CUDA graphs on a GPU: the tokens of
+    transformers on the decoded weights."""
+    from freetoken.moe import dispatch
+
+    _, out, ref, config, _ = quantized
+    E = getattr(config, "num_experts", None) or config.num_local_experts
+    engine = make_engine(
+        out,
+        policy="adaptive",
+        slots={"split": E + 1, "layers": E}[mode],
+        device=device,
+        device_cache="on",
+        cpu_lane="on",
+        graphs="capture" if device == "cuda" else "",
+        dtype="float32",
+    )
+    backend = family.experts_of(engine)
+    backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
+    try:
+        for prompt in (family.PROMPT, family.LONG):
+            (seq,) = generate(engine, [prompt], 16)
+            assert seq.output_ids == fixtures.hf_greedy(ref, prompt, 16)
+        lane = backend.stats()["lane"]
+        assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
+    finally:
+        backend.lane.stop()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_in_bf16(quantized):
+    """The default compute dtype (BF16) on a GPU with graphs, the decode kernels decoding on
+    the fly: logits near fp32's on the CPU, and decode steps that agree with them."""
+    _, out, _, _, _ = quantized
+    engine = make_engine(out, device="cuda", graphs="capture")
+    assert engine.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    want = full_logits(make_engine(out, dtype="float32"), family.PROMPT)
+    assert family.rel(full_logits(engine, family.PROMPT), want) <= 3e-2
+    (seq,) = generate(engine, [family.PROMPT], 8)
+    (cpu,) = generate(make_engine(out, dtype="float32"), [family.PROMPT], 8)
+    assert seq.output_ids[:2] == cpu.output_ids[:2]
