@@ -115,8 +115,6 @@ def _modelfile_fields(body: dict[str, Any]) -> dict[str, Any]:
 def _create_spec(body: dict[str, Any]) -> CreateSpec:
     name = _model_name(body)
     body = _modelfile_fields(body)
-    if body.get("quantize"):
-        raise APIError(400, "quantize is not supported yet")
     if body.get("adapters"):
         raise APIError(400, "adapters are not supported yet")
     files = field_of(body, "files", dict)
@@ -133,6 +131,7 @@ def _create_spec(body: dict[str, Any]) -> CreateSpec:
         parameters=field_of(body, "parameters", dict),
         messages=messages,
         license=license_,
+        quantize=field_of(body, "quantize", str),
     )
 
 

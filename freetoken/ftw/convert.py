@@ -1,6 +1,6 @@
-"""Converts a Hugging Face directory or a GGUF file to FTW.
+"""Converts a Hugging Face directory or a GGUF file to FTW (or an FTW model, to quantize it).
 
-    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress]
+    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress] [--quantize q4_K_M]
 
 Banks are assembled and written one (layer, bank) at a time, so memory stays near one
 layer's experts whatever the model's size.
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from freetoken import models
-from freetoken.ftw import DEFAULT_SHARD_LIMIT, FtwError, round_up
+from freetoken.ftw import DEFAULT_SHARD_LIMIT, INDEX, FtwError, round_up
+from freetoken.ftw.quantize import BankQuantizer
 from freetoken.ftw.writer import Writer
 from freetoken.weights import safetensors_dir
 
@@ -56,6 +57,7 @@ def convert_hf(
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Progress | None = None,
+    quantize: str | None = None,
 ) -> Path:
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
@@ -66,12 +68,16 @@ def convert_hf(
     writer = Writer(out, shard_limit)
     try:
         with safetensors_dir.Checkpoint(files, cls) as ck:
+            done = 0
             for name, t, fmt in ck.dense_items():
                 writer.add_dense(name, t, fmt)
-                _report(progress, writer, total)
+                done = _report(progress, done + t.nbytes, total)
+            banks = BankQuantizer(quantize, [layer for layer, _ in ck.bank_keys()])
             for layer, bank in ck.bank_keys():
-                writer.add_bank(layer, bank, *ck.bank((layer, bank)))
-                _report(progress, writer, total)
+                t, fmt = ck.bank((layer, bank))
+                writer.add_bank(layer, bank, *banks(layer, bank, t, fmt))
+                done = _report(progress, done + t.nbytes, total)
+            _report(progress, total, total)  # the files' headers are read too
         meta = {
             "model_type": config.get("model_type"),
             "model_info": cls.model_info(config),
@@ -80,6 +86,7 @@ def convert_hf(
                 "fingerprint": fingerprint(files),
                 "files": sorted(p.name for p in sources),
             },
+            **({"quantize": banks.qtype} if banks.qtype else {}),
         }
         return writer.close(meta, metadata_files(files))
     except BaseException:
@@ -87,19 +94,62 @@ def convert_hf(
         raise
 
 
-def _report(progress: Progress | None, writer: Writer, total: int) -> None:
+def convert_ftw(
+    files: dict[str, Path],
+    out: Path,
+    *,
+    shard_limit: int = DEFAULT_SHARD_LIMIT,
+    progress: Progress | None = None,
+    quantize: str | None = None,
+) -> Path:
+    """An FTW model written anew, its expert banks quantized (a model already in the store)."""
+    from freetoken.ftw import reader
+
+    source = json.loads(Path(files[INDEX]).read_text())
+    weights = reader.read(files, pin=False)
+    banks = BankQuantizer(quantize, [layer for layer, _ in weights.banks])
+    writer = Writer(out, shard_limit)
+    try:
+        done, total = 0, int(source["total_bytes"])
+        for name, t in weights.dense.items():
+            writer.add_dense(name, t, weights.formats.get(name))
+            done = _report(progress, done + t.nbytes, total)
+        for (layer, bank), t in sorted(weights.banks.items()):
+            fmt = weights.formats.get((layer, bank))
+            writer.add_bank(layer, bank, *banks(layer, bank, t, fmt))
+            done = _report(progress, done + t.nbytes, total)
+        _report(progress, total, total)  # alignment padding is read too
+        meta = {k: source[k] for k in ("model_type", "model_info", "source") if k in source}
+        if banks.qtype:
+            meta["quantize"] = banks.qtype
+        kept = {n: files[n] for n in source.get("metadata_files") or [] if n in files}
+        return writer.close(meta, kept)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _report(progress: Progress | None, done: int, total: int) -> int:
+    """Reports the source bytes written so far; returns them."""
     if progress is not None:
-        progress(min(writer.bytes_written, total), total)
+        progress(min(done, total), total)
+    return done
 
 
 def convert(src: Path, out: Path, note: Callable[[str], None] | None = None, **kw) -> Path:
-    """`note` hears what the user should know about the conversion (dequantized types)."""
+    """A Hugging Face directory, a GGUF file or an FTW model (to quantize it) as FTW.
+
+    `note` hears what the user should know about the conversion (dequantized types);
+    quantize="q4_K_M" or "q8_0" quantizes the expert banks (ftw/quantize.py)."""
     src = Path(src)
     if src.is_file() and src.suffix == ".gguf":
         from freetoken.ftw.gguf_convert import convert_gguf
 
         return convert_gguf(src, out, note=note, **kw)
-    return convert_hf(files_of_dir(src), out, **kw)
+    files = files_of_dir(src)
+    if INDEX in files:
+        return convert_ftw(files, out, **kw)
+    return convert_hf(files, out, **kw)
 
 
 def _progress_printer(json_lines: bool) -> Progress:
@@ -144,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path, help="the FTW directory to write")
     ap.add_argument("--shard-gib", type=float, default=DEFAULT_SHARD_LIMIT / 2**30)
     ap.add_argument("--json-progress", action="store_true", help="progress as JSON lines on stdout")
+    ap.add_argument("--quantize", help="quantize the expert banks: q4_K_M or q8_0")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     limit = round_up(int(args.shard_gib * 2**30))
@@ -154,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             shard_limit=limit,
             progress=_progress_printer(args.json_progress),
             note=_note_printer(args.json_progress),
+            quantize=args.quantize,
         )
     except (FtwError, ValueError, OSError) as e:
         print(f"\nerror: {e}", file=sys.stderr)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from freetoken.ftw import DEFAULT_SHARD_LIMIT
+from freetoken.ftw.quantize import BankQuantizer
 from freetoken.ftw.writer import Writer
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
@@ -28,6 +29,7 @@ def convert_gguf(
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Callable[[int, int], None] | None = None,
     note: Callable[[str], None] | None = None,
+    quantize: str | None = None,
 ) -> Path:
     reader = gguf_file._open(src)
     kv = gguf_file.metadata(reader)
@@ -48,8 +50,9 @@ def convert_gguf(
             writer.add_dense(key, *gguf_file.tensor_of(t))
             done += int(t.n_bytes)
             progress and progress(done, total)
+        banks = BankQuantizer(quantize, [layer for layer, _ in pieces])
         for (layer, bank), tensor, fmt in gguf_file.banks_of(pieces, num_experts(config), src):
-            writer.add_bank(layer, bank, tensor, fmt)
+            writer.add_bank(layer, bank, *banks(layer, bank, tensor, fmt))
             done += sum(int(t.n_bytes) for t, _ in pieces[(layer, bank)])
             progress and progress(done, total)
         with tempfile.TemporaryDirectory() as tmp:
@@ -66,6 +69,7 @@ def convert_gguf(
                     "fingerprint": fingerprint({src.name: src}),
                     "files": [src.name],
                 },
+                **({"quantize": banks.qtype} if banks.qtype else {}),
             }
             return writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
     except BaseException:

@@ -24,6 +24,7 @@ __all__ = [
     "QuantError",
     "QuantFormat",
     "get",
+    "quantize_type",
 ]
 
 
@@ -143,6 +144,17 @@ GGML_TYPES: dict[int, QuantFormat] = {
 
 # what `create --quantize` accepts (lowercase), and what each means for expert banks
 QUANTIZE_TYPES = ("q4_K_M", "q8_0")
+
+
+def quantize_type(name: str) -> str:
+    """A `create --quantize` type in its canonical spelling (q4_K_M, q8_0), whatever the
+    case it was given in; an unknown one is an error naming those known."""
+    for known in QUANTIZE_TYPES:
+        if name.lower() == known.lower():
+            return known
+    raise QuantError(
+        f"unsupported quantization type {name!r} (supported: {', '.join(QUANTIZE_TYPES)})"
+    )
 
 
 def get(name: str) -> QuantFormat:

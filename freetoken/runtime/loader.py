@@ -18,7 +18,7 @@ from torch import nn
 
 from freetoken import models
 from freetoken.ftw import reader as ftw_reader
-from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights
+from freetoken.ftw.sources import gguf_path, is_quantized, pick_device, pick_dtype, read_weights
 from freetoken.layers.computed import reset_buffers
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
@@ -111,7 +111,7 @@ def load(
     config = json.loads(Path(files["config.json"]).read_text())
     cls = models.load_class(config)
     device = pick_device(device_setting)
-    dtype = pick_dtype(dtype_setting, config, device)
+    dtype = pick_dtype(dtype_setting, config, device, is_quantized(files, config))
     weights = read_weights(files, cls, dtype, progress, experts, huge_pages=huge_pages)
     with torch.device("meta"):
         model = cls.from_config(config)

@@ -47,11 +47,16 @@ def source_of_blobs(files: dict[str, Path], into: Path) -> Path:
     return src / gguf[0] if len(gguf) == 1 and len(files) == 1 else src
 
 
-def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
-    """Runs `freetoken.ftw.convert`, yielding progress; raises ConversionFailed."""
+def run_converter(src: Path, out: Path, quantize: str | None = None) -> Iterator[dict[str, Any]]:
+    """Runs `freetoken.ftw.convert` (quantizing the experts where asked), yielding progress;
+    raises ConversionFailed."""
     cmd = [_python(), "-m", "freetoken.ftw.convert", str(src), str(out), "--json-progress"]
+    if quantize:
+        cmd += ["--quantize", quantize]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        if quantize:
+            yield {"status": f"quantizing the experts to {quantize}"}
         yield {"status": "converting model"}
         assert proc.stdout is not None
         for line in proc.stdout:

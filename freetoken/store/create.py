@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from freetoken import models as archs
 from freetoken import options as opts
+from freetoken import quant
 from freetoken.store import convert
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import BlobStore
@@ -60,6 +61,7 @@ class CreateSpec:
     parameters: dict[str, Any] | None = None
     messages: list[dict[str, Any]] | None = None
     license: str | list[str] | None = None
+    quantize: str | None = None  # q4_K_M or q8_0: the experts quantized while converting
 
 
 def is_path(text: str) -> bool:
@@ -93,8 +95,11 @@ def _check_messages(messages: list[dict[str, Any]] | None) -> list[dict[str, Any
 
 
 def _file_type(config: dict[str, Any], index: dict[str, Any] | None = None) -> str:
-    """The weights' type as `show` reports it: the block format holding most of the FTW's
-    bytes (Q4_K, Q8_0, FP8_E4M3, …), else the checkpoint's quantization or float dtype."""
+    """The weights' type as `show` reports it: the quantization `create --quantize` applied
+    (Q4_K_M), else the block format holding most of the FTW's bytes (Q4_K, Q8_0, FP8_E4M3,
+    …), else the checkpoint's quantization or float dtype."""
+    if (index or {}).get("quantize"):
+        return str(index["quantize"]).upper()
     by_bytes: dict[str, int] = {}
     for t in (index or {}).get("tensors") or []:
         if isinstance(t, dict) and t.get("quant"):
@@ -189,6 +194,7 @@ class CreatePlan:
     copy_names: list[str] = field(default_factory=list)
     upload_files: dict[str, str] = field(default_factory=dict)  # name -> digest, already stored
     extra: dict[str, Any] = field(default_factory=dict)  # the small layers: media type -> value
+    quantize: str | None = None
 
     @property
     def needs_conversion(self) -> bool:
@@ -196,7 +202,7 @@ class CreatePlan:
         names = set(self.upload_files) | set(self.copy_names)
         if self.copy_from is not None and self.copy_from.is_file():
             return True
-        return bool(names) and FTW_INDEX not in names
+        return bool(names) and (FTW_INDEX not in names or self.quantize is not None)
 
     def run(self) -> Iterator[dict[str, Any]]:
         blobs = self.store.blobs
@@ -228,14 +234,17 @@ class CreatePlan:
             if self.copy_from is not None
             else {n: blobs.path(d) for n, d in self.upload_files.items()}
         )
-        layers, self.model_config = yield from convert_into_store(self.store, source)
+        layers, self.model_config = yield from convert_into_store(self.store, source, self.quantize)
         self.upload_files, self.copy_names, self.copy_from = {}, [], None
         return layers
 
 
-def convert_into_store(store: Store, source: Path | dict[str, Path]) -> Iterator[dict[str, Any]]:
+def convert_into_store(
+    store: Store, source: Path | dict[str, Path], quantize: str | None = None
+) -> Iterator[dict[str, Any]]:
     """Converts a model directory or GGUF file, or files named like a model's (name -> path),
-    to FTW and moves the FTW files into the blobs; returns (layers, manifest config blob).
+    to FTW (its experts quantized where asked) and moves the FTW files into the blobs;
+    returns (layers, manifest config blob).
 
     Create and pull (of a GGUF layer) both use it. Raises CreateError.
     """
@@ -245,7 +254,7 @@ def convert_into_store(store: Store, source: Path | dict[str, Path]) -> Iterator
         src = source if isinstance(source, Path) else convert.source_of_blobs(source, work)
         out = work / "ftw"
         try:
-            yield from convert.run_converter(src, out)
+            yield from convert.run_converter(src, out, quantize)
         except convert.ConversionFailed as e:
             raise CreateError(str(e)) from None
         config = json.loads((out / "config.json").read_text())
@@ -373,7 +382,18 @@ def plan_create(store: Store, spec: CreateSpec) -> CreatePlan:
     else:
         raise CreateError("neither 'from' or 'files' was specified")
     plan.extra = _extra_layers(spec, base)
+    if spec.quantize:
+        plan.quantize = _quantize_type(spec.quantize)
+        if base is not None:  # its files are converted again, quantized
+            plan.upload_files = dict(base.files)
     if base is not None:
-        replaced = set(plan.extra)
+        replaced = set(plan.extra) | ({mf.FILE, mf.GGUF} if plan.quantize else set())
         plan.base_layers = [x for x in base.manifest.layers if x.media_type not in replaced]
     return plan
+
+
+def _quantize_type(text: str) -> str:
+    try:
+        return quant.quantize_type(text)
+    except quant.QuantError as e:
+        raise CreateError(str(e)) from None
