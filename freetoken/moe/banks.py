@@ -116,6 +116,16 @@ class HostBanks:
         return sum(_numel(s) * self.dtypes[b].itemsize for b, s in self.rows.items())
 
     @property
+    def main_format(self) -> str:
+        """The block format holding most of the banks' bytes ("" for float banks)."""
+        by_bytes: dict[str, int] = {}
+        for layer, banks in self.banks.items():
+            for b, t in banks.items():
+                fmt = self.specs[layer].format_of(b)
+                by_bytes[fmt] = by_bytes.get(fmt, 0) + t.numel() * t.element_size()
+        return max(by_bytes, key=by_bytes.__getitem__)
+
+    @property
     def total_bytes(self) -> int:
         return sum(self.layer_bytes(layer) * self.num_experts for layer in self.banks)
 

@@ -112,7 +112,7 @@ def build(
     if slots:
         L, E = max(host.layers) + 1, host.num_experts
         cache = ExpertCache(L, E, slots, host.rows, host.dtypes, device)
-    b_p, b_h, measured = _bandwidths(placement)
+    b_p, b_h, measured = _bandwidths(placement, host.main_format)
     b_h /= ranks_on_host
     backend = OffloadExperts(
         host,
@@ -136,10 +136,11 @@ def build(
     return backend
 
 
-def _bandwidths(placement: Placement) -> tuple[float, float, bool]:
-    """(B_P, B_H) in bytes/s from this machine's stored profile, and whether it was measured."""
+def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:
+    """(B_P, B_H) in bytes/s from this machine's stored profile (B_H for the banks' main block
+    format), and whether it was measured."""
     if placement.cache_dir:
-        return profile.bandwidths(placement.cache_dir)
+        return profile.bandwidths(placement.cache_dir, fmt)
     return profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False
 
 
