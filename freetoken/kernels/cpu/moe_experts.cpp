@@ -28,7 +28,7 @@
 // quant_dot.cpp
 int64_t quant_row_bytes(int64_t fmt, int64_t cols);
 void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
-                    float* y, float (*dot)(const float*, const float*, int64_t));
+                    float* y, float (*dot)(const float*, const float*, int64_t), bool avx512);
 
 namespace {
 
@@ -334,7 +334,7 @@ inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n,
                      float* y, DotBf16 dbf, DotF32 df, int tier) {
   const uint8_t* base = m.p + e * m.expert_bytes;
   if (m.fmt) {
-    quant_rows_dot(m.fmt, base, row0, rows, n, x, y, df);
+    quant_rows_dot(m.fmt, base, row0, rows, n, x, y, df, tier >= AVX512);
   } else if (m.bf16) {
     rows_dot(reinterpret_cast<const uint16_t*>(base), row0, rows, n, x, xb, y, dbf, df, tier);
   } else {

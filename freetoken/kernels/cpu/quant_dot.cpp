@@ -1,10 +1,15 @@
 // Dot products of packed rows (freetoken/quant: one row = its blocks back to back) with fp32
-// activations: each block is decoded into a small fp32 buffer in L1 and multiplied there by the
-// caller's fp32 dot product (AVX-512, AVX2 or plain C++, chosen by the instruction-set tier).
-// The block layouts are docs/ftw.md's; kernels/reference.py is the definition they match.
+// activations. With AVX-512 the blocks are decoded in registers (quant_avx512.cpp); below it a
+// row is decoded into an fp32 buffer in L1 and multiplied there by the tier's fp32 dot product
+// (AVX2 or plain C++). The block layouts are docs/ftw.md's; kernels/reference.py is the
+// definition both match.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+// quant_avx512.cpp
+float quant_dot_avx512(int64_t fmt, const uint8_t* row, const float* x, int64_t cols);
 
 namespace {
 
@@ -157,19 +162,21 @@ void quant_decode_row(int64_t fmt, const uint8_t* row, int64_t cols, float* out)
   for (int64_t k = 0; k < cols / l.block; ++k) decode(static_cast<int>(fmt), row + k * l.bytes, out + k * l.block);
 }
 
-// y[j] = row(row0 + j) · x for j < rows, rows of `row_bytes` bytes from `base`.
+// y[j] = row(row0 + j) . x for j < rows. With AVX-512 each format's blocks are decoded in
+// registers (quant_avx512.cpp); otherwise each row is decoded whole into a buffer and
+// multiplied by the tier's fp32 dot product (`dot`).
 void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
-                    float* y, float (*dot)(const float*, const float*, int64_t)) {
+                    float* y, float (*dot)(const float*, const float*, int64_t), bool avx512) {
   const Layout l = layout(static_cast<int>(fmt));
   const int64_t row_bytes = cols / l.block * l.bytes;
-  alignas(64) float buf[256];
+  if (avx512) {
+    for (int j = 0; j < rows; ++j) y[j] = quant_dot_avx512(fmt, base + (row0 + j) * row_bytes, x, cols);
+    return;
+  }
+  thread_local std::vector<float> buf;
+  buf.resize(cols);
   for (int j = 0; j < rows; ++j) {
-    const uint8_t* row = base + (row0 + j) * row_bytes;
-    float acc = 0.f;
-    for (int64_t k = 0; k < cols / l.block; ++k) {
-      decode(static_cast<int>(fmt), row + k * l.bytes, buf);
-      acc += dot(buf, x + k * l.block, l.block);
-    }
-    y[j] = acc;
+    quant_decode_row(fmt, base + (row0 + j) * row_bytes, cols, buf.data());
+    y[j] = dot(buf.data(), x, cols);
   }
 }
