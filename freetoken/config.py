@@ -169,6 +169,14 @@ SETTINGS: tuple[Setting, ...] = (
         "cache (0: room for max(2 x num_ctx, num_parallel x min(num_ctx, 8192)) tokens)",
     ),
     Setting(
+        "anchor_cache_size",
+        "FREETOKEN_ANCHOR_CACHE_SIZE",
+        parse_size,
+        "0",
+        "host memory for hybrid models' recurrent-state checkpoints at anchors, shared by "
+        "their sequences (0: a tenth of the memory available at load, at most 16 GiB)",
+    ),
+    Setting(
         "prefix_cache",
         "FREETOKEN_PREFIX_CACHE",
         parse_bool,

@@ -5,7 +5,8 @@ Precedence is request options > Modelfile PARAMETERs > these defaults. Unknown k
 ignored (Ollama logs and ignores them); a known key with the wrong type is an error.
 
 FreeToken's own options: `moe_policy` and `vram_budget` (how experts are placed),
-`cache_prompt` (false: the request reuses nothing from the prefix cache), and
+`cache_prompt` (false: the request reuses nothing from the prefix cache), `ignore_eos`
+(true: the answer runs to num_predict tokens past end-of-text, as benchmarks need), and
 `tool_choice` ("auto", "none" or "required") for clients that cannot send the request field
 of that name. "none" keeps the tools out of the prompt. "required" forces the answer to be
 one tool call, but only while the conversation's last message is not a tool result: an
@@ -54,6 +55,7 @@ OPTION_TYPES: dict[str, str] = {
     "vram_budget": "str",
     "tool_choice": "str",  # "auto" | "none" | "required": see above
     "cache_prompt": "bool",  # false: compute the whole prompt, reusing no cached prefix
+    "ignore_eos": "bool",  # true: generate num_predict tokens, past end-of-text (benchmarks)
 }
 
 # Legacy keys ollama-python still sends: accepted, type-checked loosely, ignored.

@@ -16,14 +16,44 @@ from typing import Any, TypedDict
 
 from freetoken import options as opts
 
-__all__ = ["CompletionRequest", "Done", "Event", "ProtocolError", "error_event"]
+__all__ = [
+    "THINK_LEVELS",
+    "CompletionRequest",
+    "Done",
+    "Event",
+    "ProtocolError",
+    "check_think",
+    "error_event",
+    "template_level",
+]
 
 KINDS = ("chat", "generate")
 MAX_TOP_LOGPROBS = 20
+# `think` as a level (Ollama's); "max" is the most a model offers ("high" where that is
+# its most)
+THINK_LEVELS = ("low", "medium", "high", "max")
 
 
 class ProtocolError(ValueError):
     """A request the runner cannot serve as sent (the runner answers 400 with the message)."""
+
+
+def check_think(value: bool | str | None) -> bool | str | None:
+    """`think` as sent: a bool, a level of THINK_LEVELS, or None (the model's default).
+    The one check of a level: the API's fields and the runner's requests both come here."""
+    if isinstance(value, str) and value not in THINK_LEVELS:
+        raise ProtocolError(
+            f'invalid think value "{value}" (must be true, false, "low", "medium", "high" or "max")'
+        )
+    return value
+
+
+def template_level(think: bool | str | None) -> str | None:
+    """The level a template that takes one (`reasoning_effort`) is given: None for a bool
+    (the template's own default), "high" for "max" (templates know low, medium, high)."""
+    if not isinstance(think, str):
+        return None
+    return "high" if think == "max" else think
 
 
 # JSON field -> the types it may hold (None: null, which means absent)
@@ -79,6 +109,7 @@ class CompletionRequest:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ProtocolError(f"invalid kind {self.kind!r} (one of {', '.join(KINDS)})")
+        check_think(self.think)
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ProtocolError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         if self.context is not None and not all(

@@ -48,6 +48,7 @@ def test_unknown_fields_are_ignored_and_null_means_absent():
         ({"context": [1, "2"]}, "context must be a list of token ids"),
         ({"options": {"top_k": "x"}}, 'option "top_k" must be of type integer'),
         ({"options": []}, "'options'"),
+        ({"think": "extreme"}, 'invalid think value "extreme"'),
     ],
 )
 def test_refusals_name_what_is_wrong(body, message):

@@ -30,6 +30,9 @@ def _summary(name: str, stats: dict) -> dict:
         "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
         "placement": (experts.get("placement") or {}).get("mode"),
         "books": experts.get("books"),
+        "recent": stats.get("recent"),
+        "decoded": stats.get("decoded"),  # tokens sampled since load
+        "steps": stats.get("steps"),  # hit rate and misses per token, last few hundred tokens
         "kv_pages_total": stats.get("kv_pages_total"),
         "kv_pages_free": stats.get("kv_pages_free"),
     }

@@ -143,6 +143,7 @@ def sampling_options(
         "presence_penalty": _number(body, "presence_penalty"),
         "seed": field_of(body, "seed", int),
         "top_k": field_of(body, "top_k", int),
+        "ignore_eos": field_of(body, "ignore_eos", bool),  # vLLM's extension, for benchmarks
     }
     for key in max_keys:
         if (n := field_of(body, key, int)) is not None:

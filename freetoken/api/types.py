@@ -15,6 +15,7 @@ from typing import Any
 from freetoken import config
 from freetoken import options as opts
 from freetoken.api.errors import APIError
+from freetoken.protocol import ProtocolError, check_think
 
 __all__ = [
     "ChatRequest",
@@ -31,7 +32,6 @@ __all__ = [
     "reduce_generate",
 ]
 
-_THINK_LEVELS = ("low", "medium", "high", "max")
 _ROLES = ("system", "user", "assistant", "tool")
 _JSON_NAMES = {
     str: "string",
@@ -122,14 +122,10 @@ def _keep_alive(body: dict[str, Any]) -> float | None:
 
 
 def _think(body: dict[str, Any]) -> bool | str | None:
-    value = field_of(body, "think", (bool, str))
-    if isinstance(value, str) and value not in _THINK_LEVELS:
-        raise APIError(
-            400,
-            f'invalid think value "{value}" (must be true, false, '
-            '"low", "medium", "high" or "max")',
-        )
-    return value
+    try:
+        return check_think(field_of(body, "think", (bool, str)))
+    except ProtocolError as e:
+        raise APIError(400, str(e)) from None
 
 
 def _format(body: dict[str, Any]) -> str | dict[str, Any] | None:

@@ -120,6 +120,7 @@ def replay(args: argparse.Namespace, s: Session, prompts: LocalPrompts) -> list[
                 row |= {"ttft_full_ms": full * 1e3, "speedup": full / max(ttft, 1e-9)}
                 row["server_prompt"] = again["prompt_eval_count"]
             rows.append(row)
+            print(f"# turn {row['turn']}: {json.dumps(row)}", flush=True)  # progress
             history.append(step.reply)
             last = ids
     return rows

@@ -14,6 +14,7 @@ BENCHES = {
     "pull": "freetoken.bench.pull",
     "gpus": "freetoken.bench.gpus",
     "agent": "freetoken.bench.agent",
+    "serve": "freetoken.bench.serve",
 }
 
 

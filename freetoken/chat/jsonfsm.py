@@ -54,11 +54,14 @@ State = frozenset
 
 @dataclass(frozen=True, eq=False)
 class Grammar:
-    """A JSON value of `node`, optionally between fixed `prefix` and `suffix` text."""
+    """A JSON value of `node`, optionally between fixed `prefix` and `suffix` text; or,
+    with `others`, any one of it and them (a call whose markup names the tool: one
+    alternative per tool)."""
 
     node: Node
     prefix: bytes = b""
     suffix: bytes = b""
+    others: tuple[Grammar, ...] = ()
 
 
 def _ws(w: int, b: int) -> int:
@@ -122,9 +125,10 @@ class Matcher:
     """Steps states of one grammar. Stateless itself: any number of sequences may share it."""
 
     def __init__(self, grammar: Grammar):
-        self.g = grammar
+        self.alts = (grammar, *grammar.others)
         self._steps = (self._root, self._obj, self._key, self._arr, self._str, self._num, self._lit)
-        self._initial: State = frozenset({((ROOT, LEAD, 0), None)})
+        # the root frame: (ROOT, phase, count, alternative); leading whitespace is common
+        self._initial: State = frozenset({((ROOT, LEAD, 0, 0), None)})
 
     # --- the public surface -----------------------------------------------------------
     def initial(self) -> State:
@@ -191,7 +195,7 @@ class Matcher:
         frame, parent = stack
         tag = frame[0]
         if tag == ROOT:
-            return frame[1] == END or (frame[1] == POST and not self.g.suffix)
+            return frame[1] == END or (frame[1] == POST and not self.alts[frame[3]].suffix)
         if tag == NUM:
             _, integer, phase, d = frame
             ended = (
@@ -210,7 +214,7 @@ class Matcher:
         frame, parent = stack
         tag = frame[0]
         if tag == ROOT:
-            return frame[1] == END or (frame[1] == POST and not self.g.suffix)
+            return frame[1] == END or (frame[1] == POST and not self.alts[frame[3]].suffix)
         if tag == NUM:
             return frame[2] in _NUM_DONE and self._done(parent)
         if tag == LIT:
@@ -259,29 +263,35 @@ class Matcher:
 
     # --- frames -----------------------------------------------------------------------
     def _root(self, f: tuple, parent: Stack, b: int) -> list[Stack]:
-        _, phase, n = f
-        g = self.g
+        _, phase, n, a = f
+        g = self.alts[a]
         if phase == LEAD or phase == GAP:
             if b in WS:
                 if phase == LEAD:  # a few spaces or newlines first (after thinking: "\n\n")
-                    return [((ROOT, LEAD, n + 1), None)] if n < LEAD_MAX and b in b" \n" else []
+                    return [((ROOT, LEAD, n + 1, a), None)] if n < LEAD_MAX and b in b" \n" else []
                 w = _ws(n, b)
-                return [((ROOT, GAP, w), None)] if w >= 0 else []
-            if phase == LEAD and g.prefix:
-                return self._root((ROOT, PRE, 0), None, b)
-            return self._start(g.node, 0, ((ROOT, POST, 0), None), b)
+                return [((ROOT, GAP, w, a), None)] if w >= 0 else []
+            if phase == LEAD:
+                out: list[Stack] = []
+                for i, alt in enumerate(self.alts):
+                    if alt.prefix:
+                        out += self._root((ROOT, PRE, 0, i), None, b)
+                    else:
+                        out += self._start(alt.node, 0, ((ROOT, POST, 0, i), None), b)
+                return out
+            return self._start(g.node, 0, ((ROOT, POST, 0, a), None), b)
         if phase == PRE or phase == SUF:
             text = g.prefix if phase == PRE else g.suffix
             if b != text[n]:
                 return []
             if n + 1 < len(text):
-                return [((ROOT, phase, n + 1), None)]
-            return [((ROOT, GAP if phase == PRE else END, 0), None)]
+                return [((ROOT, phase, n + 1, a), None)]
+            return [((ROOT, GAP if phase == PRE else END, 0, a), None)]
         if phase == POST and g.suffix:
             if b in WS:
                 w = _ws(n, b)
-                return [((ROOT, POST, w), None)] if w >= 0 else []
-            return self._root((ROOT, SUF, 0), None, b)
+                return [((ROOT, POST, w, a), None)] if w >= 0 else []
+            return self._root((ROOT, SUF, 0, a), None, b)
         return []
 
     def _obj(self, f: tuple, parent: Stack, b: int) -> list[Stack]:

@@ -7,9 +7,13 @@ object means an instance of it.
 - "auto" (or absent): the model decides, tools are offered as usual, unless the option
   below says otherwise;
 - "none": tools are not rendered into the prompt (so not called either);
-- "required": the answer is one call, `<tool_call>{"name": <an offered tool>, "arguments":
-  <that tool's parameters>}</tool_call>` (the bare JSON object for a template without call
-  markers), and nothing else;
+- "required": the answer is one call to an offered tool, its arguments an instance of
+  the tool's parameters, in the markup of the model's format (chat/formats/), and nothing
+  else: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (`tool_call_grammar`; the
+  bare JSON object for a template without call markers), or markup that names the tool
+  around its JSON arguments (`call_alternatives`). A format whose arguments are not JSON
+  has no grammar: its forced calls are not constrained (the format says so,
+  `ChatFormat.call_grammar`);
 - {"type": "function", "function": {"name": N}}: the same call, to tool N.
 
 The `tool_choice` option (a Modelfile PARAMETER or request option; a FreeToken extension)
@@ -23,6 +27,7 @@ send "auto" with every request that has tools, so it says nothing about the call
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from freetoken.chat.jsonfsm import Grammar
@@ -36,7 +41,14 @@ from freetoken.chat.schema import (
     union_node,
 )
 
-__all__ = ["SchemaError", "format_grammar", "tool_call_grammar", "tool_choice"]
+__all__ = [
+    "SchemaError",
+    "call_alternatives",
+    "forced_tools",
+    "format_grammar",
+    "tool_call_grammar",
+    "tool_choice",
+]
 
 _CHOICES = ("auto", "none", "required")
 
@@ -100,28 +112,48 @@ def _tool_fn(tool: Any) -> dict[str, Any] | None:
     return fn if isinstance(fn.get("name"), str) and fn["name"] else None
 
 
-def tool_call_grammar(
-    tools: list[Any], name: str | None, call_open: str | None, call_close: str | None
-) -> Grammar:
-    """One call to one of `tools` (to `name` when given), between the call markers."""
-    alts = []
-    for fn in filter(None, map(_tool_fn, tools)):
-        if name is not None and fn["name"] != name:
-            continue
+def forced_tools(tools: list[Any], name: str | None) -> list[dict[str, Any]]:
+    """The functions a forced call may call: `name`, or any of `tools`; SchemaError if none."""
+    found = [fn for fn in filter(None, map(_tool_fn, tools)) if name in (None, fn["name"])]
+    if not found:
+        raise SchemaError(
+            f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
+        )
+    return found
+
+
+def _arguments(tools: list[Any], name: str | None) -> list[tuple[str, Any]]:
+    """(name, arguments node) of each tool a forced call may call."""
+    out = []
+    for fn in forced_tools(tools, name):
         params = fn.get("parameters")
         try:
             args = compile_schema(params) if params else ANY_OBJECT
         except SchemaError as e:
             raise SchemaError(f'tool "{fn["name"]}": {e}') from None
-        if args is ANY:
-            args = ANY_OBJECT  # arguments are always an object
-        alts.append(
-            object_node(
-                [("name", literal_node([fn["name"]]), True), ("arguments", args, True)], None
-            )
-        )
-    if not alts:
-        raise SchemaError(
-            f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
-        )
+        out.append((fn["name"], ANY_OBJECT if args is ANY else args))  # always an object
+    return out
+
+
+def tool_call_grammar(
+    tools: list[Any], name: str | None, call_open: str | None, call_close: str | None
+) -> Grammar:
+    """One call to one of `tools` (to `name` when given), as `{"name": ..., "arguments":
+    ...}` between the call markers."""
+    alts = [
+        object_node([("name", literal_node([fn]), True), ("arguments", args, True)], None)
+        for fn, args in _arguments(tools, name)
+    ]
     return Grammar(union_node(alts), (call_open or "").encode(), (call_close or "").encode())
+
+
+def call_alternatives(
+    tools: list[Any], name: str | None, around: Callable[[str], tuple[str, str]]
+) -> Grammar:
+    """One call to one of `tools` (to `name` when given) in markup that names the tool:
+    `around(tool)` is the text before and after its JSON arguments."""
+    alts = []
+    for fn, args in _arguments(tools, name):
+        before, after = around(fn)
+        alts.append(Grammar(args, before.encode(), after.encode()))
+    return Grammar(alts[0].node, alts[0].prefix, alts[0].suffix, tuple(alts[1:]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -16,8 +17,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from freetoken.chat import gotemplate
 from freetoken.chat.errors import TemplateError
+from freetoken.protocol import template_level
 
-__all__ = ["TemplateError", "capabilities", "is_go_template", "render", "render_any"]
+__all__ = [
+    "TemplateError",
+    "capabilities",
+    "is_go_template",
+    "render",
+    "render_any",
+    "think_variables",
+]
 
 # An action that only Go writes: a field or variable, a comment, or a Go keyword first.
 _GO_ACTION = re.compile(
@@ -52,16 +61,31 @@ def _compile(source: str) -> jinja2.Template:
         raise TemplateError(f"template syntax error at line {e.lineno}: {e.message}") from None
 
 
+def think_variables(think: bool | str | None) -> dict[str, Any]:
+    """The Jinja variables a think setting becomes: `enable_thinking` (Qwen's, GLM's), and a
+    level also as `reasoning_effort` (the name templates that take a level read)."""
+    if think is None:
+        return {}
+    out: dict[str, Any] = {"enable_thinking": bool(think)}
+    level = template_level(think)
+    if level is not None:
+        out["reasoning_effort"] = level
+    return out
+
+
 def render(
     source: str,
     messages: list[dict[str, Any]],
     *,
     tools: list[dict] | None = None,
     add_generation_prompt: bool = True,
-    think: bool | None = None,
+    think: bool | str | None = None,
     bos_token: str | None = None,
     eos_token: str | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
+    """`variables`: what the think setting becomes (a format's own names); by default
+    `think_variables(think)`."""
     tpl = _compile(source)
     kw: dict[str, Any] = dict(
         messages=messages,
@@ -70,8 +94,7 @@ def render(
         bos_token=bos_token or "",
         eos_token=eos_token or "",
     )
-    if think is not None:
-        kw["enable_thinking"] = think
+    kw.update(think_variables(think) if variables is None else variables)
     try:
         return tpl.render(**kw)
     except TemplateError:
@@ -106,10 +129,12 @@ def render_any(
     eos_token: str | None = None,
     prompt: str | None = None,
     suffix: str | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """Renders a Go or a Jinja template, whichever `source` is, for a conversation that
     awaits the assistant's answer. `prompt` and `suffix` are a generate request's (a Go
-    template reads them as `.Prompt` and `.Suffix`)."""
+    template reads them as `.Prompt` and `.Suffix`); `variables` are the Jinja variables
+    the think setting becomes (a Go template reads `.Think` and `.ThinkLevel`)."""
     if is_go_template(source):
         return gotemplate.render(
             source, messages, tools=tools, think=think, prompt=prompt, suffix=suffix
@@ -119,9 +144,10 @@ def render_any(
         messages,
         tools=tools,
         add_generation_prompt=True,
-        think=None if think is None else bool(think),
+        think=think,
         bos_token=bos_token,
         eos_token=eos_token,
+        variables=variables,
     )
 
 
@@ -143,7 +169,10 @@ def capabilities(source: str | None) -> list[str]:
     else:
         found = {
             "tools": "tools" in source,
-            "thinking": "enable_thinking" in source or "<think>" in source,
+            # a template that takes a level reads reasoning_effort
+            "thinking": any(
+                w in source for w in ("enable_thinking", "<think>", "reasoning_effort")
+            ),
             "insert": "suffix" in source,
         }
     return caps + [name for name, present in found.items() if present]

@@ -36,6 +36,7 @@ def _rows(models: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     rows = []
     for m in models:
         c = m.get("cache") or {}
+        recent = m.get("recent") or {}
         policy = str(m.get("policy") or "")
         if m.get("placement"):  # adaptive: the shape it measured fastest
             policy += f" ({m['placement']})"
@@ -47,6 +48,8 @@ def _rows(models: list[dict[str, Any]]) -> list[tuple[str, ...]]:
                 human_size(c.get("bytes") or 0) if c else "",
                 str(c.get("used", "")),
                 _pct(c.get("hit_rate")) if c else "",
+                _pct(recent.get("hit_rate")),
+                "" if not recent else f"{recent['misses_per_token']:.1f}",
                 _pct(m.get("fetched_share")),
                 _ms(m.get("pcie_ms_per_expert")),
                 _ms(m.get("cpu_ms_per_expert")),
@@ -65,6 +68,8 @@ def cmd_cache(args: argparse.Namespace, client: Client) -> int:
             "SIZE",
             "USED",
             "HIT",
+            "RECENT HIT",
+            "MISSES/TOKEN",
             "FETCHED",
             "PCIE MS/EXPERT",
             "CPU MS/EXPERT",

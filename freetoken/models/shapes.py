@@ -90,6 +90,36 @@ GPT_OSS_120B: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# Qwen3-Next-80B-A3B as its config.json states it: 48 layers, three Gated DeltaNet layers to
+# one gated attention layer, 512 experts (top-10) and a gated shared expert. Its experts are
+# 150 GB in BF16.
+QWEN3_NEXT_80B_A3B: dict[str, Any] = dict(
+    model_type="qwen3_next",
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=5120,
+    num_hidden_layers=48,
+    full_attention_interval=4,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    partial_rotary_factor=0.25,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    num_experts=512,
+    num_experts_per_tok=10,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    norm_topk_prob=True,
+    rms_norm_eps=1e-6,
+    rope_theta=10000000.0,
+    max_position_embeddings=262144,
+    tie_word_embeddings=False,
+)
+
 SHAPES: dict[str, dict[str, Any]] = {
     "glm-4.5-air": GLM_4_5_AIR,
     "tiny-glm4-moe": {  # the same layers at the size of a CPU test
@@ -121,6 +151,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         "num_local_experts": 16,
         "sliding_window": 8,
+    },
+    "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B,
+    "tiny-qwen3-next": {  # the same layers at the size of a CPU test
+        **QWEN3_NEXT_80B_A3B,
+        "vocab_size": 4096,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
     },
     "qwen3-30b-a3b": QWEN3_30B_A3B,
     "qwen3-30b-a3b-half": {**QWEN3_30B_A3B, "num_hidden_layers": 24},

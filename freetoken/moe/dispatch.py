@@ -155,6 +155,11 @@ class ModeChooser:
     visited in turn that many times, each visit taking its share of the samples: a machine
     whose speed drifts (other work on the host's cores or memory) then slows every mode's
     samples alike instead of the ones measured last.
+
+    The first answer a user waits for must not pay for the measuring: serving starts in
+    `start` (the mode the bandwidths predict, or the one learned before on this machine),
+    the first measurement waits `explore_after` steps, and between two visits the chooser
+    serves `rest` steps in the best mode known, so visits take about `duty` of the steps.
     """
 
     def __init__(
@@ -164,37 +169,82 @@ class ModeChooser:
         period: int = 4096,
         modes: tuple[str, ...] = ("cache", "layers"),
         rounds: int = 1,
+        start: str | None = None,
+        explore_after: int = 0,
+        duty: float = 1.0,
     ):
         self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
         self.rounds, self._per_visit = rounds, max(1, -(-measure // rounds))
-        self.mode = modes[0]
+        self.mode = self.home = start if start in modes else modes[0]
         self.means: dict[str, float] = {}
-        self._plan = list(modes) * rounds  # visits still to make, in order
-        self._steps = 0  # steps since the current mode was entered
+        self._plan: list[str] = []  # visits still to make, in order
+        self._steps = 0  # steps since the current visit began
         self._visit: list[float] = []  # this visit's samples
         self._samples: dict[str, list[float]] = {}  # each mode's samples of this measurement
         self._since = 0  # steps since the last choice
+        visit = settle + self._per_visit
+        self.rest = 0 if duty >= 1 else int(-(-visit * (1 - duty) // duty))
+        self._resting = 0  # steps left in the best mode before the next visit
+        self.completed = 0  # measurements completed
+        if explore_after:
+            self._since = max(0, period - explore_after)
+        else:  # measure at once, every mode in order
+            self._plan = list(modes) * rounds
+            self.mode = self._plan[0]
+
+    def _begin(self) -> None:
+        """A new measurement: the others, then the mode in use."""
+        self.home = self.mode
+        others = [m for m in self.modes if m != self.mode]
+        self._plan = (others + [self.mode]) * self.rounds
+        self._since, self._steps, self._visit = 0, 0, []
+        self.mode = self._plan[0]
 
     def observe(self, seconds: float) -> None:
         """One decode step, run in the current mode, took `seconds`."""
         self._steps += 1
-        if self._plan:
-            if self._steps > self.settle:  # the first steps after a switch pay for the switch
-                self._visit.append(seconds)
-            if len(self._visit) >= self._per_visit:
-                done = self._plan.pop(0)
-                self._samples.setdefault(done, []).extend(self._visit)
-                self._visit, self._steps = [], 0
-                if done not in self._plan:  # its last visit: its median over all of them
-                    s = sorted(self._samples.pop(done))
-                    self.means[done] = s[len(s) // 2]
-                self.mode = self._plan[0] if self._plan else min(self.means, key=self.means.get)
+        if not self._plan:
+            self._since += 1
+            if self._since >= self.period:
+                self._begin()
             return
-        self._since += 1
-        if self._since >= self.period:  # the others, then the current one again
-            self._plan = ([m for m in self.modes if m != self.mode] + [self.mode]) * self.rounds
-            self._since, self._steps = 0, 0
+        if self._resting:
+            self._resting -= 1
+            if not self._resting:
+                self.mode, self._steps = self._plan[0], 0
+            return
+        if self._steps > self.settle:  # the first steps after a switch pay for the switch
+            self._visit.append(seconds)
+        if len(self._visit) >= self._per_visit:
+            self._end_visit()
+
+    def _end_visit(self) -> None:
+        done = self._plan.pop(0)
+        self._samples.setdefault(done, []).extend(self._visit)
+        self._visit, self._steps = [], 0
+        if done not in self._plan:  # its last visit: its median over all of them
+            s = sorted(self._samples.pop(done))
+            self.means[done] = s[len(s) // 2]
+        if not self._plan:
+            self.mode = min(self.means, key=self.means.get)
+            self.completed += 1
+        elif self.rest:
+            self._resting = self.rest
+            self.mode = self.best
+        else:
             self.mode = self._plan[0]
+
+    @property
+    def best(self) -> str:
+        """Where to serve between visits: the mode that served before the measurement, until
+        it has a time of its own to compare; then the fastest measured."""
+        known = {m: t for m, t in self.means.items() if m in self.modes}
+        return min(known, key=known.get) if self.home in known else self.home
+
+    @property
+    def measured(self) -> bool:
+        """Whether a measurement has completed and none is under way."""
+        return not self._plan and bool(self.means)
 
     def stats(self) -> dict:
         return {

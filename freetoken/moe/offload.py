@@ -30,12 +30,13 @@ from freetoken.moe.cache import ExpertCache
 from freetoken.moe.counters import Counters
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import Split
+from freetoken.moe.learned import Learned
 from freetoken.moe.paths import CpuPath, DeviceBooksPath, HostBooksPath, Shared
 from freetoken.moe.placement import PlacementState
 from freetoken.moe.policy import POLICIES, Mode, Policy
 from freetoken.moe.prefill import LayerStreamer
 from freetoken.moe.staging import Staging
-from freetoken.moe.tuning import DECODE_TOKENS, PREFILL_TOKENS, AdaptiveTuner
+from freetoken.moe.tuning import DECODE_TOKENS, PREFILL_TOKENS, AdaptiveTuner, predict
 
 __all__ = ["POLICIES", "OffloadExperts"]
 
@@ -53,8 +54,10 @@ class OffloadExperts(ExpertBackend):
         prefill_overlap: bool = True,
         device_lru: bool = False,
         cpu_lane: bool = False,
+        learned: Learned | None = None,
     ):
         self.policy = Policy.parse(policy)
+        self.learned = learned
         self.banks, self.cache, self.split, self.device = banks, cache, split, device
         self.cuda = device.type == "cuda"
         self.placement = PlacementState(banks, cache, device)
@@ -79,8 +82,10 @@ class OffloadExperts(ExpertBackend):
         self.host_books = HostBooksPath(self.shared, self.cpu, self._choose, self.policy.uses_cpu)
         self.device_books = DeviceBooksPath(self.shared, self.cpu)
         self._device_lru = device_lru and self.policy.device_books
-        # the bandwidth split's share of misses over PCIe is where adaptive's tuner starts
+        # adaptive's tuner starts from the share it learned here before, else the bandwidths'
         prior = split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert)
+        known = self._known()
+        prior = float(known.get("share", prior)) if known else prior
         self.tuner = AdaptiveTuner(prior, None) if adaptive else None
         self.lru = self._new_lru()
         # prefill streams whole layers through two buffers, when the pool has room for them
@@ -95,17 +100,47 @@ class OffloadExperts(ExpertBackend):
             lru = DeviceLRU(self.cache, self.banks, self.device)
             lru.share.fill_(self.tuner.share if self.tuner else 1.0)
         if self.tuner is not None:
-            self.tuner.modes = self.tuner.mode_chooser(self._modes(lru))
+            self._choose_placements(lru)
         return lru
 
     def _modes(self, lru: DeviceLRU | None) -> tuple[Mode, ...] | None:
-        """The placements adaptive measures (None where the cache holds every expert)."""
+        """The placements adaptive measures (None where the cache holds every expert). With
+        the CPU lane, split does what the host-kept cache does without a host round trip a
+        layer, so the latter is not measured."""
         E, L = self.banks.num_experts, len(self.banks.layers)
         if self.cache is None or self.cache.capacity >= L * E:
             return None
+        if lru is not None and self.lane is not None:
+            return (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
         if lru is not None:
             return (Mode.DEVICE, Mode.SPLIT, Mode.CACHE, Mode.LAYERS)
         return (Mode.CACHE, Mode.LAYERS)
+
+    def _known(self) -> dict | None:
+        """What adaptive learned before for this cache size on this machine."""
+        if self.learned is None or self.cache is None:
+            return None
+        return self.learned.load(self.cache.capacity)
+
+    def _choose_placements(self, lru: DeviceLRU | None) -> None:
+        """Adaptive's chooser: it serves from the placement learned here before, else the
+        one the bandwidths predict, and saves what it measures for the next load."""
+        modes, known = self._modes(lru), self._known()
+        start = None
+        if modes and known and known["mode"] in modes:
+            start = Mode(known["mode"])
+        elif modes:
+            E, L = self.banks.num_experts, len(self.banks.layers)
+            start = predict(modes, L, E, self.cache.capacity, *self._costs())
+        self.tuner.modes = self.tuner.mode_chooser(
+            modes, start, learned=start is not None and bool(known)
+        )
+        if self.learned is not None and self.cache is not None:
+            capacity, store = self.cache.capacity, self.learned
+            self.tuner.on_measured = lambda data: store.save(capacity, data)
+
+    def _costs(self) -> tuple[float, float]:
+        return self.split.pcie.per_expert, self.split.cpu.per_expert
 
     def _make_streamer(self) -> None:
         self.streamer = None

@@ -14,6 +14,7 @@ from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
+from freetoken.moe.learned import Learned
 from freetoken.moe.offload import OffloadExperts
 from freetoken.moe.policy import Policy
 from freetoken.weights import BankKey, WeightsError
@@ -122,6 +123,7 @@ def build(
         device,
         device_lru=placement.switch(placement.device_cache, device, ranks_on_host),
         cpu_lane=placement.switch(placement.cpu_lane, device, ranks_on_host),
+        learned=_learned(placement, host, ranks_on_host),
     )
     log.info(
         "experts: policy %s, %s slots of %.1f MiB%s, B_P %.1f GB/s B_H %.1f GB/s (%s)",
@@ -134,6 +136,14 @@ def build(
         "measured" if measured else "defaults until `freetoken bench bw` runs",
     )
     return backend
+
+
+def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learned | None:
+    """Where adaptive keeps what it learns about these experts on this machine."""
+    if not placement.cache_dir:
+        return None
+    shape = f"{len(host.layers)}x{host.num_experts}x{host.expert_bytes}-r{ranks_on_host}"
+    return Learned(placement.cache_dir, shape)
 
 
 def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:

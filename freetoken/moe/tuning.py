@@ -18,6 +18,30 @@ log = logging.getLogger(__name__)
 
 DECODE_TOKENS = 8  # steps this small are timed (larger ones are prefill chunks or batches)
 PREFILL_TOKENS = 32  # above this a step goes back to the cache whatever the placement
+# The first answer after a load runs in the predicted placement; measuring begins after
+# this many decode steps, and its visits take about DUTY of the steps from then on.
+EXPLORE_AFTER = 512
+DUTY = 0.1
+PERIOD = 4096  # decode steps between two measurements
+
+
+def predict(
+    modes: tuple[Mode, ...], layers: int, experts: int, capacity: int, pcie_s: float, cpu_s: float
+) -> Mode:
+    """The placement the bandwidths predict fastest for decode, with routing taken as
+    uniform (a cache holding a fraction f of the experts hits f of the routes). Per route:
+      device  (1 − f)·S/B_P          split   (1 − f)·S/(B_P + B_H)
+      layers  (1 − f)·S/B_H (the CPU layers' routes: a fraction 1 − f of the layers)
+      cache   split's, and a host round trip a layer on top, so never first."""
+    f = min(1.0, capacity / max(layers * experts, 1))
+    both = pcie_s * cpu_s / (pcie_s + cpu_s)
+    cost = {
+        Mode.DEVICE: (1 - f) * pcie_s,
+        Mode.SPLIT: (1 - f) * both,
+        Mode.LAYERS: (1 - f) * cpu_s,
+        Mode.CACHE: (1 - f) * both * 1.5,
+    }
+    return min(modes, key=lambda m: (cost[m], modes.index(m)))
 
 
 class AdaptiveTuner:
@@ -26,11 +50,19 @@ class AdaptiveTuner:
         self.modes = self.mode_chooser(modes)
         self._tick: float | None = None  # when the last timed step started
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
+        self.on_measured = None  # called with stats() when a measurement completes
+        self._measured = 0
 
     @staticmethod
-    def mode_chooser(modes: tuple[Mode, ...] | None) -> ModeChooser | None:
-        """A chooser over `modes`, visited twice each; None where there is nothing to choose."""
-        return ModeChooser(modes=modes, rounds=2) if modes else None
+    def mode_chooser(
+        modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False
+    ) -> ModeChooser | None:
+        """A chooser over `modes`, visited twice each, serving from `start` (learned before:
+        the next measurement waits a whole period); None where there is nothing to choose."""
+        if not modes:
+            return None
+        wait = PERIOD if learned else EXPLORE_AFTER
+        return ModeChooser(modes=modes, rounds=2, start=start, explore_after=wait, duty=DUTY)
 
     @property
     def share(self) -> float:
@@ -50,6 +82,10 @@ class AdaptiveTuner:
         self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
         if self.modes is not None:
             self.modes.observe(dt)
+            if self.modes.completed > self._measured:
+                self._measured = self.modes.completed
+                if self.on_measured is not None:
+                    self.on_measured(self.learned())
         if mode in (Mode.CACHE, Mode.SPLIT):
             self.shares.observe(dt)
             self.shares.next_arm()
@@ -72,6 +108,12 @@ class AdaptiveTuner:
         step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
         log.debug("adaptive placement: %s -> %s (step ms %s)", old, new, step_ms)
         self._tick = None
+
+    def learned(self) -> dict:
+        """What a later load on this machine starts from (moe/learned.py)."""
+        step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
+        mode = self.modes.mode if self.modes is not None else None
+        return {"mode": mode, "share": self.shares.share, "step_ms": step_ms}
 
     def stats(self) -> dict:
         out = {"pcie_share": self.shares.stats()}

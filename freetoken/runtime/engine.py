@@ -6,6 +6,7 @@ calls it; requests arrive and leave through `add` / `abort`, which only queue wo
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -18,6 +19,7 @@ import torch
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
+from freetoken.runtime.anchors import Anchoring
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -56,26 +58,34 @@ class Engine:
         graphs: DecodeGraphs | None = None,
         prefix_cache: bool = False,
         state: StateCache | None = None,
+        anchoring: Anchoring | None = None,
     ):
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs, self.state = graphs, state
         self._ops = ExpertsOps(model)
         self.num_ctx = num_ctx
         prefix = PrefixCache(kv.pool, kv.page_size, kv.copy_page) if prefix_cache else None
-        self.scheduler = Scheduler(kv, max_running, prefill_chunk, prefix, self._matched, state)
+        self.anchoring = anchoring
+        store = anchoring.store if anchoring is not None else None
+        self.scheduler = Scheduler(
+            kv, max_running, prefill_chunk, prefix, self._matched, state, store
+        )
         self.requests: dict[int, Request] = {}
         self._inbox: list[tuple[str, Request | int]] = []
         self._lock = threading.Condition()
         self.steps = 0
+        self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
+        if self.anchoring is not None:
+            seq.anchor_at = self.anchoring.positions(seq.prompt_ids)
         req = Request(
             seq,
             on_output,
-            Detokenizer(self.tokenizer.decode),
+            Detokenizer(functools.partial(self.tokenizer.decode, shown=seq.shown_ids)),
             StopMatcher(seq.params.stop),
-            sampling.make_generator(seq.params),
+            sampling.make_generator(seq.params, self.device),
         )
         with self._lock:
             self._inbox.append(("add", req))
@@ -112,10 +122,10 @@ class Engine:
         masks = self._masks(plan)  # grammar masks, computed while the device works
         if (experts := self._ops.backend) is not None:
             experts.wait_step()
-        logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
+        self.decoded += len(masks)
         return sum(n for _, n in plan)
 
     def _drain_inbox(self) -> None:
@@ -204,14 +214,16 @@ class Engine:
     def _postprocess(
         self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None], t0: int, t1: int
     ) -> None:
-        row = 0
+        row, drawn = 0, []
         for seq, n in plan:
             seq.num_cached += n
             self.scheduler.cache_pages(seq)
+            if self.anchoring is not None:
+                self.anchoring.after_step(seq)
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
-            scores, mask = logits[row], masks[row]
+            scores, mask = logits[row].float(), masks[row]
             row += 1
             if not seq.output_ids:
                 seq.prefill_ns = t1 - req.t_submit
@@ -221,8 +233,15 @@ class Engine:
                 if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
                     self._finish(req, "stop")
                     continue
-                scores = scores.masked_fill(~mask, float("-inf"))
-            token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+                scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+            p = seq.params
+            drawn.append(
+                (req, scores, sampling.draw(scores, seq.tokens, p, self.num_ctx, req.generator))
+            )
+        # the step's tokens drawn on the logits' device, read back together
+        tokens = torch.stack([t for *_, t in drawn]).tolist() if drawn else []
+        for (req, scores, _), token in zip(drawn, tokens):
+            seq = req.seq
             if seq.top_logprobs is not None and token not in seq.stop_ids:
                 lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
                 seq.logprobs.append((token, lp, top))
@@ -255,6 +274,8 @@ class Engine:
         seq = req.seq
         tail = req.stops.push(req.detok.flush())[0] + req.stops.flush() if emit else ""
         seq.status, seq.finish_reason = Status.FINISHED, reason
+        if self.anchoring is not None and reason != "error":
+            self.anchoring.after_step(seq, ended=True)  # the next turn may repeat it all
         self.scheduler.remove(seq)
         del self.requests[seq.id]
         req.on_output(seq, tail, True)
@@ -303,4 +324,5 @@ class Engine:
                 else {}
             ),
             "steps": self.steps,
+            "decoded": self.decoded,
         }

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from freetoken.chat.output import OutputParser
+from freetoken.chat.formats import Parser
 from freetoken.protocol import Done, Event, error_event
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.tokenizer import Tokenizer
@@ -23,7 +23,7 @@ class Handle:
     queue: asyncio.Queue
     prompt_tokens: int
     kind: str
-    parser: OutputParser | None = None  # None: raw text, passed through as content
+    parser: Parser | None = None  # None: raw text, passed through as content
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # of tokens not yet sent
     t_start: int = field(default_factory=time.perf_counter_ns)
 

@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from freetoken import dist
+from freetoken.chat import formats
 from freetoken.config import parse_size
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
 from freetoken.models.base import KVLayout
 from freetoken.moe.backend import ExpertBackend
-from freetoken.runtime import loader
+from freetoken.runtime import anchors, loader
 from freetoken.runtime.constrain import MaskCache
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.events import EventFormatter
@@ -89,9 +90,7 @@ class ModelLoad:
         # a state slot for each sequence that may run at once (hybrid models' recurrent layers)
         state = StateCache.for_layout(layout, self.num_parallel, loaded.dtype, loaded.device)
         experts = loader.place_experts(loaded, placement, self.group)
-        # recurrent layers keep a state per sequence that pages cannot share
-        reuse = cfg.prefix_cache and state is None
-        serving = self._serving(loaded, kv, experts, reuse, state)
+        serving = self._serving(loaded, kv, experts, cfg.prefix_cache, state)
         serving.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
         if state is not None:
@@ -127,6 +126,9 @@ class ModelLoad:
                 model, kv, device, self.num_ctx, max_batch=self.num_parallel, state=state
             )
         tokenizer = Tokenizer(self.files)
+        prompts = PromptBuilder(tokenizer, self.spec.get("template"))
+        fmt = formats.format_for(loaded.config.get("model_type"), prompts.template)
+        anchoring = self._anchoring(tokenizer, fmt, state) if prefix_cache else None
         engine = Engine(
             model,
             tokenizer,
@@ -138,11 +140,17 @@ class ModelLoad:
             graphs,
             prefix_cache,
             state,
+            anchoring,
         )
         # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
-        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size)
-        prompts = PromptBuilder(tokenizer, self.spec.get("template"))
-        requests = RequestBuilder(tokenizer, prompts, MaskCache(vocab), self.num_ctx)
+        vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)
+        requests = RequestBuilder(
+            tokenizer,
+            prompts,
+            MaskCache(vocab),
+            self.num_ctx,
+            architecture=loaded.config.get("model_type"),
+        )
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = device.type == "cuda"
         state_bytes = state.bytes if state is not None else 0
@@ -154,6 +162,21 @@ class ModelLoad:
             "expert_cache_bytes": experts.capacity * experts.expert_bytes,
         }
         return Serving(engine, experts, requests, EventFormatter(vocab, tokenizer), 0, sizes)
+
+    def _anchoring(
+        self, tokenizer: Tokenizer, fmt: formats.ChatFormat, state: StateCache | None
+    ) -> anchors.Anchoring | None:
+        """Where a hybrid model keeps its recurrent state for reuse (None: no recurrent
+        layers): after its end-of-message tokens, its chat format's single-token markers and
+        the end of its thinking."""
+        if state is None:
+            return None
+        budget = self.cfg.anchor_cache_size or anchors.default_budget()
+        bounds = fmt.thinking_bounds()
+        markers = tokenizer.special_ids([*fmt.markers, *(bounds[1:] if bounds else ())])
+        store = anchors.AnchorStore(budget)
+        log.info("anchors: up to %.0f MiB of recurrent-state checkpoints", budget / 2**20)
+        return anchors.Anchoring(store, state, tokenizer.eos_ids | markers)
 
 
 def kv_pages(

@@ -8,6 +8,7 @@ over-long input is an error instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,13 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.template = template or tokenizer.chat_template
 
-    def render(self, messages: list[dict[str, Any]], req: CompletionRequest) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        req: CompletionRequest,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
+        """`variables`: the Jinja variables the think setting becomes (the model's format's)."""
         source = req.template or self.template
         if not source:
             # No template at all: plain concatenation, so base models still complete text.
@@ -73,9 +80,12 @@ class PromptBuilder:
             eos_token=self.tokenizer.eos_token,
             prompt=req.prompt if generate else None,
             suffix=req.suffix if generate else None,
+            variables=variables,
         )
 
-    def build(self, req: CompletionRequest, num_ctx: int) -> Prompt:
+    def build(
+        self, req: CompletionRequest, num_ctx: int, variables: Mapping[str, Any] | None = None
+    ) -> Prompt:
         truncate = req.truncate
         num_keep = int(req.options.get("num_keep", 4))
         if req.is_generate:
@@ -83,18 +93,22 @@ class PromptBuilder:
             if req.raw:
                 text = req.prompt or ""
             else:
-                text = self.render(_messages_for_generate(req), req)
+                text = self.render(_messages_for_generate(req), req, variables)
             ids = prefix + self.tokenizer.encode(text)
             return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
         messages = _clean(req.messages or [])
-        text = self.render(messages, req)
+        text = self.render(messages, req, variables)
         ids = self.tokenizer.encode(text)
         if len(ids) >= num_ctx and truncate:
-            text, ids = self._drop_messages(messages, req, num_ctx)
+            text, ids = self._drop_messages(messages, req, num_ctx, variables)
         return self._fit_tokens(Prompt(ids, text), num_ctx, num_keep, truncate)
 
     def _drop_messages(
-        self, messages: list[dict[str, Any]], req: CompletionRequest, num_ctx: int
+        self,
+        messages: list[dict[str, Any]],
+        req: CompletionRequest,
+        num_ctx: int,
+        variables: Mapping[str, Any] | None,
     ) -> tuple[str, list[int]]:
         kept = list(messages)
         while True:
@@ -102,11 +116,11 @@ class PromptBuilder:
             if not droppable:
                 break
             del kept[droppable[0]]
-            text = self.render(kept, req)
+            text = self.render(kept, req, variables)
             ids = self.tokenizer.encode(text)
             if len(ids) < num_ctx:
                 return text, ids
-        text = self.render(kept, req)
+        text = self.render(kept, req, variables)
         return text, self.tokenizer.encode(text)
 
     @staticmethod

@@ -1,14 +1,21 @@
 """From a typed completion request (protocol.py) to what the engine runs: the prompt's token
 ids, a sequence with its sampling parameters, stop tokens and grammar, and the parser that
-splits its output into content, thinking and tool calls."""
+splits its output into content, thinking and tool calls.
+
+The model's chat format (chat/formats) decides the parser, the grammar of a forced call,
+the template variables a think setting becomes and which control tokens decode as text;
+it is the format its architecture declares, or for an architecture that declares none,
+the one the request's template shows.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from freetoken.chat import structured
+from freetoken.chat import formats, structured
 from freetoken.chat import template as chat_template
-from freetoken.chat.output import OutputParser, Style, style_for
+from freetoken.chat.formats import ChatFormat, ParseOptions, Parser
 from freetoken.protocol import CompletionRequest
 from freetoken.runtime.constrain import Constraint, MaskCache
 from freetoken.runtime.prompt import Prompt, PromptBuilder, PromptError
@@ -17,6 +24,8 @@ from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.tokenizer import Tokenizer
 
 __all__ = ["Prepared", "RequestBuilder", "RequestError"]
+
+log = logging.getLogger("freetoken.runner")
 
 
 class RequestError(ValueError):
@@ -31,46 +40,56 @@ class RequestError(ValueError):
 class Prepared:
     seq: Sequence
     prompt_tokens: int
-    parser: OutputParser | None  # None: raw text, passed through as content
+    parser: Parser | None  # None: raw text, passed through as content
 
 
 class RequestBuilder:
     def __init__(
-        self, tokenizer: Tokenizer, prompts: PromptBuilder, masks: MaskCache, num_ctx: int
+        self,
+        tokenizer: Tokenizer,
+        prompts: PromptBuilder,
+        masks: MaskCache,
+        num_ctx: int,
+        architecture: str | None = None,
     ):
         self.tokenizer, self.prompts, self.masks, self.num_ctx = tokenizer, prompts, masks, num_ctx
+        self.architecture = architecture  # the model's model_type: it declares the format
 
     def capabilities(self, req: CompletionRequest) -> list[str]:
         return chat_template.capabilities(req.template or self.prompts.template)
 
     def prepare(self, req: CompletionRequest) -> Prepared:
         """The sequence to run and the parser of its output; RequestError if it cannot run."""
+        fmt = self._format(req)
         try:
             req, forced = self._resolve(req)
             num_ctx = min(int(req.options.get("num_ctx") or self.num_ctx), self.num_ctx)
-            prompt = self.prompts.build(req, num_ctx)
+            prompt = self.prompts.build(req, num_ctx, fmt.template_variables(req.think))
             params = SamplingParams.from_options(req.options)
             room = num_ctx - len(prompt.ids)
             max_new = room if params.num_predict < 0 else min(room, params.num_predict)
             tok = self.tokenizer
             # a stop string that is a whole (control) token stops on the token: it decodes to
             # no text
-            stops = tok.eos_ids | tok.special_ids(params.stop)
+            eos = frozenset() if req.options.get("ignore_eos") else tok.eos_ids
+            stops = eos | tok.special_ids(params.stop)
             seq = Sequence(prompt.ids, params, max_new, stops)
             seq.reuse = req.options.get("cache_prompt") is not False
-            seq.constraint = self._constraint(req, forced, prompt, stops)
+            seq.constraint = self._constraint(req, fmt, forced, prompt, stops)
         except (structured.SchemaError, PromptError, chat_template.TemplateError) as e:
             raise RequestError(str(e)) from None
         seq.top_logprobs = req.wants_logprobs
+        seq.shown_ids = self.tokenizer.special_ids(fmt.markers)
         calls = forced is not None or not req.format  # a formatted answer is content
-        return Prepared(seq, len(prompt.ids), self._parser(req, prompt.text, calls))
+        return Prepared(seq, len(prompt.ids), self._parser(req, fmt, prompt.text, calls))
 
     def count(self, req: CompletionRequest) -> int:
         """How many tokens `prepare` would start from, before any truncation."""
         try:
             req, _ = self._resolve(req)
+            variables = self._format(req).template_variables(req.think)
             # a context too large to ever truncate: the count is of the whole rendered request
-            return len(self.prompts.build(req, 1 << 62).ids)
+            return len(self.prompts.build(req, 1 << 62, variables).ids)
         except (structured.SchemaError, PromptError, chat_template.TemplateError) as e:
             raise RequestError(str(e)) from None
 
@@ -89,55 +108,72 @@ class RequestBuilder:
             req = req.replace(tools=None)
         return req, (name or "") if mode == "required" else None
 
-    def _style(self, req: CompletionRequest) -> Style:
-        return style_for(req.template or self.prompts.template)
+    def _format(self, req: CompletionRequest) -> ChatFormat:
+        return formats.format_for(self.architecture, req.template or self.prompts.template)
 
     def _constraint(
-        self, req: CompletionRequest, forced: str | None, prompt: Prompt, end_ids: frozenset[int]
+        self,
+        req: CompletionRequest,
+        fmt: ChatFormat,
+        forced: str | None,
+        prompt: Prompt,
+        end_ids: frozenset[int],
     ) -> Constraint | None:
         """The grammar the answer follows: a forced tool call, else the `format`, else none."""
-        style = self._style(req)
         if forced is not None:
             tools = req.tools or []
-            key = ["call", tools, forced, style.call_open, style.call_close]
-            masks = self.masks.get(
-                key,
-                lambda: structured.tool_call_grammar(
-                    tools, forced or None, style.call_open, style.call_close
-                ),
-            )
+            structured.forced_tools(tools, forced or None)  # SchemaError: no such tool
+            grammar = fmt.call_grammar(tools, forced or None)
+            if grammar is None:
+                log.info("a forced call in the %s format is not constrained", fmt.name)
+                return None
+            key = ["call", fmt.name, repr(fmt), tools, forced]
+            masks = self.masks.get(key, lambda: grammar)
         elif req.format:
             masks = self.masks.get(
                 ["format", req.format], lambda: structured.format_grammar(req.format)
             )
         else:
             return None
-        if req.raw or not style.think_close:
+        bounds = fmt.thinking_bounds()
+        if req.raw or bounds is None:
             return Constraint(masks, end_ids)
         # the grammar applies once the thinking section (opened by the prompt, or by the
         # model's first token) has ended
-        opened = prompt.text.rstrip().endswith(style.think_open)
-        opening = self.tokenizer.special_ids([style.think_open])
+        think_open, think_close = bounds
+        opened = prompt.text.rstrip().endswith(think_open)
+        opening = self.tokenizer.special_ids([think_open])
         return Constraint(
             masks,
             end_ids,
             thinking=opened,
-            think_close=style.think_close.encode(),
+            think_close=think_close.encode(),
             think_open_ids=opening if req.think is not False else frozenset(),
         )
 
-    def _parser(self, req: CompletionRequest, prompt_text: str, calls: bool) -> OutputParser | None:
+    def _parser(
+        self, req: CompletionRequest, fmt: ChatFormat, prompt_text: str, calls: bool
+    ) -> Parser | None:
         """How this model's output splits into content, thinking and tool calls (not for raw).
         calls=False: an answer held to a `format` is content, even if it looks like a call."""
         if req.raw:
             return None
-        style = self._style(req)
-        # a prompt that ends inside an opened thinking section means the answer starts there
-        opened = bool(style.think_open) and prompt_text.rstrip().endswith(style.think_open)
-        return OutputParser(
-            style,
+        opts = ParseOptions(
             tools=calls and bool(req.tools),
-            thinking=opened,
+            schemas=_schemas(req.tools),
+            prompt=prompt_text,
             show_thinking=req.think is not False,
             stream_calls=req.stream_tool_calls,
         )
+        return fmt.parser(opts)
+
+
+def _schemas(tools: list | None) -> dict:
+    """Each offered tool's parameters schema, by name (formats that write values as text
+    read their types from it)."""
+    out = {}
+    for tool in tools or []:
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out[fn["name"]] = fn.get("parameters") or {}
+    return out

@@ -8,8 +8,10 @@ admitted sequence is preempted: its pages are released and it is recomputed late
 the prefix cache, which by then holds its full pages).
 
 A model with recurrent layers also gives each running sequence a state slot
-(runtime/state_cache.py), taken at admission and given back with its pages; such a
-sequence never starts from the prefix cache, whose pages hold no recurrent state.
+(runtime/state_cache.py), taken at admission and given back with its pages. Such a
+sequence starts from the prefix cache only at an anchor (runtime/anchors.py): a saved
+state whose tokens start it, the pages before it from the trie; a prefill chunk ends at
+each position whose state it should leave as an anchor.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from freetoken.runtime.anchors import AnchorStore
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.sequence import Sequence, Status
@@ -38,9 +41,11 @@ class Scheduler:
         prefix: PrefixCache | None = None,
         on_match: Callable[[Sequence, Match], None] | None = None,
         state: StateCache | None = None,
+        anchors: AnchorStore | None = None,
     ):
         self.kv, self.max_running, self.chunk = kv, max_running, chunk
         self.prefix, self.on_match, self.state = prefix, on_match, state
+        self.anchors = anchors
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -71,7 +76,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue  # preempted by an earlier sequence of this loop: it waits now
-            n = min(seq.num_tokens - seq.num_cached, budget)
+            n = self._chunk(seq, budget)
             if n <= 0 or not self._reserve(seq, n, plan):
                 continue
             plan.append((seq, n))
@@ -82,12 +87,12 @@ class Scheduler:
             seq = self.waiting[0]
             if not seq.pages:
                 self._reuse(seq)
-            n = min(seq.num_tokens - seq.num_cached, budget)
+            n = self._chunk(seq, budget)
             if not self._reserve(seq, n, plan, preempt=False):
                 break
             self.waiting.popleft()
             if self.state is not None:
-                seq.state_slot = self.state.alloc()
+                seq.state_slot, seq.resume = self.state.alloc(seq.resume), None
             seq.status = Status.RUNNING
             self.running.append(seq)
             plan.append((seq, n))
@@ -109,12 +114,36 @@ class Scheduler:
         seq.trie_node = self.prefix.insert(computed, seq.pages, seq.trie_node, seq.trie_pages)
         seq.trie_pages = seq.num_cached // self.kv.page_size
 
+    @staticmethod
+    def _chunk(seq: Sequence, budget: int) -> int:
+        """Tokens the sequence feeds this step: up to the budget, ending at an anchor."""
+        n = min(seq.num_tokens - seq.num_cached, budget)
+        for at in seq.anchor_at:
+            if seq.num_cached < at < seq.num_cached + n:
+                n = at - seq.num_cached
+        return n
+
     def _reuse(self, seq: Sequence) -> None:
         """Starts the sequence from what the prefix cache holds of it; its last token is
-        always computed, for the logits it is sampled from."""
-        if self.prefix is None or not seq.reuse or self.state is not None:
+        always computed, for the logits it is sampled from. A sequence with recurrent
+        state starts at the longest anchor inside that."""
+        if self.prefix is None or not seq.reuse:
             return
-        pages, cached, found = self.prefix.acquire(seq.tokens, seq.num_tokens - 1)
+        limit = seq.num_tokens - 1
+        if self.state is not None:
+            if self.anchors is None:
+                return
+            held = self.prefix.match(seq.tokens, limit).tokens(self.kv.page_size)
+            anchor = self.anchors.find(seq.tokens, held)
+            if anchor is None:
+                return
+            limit = len(anchor.tokens)
+        pages, cached, found = self.prefix.acquire(seq.tokens, limit)
+        if self.state is not None:
+            if cached < limit:  # no room for the partial page: start from nothing
+                self.kv.pool.release(pages)
+                return
+            seq.resume = anchor.state
         seq.pages, seq.num_cached, seq.cached_tokens = pages, cached, cached
         seq.trie_node, seq.trie_pages = found.node, len(found.pages)
         if self.on_match is not None:

@@ -34,6 +34,8 @@ class Sequence:
     # and how many of its pages are entered
     trie_node: Any = None
     trie_pages: int = 0
+    anchor_at: frozenset[int] = frozenset()  # prompt positions whose state is kept
+    resume: Any = None  # the anchor's state its slot starts from (hybrid models)
     state_slot: int | None = None  # its recurrent state's slot (models with recurrent layers)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
@@ -42,6 +44,7 @@ class Sequence:
     decode_ns: int = 0
     first_token_ns: int = 0
     constraint: Any = None  # a runtime.constrain.Constraint: the grammar the output follows
+    shown_ids: frozenset[int] = frozenset()  # control tokens that decode as text (markers)
     top_logprobs: int | None = None  # None: no logprobs; else alternatives per token
     # (token, logprob, alternatives) of sampled tokens not yet sent
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)

@@ -27,6 +27,7 @@ from freetoken.runtime import embed as embedding
 from freetoken.runtime import loader
 from freetoken.runtime.events import Handle
 from freetoken.runtime.load import ModelLoad, Serving
+from freetoken.runtime.recent import Recent
 from freetoken.runtime.requests import RequestError
 from freetoken.runtime.sequence import Sequence
 
@@ -49,6 +50,7 @@ class ModelService:
         self.loaded_bytes = 0
         self.watcher: elastic.Watcher | None = None
         self.ceiling = 0  # the cache size the watcher grows back to (the last manual resize)
+        self.recent = Recent()
         self._load = ModelLoad(spec, cfg, self.files, self.num_ctx, self.num_parallel)
 
     @property
@@ -102,6 +104,8 @@ class ModelService:
             try:
                 if engine.step() == 0:
                     self.experts.idle()  # other ranks, if any, wait without spinning on their GPUs
+                elif self.recent.due(engine.decoded):
+                    self.recent.sample(engine.decoded, self.experts.stats().get("cache"))
             except Exception as e:
                 log.error("step failed: %s", traceback.format_exc())
                 if isinstance(e, (torch.cuda.OutOfMemoryError, dist.RankDied)) or "CUDA" in str(e):
@@ -131,6 +135,7 @@ class ModelService:
         out = {"status": self.status, **(self.engine.stats() if self.engine else {})}
         if self.engine is not None:
             out["experts"] = self.experts.stats()
+            out["recent"] = self.recent.window()
         return out
 
     def start(self, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Handle:

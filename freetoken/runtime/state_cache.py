@@ -78,14 +78,22 @@ class StateCache(StateStore):
     def num_free(self) -> int:
         return len(self.free_list)
 
-    def alloc(self) -> int:
-        """A free slot, its states zeroed: the state of a sequence with nothing cached."""
+    def alloc(self, init: list[torch.Tensor] | None = None) -> int:
+        """A free slot, its states zeroed (the state of a sequence with nothing cached), or
+        set from `init`, a `snapshot` (a sequence resumed from an anchor)."""
         if not self.free_list:
             raise OutOfSlots(f"all {self.num_slots} state slots are held")
         slot = self.free_list.pop()
-        for t in self._tensors():
-            t[slot].zero_()
+        for i, t in enumerate(self._tensors()):
+            if init is None:
+                t[slot].zero_()
+            else:
+                t[slot].copy_(init[i])
         return slot
+
+    def snapshot(self, slot: int) -> list[torch.Tensor]:
+        """Host copies of one slot's states, every recurrent layer's, for `alloc(init=)`."""
+        return [t[slot].to("cpu", copy=True) for t in self._tensors()]
 
     def save(self, slots: torch.Tensor) -> list[torch.Tensor]:
         """Copies of the states in `slots`, every layer's, for `restore`."""

@@ -21,6 +21,8 @@ class Tokenizer:
         if "tokenizer.json" not in files:
             raise ValueError("the model has no tokenizer.json")
         self.tok = _Tok.from_file(str(files["tokenizer.json"]))
+        added = self.tok.get_added_tokens_decoder().items()
+        self._control = frozenset(i for i, t in added if t.special)
         self.config = _read_json(files.get("tokenizer_config.json"))
         gen = _read_json(files.get("generation_config.json"))
         model_cfg = _read_json(files.get("config.json"))
@@ -60,10 +62,15 @@ class Tokenizer:
             ids = [self.tok.token_to_id(self.bos_token)] + ids
         return ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        # Control tokens (<|im_start|> ...) are not text; markup tokens that are not marked
-        # special (<think>, <tool_call>) still decode, so output parsers can see them.
-        return self.tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], shown: frozenset[int] = frozenset()) -> str:
+        """Control tokens (<|im_start|> ...) are not text, except those in `shown` (a chat
+        format's markers, which its parser reads); markup tokens that are not marked special
+        (<think>, <tool_call>) always decode, so output parsers can see them."""
+        ids = list(ids)
+        if shown.isdisjoint(ids):
+            return self.tok.decode(ids, skip_special_tokens=True)
+        kept = [i for i in ids if i in shown or i not in self._control]
+        return self.tok.decode(kept, skip_special_tokens=False)
 
     def special_ids(self, texts: Sequence[str]) -> frozenset[int]:
         """Ids of tokens whose whole text is one of `texts` (a stop string that is one token)."""

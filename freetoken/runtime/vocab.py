@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -47,9 +47,9 @@ def _decoder_types(spec: Any) -> set[str]:
     return found
 
 
-def token_bytes(tok: Any) -> list[bytes]:
+def token_bytes(tok: Any, shown: Collection[str] = ()) -> list[bytes]:
     """The bytes of every token id of a `tokenizers.Tokenizer`; b"" for control tokens
-    (they are not text)."""
+    (they are not text), except those whose text is in `shown` (chat formats' markers)."""
     spec = json.loads(tok.to_str())
     kinds = _decoder_types(spec.get("decoder"))
     out = [b""] * tok.get_vocab_size(with_added_tokens=True)
@@ -68,7 +68,8 @@ def token_bytes(tok: Any) -> list[bytes]:
             out[i] = b"" if "\ufffd" in s else s.encode()
     for i, added in tok.get_added_tokens_decoder().items():
         if i < len(out):
-            out[i] = b"" if added.special else added.content.encode()
+            hidden = added.special and added.content not in shown
+            out[i] = b"" if hidden else added.content.encode()
     return out
 
 
@@ -167,30 +168,39 @@ class Vocab:
     """`bytes[i]` for each of `size` ids (the logits' width; ids past the tokenizer's are
     empty), a trie of all text tokens, and the vectors for string content."""
 
-    def __init__(self, data: list[bytes], size: int):
+    def __init__(self, data: list[bytes], size: int, markers: frozenset[int] = frozenset()):
         self.size = size
         self.bytes = list(data[:size]) + [b""] * max(0, size - len(data))
         items = [(b, i) for i, b in enumerate(self.bytes) if b]
         self.trie = Trie(items)
-        # tokens that may leave a string (or escape inside one) are walked one by one
-        self.string_exits = Trie([(b, i) for b, i in items if 0x22 in b or 0x5C in b])
-        shapes = [_string_shape(b) for b in self.bytes]
+        # tokens that may leave a string (or escape inside one) are walked one by one;
+        # a marker token is markup, never string content (its parser would end the call)
+        exits = [(b, i) for b, i in items if 0x22 in b or 0x5C in b]
+        self.string_exits = Trie([(b, i) for b, i in exits if i not in markers])
+        shapes = [
+            (0, False, 0) if i in markers else _string_shape(b) for i, b in enumerate(self.bytes)
+        ]
         self._lead = np.array([s[0] for s in shapes], dtype=np.int32)
         self._plain = np.array([s[1] for s in shapes], dtype=bool)
         self._chars = np.array([s[2] for s in shapes], dtype=np.int64)
         self._len = np.array([len(b) for b in self.bytes], dtype=np.int32)
         # after a backslash: an escape letter, then plain content
         tails = [
-            _string_shape(b[1:]) if b and b[0] in _ESCAPE_LETTERS else (1, False, 0)
-            for b in self.bytes
+            _string_shape(b[1:])
+            if b and b[0] in _ESCAPE_LETTERS and i not in markers
+            else (1, False, 0)
+            for i, b in enumerate(self.bytes)
         ]
         self._escaped = np.array([t[0] == 0 and t[1] for t in tails], dtype=bool)
         self._escaped_chars = np.array([t[2] for t in tails], dtype=np.int64)
         self._first = {self.trie.byte[i]: i for i in self.trie.children(0)}
 
     @classmethod
-    def from_tokenizer(cls, tok: Any, size: int) -> Vocab:
-        return cls(token_bytes(tok), size)
+    def from_tokenizer(cls, tok: Any, size: int, markers: Collection[str] = ()) -> Vocab:
+        """`markers`: texts of control tokens that are markup (chat formats' markers): they
+        get their text's bytes, so a grammar may write them, but never inside a string."""
+        ids = frozenset(i for m in markers if (i := tok.token_to_id(m)) is not None)
+        return cls(token_bytes(tok, markers), size, ids)
 
     def escaped_content(self, remaining: int | None) -> np.ndarray:
         """Tokens that finish an escape (\\n, \\", ... but not \\uXXXX) and go on with plain

@@ -22,6 +22,7 @@ __all__ = [
     "qwen3_moe_config",
     "train_tokenizer",
     "write_checkpoint",
+    "write_qwen3_next",
     "write_qwen3_moe",
     "write_tokenizer_files",
 ]
@@ -275,6 +276,70 @@ def write_checkpoint(out: Path, config: dict[str, Any], dtype: str = "bfloat16")
     cfg = dict(config)
     model_type = cfg.pop("model_type")
     cfg.pop("vocab_size", None)  # the synthetic tokenizer's
+    if model_type == "qwen3_next":
+        return write_qwen3_next(out, dtype=dtype, template=CHAT_TEMPLATE_THINKING, **cfg)
     if model_type != "qwen3_moe":
         raise ValueError(f"no synthetic checkpoint writer for {model_type!r}")
     return write_qwen3_moe(out, dtype=dtype, template=CHAT_TEMPLATE_THINKING, **cfg)
+
+
+# Qwen3-Next's checkpoint names its shared expert and gate so; the model file, otherwise
+_QWEN3_NEXT_NAMES = (
+    (".mlp.shared_experts.", ".mlp.shared_expert."),
+    (".mlp.shared_gate.", ".mlp.shared_expert_gate."),
+)
+
+
+def write_qwen3_next(
+    out: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    dtype: str = "bfloat16",
+    template: str = CHAT_TEMPLATE,
+    **overrides: Any,
+) -> Path:
+    """A random Qwen3-Next directory (a hybrid of Gated DeltaNet and gated attention layers):
+    its tensors are the model file's own, named as the Hub's checkpoints name them, the
+    experts one tensor per expert and projection."""
+    import torch
+    from safetensors.torch import save_file
+
+    from freetoken import models
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer_files(out, vocab_size, template)
+    cfg = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}
+    cfg |= {"vocab_size": vocab, "torch_dtype": dtype, "tie_word_embeddings": False, **overrides}
+    with torch.device("meta"):
+        model = models.load_class(cfg).from_config(cfg)
+    g, tdtype = torch.Generator().manual_seed(seed), getattr(torch, dtype)
+    tensors = {}
+    for name, p in model.named_parameters():
+        for ours, theirs in _QWEN3_NEXT_NAMES:
+            name = name.replace(ours, theirs)
+        tensors[name] = _random_like(tuple(p.shape), name, g).to(tdtype)
+    for layer, spec in model.expert_specs().items():
+        for x in range(cfg["num_experts"]):
+            q = f"model.layers.{layer}.mlp.experts.{x}."
+            for proj, shape in (
+                ("gate", (spec.intermediate, spec.hidden)),
+                ("up", (spec.intermediate, spec.hidden)),
+                ("down", (spec.hidden, spec.intermediate)),
+            ):
+                tensors[f"{q}{proj}_proj.weight"] = _random_like(shape, proj, g).to(tdtype)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _random_like(shape: tuple[int, ...], name: str, g: Any) -> Any:
+    """Matrices scaled by their fan-in, vectors near their identity (norms, gates' biases),
+    decays in DeltaNet's usual range."""
+    import torch
+
+    if name.endswith("A_log"):
+        return torch.log(1 + 15 * torch.rand(shape, generator=g))
+    if len(shape) == 1 or name.endswith("dt_bias"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=g)
+    return torch.randn(shape, generator=g) / math.sqrt(shape[-1])

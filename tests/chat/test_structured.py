@@ -7,9 +7,16 @@ import json
 import pytest
 
 from freetoken import options as opts
+from freetoken.chat.formats.parser import OutputParser
+from freetoken.chat.formats.qwen import QwenFormat
 from freetoken.chat.jsonfsm import Matcher
-from freetoken.chat.output import OutputParser, Style
-from freetoken.chat.structured import SchemaError, format_grammar, tool_call_grammar, tool_choice
+from freetoken.chat.structured import (
+    SchemaError,
+    call_alternatives,
+    format_grammar,
+    tool_call_grammar,
+    tool_choice,
+)
 
 TOOLS = [
     {
@@ -86,7 +93,7 @@ def test_tool_call_grammar():
     assert not accepts(g, '<tool_call>{"name": "other", "arguments": {}}</tool_call>')
     assert not accepts(g, '{"name": "now", "arguments": {}}')
     assert not accepts(g, good + " and more")
-    parser = OutputParser(Style(), tools=True)
+    parser = OutputParser(QwenFormat(), tools=True)
     events = parser.feed(good) + parser.finish()
     assert events == [
         {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
@@ -146,3 +153,20 @@ def test_the_grammar_side_never_imports_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_call_alternatives_name_the_tool_in_the_markup():
+    tools = [
+        {"name": "get", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+        {"name": "get_all", "parameters": {"type": "object", "additionalProperties": False}},
+    ]
+    g = call_alternatives(tools, None, lambda fn: (f"<call {fn}>", f"</call {fn}>"))
+    assert accepts(g, '<call get>{"a": 1}</call get>')
+    assert accepts(g, "<call get_all> {} </call get_all>")
+    assert not accepts(g, "<call get>{}</call get_all>")  # each tool its own close
+    assert not accepts(g, '<call get_all>{"a": 1}</call get_all>')
+    assert not accepts(g, '<call get>{"a": "x"}</call get>')
+    only = call_alternatives(tools, "get_all", lambda fn: (fn + ":", ""))
+    assert accepts(only, "get_all:{}") and not accepts(only, 'get:{"a": 1}')
+    with pytest.raises(SchemaError, match="not among the tools"):
+        call_alternatives(tools, "nope", lambda fn: ("", ""))

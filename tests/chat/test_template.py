@@ -20,6 +20,11 @@ JINJA_LLAMA = (
     "{%- endif %}"
 )
 JINJA_THINK = "{% if enable_thinking %}<think>{% endif %}{{ messages[-1].content }}"
+# a template that takes a level, as Harmony templates do
+JINJA_LEVEL = (
+    "{{ messages[-1].content }}|{{ reasoning_effort | default('unset') }}"
+    "|{{ enable_thinking | default('unset') }}"
+)
 
 GO_TEMPLATES = [
     CHATML,
@@ -93,8 +98,32 @@ def test_a_broken_go_template_reports_the_go_error():
         ("{{ range .Tools }}", ["completion"]),  # a broken template supports nothing
         (synth.CHAT_TEMPLATE, ["completion", "tools"]),
         (JINJA_THINK, ["completion", "thinking"]),
+        (JINJA_LEVEL, ["completion", "thinking"]),
         (JINJA_LLAMA, ["completion"]),
     ],
 )
 def test_capabilities(source, caps):
     assert template.capabilities(source) == caps
+
+
+@pytest.mark.parametrize(
+    "think, shown",
+    [
+        (None, "unset|unset"),
+        (True, "unset|True"),
+        (False, "unset|False"),
+        ("low", "low|True"),
+        ("medium", "medium|True"),
+        ("high", "high|True"),
+        ("max", "high|True"),  # templates know low, medium and high
+    ],
+)
+def test_a_think_level_reaches_a_jinja_template(think, shown):
+    msgs = [{"role": "user", "content": "q"}]
+    assert template.render_any(JINJA_LEVEL, msgs, think=think) == f"q|{shown}"
+
+
+def test_variables_stand_in_for_the_think_setting():
+    msgs = [{"role": "user", "content": "q"}]
+    out = template.render_any(JINJA_LEVEL, msgs, think="low", variables={"reasoning_effort": "x"})
+    assert out == "q|x|unset"

@@ -200,7 +200,7 @@ Call a tool as <tool_call><function=NAME><parameter=ARG>VALUE</parameter></funct
 
 def test_chat_format_renders_tools_and_parses_thinking_and_xml_calls():
     from freetoken.chat import template
-    from freetoken.chat.output import OutputParser, style_for
+    from freetoken.chat.formats import ParseOptions, QwenFormat
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     call = {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
@@ -213,7 +213,7 @@ def test_chat_format_renders_tools_and_parses_thinking_and_xml_calls():
     assert '"name": "get_weather"' in prompt and "<parameter=city>\nParis\n" in prompt
     assert prompt.endswith("<|im_start|>assistant\n<think>\n")
     assert set(template.capabilities(TEMPLATE)) >= {"tools", "thinking"}
-    parser = OutputParser(style_for(TEMPLATE), thinking=True, tools=True)
+    parser = QwenFormat.from_template(TEMPLATE).parser(ParseOptions(tools=True, prompt=prompt))
     out = "It is sunny.\n</think>\n\nLet me check tomorrow.\n<tool_call>\n<function=get_weather>"
     out += "\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>"
     out += "\n</function>\n</tool_call>"

@@ -203,6 +203,9 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
         "ModeChooser",
         lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7, **kw),
     )
+    # measuring from the first step, every placement in turn
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
     path, hf = tiny_model
     engine = make_engine(path, policy=policy, slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend

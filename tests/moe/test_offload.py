@@ -84,6 +84,9 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
         "ModeChooser",
         lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw),
     )
+    # measuring from the first step, every placement in turn
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9)
     backend = engine.model.model.layers[0].mlp.experts.backend

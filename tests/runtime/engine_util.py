@@ -15,6 +15,7 @@ import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.runtime import loader
+from freetoken.runtime.anchors import Anchoring, AnchorStore
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
@@ -43,8 +44,11 @@ def make_engine(
     device_cache: str = "auto",
     cpu_lane: str = "auto",
     prefix_cache: bool = False,
+    anchor_ids: frozenset[int] = frozenset(),
     dtype: str = "auto",
 ) -> Engine:
+    """anchor_ids: with the prefix cache, a hybrid model's boundary tokens (its recurrent
+    state is kept after them, at prompt ends and at sequence ends)."""
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, dtype)
@@ -76,6 +80,7 @@ def make_engine(
         dg,
         prefix_cache,
         state,
+        Anchoring(AnchorStore(1 << 30), state, anchor_ids) if prefix_cache and state else None,
     )
 
 

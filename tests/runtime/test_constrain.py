@@ -11,8 +11,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
+from freetoken.chat.formats.parser import OutputParser
+from freetoken.chat.formats.qwen import QwenFormat
 from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.output import OutputParser, Style
 from freetoken.chat.schema import ANY_OBJECT
 from freetoken.chat.structured import format_grammar, tool_call_grammar
 from freetoken.runtime.constrain import Constraint, GrammarMasks, MaskCache
@@ -294,7 +295,7 @@ def test_format_json_gives_an_object(engine, cache):
 
 @pytest.mark.parametrize("name", [None, "add"])
 def test_forced_tool_call_parses_and_validates(engine, cache, name):
-    style = Style(think_open=None, think_close=None)
+    style = QwenFormat(think_open=None, think_close=None)
     masks = cache.get(
         ["call", TOOLS, name],
         lambda: tool_call_grammar(TOOLS, name, style.call_open, style.call_close),
@@ -332,7 +333,7 @@ def test_the_grammar_applies_once_thinking_ends(engine, cache, monkeypatch):
     for seed in range(3):
         c = Constraint(masks, tok.eos_ids, thinking=True, think_close=b"</think>")
         seq = run(engine, prompt, SamplingParams(temperature=1.0, seed=seed), c)
-        parser = OutputParser(Style(), thinking=True)
+        parser = OutputParser(QwenFormat(), thinking=True)
         events = parser.feed(tok.decode(seq.output_ids)) + parser.finish()
         assert seq.finish_reason == "stop" and close in seq.output_ids
         answer = "".join(e.get("content", "") for e in events)

@@ -196,3 +196,17 @@ def test_resize_below_the_floor_is_a_400_and_changes_nothing(cached_runner):
     assert cached_runner.get("/stats").json()["experts"]["cache"]["slots"] == before
     r = cached_runner.post("/resize", json={"size": "lots"})
     assert r.status_code == 400
+
+
+def test_stats_show_the_caches_recent_window(cached_runner):
+    body = {
+        "kind": "generate",
+        "prompt": "go",
+        "raw": True,
+        "options": {"temperature": 1.0, "seed": 1, "num_predict": 200},
+    }
+    for seed in (1, 2, 3):  # a random model may end an answer early
+        _events(cached_runner, {**body, "options": {**body["options"], "seed": seed}})
+    recent = cached_runner.get("/stats").json()["recent"]
+    assert recent["tokens"] >= 64 and 0 <= recent["hit_rate"] <= 1
+    assert recent["misses_per_token"] >= 0

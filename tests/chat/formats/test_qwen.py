@@ -7,9 +7,12 @@ import random
 
 import pytest
 
-from freetoken.chat.output import OutputParser, Style, style_for
+from freetoken.chat.formats.parser import OutputParser
+from freetoken.chat.formats.qwen import QwenFormat
 
-QWEN = style_for("{% if enable_thinking %}<think>{% endif %}<tool_call>{{ tools }}</tool_call>")
+QWEN = QwenFormat.from_template(
+    "{% if enable_thinking %}<think>{% endif %}<tool_call>{{ tools }}</tool_call>"
+)
 
 
 def run(parser: OutputParser, text: str, seed: int = 0) -> list[dict]:
@@ -92,7 +95,7 @@ def test_a_broken_call_is_shown_not_lost_and_markup_without_tools_is_text():
 
 def test_think_false_drops_thinking_and_a_style_without_markers_passes_text_through():
     assert run(OutputParser(QWEN, show_thinking=False), "<think>x</think>y") == [{"content": "y"}]
-    plain = Style(None, None, None, None)
+    plain = QwenFormat(None, None, None, None)
     assert run(OutputParser(plain, tools=True), "<think>x</think>") == [
         {"content": "<think>x</think>"}
     ]

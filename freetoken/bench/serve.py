@@ -1,0 +1,303 @@
+"""`freetoken bench serve`: decode as users meet it, through the HTTP server.
+
+Regimes (as the independent client `serve_regimes.py` drives them):
+  hot      temperature 0.7: a random-weight model repeats itself, so routing has locality
+  uniform  temperature 1.5, top_p 1, top_k 100000: near-random tokens, near-uniform routing
+  agent    a long prompt (time to first token is its prefill), then that history, the answer
+           and a short new turn (is the prefix reused?), then the first prompt again
+  first    the model unloaded, then a long prompt: the first answer after a load, against
+           the same request once settled
+Each of hot and uniform runs at every `--streams` count (concurrent streams, aggregate
+tok/s) through each `--api`. Per row: decode tok/s ((tokens − 1) / (last − first token), the
+mean over streams, and their sum), time to first token, the cache's hits and misses per
+token over the row's own window (the server's counters before and after it), the placement
+adaptive chose, and the fraction of the bound computed from the window's own misses:
+  bound tok/s = streams / (T_dense + misses a step × S/(B_P + B_H)),
+with S/B_P and S/B_H the runner's measured per-expert costs and T_dense the step time of the
+same model with every expert resident (`--dense-ms`, or measured here by reloading the model
+resident once, where it fits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from freetoken.bench import common, served
+
+REGIMES = {
+    "hot": {"temperature": 0.7},
+    "uniform": {"temperature": 1.5, "top_p": 1.0, "top_k": 100000},
+}
+STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}]
+COLUMNS = [
+    ("regime", "regime"),
+    ("api", "api"),
+    ("streams", "streams"),
+    ("tok_s", "tok/s"),
+    ("agg_tok_s", "sum tok/s"),
+    ("ttft_ms", "TTFT ms"),
+    ("hit_rate", "hit"),
+    ("misses_per_token", "miss/tok"),
+    ("placement", "placement"),
+    ("bound_tok_s", "bound"),
+    ("ratio_to_bound", "/bound"),
+    ("note", "note"),
+]
+
+
+@dataclass
+class Stream:
+    """One streamed answer: when each token arrived, and what the server counted."""
+
+    t0: float = 0.0
+    stamps: list[float] = field(default_factory=list)
+    tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return self.stamps[0] - self.t0 if self.stamps else None
+
+    @property
+    def rate(self) -> float | None:
+        if len(self.stamps) < 2 or self.tokens < 2:
+            return None
+        return (self.tokens - 1) / (self.stamps[-1] - self.stamps[0])
+
+
+def _openai(client: httpx.Client, model: str, messages, n: int, sampling) -> Stream:
+    body = {"model": model, "messages": messages, "max_tokens": n, "stream": True}
+    body |= {"stream_options": {"include_usage": True}, **sampling}
+    out = Stream(time.perf_counter())
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if usage := d.get("usage"):
+                out.tokens, out.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
+                out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                    "cached_tokens", 0
+                )
+            delta = (d.get("choices") or [{}])[0].get("delta") or {}
+            piece = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            if piece:
+                out.stamps.append(time.perf_counter())
+                out.text += delta.get("content") or ""
+    return out
+
+
+def _ollama(client: httpx.Client, model: str, messages, n: int, sampling) -> Stream:
+    options = {"num_predict": n, **sampling}
+    body = {"model": model, "messages": messages, "stream": True, "options": options}
+    out = Stream(time.perf_counter())
+    with client.stream("POST", "/api/chat", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line:
+                continue
+            d = json.loads(line)
+            msg = d.get("message") or {}
+            if msg.get("content") or msg.get("thinking"):
+                out.stamps.append(time.perf_counter())
+                out.text += msg.get("content") or ""
+            if d.get("done"):
+                out.tokens = d.get("eval_count", 0)
+                out.cached_tokens = d.get("prompt_cached_count", 0)
+                out.prompt_tokens = d.get("prompt_eval_count", 0) + out.cached_tokens
+    return out
+
+
+APIS = {"openai": _openai, "ollama": _ollama}
+
+
+def cache_stats(client: httpx.Client, model: str) -> dict[str, Any]:
+    """The model's entry of /api/cache ({} when it is not loaded)."""
+    models = client.get("/api/cache").json().get("models") or []
+    return next((m for m in models if m["name"].split(":")[0] == model.split(":")[0]), {})
+
+
+def window(before: dict, after: dict) -> dict[str, Any]:
+    """Hits and misses per token and a step, between two /api/cache snapshots."""
+    c0, c1 = before.get("cache") or {}, after.get("cache") or {}
+    tokens = (after.get("decoded") or 0) - (before.get("decoded") or 0)
+    steps = (after.get("steps") or 0) - (before.get("steps") or 0)
+    if not c1 or tokens <= 0 or steps <= 0:
+        return {"placement": after.get("placement")}
+    hits, misses = c1["hits"] - c0.get("hits", 0), c1["misses"] - c0.get("misses", 0)
+    return {
+        "hit_rate": hits / max(hits + misses, 1),
+        "misses_per_token": misses / tokens,
+        "misses_per_step": misses / steps,
+        "placement": after.get("placement"),
+    }
+
+
+def bound(stats: dict, win: dict, streams: int, dense_ms: float | None) -> float | None:
+    """Tokens a second the bound allows a step of `streams` tokens with the window's misses."""
+    pc, cc = stats.get("pcie_ms_per_expert"), stats.get("cpu_ms_per_expert")
+    if dense_ms is None or not pc or not cc or "misses_per_step" not in win:
+        return None
+    per_miss = 1.0 / (1.0 / pc + 1.0 / cc)  # ms: S / (B_P + B_H)
+    return streams * 1e3 / (dense_ms + win["misses_per_step"] * per_miss)
+
+
+def concurrent(fn, n: int) -> list[Any]:
+    out: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            out[i] = fn()
+        except BaseException as e:  # reported after the others finish
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> dict[str, Any]:
+    ask, sampling = APIS[api], {**REGIMES[regime], "ignore_eos": True}
+    ask(client, args.model, STORY, 32, sampling)  # warm-up: the placement settles here too
+    before = cache_stats(client, args.model)
+    runs = concurrent(lambda: ask(client, args.model, STORY, args.tokens, sampling), streams)
+    after = cache_stats(client, args.model)
+    rates = [r.rate for r in runs if r.rate]
+    first = min(s for r in runs for s in r.stamps[:1])
+    last = max(r.stamps[-1] for r in runs if r.stamps)
+    win = window(before, after)
+    row = {"regime": regime, "api": api, "streams": streams, **win}
+    row["tok_s"] = sum(rates) / len(rates) if rates else None
+    row["agg_tok_s"] = sum(r.tokens for r in runs) / max(last - first, 1e-9)
+    row["ttft_ms"] = 1e3 * sum(r.ttft or 0 for r in runs) / len(runs)
+    row["bound_tok_s"] = bound(after, win, streams, dense_ms)
+    if row["bound_tok_s"] and row["agg_tok_s"]:
+        row["ratio_to_bound"] = row["agg_tok_s"] / row["bound_tok_s"]
+    return row
+
+
+def long_prompt(tokens: int, seed: int = 7) -> str:
+    rng = random.Random(seed)
+    words = "river stone lamp harbor signal copper winter orbit maple thunder quiet ledger".split()
+    return " ".join(rng.choice(words) + str(rng.randrange(100)) for _ in range(tokens // 3))
+
+
+def agent_rows(client, args) -> list[dict[str, Any]]:
+    greedy = {"temperature": 0}
+    first = [{"role": "user", "content": long_prompt(args.prompt_tokens)}]
+    turn1 = _openai(client, args.model, first, 32, greedy)
+    second = first + [
+        {"role": "assistant", "content": turn1.text or "."},
+        {"role": "user", "content": "Now say it again, shorter."},
+    ]
+    turn2 = _openai(client, args.model, second, 32, greedy)
+    again = _openai(client, args.model, first, 32, greedy)
+    rows = []
+    for name, s in (("long prompt", turn1), ("follow-up", turn2), ("same prompt again", again)):
+        rows.append(
+            {
+                "regime": "agent",
+                "api": "openai",
+                "streams": 1,
+                "tok_s": s.rate,
+                "ttft_ms": 1e3 * (s.ttft or 0),
+                "note": f"{name}: {s.cached_tokens} of {s.prompt_tokens} prompt tokens cached",
+            }
+        )
+    return rows
+
+
+def first_answer_row(client, args) -> dict[str, Any]:
+    """Decode of the first answer after a load against the same request settled."""
+    unload(client, args.model)
+    msgs = [{"role": "user", "content": long_prompt(args.prompt_tokens, seed=11)}]
+    sampling = {"temperature": 0, "ignore_eos": True}
+    fresh = _openai(client, args.model, msgs, args.tokens, sampling)
+    settled = _openai(client, args.model, msgs, args.tokens, sampling)
+    ratio = (fresh.rate or 0) / settled.rate if settled.rate else None
+    return {
+        "regime": "first",
+        "api": "openai",
+        "streams": 1,
+        "tok_s": fresh.rate,
+        "ttft_ms": 1e3 * (fresh.ttft or 0),
+        "note": f"settled {settled.rate or 0:.1f} tok/s; first / settled "
+        f"{ratio if ratio is None else round(ratio, 3)}",
+    }
+
+
+def dense_probe(client, args) -> float | None:
+    """T_dense (ms): the hot regime's step with every expert resident, by a reload."""
+    if args.dense_ms:
+        return args.dense_ms
+    if not args.probe_dense or not (cache_stats(client, args.model).get("cache")):
+        return None  # no GPU cache: every expert runs on the CPU, there is no such bound
+    resident = {**REGIMES["hot"], "ignore_eos": True, "moe_policy": "resident"}
+    try:
+        s = _ollama(client, args.model, STORY, 128, resident)
+    except httpx.HTTPStatusError as e:
+        print(f"# the resident model did not load ({e.response.text[:200]}): no bound")
+        return None
+    finally:  # unloaded, so the next request loads it as served
+        unload(client, args.model)
+    return 1e3 / s.rate if s.rate else None
+
+
+def unload(client: httpx.Client, model: str) -> None:
+    client.post("/api/generate", json={"model": model, "keep_alive": 0}).raise_for_status()
+    time.sleep(1.0)
+
+
+def run(args) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with httpx.Client(base_url=args.url, timeout=args.timeout) as client:
+        _ollama(client, args.model, STORY, 1, {})  # loaded
+        dense_ms = dense_probe(client, args)
+        print(f"# T_dense {dense_ms if dense_ms is None else round(dense_ms, 3)} ms", flush=True)
+        for regime in args.regimes.split(","):
+            if regime in REGIMES:
+                for streams in (int(s) for s in args.streams.split(",")):
+                    for api in args.api.split(","):
+                        rows.append(decode_row(client, args, regime, api, streams, dense_ms))
+            elif regime == "agent":
+                rows += agent_rows(client, args)
+            elif regime == "first":
+                rows.append(first_answer_row(client, args))
+            else:
+                raise SystemExit(f"unknown regime {regime!r}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="freetoken bench serve", description=__doc__.split("\n")[0])
+    served.add_arguments(p)
+    p.add_argument("--regimes", default="hot,uniform,agent,first")
+    p.add_argument("--streams", default="1,4")
+    p.add_argument("--api", default="openai,ollama")
+    p.add_argument("--tokens", type=int, default=256, help="tokens generated a stream")
+    p.add_argument("--prompt-tokens", type=int, default=8000, help="the agent's long prompt")
+    p.add_argument("--dense-ms", type=float, default=0.0, help="T_dense, if known")
+    p.add_argument("--no-probe-dense", dest="probe_dense", action="store_false")
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    with served.target(args) as (args.url, args.model, _):
+        rows = run(args)
+    common.emit(rows, COLUMNS, args.json, common.header("serve") | {"model": args.model})

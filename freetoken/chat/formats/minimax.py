@@ -1,0 +1,66 @@
+"""MiniMax-M2: thinking between `<think>` and `</think>`; tool calls as
+
+    <minimax:tool_call>
+    <invoke name="NAME">
+    <parameter name="P">V</parameter>
+    </invoke>
+    …</minimax:tool_call>
+
+with any number of invokes (parallel calls) in one section. A value is JSON where the
+tool's schema says the parameter is not a string and it parses as JSON, else the text.
+
+A forced call has no grammar here (the values are bare text): such a request is served
+unconstrained with the tools offered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from freetoken.chat.formats.markup import DelimitedFormat
+from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value, without
+
+__all__ = ["MiniMaxFormat"]
+
+_NAME = r"""name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))"""
+_INVOKE = re.compile(r"\s+" + _NAME + r"\s*>(.*)", re.S)
+_PARAM = re.compile(r"\s*<parameter\s+" + _NAME + r"\s*>(.*?)</parameter>", re.S)
+_TAG = re.compile(r"</?(?:invoke|parameter)\b[^>]*>")
+
+
+@dataclass(frozen=True)
+class MiniMaxFormat(DelimitedFormat):
+    think_open: str | None = "<think>"
+    think_close: str | None = "</think>"
+    call_open: str | None = "<minimax:tool_call>"
+
+    name: ClassVar[str] = "minimax"
+    markers: ClassVar[tuple[str, ...]] = (
+        "<minimax:tool_call>",
+        "</minimax:tool_call>",
+        "<think>",
+        "</think>",
+    )
+    call_begin: ClassVar[str | None] = "<invoke"
+    call_end: ClassVar[str] = "</invoke>"
+    call_close: ClassVar[str] = "</minimax:tool_call>"
+
+    def parse_call(self, text: str, schemas: Mapping[str, Any]) -> dict[str, Any] | None:
+        m = _INVOKE.match(text)
+        if m is None:
+            return None
+        name = next(g for g in m.groups()[:3] if g is not None)
+        body, pos, args = m.group(4), 0, {}
+        while p := _PARAM.match(body, pos):
+            key = next(g for g in p.groups()[:3] if g is not None)
+            args[key] = typed_value(p.group(4), parameter_schema(schemas, name, key))
+            pos = p.end()
+        if not name or body[pos:].strip():
+            return None
+        return call_event(name, args)
+
+    def readable(self, text: str) -> str:
+        return without(_TAG.sub(" ", text), self.markers)

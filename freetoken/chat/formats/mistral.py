@@ -1,0 +1,107 @@
+"""Mixtral and Mistral: no thinking; tool calls after the `[TOOL_CALLS]` control token,
+in either of two forms:
+
+- a JSON list, `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (the tokenizers
+  Mixtral shipped with);
+- `[TOOL_CALLS]NAME[ARGS]{...}`, one call per `[TOOL_CALLS]`, optionally with
+  `[CALL_ID]ID` before `[ARGS]` (newer tokenizers).
+
+The section has no close marker: it ends with the JSON value. Both forms are read; a forced
+call is written in the form the model's template shows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from freetoken.chat.formats.base import CallSection, Event, ParseOptions
+from freetoken.chat.formats.markup import MarkupFormat
+from freetoken.chat.formats.scan import ArgumentStream, JsonEnd, call_event, json_call, regex_head
+from freetoken.chat.jsonfsm import Grammar
+from freetoken.chat.structured import call_alternatives, tool_call_grammar
+
+__all__ = ["MistralFormat"]
+
+CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+_LIST = re.compile(r"\s*\[\s*[{\]]")
+_UNDECIDED = re.compile(r"\s*\[?\s*")
+_NAMED = re.compile(r"\s*([^\[\]\s{}]+)\s*(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*")
+_HEAD = regex_head(_NAMED)
+
+
+@dataclass(frozen=True)
+class MistralFormat(MarkupFormat):
+    call_open: str | None = CALLS
+    listed: bool = True  # forced calls as a JSON list (else NAME[ARGS]{...})
+
+    name: ClassVar[str] = "mistral"
+    markers: ClassVar[tuple[str, ...]] = (CALLS, ARGS, CALL_ID)
+
+    @classmethod
+    def from_template(cls, template: str | None) -> MistralFormat:
+        return cls(listed=ARGS not in (template or ""))
+
+    def section(self, index: int, opts: ParseOptions) -> CallSection:
+        return _Calls(self, index, opts.stream_calls)
+
+    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
+        if self.listed:
+            return tool_call_grammar(tools, name, CALLS + "[", "]")
+        return call_alternatives(tools, name, lambda fn: (f"{CALLS}{fn}{ARGS}", ""))
+
+
+class _Calls(CallSection):
+    """The calls after one `[TOOL_CALLS]`, up to the end of their JSON."""
+
+    def __init__(self, fmt: MistralFormat, index: int, stream: bool):
+        self.fmt, self.index = fmt, index
+        self.end = JsonEnd()
+        self.args = ArgumentStream(index, _HEAD) if stream else None
+
+    def feed(self, body: str) -> tuple[list[Event], int]:
+        if _LIST.match(body):
+            end = self.end.feed(body)
+            return ([], -1) if end < 0 else (self._listed(body[:end]), end)
+        if _UNDECIDED.fullmatch(body):
+            return [], -1
+        head = _HEAD(body)
+        if head is None:
+            return [], -1
+        out = self.args.feed(body) if self.args is not None else []
+        self.end.pos = max(self.end.pos, head[0])  # "[ARGS]" is no JSON
+        end = self.end.feed(body)
+        if end < 0:
+            return out, -1
+        return out + self._named(head[1], body[head[0] : end]), end
+
+    def finish(self, body: str) -> tuple[list[Event], int]:
+        out, end = self.feed(body)
+        if end >= 0:
+            return out, end
+        shown = self.fmt.readable(body)  # cut short: shown, not lost
+        return out + ([{"content": shown}] if shown else []), len(body)
+
+    def _named(self, name: str, args: str) -> list[Event]:
+        streamed = self.args is not None and self.args.started
+        try:
+            value = json.loads(args)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            return [{"content": self.fmt.readable(name + args)}]
+        return [
+            {"tool_calls": [call_event(name, value)], **({"streamed": True} if streamed else {})}
+        ]
+
+    def _listed(self, text: str) -> list[Event]:
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        calls = [json_call(x) for x in items] if isinstance(items, list) else [None]
+        if None in calls:
+            return [{"content": self.fmt.readable(text)}]
+        return [{"tool_calls": [c]} for c in calls]

@@ -1,0 +1,131 @@
+"""Qwen's conventions (also Hermes-style and most templates that show `<tool_call>`), the
+format of models no architecture claims another for.
+
+- thinking between `<think>` and `</think>`;
+- a call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, or in the XML form
+  `<function=name><parameter=p>v</parameter></function>` inside it (Qwen3-Coder);
+- when tools were offered, a whole answer that is one bare JSON call.
+
+Which of these a model uses is read from its template: a marker it never mentions is not
+parsed. A JSON call ends at the first close marker outside its JSON strings. A call that
+does not parse is shown with its markers, as it always was for these models.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from freetoken.chat.formats.base import CallSection, Event, ParseOptions
+from freetoken.chat.formats.markup import MarkupFormat
+from freetoken.chat.formats.scan import (
+    ArgumentStream,
+    MarkerScan,
+    call_event,
+    json_call,
+    regex_head,
+)
+from freetoken.chat.jsonfsm import Grammar
+from freetoken.chat.structured import tool_call_grammar
+
+__all__ = ["QwenFormat", "parse_call"]
+
+_XML_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def _json_name(m: re.Match[str]) -> str:
+    return json.loads(m.group(1))
+
+
+def parse_call(body: str) -> dict[str, Any] | None:
+    """A tool call from the text between the call markers (JSON, or the XML function form)."""
+    body = body.strip()
+    m = _XML_FUNC.search(body)
+    if m:
+        args = {}
+        for name, raw in _XML_PARAM.findall(m.group(2)):
+            raw = raw.strip()
+            try:
+                args[name] = json.loads(raw)
+            except ValueError:
+                args[name] = raw
+        return call_event(m.group(1), args)
+    try:
+        return json_call(json.loads(body))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class QwenFormat(MarkupFormat):
+    think_open: str | None = "<think>"
+    think_close: str | None = "</think>"
+    call_open: str | None = "<tool_call>"
+    call_close: str | None = "</tool_call>"
+
+    name: ClassVar[str] = "qwen"
+    markers: ClassVar[tuple[str, ...]] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+    bare_calls: ClassVar[bool] = True
+
+    @classmethod
+    def from_template(cls, template: str | None) -> QwenFormat:
+        """The markers the template shows (markers it never mentions are not parsed)."""
+        t = template or ""
+        thinks = "<think>" in t or "enable_thinking" in t or ".Think" in t
+        calls = "<tool_call>" in t
+        return cls(
+            think_open="<think>" if thinks else None,
+            think_close="</think>" if thinks else None,
+            call_open="<tool_call>" if calls else None,
+            call_close="</tool_call>" if calls else None,
+        )
+
+    def section(self, index: int, opts: ParseOptions) -> CallSection:
+        return _QwenCall(self, index, opts.stream_calls)
+
+    def bare_call(self, text: str) -> dict[str, Any] | None:
+        return parse_call(text)
+
+    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
+        # without call markers, the call is the bare JSON object
+        return tool_call_grammar(tools, name, self.call_open, self.call_close)
+
+
+_HEAD = regex_head(_CALL_HEAD, _json_name)
+
+
+class _QwenCall(CallSection):
+    """One call, up to the close marker."""
+
+    def __init__(self, fmt: QwenFormat, index: int, stream: bool):
+        self.fmt = fmt
+        self.close = fmt.call_close or ""
+        self.scan = MarkerScan(self.close, json=None)
+        self.args = ArgumentStream(index, _HEAD) if stream else None
+
+    def feed(self, body: str) -> tuple[list[Event], int]:
+        at = self.scan.find(body) if self.close else -1
+        if at >= 0:
+            return self._end(body[:at], self.close), at + len(self.close)
+        return (self.args.feed(body) if self.args is not None else []), -1
+
+    def finish(self, body: str) -> tuple[list[Event], int]:
+        close = self.close
+        if close and close in body and parse_call(body) is None:
+            # a string that never closed hid the marker: the call ended there after all
+            at = body.index(close)
+            return self._end(body[:at], close), at + len(close)
+        return self._end(body, ""), len(body)
+
+    def _end(self, body: str, marker: str) -> list[Event]:
+        out = self.args.feed(body) if self.args is not None else []
+        streamed = self.args is not None and self.args.started
+        self.args = None
+        call = parse_call(body)
+        if call is None:  # an unparseable call is shown as text rather than silently lost
+            return out + [{"content": (self.fmt.call_open or "") + body + marker}]
+        return out + [{"tool_calls": [call], **({"streamed": True} if streamed else {})}]

@@ -1,0 +1,45 @@
+"""What adaptive learned about a model's placement on this machine, kept across loads.
+
+A model served again — after keep_alive unloaded it, or the server restarted — on the same
+machine with the same cache size meets the same bandwidths: its first answer starts in the
+placement measured fastest last time, with the share of misses it had tuned, and the next
+measurement waits a full period. Kept beside the bandwidth profile in the cache directory,
+keyed by the machine, the experts' shape and the cache's size.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from freetoken.moe import profile
+
+__all__ = ["Learned"]
+
+
+class Learned:
+    def __init__(self, cache_dir: Path, shape: str):
+        self.cache_dir, self.shape = Path(cache_dir), shape
+
+    def path(self, capacity: int) -> Path:
+        key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.shape}--{capacity}")
+        return self.cache_dir / "placement" / profile.machine_key() / f"{key}.json"
+
+    def load(self, capacity: int) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path(capacity).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("mode"), str) else None
+
+    def save(self, capacity: int, data: dict[str, Any]) -> None:
+        p = self.path(capacity)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2))
+            tmp.replace(p)
+        except OSError:  # a read-only cache directory costs the next load its head start
+            pass

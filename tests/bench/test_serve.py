@@ -1,0 +1,70 @@
+"""`freetoken bench serve`: its window and bound arithmetic, and its regimes against a real
+server."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from freetoken.bench import serve
+from freetoken.store import Store
+from tests.server.harness import LiveServer, add_model, make_config
+
+
+def test_the_window_is_the_difference_of_two_snapshots():
+    before = {"cache": {"hits": 100, "misses": 50}, "decoded": 10, "steps": 10}
+    after = {"cache": {"hits": 400, "misses": 150}, "decoded": 60, "steps": 35}
+    after |= {"placement": "split"}
+    win = serve.window(before, after)
+    assert win == {
+        "hit_rate": 0.75,
+        "misses_per_token": 2.0,
+        "misses_per_step": 4.0,
+        "placement": "split",
+    }
+
+
+def test_the_bound_adds_the_bandwidths_of_both_paths():
+    stats = {"pcie_ms_per_expert": 0.2, "cpu_ms_per_expert": 0.2}  # 0.1 ms a miss together
+    win = {"misses_per_step": 20.0}
+    assert serve.bound(stats, win, 1, dense_ms=3.0) == pytest.approx(200.0)
+    assert serve.bound(stats, win, 4, dense_ms=3.0) == pytest.approx(800.0)
+    assert serve.bound(stats, win, 1, dense_ms=None) is None
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    add_model(Store(root), "tiny")
+    with LiveServer(make_config(root)) as srv:
+        yield srv.url
+
+
+def test_every_regime_runs_through_both_apis(url):
+    args = argparse.Namespace(
+        url=url,
+        model="tiny",
+        regimes="hot,uniform,agent,first",
+        streams="1,2",
+        api="openai,ollama",
+        tokens=12,
+        prompt_tokens=300,
+        dense_ms=0.0,
+        probe_dense=True,
+        timeout=300.0,
+    )
+    rows = serve.run(args)
+    decode = [r for r in rows if r["regime"] == "hot"]
+    assert len(decode) == 2 * 2  # streams x apis
+    assert all(r["tok_s"] > 0 and r["agg_tok_s"] > 0 and r["ttft_ms"] > 0 for r in decode)
+    assert {r["streams"] for r in decode} == {1, 2}
+    agent = [r for r in rows if r["regime"] == "agent"]
+    assert [r["note"].split(":")[0] for r in agent] == [
+        "long prompt",
+        "follow-up",
+        "same prompt again",
+    ]
+    assert not agent[1]["note"].startswith("follow-up: 0 of")  # the history was reused
+    (first,) = [r for r in rows if r["regime"] == "first"]
+    assert first["tok_s"] > 0 and "first / settled" in first["note"]

@@ -1,0 +1,124 @@
+"""What every format's tests check: the same events however the output is cut into pieces,
+and no marker in content or thinking."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+from freetoken.chat import formats
+from freetoken.chat.formats import ChatFormat, ParseOptions, Parser
+
+Event = dict[str, Any]
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string"}, "n": {"type": "array"}},
+        },
+    },
+}
+TOOLS = [WEATHER, TIME]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def options(**kw: Any) -> ParseOptions:
+    """Tools offered (with their schemas) unless told otherwise."""
+    return ParseOptions(**{"tools": True, "schemas": SCHEMAS, **kw})
+
+
+def merge(events: list[Event]) -> list[Event]:
+    """Adjacent pieces of content, of thinking and of one call's arguments joined."""
+    out: list[Event] = []
+    for e in events:
+        last = out[-1] if out else None
+        if last is not None and set(e) == set(last) and len(e) == 1:
+            key = next(iter(e))
+            if key in ("content", "thinking"):
+                out[-1] = {key: last[key] + e[key]}
+                continue
+            if key == "tool_call_delta" and last[key]["index"] == e[key]["index"]:
+                joined = last[key]["arguments"] + e[key]["arguments"]
+                out[-1] = {key: {"index": e[key]["index"], "arguments": joined}}
+                continue
+        out.append(e)
+    return out
+
+
+def pieces(text: str, seed: int | None) -> list[str]:
+    """The text whole (seed None), one character at a time (seed -1), or in random pieces."""
+    if seed is None:
+        return [text]
+    if seed < 0:
+        return list(text)
+    rng = random.Random(seed)
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+def run(make: Callable[[], Parser], text: str, seed: int | None = None) -> list[Event]:
+    parser = make()
+    events: list[Event] = []
+    for piece in pieces(text, seed):
+        events += parser.feed(piece)
+    return merge(events + parser.finish())
+
+
+def parse(fmt: ChatFormat, text: str, **kw: Any) -> list[Event]:
+    """The events of `text`, checked to be the same in every cutting and free of markup."""
+    make = lambda: fmt.parser(options(**kw))  # noqa: E731
+    whole = run(make, text)
+    for seed in (-1, 0, 1, 2, 3):
+        assert run(make, text, seed) == whole, f"cut {seed} differs"
+    assert_no_markup(whole)
+    return whole
+
+
+def assert_no_markup(events: list[Event]) -> None:
+    for e in events:
+        for key in ("content", "thinking"):
+            for marker in formats.MARKERS:
+                assert marker not in e.get(key, ""), f"{marker!r} leaked into {key}: {e}"
+
+
+def calls(events: list[Event]) -> list[dict[str, Any]]:
+    return [c["function"] for e in events for c in e.get("tool_calls", [])]
+
+
+def streamed_arguments(events: list[Event]) -> dict[int, Any]:
+    """Each call's streamed argument text, parsed."""
+    text: dict[int, str] = {}
+    for e in events:
+        if "tool_call_delta" in e:
+            d = e["tool_call_delta"]
+            text[d["index"]] = text.get(d["index"], "") + d["arguments"]
+    return {i: json.loads(t) for i, t in text.items()}
+
+
+def accepts(grammar: Any, text: str) -> bool:
+    """Whether `text` is a whole sentence of the grammar."""
+    from freetoken.chat.jsonfsm import Matcher
+
+    m = Matcher(grammar)
+    state = m.feed(m.initial(), text.encode())
+    return bool(state) and m.is_done(state)

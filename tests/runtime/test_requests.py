@@ -1,0 +1,116 @@
+"""The model's chat format at work when a request is built: its parser, its forced-call
+grammar (or none), its template variables, the control tokens its requests decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from freetoken.chat import formats
+from freetoken.protocol import CompletionRequest
+from freetoken.runtime.constrain import MaskCache
+from freetoken.runtime.prompt import PromptBuilder
+from freetoken.runtime.requests import RequestBuilder, RequestError
+from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.vocab import Vocab
+from freetoken.tools import synth
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_day",
+            "parameters": {
+                "type": "object",
+                "properties": {"day": {"enum": ["mon", "tue"]}},
+                "required": ["day"],
+            },
+        },
+    }
+]
+ASK = [{"role": "user", "content": "which day?"}]
+# the think setting and the tools, as the template saw them
+SHOW = (
+    "{{ tools | length if tools else 0 }}|{{ enable_thinking | default('-') }}|"
+    "{{ thinking | default('-') }}|{{ reasoning_effort | default('-') }}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    tok = synth.train_tokenizer(512)
+    tok.add_special_tokens(["<|channel|>", "<|message|>", "<|start|>"])
+    tok.save(str(out / "tokenizer.json"))
+    return Tokenizer({"tokenizer.json": out / "tokenizer.json"})
+
+
+def builder(tokenizer: Tokenizer, architecture: str | None) -> RequestBuilder:
+    vocab = Vocab.from_tokenizer(tokenizer.tok, tokenizer.vocab_size, formats.MARKERS)
+    return RequestBuilder(
+        tokenizer, PromptBuilder(tokenizer, SHOW), MaskCache(vocab), 512, architecture
+    )
+
+
+def chat(**kw) -> CompletionRequest:
+    return CompletionRequest(kind="chat", messages=ASK, **kw)
+
+
+def test_the_architecture_chooses_the_parser(tokenizer):
+    out = "<tool_call>get_day\n<arg_key>day</arg_key>\n<arg_value>mon</arg_value>\n</tool_call>"
+    parser = builder(tokenizer, "glm4_moe").prepare(chat(tools=TOOLS)).parser
+    events = parser.feed(out) + parser.finish()
+    assert events == [
+        {"tool_calls": [{"function": {"name": "get_day", "arguments": {"day": "mon"}}}]}
+    ]
+    # a model no architecture claims: the template (which shows no markers) says Qwen's
+    qwen = builder(tokenizer, "qwen3_moe").prepare(chat(tools=TOOLS)).parser
+    assert qwen.feed(out) + qwen.finish() == [{"content": out}]
+
+
+@pytest.mark.parametrize(
+    "architecture, constrained",
+    [("deepseek_v3", True), ("mixtral", True), ("gpt_oss", True), ("qwen3_moe", True)]
+    + [("glm4_moe", False), ("minimax_m2", False)],
+)
+def test_forced_calls_are_constrained_where_the_format_has_a_grammar(
+    tokenizer, architecture, constrained
+):
+    choice = {"type": "function", "function": {"name": "get_day"}}
+    prepared = builder(tokenizer, architecture).prepare(chat(tools=TOOLS, tool_choice=choice))
+    assert (prepared.seq.constraint is not None) == constrained
+    with pytest.raises(RequestError, match="not among the tools"):
+        builder(tokenizer, architecture).prepare(
+            chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+        )
+
+
+def test_a_harmony_grammar_may_write_its_control_tokens(tokenizer):
+    choice = {"type": "function", "function": {"name": "get_day"}}
+    prepared = builder(tokenizer, "gpt_oss").prepare(chat(tools=TOOLS, tool_choice=choice))
+    mask = prepared.seq.constraint.mask()
+    assert mask[tokenizer.tok.token_to_id("<|channel|>")]
+    assert prepared.seq.shown_ids == tokenizer.special_ids(
+        ["<|channel|>", "<|message|>", "<|start|>"]
+    )
+    assert builder(tokenizer, "qwen3_moe").prepare(chat()).seq.shown_ids == tokenizer.special_ids(
+        formats.QwenFormat.markers
+    )
+
+
+@pytest.mark.parametrize(
+    "architecture, think, shown",
+    [
+        ("qwen3_moe", None, "1|True|-|-"),  # on where the template takes it
+        ("qwen3_moe", "low", "1|True|-|low"),
+        ("deepseek_v3", True, "1|True|True|-"),
+        ("deepseek_v3", False, "1|False|False|-"),
+        ("gpt_oss", "max", "1|True|-|high"),
+    ],
+)
+def test_the_think_setting_reaches_the_template_as_the_format_names_it(
+    tokenizer, architecture, think, shown
+):
+    b = builder(tokenizer, architecture)
+    prepared = b.prepare(chat(tools=TOOLS, think=think))
+    assert tokenizer.decode(prepared.seq.prompt_ids) == shown
+    assert b.count(chat(tools=TOOLS, think=think)) == len(prepared.seq.prompt_ids)

@@ -1,0 +1,48 @@
+"""Control tokens a chat format reads decode as text; the others stay hidden."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from freetoken.runtime.detok import Detokenizer
+from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.vocab import Vocab, token_bytes
+from freetoken.tools import synth
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    tok = synth.train_tokenizer(512)
+    tok.add_special_tokens(["<|channel|>", "<|hidden|>", "<｜tool▁sep｜>"])
+    tok.save(str(out / "tokenizer.json"))
+    return {"tokenizer.json": out / "tokenizer.json"}
+
+
+def test_shown_control_tokens_decode_as_text(files):
+    tok = Tokenizer(files)
+    ids = tok.encode("<|hidden|>a<|channel|>final<|hidden|> b")
+    assert tok.decode(ids) == "afinal b"
+    shown = tok.special_ids(["<|channel|>"])
+    assert tok.decode(ids, shown=shown) == "a<|channel|>final b"
+    d = Detokenizer(lambda x: tok.decode(x, shown=shown))
+    assert "".join(d.push(i) for i in ids) + d.flush() == "a<|channel|>final b"
+    wide = tok.encode("é<｜tool▁sep｜>ü<|hidden|>")
+    assert tok.decode(wide, shown=tok.special_ids(["<｜tool▁sep｜>"])) == "é<｜tool▁sep｜>ü"
+
+
+def test_marker_tokens_have_bytes_but_are_never_string_content(files):
+    tok = Tokenizer(files).tok
+    channel, hidden = tok.token_to_id("<|channel|>"), tok.token_to_id("<|hidden|>")
+    assert token_bytes(tok)[channel] == b""
+    assert token_bytes(tok, ["<|channel|>"])[channel] == b"<|channel|>"
+    vocab = Vocab.from_tokenizer(tok, tok.get_vocab_size(), ["<|channel|>"])
+    assert vocab.bytes[channel] == b"<|channel|>" and vocab.bytes[hidden] == b""
+    plain = vocab.string_content(0, None)
+    assert not plain[channel] and plain[tok.token_to_id("a")]
+    assert not vocab.escaped_content(None)[channel]
+    found: list[int] = []
+    vocab.string_exits.walk(None, lambda s, b: True, found)
+    assert channel not in found
+    assert np.count_nonzero(plain) > 100
