@@ -69,13 +69,15 @@ def _packed(blk, j, FMT: tl.constexpr):
     elif FMT == 2:  # q4_0
         nib = (_u8(blk + 2 + (j % 16)) >> (4 * (j // 16))) & 15
         w = _f16(blk) * (nib - 8).to(tl.float32)
-    elif FMT == 3 or FMT == 4:  # q4_k, q5_k
+    elif FMT == 3:  # q4_k
+        sc, m = _k_scale(blk + 4, j // 32)
+        q = (_u8(blk + 16 + 32 * (j // 64) + (j % 32)) >> (4 * ((j % 64) // 32))) & 15
+        w = _f16(blk) * sc * q.to(tl.float32) - _f16(blk + 2) * m
+    elif FMT == 4:  # q5_k: q4_k's nibbles 32 bytes later, and a fifth bit from qh
         s = j // 32
         sc, m = _k_scale(blk + 4, s)
-        qs = blk + (16 if FMT == 3 else 48)
-        q = (_u8(qs + 32 * (j // 64) + (j % 32)) >> (4 * ((j % 64) // 32))) & 15
-        if FMT == 4:
-            q = q | (((_u8(blk + 16 + (j % 32)) >> s) & 1) << 4)
+        q = (_u8(blk + 48 + 32 * (j // 64) + (j % 32)) >> (4 * ((j % 64) // 32))) & 15
+        q = q | (((_u8(blk + 16 + (j % 32)) >> s) & 1) << 4)
         w = _f16(blk) * sc * q.to(tl.float32) - _f16(blk + 2) * m
     elif FMT == 5:  # q6_k
         h, i = j // 128, j % 128
@@ -108,8 +110,7 @@ def weights(
     if FMT == 0:
         w = tl.load(base + rows[:, None] * COLS + cols[None, :], mask=mask, other=0.0)
         return w.to(tl.float32)
-    row_bytes: tl.constexpr = COLS // BLOCK * BLOCK_BYTES
     r = tl.where(mask, rows[:, None], 0).to(tl.int64)
     c = tl.where(mask, cols[None, :], 0)
-    blk = base + r * row_bytes + (c // BLOCK) * BLOCK_BYTES
+    blk = base + r * (COLS // BLOCK * BLOCK_BYTES) + (c // BLOCK) * BLOCK_BYTES
     return tl.where(mask, _packed(blk, c % BLOCK, FMT), 0.0)
