@@ -20,6 +20,7 @@ from pathlib import Path
 from freetoken import models
 from freetoken.ftw import DEFAULT_SHARD_LIMIT, INDEX, FtwError, round_up
 from freetoken.ftw.quantize import BankQuantizer
+from freetoken.ftw.reader import require_host_memory
 from freetoken.ftw.writer import Writer
 from freetoken.weights import safetensors_dir
 
@@ -68,6 +69,11 @@ def convert_hf(
     writer = Writer(out, shard_limit)
     try:
         with safetensors_dir.Checkpoint(files, cls) as ck:
+            if quantize is None:
+                # a model this host could not load is refused now, before an hour of writing
+                # (a quantized one is judged at load, on the bytes it comes to)
+                need = ck.nbytes()
+                require_host_memory(need, "the model's weights (read into memory to serve)")
             done = 0
             for name, t, fmt in ck.dense_items():
                 writer.add_dense(name, t, fmt)

@@ -127,7 +127,7 @@ class LayerStreamer:
         for start, end in _runs(cached < 0):  # from host memory, contiguous runs at once
             for bank, src in banks.items():
                 dst = expert_part(c.slots[bank], slice(base + start, base + end), src[start:end])
-                dst.copy_(src[start:end], non_blocking=self.cuda)
+                self.banks.h2d(dst, src[start:end], self.cuda)
             self.stats["h2d_experts"] += end - start
         for e in np.flatnonzero(cached >= 0).tolist():  # already on the GPU: device to device
             for bank in banks:

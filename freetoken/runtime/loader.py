@@ -63,6 +63,12 @@ def _unpacked(t: torch.Tensor, fmt: str, device: torch.device, dtype: torch.dtyp
     return out.reshape(*t.shape[:-1], out.shape[-1])
 
 
+def kept_in_fp32(model: nn.Module, name: str) -> bool:
+    """Whether a parameter stays fp32 whatever the model's dtype: the model file's `FP32`
+    names (modules or dotted tails: "norm", "gate.weight") as its reference keeps them."""
+    return any(f".{part}." in f".{name}." for part in getattr(model, "FP32", ()))
+
+
 def _load_dense(
     model: nn.Module,
     dense: dict[str, torch.Tensor],
@@ -93,7 +99,9 @@ def _load_dense(
             raise WeightsError(
                 f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}"
             )
-        p.data = t.to(device=device, dtype=dtype)
+        # integer tensors (a routing table) keep their dtype
+        keep = p.dtype if not p.is_floating_point() else dtype
+        p.data = t.to(device=device, dtype=torch.float32 if kept_in_fp32(model, name) else keep)
 
 
 def load(

@@ -42,6 +42,10 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
     return [Path(files[n]) for n in found]
 
 
+# bytes per element of safetensors' dtype names
+_ITEM_BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
+_ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
 # quantized checkpoints whose blocks the kernels read as they are (freetoken/quant/pack.py)
 KEPT_METHODS = ("fp8", "mxfp4")
 FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
@@ -144,6 +148,17 @@ class Checkpoint:
             return pack.fp8_rows(w, scale), "fp8_e4m3"
         except QuantError as e:
             raise WeightsError(f"tensor {name}: {e}") from None
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the model reads (those it ignores not counted), as stored."""
+        total = 0
+        for name, f in self.handles.items():
+            piece = f.get_slice(name)
+            n = 1
+            for d in piece.get_shape():
+                n *= d
+            total += n * _ITEM_BYTES[piece.get_dtype()]
+        return total
 
     def bank_keys(self) -> list[BankKey]:
         return sorted(self.pieces)

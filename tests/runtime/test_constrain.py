@@ -282,15 +282,25 @@ def test_random_model_writes_valid_json_for_a_schema(engine, cache, temperature)
 
 
 def test_format_json_gives_an_object(engine, cache):
+    # A random model at temperature 0.9 wanders: some walks close the object within the
+    # budget and some do not, and which ones do shifts with floating-point summation order.
+    # So judge several walks: every one is an object from its first character, every one
+    # that stopped parses as an object, and most stop.
     masks = cache.get(["format", "json"], lambda: format_grammar("json"))
-    seq = run(
-        engine,
-        chat_prompt(engine),
-        SamplingParams(temperature=0.9, seed=5),
-        Constraint(masks, engine.tokenizer.eos_ids),
-    )
-    assert seq.finish_reason == "stop"
-    assert isinstance(json.loads(engine.tokenizer.decode(seq.output_ids)), dict)
+    stopped = 0
+    for seed in range(6):
+        seq = run(
+            engine,
+            chat_prompt(engine),
+            SamplingParams(temperature=0.9, seed=seed),
+            Constraint(masks, engine.tokenizer.eos_ids),
+        )
+        text = engine.tokenizer.decode(seq.output_ids)
+        assert text.lstrip().startswith("{"), text
+        if seq.finish_reason == "stop":
+            stopped += 1
+            assert isinstance(json.loads(text), dict), text
+    assert stopped >= 3
 
 
 @pytest.mark.parametrize("name", [None, "add"])
