@@ -137,11 +137,15 @@ def test_the_gpt_oss_shape_benchmarks_with_biased_clamped_experts(capsys):
     assert {b for _, b in sm.banks} == {"gate_up", "down", "gate_up_bias", "down_bias"}
 
 
-@pytest.mark.parametrize("model,quant", [("tiny", "q4_K_M"), ("tiny-gpt-oss", "mxfp4")])
+@pytest.mark.parametrize(
+    "model,quant",
+    [("tiny", "q4_K_M"), ("tiny-gpt-oss", "mxfp4"), ("tiny-deepseek-v4", "q4_K_M")],
+)
 def test_a_quantized_model_of_a_shape_benchmarks(capsys, model, quant):
     """--quant builds the shape's experts packed (random blocks): Q4_K_M's Q4_K gate/up
-    beside Q8_0 down (rows of 128 are not whole K-quant blocks), and gpt-oss's MXFP4 with
-    its biases; the lane and the cache serve them, and S counts packed bytes."""
+    beside Q8_0 down (rows of 128 are not whole K-quant blocks), gpt-oss's MXFP4 with its
+    biases, and DeepSeek-V4's clamped experts; the lane and the cache serve them, and S
+    counts packed bytes."""
     decode.main(
         ["--model", model, "--quant", quant, "--fractions", "--caps", "0,0.5", "--tokens", "4",
          "--warmup", "2", "--settle", "4", "--settle-fixed", "2", "--repeats", "1",

@@ -70,3 +70,17 @@ def test_a_wider_row_holds_a_narrower_format():
     ref = reference.moe_experts(x, ids, w, banks, spec)
     assert float((reference.moe_experts(x, ids, w, wide, spec) - ref).norm() / ref.norm()) == 0
     assert float((_run(spec, wide, x, ids, w, None) - ref).norm() / ref.norm()) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "fp8_e4m3"])
+def test_clamped_silu_on_packed_banks(fmt):
+    """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed: the limit lowered so that the
+    clamp is reached, which the unclamped form shows by differing."""
+    spec, banks, x, ids, w = _case((fmt, fmt), "silu-clamped", 4, 2, seed=5)
+    spec = dataclasses.replace(spec, limit=0.5)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    plain = reference.moe_experts(x, ids, w, banks, dataclasses.replace(spec, activation="silu"))
+    assert float((plain - ref).norm() / ref.norm()) > 0.05
+    for isa in _tiers():
+        out = _run(spec, banks, x, ids, w, isa)
+        assert float((out - ref).norm() / ref.norm()) <= 1e-5

@@ -68,6 +68,20 @@ def test_mixed_formats_biases_and_float_banks(device, fmts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4"])
+def test_clamped_silu_on_packed_slots(device, fmt):
+    """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed, the limit lowered so that the
+    clamp is reached, which the unclamped form shows by differing."""
+    spec, pool, g = _pool((fmt, fmt), "silu-clamped", 4, 13, device, wide=2)
+    spec = dataclasses.replace(spec, limit=0.5)
+    x, slots, w = _routes(3, 2, 4, spec.hidden, g, device)
+    ref = reference.moe_experts(x, slots, w, pool, spec)
+    plain = reference.moe_experts(x, slots, w, pool, dataclasses.replace(spec, activation="silu"))
+    assert _rel(plain, ref) > 0.05
+    assert _rel(moe_gpu._triton_small(x, slots, w, pool, spec), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_prefill_decodes_each_expert_with_triton(device, fmt):
     spec, pool, _ = _pool((fmt, fmt), "swiglu", 3, 5, device, wide=2)
@@ -78,10 +92,16 @@ def test_prefill_decodes_each_expert_with_triton(device, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "fp8_e4m3"])
-def test_prefill_chunk_matches_in_bf16(fmt):
-    """A chunk of 40 tokens (the grouped path) in bf16 against the fp32 definition."""
-    spec, pool, g = _pool((fmt, fmt), "swiglu", 6, 2, "cuda", wide=2)
+@pytest.mark.parametrize(
+    "fmt,variant",
+    [("q4_k", "swiglu"), ("mxfp4", "swiglu"), ("fp8_e4m3", "swiglu"), ("q4_k", "silu-clamped")],
+)
+def test_prefill_chunk_matches_in_bf16(fmt, variant):
+    """A chunk of 40 tokens (the grouped path) in bf16 against the fp32 definition; DeepSeek-
+    V4's clamped experts with a limit the chunk reaches."""
+    spec, pool, g = _pool((fmt, fmt), variant, 6, 2, "cuda", wide=2)
+    if variant == "silu-clamped":
+        spec = dataclasses.replace(spec, limit=0.5)
     x, slots, w = _routes(40, 3, 6, spec.hidden, g, "cuda")
     ref = reference.moe_experts(x, slots, w, pool, spec)
     out = moe_gpu.experts_from_slots(x.bfloat16(), slots, w, pool, spec)
