@@ -223,12 +223,13 @@ def write_gguf(
     nextn: int = 0,
     extra: dict[str, np.ndarray] | None = None,
     pre: str = "gpt-2",
+    file_type: int | None = None,
 ) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
     tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
     (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
-    tensors by GGUF name."""
+    tensors by GGUF name; `file_type` is general.file_type (llama.cpp's LlamaFileType)."""
     import gguf
 
     c = model.config
@@ -238,6 +239,8 @@ def write_gguf(
     _arch_kv(w, c, arch)
     if nextn:
         w.add_nextn_predict_layers(nextn)
+    if file_type is not None:
+        w.add_file_type(file_type)
     _tokenizer_kv(w, tok_dir, pre)
     for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big

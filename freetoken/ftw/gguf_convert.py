@@ -37,6 +37,7 @@ def convert_gguf(
     cls, _ = gguf_file.model_class(kv)
     config = gguf_file.config_of(reader, kv)
     dequantized = gguf_file.dequantized_types(reader)
+    kind = gguf_file.file_type(kv)
     if dequantized and note is not None:
         note(f"dequantizing {'/'.join(dequantized)} tensors to BF16 (no kernel reads them packed)")
     total = sum(int(t.n_bytes) for t in reader.tensors)
@@ -71,6 +72,9 @@ def convert_gguf(
                     "format": "gguf",
                     "fingerprint": fingerprint({src.name: src}),
                     "files": [src.name],
+                    # the file's own name for its mix of types, true of the FTW where
+                    # every tensor kept the type it had
+                    **({"file_type": kind} if kind and not dequantized else {}),
                 },
                 **({"quantize": banks.qtype} if banks.qtype else {}),
             }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "CHECKPOINT_METHODS",
     "FORMATS",
     "GGML_TYPES",
     "QUANTIZE_TYPES",
@@ -141,6 +142,10 @@ FORMATS: dict[str, QuantFormat] = {
 GGML_TYPES: dict[int, QuantFormat] = {
     f.ggml_type: f for f in FORMATS.values() if f.ggml_type is not None
 }
+
+# Hugging Face checkpoints' quantization (quantization_config.quant_method) whose blocks are
+# kept, and the format each is repacked to (quant/pack.py)
+CHECKPOINT_METHODS = {"fp8": "fp8_e4m3", "mxfp4": "mxfp4"}
 
 # what `create --quantize` accepts (lowercase), and what each means for expert banks
 QUANTIZE_TYPES = ("q4_K_M", "q8_0")

@@ -96,10 +96,14 @@ def _check_messages(messages: list[dict[str, Any]] | None) -> list[dict[str, Any
 
 def _file_type(config: dict[str, Any], index: dict[str, Any] | None = None) -> str:
     """The weights' type as `show` reports it: the quantization `create --quantize` applied
-    (Q4_K_M), else the block format holding most of the FTW's bytes (Q4_K, Q8_0, FP8_E4M3,
-    …), else the checkpoint's quantization or float dtype."""
+    (Q4_K_M), else a GGUF's own file type where its tensors kept their types (Q4_K_M), else
+    the block format holding most of the FTW's bytes (Q4_K, Q8_0, FP8_E4M3, …), else the
+    checkpoint's quantization or float dtype."""
     if (index or {}).get("quantize"):
         return str(index["quantize"]).upper()
+    source = (index or {}).get("source")
+    if isinstance(source, dict) and source.get("file_type"):
+        return str(source["file_type"])
     by_bytes: dict[str, int] = {}
     for t in (index or {}).get("tensors") or []:
         if isinstance(t, dict) and t.get("quant"):

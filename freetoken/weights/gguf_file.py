@@ -55,6 +55,18 @@ def metadata(reader) -> dict[str, Any]:
     return out
 
 
+def file_type(kv: dict[str, Any]) -> str | None:
+    """The file's type as llama.cpp names it in general.file_type (Q4_K_M, Q8_0, MXFP4_MOE):
+    what Ollama reports as the quantization level. None where the file does not say."""
+    from gguf import LlamaFileType
+
+    try:
+        name = LlamaFileType(int(kv["general.file_type"])).name
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if name == "GUESSED" else name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
 def model_class(kv: dict[str, Any]) -> tuple[type, str]:
     arch = kv.get("general.architecture")
     try:

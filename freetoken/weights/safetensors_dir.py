@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from freetoken import quant
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
 from freetoken.quant import QuantError, pack
@@ -47,7 +48,7 @@ _ITEM_BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16
 _ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 # quantized checkpoints whose blocks the kernels read as they are (freetoken/quant/pack.py)
-KEPT_METHODS = ("fp8", "mxfp4")
+KEPT_METHODS = tuple(quant.CHECKPOINT_METHODS)
 FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
 MXFP4_PARTS = ("_blocks", "_scales")  # "<name>_blocks" (codes) beside "<name>_scales"
 

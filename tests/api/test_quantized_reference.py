@@ -1,5 +1,6 @@
 """Through the HTTP API, a Q4_K_M GGUF (its experts kept packed) continues text exactly as
-transformers does with the weights the file decodes to."""
+transformers does with the weights the file decodes to, and /api/show names its
+quantization as the file does."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ def served(tmp_path_factory):
     hf = fixtures.hf_qwen3_moe(
         path, seed=9, hidden_size=256, intermediate_size=256, moe_intermediate_size=256
     )
-    gguf = write_gguf(hf, path, tmp_path_factory.mktemp("gguf") / "q.gguf", "Q4_K_M")
+    out = tmp_path_factory.mktemp("gguf") / "q.gguf"
+    gguf = write_gguf(hf, path, out, "Q4_K_M", file_type=15)  # llama.cpp's MOSTLY_Q4_K_M
     root = tmp_path_factory.mktemp("models")
     for _ in Store(root).plan_create(CreateSpec(name="q", from_=str(gguf))).run():
         pass
-    assert Store(root).resolve("q").info["file_type"] == "Q4_K"
     # the runner (a child process, with this environment) computes in fp32, asked for: the
     # reference computes the decoded weights in fp32; and with a cache of 12 slots of 16
     mp = pytest.MonkeyPatch()
@@ -57,3 +58,10 @@ def test_greedy_continuation_is_transformers_on_the_decoded_weights(served):
     stops = [i for i, t in enumerate(want) if t in tok.eos_ids]
     want = want[: stops[0]] if stops else want
     assert r.json()["context"] == ids + want
+
+
+def test_show_reports_the_files_quantization(served):
+    http, _, _ = served
+    r = http.post("/api/show", json={"model": "q"})
+    assert r.status_code == 200, r.text
+    assert r.json()["details"]["quantization_level"] == "Q4_K_M"

@@ -25,6 +25,21 @@ def test_a_quantized_gguf_is_stored_packed(store, hf, tmp_path):
     assert store.resolve("q").info["file_type"] == "Q8_0"
 
 
+def test_a_gguf_reports_its_own_file_type(store, hf, tmp_path):
+    """llama.cpp's name for the file's mix (general.file_type), as Ollama reports it; not
+    where a type was decoded (the FTW no longer holds that mix)."""
+    from gguf import LlamaFileType
+
+    kind = int(LlamaFileType.MOSTLY_MXFP4_MOE)
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "MXFP4", file_type=kind)
+    create(store, "q", from_=str(gguf))
+    assert store.resolve("q").info["file_type"] == "MXFP4_MOE"
+    kind = int(LlamaFileType.MOSTLY_Q5_0)
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "d.gguf", "Q5_0", file_type=kind)
+    create(store, "d", from_=str(gguf))
+    assert store.resolve("d").info["file_type"] == "BF16"
+
+
 def test_types_without_a_kernel_are_decoded_and_the_create_says_so(store, hf, tmp_path):
     gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "Q5_0")
     statuses = [e["status"] for e in create(store, "q", from_=str(gguf))]
