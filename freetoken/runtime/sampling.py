@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from freetoken import options as opts
@@ -77,6 +78,12 @@ def apply_penalties(
     logits = logits.clone()
     logits[ids] = vals
     return logits
+
+
+def rule_out(logits: torch.Tensor, off: np.ndarray) -> None:
+    """Sets the logits of the tokens a grammar rules out (`off`, bool [V]) to -inf, in place
+    (fp32 on the CPU; one pass, no new tensor: a mask costs this on the sampling path)."""
+    np.copyto(logits.numpy(), -np.inf, where=off)
 
 
 def sample(

@@ -9,7 +9,10 @@ channel are content. The prompt usually ends with `<|start|>assistant`, so the o
 begins with `<|channel|>`. `<|return|>` and `<|call|>` end the output (they are the model's
 stop tokens), `<|end|>` ends a message. Text that is no header at all is content.
 
-Harmony templates read the think level as `reasoning_effort`.
+Harmony templates read the think level as `reasoning_effort`. Thinking is part of the
+message structure, so grammars write it: a forced answer is analysis messages, then calls;
+under `auto`, analysis and preamble messages, then a final answer or calls. A message body
+holds no `<|`, so no header can hide in one; a thinking budget ends the analysis message.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from typing import Any, ClassVar
 
 from freetoken.chat.formats.base import ChatFormat, Event, ParseOptions
 from freetoken.chat.formats.scan import ArgumentStream, call_event, partial_suffix, without
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import call_alternatives
+from freetoken.chat.grammar import Grammar, Lark, lit
+from freetoken.chat.structured import named_calls
 
 __all__ = ["HarmonyFormat", "HarmonyParser"]
 
@@ -32,6 +35,7 @@ _ENDS = (END, CALL, RETURN)  # end a message
 _OPENS = (START, CHANNEL)  # begin a header (also where the model left a message open)
 _MARKERS = (*_ENDS, *_OPENS, MESSAGE, CONSTRAIN)
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+_BODY = r"([^<]|<[^|])*"  # message text: no marker starts in it
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 
 
@@ -40,14 +44,40 @@ class HarmonyFormat(ChatFormat):
     name: ClassVar[str] = "harmony"
     markers: ClassVar[tuple[str, ...]] = _MARKERS
 
+    grammar_thinks: ClassVar[bool] = True
+
     def parser(self, opts: ParseOptions) -> HarmonyParser:
         return HarmonyParser(opts, *_opening(opts.prompt))
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
-        def around(fn: str) -> tuple[str, str]:
-            return f"{CHANNEL}commentary to=functions.{fn} {CONSTRAIN}json{MESSAGE}", ""
+    def thinking_bounds(self) -> tuple[str, str]:
+        return f"{CHANNEL}analysis{MESSAGE}", END
 
-        return call_alternatives(tools, name, around)
+    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar:
+        lark = Lark()
+        call = self._call(lark, tools, lenient)
+        return lark.grammar(f"{_message(lark, 'analysis')}* {call}")
+
+    def auto_grammar(self, tools: list[dict[str, Any]]) -> Grammar:
+        lark = Lark()
+        call = self._call(lark, tools, True)
+        notes = f"({_message(lark, 'analysis')} | {_message(lark, 'commentary')})*"
+        final = f"{lit(CHANNEL + 'final' + MESSAGE)} /{_BODY}<?/"
+        return lark.grammar(f"{notes} ({final} | {call})?")
+
+    @staticmethod
+    def _call(lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+        """A call message's header and JSON arguments (`<|call|>`, a stop token, ends it)."""
+
+        def around(fn: str) -> tuple[str, str]:
+            return lit(f"{CHANNEL}commentary to=functions.{fn} {CONSTRAIN}json{MESSAGE}"), '""'
+
+        return named_calls(lark, tools, lenient, around)
+
+
+def _message(lark: Lark, channel: str) -> str:
+    """A whole message on `channel` and the next message's start."""
+    body = lark.rule(f"/{_BODY}<\\|end\\|>/", "[lazy]")
+    return lark.rule(f"{lit(CHANNEL + channel + MESSAGE)} {body} {lit(START + 'assistant')}")
 
 
 def _opening(prompt: str) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from freetoken.chat.formats.scan import (
     partial_suffix,
     without,
 )
+from freetoken.chat.grammar import FREE_TEXT, Grammar, Lark, lit, until
 
 __all__ = ["DelimitedFormat", "DelimitedSection", "MarkupFormat"]
 
@@ -29,6 +30,7 @@ class MarkupFormat(ChatFormat):
     think_close: str | None = None
     call_open: str | None = None  # opens a tool-call section (None: calls are not parsed)
     bare_calls: ClassVar[bool] = False  # an answer that is one bare JSON object is a call
+    calls_between: ClassVar[str] = '"\\n"?'  # Lark: between two sections of parallel calls
 
     @abstractmethod
     def section(self, index: int, opts: ParseOptions) -> CallSection:
@@ -58,6 +60,28 @@ class MarkupFormat(ChatFormat):
         if self.think_open and self.think_close:
             return self.think_open, self.think_close
         return None
+
+    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str | None:
+        """The rule of one call section after its open marker, to its end (None: the format
+        cannot write one)."""
+        return None
+
+    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar | None:
+        lark = Lark()
+        rest = self.call_rules(lark, tools, lenient) if self.call_open else None
+        if rest is None:
+            return None
+        one = f"{lit(self.call_open or '')} {rest}"
+        return lark.grammar(f"{one} ({self.calls_between} {one})*")
+
+    def auto_grammar(self, tools: list[dict[str, Any]]) -> Grammar | None:
+        lark = Lark()
+        rest = self.call_rules(lark, tools, True) if self.call_open else None
+        if rest is None:
+            return None
+        # free text up to the first open marker, then the call: a lazy lexeme ends there
+        opened = lark.rule(until(self.call_open or ""), "[lazy]")
+        return lark.grammar(f"({opened} {rest})* {FREE_TEXT}")
 
 
 @dataclass(frozen=True)

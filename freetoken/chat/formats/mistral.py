@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 from freetoken.chat.formats.base import CallSection, Event, ParseOptions
 from freetoken.chat.formats.markup import MarkupFormat
 from freetoken.chat.formats.scan import ArgumentStream, JsonEnd, call_event, json_call, regex_head
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import call_alternatives, tool_call_grammar
+from freetoken.chat.grammar import Lark, lit
+from freetoken.chat.structured import json_calls, named_calls
 
 __all__ = ["MistralFormat"]
 
@@ -39,6 +39,7 @@ class MistralFormat(MarkupFormat):
 
     name: ClassVar[str] = "mistral"
     markers: ClassVar[tuple[str, ...]] = (CALLS, ARGS, CALL_ID)
+    calls_between: ClassVar[str] = '""'
 
     @classmethod
     def from_template(cls, template: str | None) -> MistralFormat:
@@ -47,10 +48,11 @@ class MistralFormat(MarkupFormat):
     def section(self, index: int, opts: ParseOptions) -> CallSection:
         return _Calls(self, index, opts.stream_calls)
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
+    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
         if self.listed:
-            return tool_call_grammar(tools, name, CALLS + "[", "]")
-        return call_alternatives(tools, name, lambda fn: (f"{CALLS}{fn}{ARGS}", ""))
+            call = json_calls(lark, tools, lenient)
+            return lark.rule(f'"[" {call} (", " {call})* "]"')
+        return named_calls(lark, tools, lenient, lambda fn: (lit(fn + ARGS), '""'))
 
 
 class _Calls(CallSection):

@@ -27,8 +27,8 @@ from freetoken.chat.formats.scan import (
     json_call,
     regex_head,
 )
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import tool_call_grammar
+from freetoken.chat.grammar import Grammar, Lark, lit, tagged_arguments
+from freetoken.chat.structured import json_calls
 
 __all__ = ["QwenFormat", "parse_call"]
 
@@ -66,6 +66,7 @@ class QwenFormat(MarkupFormat):
     think_close: str | None = "</think>"
     call_open: str | None = "<tool_call>"
     call_close: str | None = "</tool_call>"
+    xml: bool = False  # forced calls in the XML function form (the template shows it)
 
     name: ClassVar[str] = "qwen"
     markers: ClassVar[tuple[str, ...]] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -82,6 +83,7 @@ class QwenFormat(MarkupFormat):
             think_close="</think>" if thinks else None,
             call_open="<tool_call>" if calls else None,
             call_close="</tool_call>" if calls else None,
+            xml="<function=" in t,
         )
 
     def section(self, index: int, opts: ParseOptions) -> CallSection:
@@ -90,9 +92,28 @@ class QwenFormat(MarkupFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         return parse_call(text)
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
-        # without call markers, the call is the bare JSON object
-        return tool_call_grammar(tools, name, self.call_open, self.call_close)
+    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar | None:
+        if self.call_open:
+            return super().call_grammar(tools, lenient)
+        lark = Lark()  # without call markers, the call is the bare JSON object
+        return lark.grammar(json_calls(lark, tools, lenient))
+
+    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+        if self.xml:
+            calls = lark.rule(" | ".join(f"({_xml_call(lark, fn, lenient)})" for fn in tools))
+        else:
+            calls = json_calls(lark, tools, lenient)
+        return lark.rule(f'"\\n"? {calls} "\\n"? {lit(self.call_close or "")}')
+
+
+def _xml_call(lark: Lark, fn: dict[str, Any], lenient: bool) -> str:
+    """`<function=NAME>` and one `<parameter=KEY>` pair per argument (Qwen3-Coder's form)."""
+
+    def pair(key: str, value: str) -> str:
+        return f'"<parameter=" {key} ">" "\\n"? {value} "\\n"?'
+
+    args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)
+    return f'{lit("<function=" + fn["name"] + ">")} "\\n"? {args} "</function>"'
 
 
 _HEAD = regex_head(_CALL_HEAD, _json_name)
