@@ -77,11 +77,14 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "images": (list,),
     "stream_tool_calls": (bool,),
     "think_budget": (int,),
+    "parallel_tool_calls": (bool,),
 }
 
 
 # fields beyond what Ollama's generate and chat carry: on the wire only where they are set
-_EXTRAS = frozenset({"tool_choice", "logprobs", "top_logprobs", "images", "think_budget"})
+_EXTRAS = frozenset(
+    {"tool_choice", "logprobs", "top_logprobs", "images", "think_budget", "parallel_tool_calls"}
+)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class CompletionRequest:
     images: list[Any] | None = None
     stream_tool_calls: bool = False  # also stream a call's arguments as they grow
     think_budget: int | None = None  # thinking tokens at most (None: the think level's bound)
+    parallel_tool_calls: bool = True  # False: an answer holds one call at most
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -114,7 +114,9 @@ def arguments(lark: Lark, fn: dict[str, Any], lenient: bool) -> str:
     """`%json` of a tool's arguments: an object of its parameters (any object without
     them). A tool marked `strict` is never read leniently."""
     params = fn.get("parameters")
-    schema = params if isinstance(params, dict) and params else {"type": "object"}
+    if params is not None and not isinstance(params, dict):
+        raise SchemaError(f'tool "{fn["name"]}": parameters must be a JSON schema object')
+    schema = params or {"type": "object"}
     if "type" not in schema and not any(k in schema for k in ("anyOf", "oneOf", "$ref")):
         schema = {**schema, "type": "object"}  # arguments are always an object
     return lark.json(schema, f'tool "{fn["name"]}"', lenient and fn.get("strict") is not True)

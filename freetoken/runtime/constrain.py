@@ -85,8 +85,8 @@ class Thinking:
         self.budget, self.inside, self.anywhere = budget, inside, anywhere
         self.open_ids = frozenset(open_ids)
         self.spent = 0  # tokens generated inside the current section
+        self.fresh = True  # nothing generated yet: the first token may open a section
         self._tail = b""  # the last bytes, where a marker may be split over tokens
-        self._first = True
 
     @property
     def over(self) -> bool:
@@ -94,7 +94,7 @@ class Thinking:
         return self.inside and self.budget is not None and self.spent >= self.budget
 
     def advance(self, token: int, data: bytes) -> None:
-        first, self._first = self._first, False
+        first, self.fresh = self.fresh, False
         if self.inside:
             self.spent += 1
         elif first and token in self.open_ids:
@@ -134,6 +134,7 @@ class Constraint:
         self.grammar_thinks = grammar_thinks
         self._started = False  # the grammar has read a token
         self._forced: list[int] = []  # tokens due next (a thinking section's close)
+        self._blanks = 0  # blank tokens still allowed between the thinking and the answer
 
     @property
     def waiting(self) -> bool:
@@ -158,13 +159,16 @@ class Constraint:
 
     def adjust(self, row: np.ndarray) -> None:
         """Stop tokens end the output only where the grammar is complete (the engine's
-        eos bits are the request's to set); the first token may open the thinking."""
+        eos bits are the request's to set); the first token may open the thinking, and
+        the answer after a thinking section may begin with a line break or two."""
         bits = row.view(np.uint8)
         _set(bits, self.eos_ids, False)
         _set(bits, self.stop_ids, self.matcher.is_accepting())
         t = self.think
-        if t is not None and not self._started and not t.inside and t.open_ids:
+        if t is not None and t.fresh and t.open_ids:
             _set(bits, np.array(sorted(t.open_ids), dtype=np.int64), True)
+        if self._blanks and not self._started:
+            _set(bits, self.vocab.blank_ids, True)
 
     def advance(self, token: int) -> None:
         """Follows a sampled token (end tokens never reach here)."""
@@ -176,9 +180,13 @@ class Constraint:
         if t is not None:
             t.advance(token, data)
         if self.matcher is None or (waited and not self.grammar_thinks):
+            self._blanks = 2 if waited and not self.waiting else 0
             return  # thinking: the grammar has not begun
         if not self._started and t is not None and t.inside and not self.grammar_thinks:
             return  # the first token opened the thinking
+        if self._blanks and not self._started and data and not data.strip(b" \n"):
+            self._blanks -= 1
+            return  # the line break after the thinking, which the parser drops
         self._started = True
         self.matcher.consume_token(token)  # a token the mask ruled out leaves it in error
 
@@ -212,17 +220,23 @@ class Masker:
         self._executor: llguidance.LLExecutor | None = None
 
     def start(self, rows: list[Constraint | None]) -> Masks:
+        """Begins computing the masks of a step's sampled rows (their constraints)."""
         plans = [c.plan() if c is not None else None for c in rows]
         if all(p is None for p in plans):
             return Masks(len(rows))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-masks")
-            self._executor = llguidance.LLExecutor()
         return Masks(len(rows), self._pool.submit(self._compute, rows, plans))
+
+    def compute(self, rows: list[Constraint | None]) -> list[np.ndarray | None]:
+        """The same masks, on the calling thread."""
+        return self._compute(rows, [c.plan() if c is not None else None for c in rows])
 
     def _compute(
         self, rows: list[Constraint | None], plans: list[tuple[int, ...] | str | None]
     ) -> list[np.ndarray | None]:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
         size = next(c.vocab.size for c in rows if c is not None)
         words = (size + 31) // 32
         bits = np.zeros((len(rows), words), dtype=np.int32)

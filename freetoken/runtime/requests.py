@@ -137,15 +137,17 @@ class RequestBuilder:
     ) -> Grammar | None:
         """Forced calls, else the `format`, else free text whose calls follow their tools'
         schemas once opened (`auto`), else none."""
+        parallel = req.parallel_tool_calls
         if forced is not None:
-            grammar = fmt.call_grammar(structured.forced_tools(req.tools or [], forced or None))
+            tools = structured.forced_tools(req.tools or [], forced or None)
+            grammar = fmt.call_grammar(tools, parallel=parallel)
             if grammar is None:
                 log.info("a forced call in the %s format is not constrained", fmt.name)
             return grammar
         if req.format:
             return json_format(req.format)
         if req.tools and not req.raw:
-            return fmt.auto_grammar(structured.offered_tools(req.tools))
+            return fmt.auto_grammar(structured.offered_tools(req.tools), parallel=parallel)
         return None
 
     def _thinking(self, req: CompletionRequest, fmt: ChatFormat, prompt: Prompt) -> Thinking | None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import llguidance
+import numpy as np
 
 __all__ = ["Vocab", "token_bytes"]
 
@@ -102,6 +103,9 @@ class Vocab:
         for i, b in enumerate(self.bytes):
             self._ids.setdefault(b, i)
         self._longest = max((len(b) for b in self.bytes), default=1)
+        # tokens of line breaks and spaces only (what may separate thinking from an answer)
+        blank = [i for i, b in enumerate(self.bytes) if b and not b.strip(b" \n")]
+        self.blank_ids = np.array(blank, dtype=np.int64)
 
     @classmethod
     def from_tokenizer(cls, tok: Any, size: int, markers: Collection[str] = ()) -> Vocab:

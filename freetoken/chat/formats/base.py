@@ -87,13 +87,15 @@ class ChatFormat(ABC):
     # the grammars include the thinking (else a grammar applies once the thinking has ended)
     grammar_thinks: ClassVar[bool] = False
 
-    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar | None:
-        """The grammar of an answer that is one or more calls (parallel calls) to `tools`
+    def call_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+    ) -> Grammar | None:
+        """The grammar of an answer that is a call (or several: `parallel`) to `tools`
         (functions: name, parameters), in this format's markup; None where the format has
-        no calls."""
+        no calls. `lenient`: keywords the engine cannot enforce are not checked."""
         return None
 
-    def auto_grammar(self, tools: list[dict[str, Any]]) -> Grammar | None:
+    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar | None:
         """Free text in which a call, once its opening marker is written, follows its
         tool's schema to its end (None: nothing marks a call's start)."""
         return None

@@ -80,7 +80,9 @@ class DeepSeekFormat(DelimitedFormat):
             return None
         return call_event(name, value) if name and isinstance(value, dict) else None
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         def around(fn: str) -> tuple[str, str]:
             if self.fenced:
                 head = lit(f"{CALL_BEGIN}function{SEP}{fn}\n```json\n")
@@ -88,7 +90,8 @@ class DeepSeekFormat(DelimitedFormat):
             return lit(f"{CALL_BEGIN}{fn}{SEP}"), lit(CALL_END)
 
         call = named_calls(lark, tools, lenient, around)
-        return lark.rule(f'{call} ("\\n"? {call})* {lit(CALLS_END)}')
+        more = f'("\\n"? {call})*' if parallel else ""
+        return lark.rule(f"{call} {more} {lit(CALLS_END)}")
 
     def template_variables(self, think: bool | str | None) -> dict[str, Any]:
         out = super().template_variables(think)

@@ -64,7 +64,9 @@ class GlmFormat(DelimitedFormat):
             return None  # a pair cut short, or text that is no pair
         return call_event(name, args)
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         def pair(key: str, value: str) -> str:
             return f'"<arg_key>" {key} "</arg_key>" "\\n"? "<arg_value>" {value} "\\n"?'
 

@@ -52,12 +52,15 @@ class HarmonyFormat(ChatFormat):
     def thinking_bounds(self) -> tuple[str, str]:
         return f"{CHANNEL}analysis{MESSAGE}", END
 
-    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar:
+    def call_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+    ) -> Grammar:
+        # one call a message, and `<|call|>` ends the output: never parallel
         lark = Lark()
         call = self._call(lark, tools, lenient)
         return lark.grammar(f"{_message(lark, 'analysis')}* {call}")
 
-    def auto_grammar(self, tools: list[dict[str, Any]]) -> Grammar:
+    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar:
         lark = Lark()
         call = self._call(lark, tools, True)
         notes = f"({_message(lark, 'analysis')} | {_message(lark, 'commentary')})*"

@@ -61,26 +61,32 @@ class MarkupFormat(ChatFormat):
             return self.think_open, self.think_close
         return None
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str | None:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str | None:
         """The rule of one call section after its open marker, to its end (None: the format
-        cannot write one)."""
+        cannot write one); `parallel`: a section may hold several calls."""
         return None
 
-    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar | None:
+    def call_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+    ) -> Grammar | None:
         lark = Lark()
-        rest = self.call_rules(lark, tools, lenient) if self.call_open else None
+        rest = self.call_rules(lark, tools, lenient, parallel) if self.call_open else None
         if rest is None:
             return None
         one = f"{lit(self.call_open or '')} {rest}"
-        return lark.grammar(f"{one} ({self.calls_between} {one})*")
+        return lark.grammar(f"{one} ({self.calls_between} {one})*" if parallel else one)
 
-    def auto_grammar(self, tools: list[dict[str, Any]]) -> Grammar | None:
+    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar | None:
         lark = Lark()
-        rest = self.call_rules(lark, tools, True) if self.call_open else None
+        rest = self.call_rules(lark, tools, True, parallel) if self.call_open else None
         if rest is None:
             return None
         # free text up to the first open marker, then the call: a lazy lexeme ends there
         opened = lark.rule(until(self.call_open or ""), "[lazy]")
+        if not parallel:
+            return lark.grammar(f"{FREE_TEXT} | {opened} {rest}")
         return lark.grammar(f"({opened} {rest})* {FREE_TEXT}")
 
 

@@ -66,7 +66,9 @@ class MiniMaxFormat(DelimitedFormat):
     def readable(self, text: str) -> str:
         return without(_TAG.sub(" ", text), self.markers)
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         def pair(key: str, value: str) -> str:
             return f'"<parameter name=\\"" {key} "\\">" {value} "\\n"?'
 
@@ -76,4 +78,5 @@ class MiniMaxFormat(DelimitedFormat):
             args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)
             alts.append(f'{head} "\\n"? {args} "</invoke>"')
         invoke = lark.rule(" | ".join(f"({a})" for a in alts))
-        return lark.rule(f'"\\n"? {invoke} ("\\n"? {invoke})* "\\n"? {lit(self.call_close)}')
+        more = f'("\\n"? {invoke})*' if parallel else ""
+        return lark.rule(f'"\\n"? {invoke} {more} "\\n"? {lit(self.call_close)}')

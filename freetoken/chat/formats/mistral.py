@@ -48,10 +48,13 @@ class MistralFormat(MarkupFormat):
     def section(self, index: int, opts: ParseOptions) -> CallSection:
         return _Calls(self, index, opts.stream_calls)
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         if self.listed:
             call = json_calls(lark, tools, lenient)
-            return lark.rule(f'"[" {call} (", " {call})* "]"')
+            more = f'(", " {call})*' if parallel else ""
+            return lark.rule(f'"[" {call} {more} "]"')
         return named_calls(lark, tools, lenient, lambda fn: (lit(fn + ARGS), '""'))
 
 

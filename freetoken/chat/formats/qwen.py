@@ -92,13 +92,17 @@ class QwenFormat(MarkupFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         return parse_call(text)
 
-    def call_grammar(self, tools: list[dict[str, Any]], lenient: bool = False) -> Grammar | None:
+    def call_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+    ) -> Grammar | None:
         if self.call_open:
-            return super().call_grammar(tools, lenient)
+            return super().call_grammar(tools, parallel=parallel, lenient=lenient)
         lark = Lark()  # without call markers, the call is the bare JSON object
         return lark.grammar(json_calls(lark, tools, lenient))
 
-    def call_rules(self, lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         if self.xml:
             calls = lark.rule(" | ".join(f"({_xml_call(lark, fn, lenient)})" for fn in tools))
         else:
