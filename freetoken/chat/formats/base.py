@@ -47,8 +47,9 @@ class Parser(Protocol):
     def feed(self, text: str) -> list[Event]:
         """Events for what the new text decides (text that may be a marker waits)."""
 
-    def finish(self) -> list[Event]:
-        """Events for whatever is left once the output has ended."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """Events for whatever is left once the output has ended; `cut`: the token limit
+        ended it, so a call in progress is a `tool_call_truncated` event, never content."""
 
 
 class CallSection(ABC):
@@ -63,9 +64,10 @@ class CallSection(ABC):
     def feed(self, body: str) -> tuple[list[Event], int]: ...
 
     @abstractmethod
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         """The output ended inside the section: what is left, and where the section really
-        ended (before the text's end when a marker was hidden by a string never closed)."""
+        ended (before the text's end when a marker was hidden by a string never closed).
+        `cut`: the token limit ended it; the call in progress is reported truncated."""
 
 
 class ChatFormat(ABC):

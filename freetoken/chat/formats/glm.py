@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value
+from freetoken.chat.formats.scan import (
+    call_event,
+    open_object,
+    parameter_schema,
+    typed_value,
+)
 from freetoken.chat.grammar import Lark, lit, tagged_arguments
 
 __all__ = ["GlmFormat"]
@@ -63,6 +68,14 @@ class GlmFormat(DelimitedFormat):
         if rest[pos:].strip():
             return None  # a pair cut short, or text that is no pair
         return call_event(name, args)
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        name, key, rest = text.partition(_KEY)
+        args, pos = {}, 0
+        while m := _PAIR.match(key + rest, pos):
+            args[m.group(1).strip()] = m.group(2)
+            pos = m.end()
+        return name.strip(), open_object(args)
 
     def call_rules(
         self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.base import ChatFormat, Event, ParseOptions
-from freetoken.chat.formats.scan import ArgumentStream, call_event, partial_suffix, without
+from freetoken.chat.formats.scan import (
+    ArgumentStream,
+    call_event,
+    partial_suffix,
+    truncated_call,
+    without,
+)
 from freetoken.chat.grammar import Grammar, Lark, lit
 from freetoken.chat.structured import named_calls
 
@@ -114,14 +120,17 @@ class HarmonyParser:
             pass
         return out
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Event]:
         out: list[Event] = []
         rest, self.buf = self.buf, ""
         if self.mode == "body":
             self._text(out, rest)
-            self._close(out)
+            self._close(out, cut)
         elif not any(m in self.head + rest for m in _MARKERS):
             self._text(out, rest.strip())  # an answer with no header at all
+        elif cut and self.opts.tools and (to := _RECIPIENT.search(self.head + rest)):
+            name = to.group(1).removeprefix("functions.")  # a call's header the limit cut
+            out.append(truncated_call(self.calls, name, ""))
         return out
 
     def _head(self, out: list[Event]) -> bool:
@@ -181,8 +190,8 @@ class HarmonyParser:
         else:
             out.append({"content": text})
 
-    def _close(self, out: list[Event]) -> None:
-        """The message ended: a call's arguments are complete."""
+    def _close(self, out: list[Event], cut: bool = False) -> None:
+        """The message ended: a call's arguments are complete (unless the limit `cut` it)."""
         if self.kind != "call":
             return
         streamed = self.args is not None and self.args.started
@@ -191,6 +200,9 @@ class HarmonyParser:
             args = json.loads(self.body)
         except ValueError:
             args = None
+        if not isinstance(args, dict) and cut:
+            out.append(truncated_call(self.calls, self.name, self.body.lstrip()))
+            return
         if not isinstance(args, dict):
             shown = without(self.body, _MARKERS)  # shown, not lost
             out += [{"content": shown}] if shown else []

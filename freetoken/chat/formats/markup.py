@@ -17,6 +17,7 @@ from freetoken.chat.formats.scan import (
     ArgumentStream,
     MarkerScan,
     partial_suffix,
+    truncated_call,
     without,
 )
 from freetoken.chat.grammar import FREE_TEXT, Grammar, Lark, lit, until
@@ -39,6 +40,11 @@ class MarkupFormat(ChatFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         """The call a whole answer is, for formats with `bare_calls`."""
         return None
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        """A call's name and its arguments' JSON text so far, from a call's text the token
+        limit cut ("" where not yet written)."""
+        return "", ""
 
     def readable(self, text: str) -> str:
         """A call that does not parse, as content: its text without the markup."""
@@ -107,6 +113,10 @@ class DelimitedFormat(MarkupFormat):
         None while that is not yet written (formats that stream arguments)."""
         return None
 
+    def partial_call(self, text: str) -> tuple[str, str]:
+        found = self.arguments_start(text)
+        return (found[1], text[found[0] :]) if found else ("", "")
+
     def section(self, index: int, opts: ParseOptions) -> CallSection:
         return DelimitedSection(self, index, opts)
 
@@ -152,12 +162,15 @@ class DelimitedSection(CallSection):
                 return out, -1
             self._open(self.pos + begin + len(fmt.call_begin or ""))
 
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         out, end = self.feed(body)
         if end >= 0 or self.start < 0:
             return out, end if end >= 0 else len(body)
-        # the output ended inside a call: a string never closed may have hidden its end
         text = body[self.start :]
+        if cut and self.fmt.parse_call(text, self.opts.schemas) is None:
+            out += self.args.feed(text) if self.args is not None else []
+            return out + [truncated_call(self.index, *self.fmt.partial_call(text))], len(body)
+        # the output ended inside a call: a string never closed may have hidden its end
         cuts = [(i, m) for m in {self.end, self.fmt.call_close} if (i := text.find(m)) >= 0]
         if not cuts:
             return out + self._call(text), len(body)
@@ -167,7 +180,7 @@ class DelimitedSection(CallSection):
         if marker == self.fmt.call_close:
             return out, after
         self.pos, self.start = after, -1
-        more, end = self.finish(body)
+        more, end = self.finish(body, cut)
         return out + more, end
 
     def _call(self, text: str) -> list[Event]:

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value, without
+from freetoken.chat.formats.scan import (
+    call_event,
+    open_object,
+    parameter_schema,
+    typed_value,
+    without,
+)
 from freetoken.chat.grammar import Lark, lit, tagged_arguments
 
 __all__ = ["MiniMaxFormat"]
@@ -62,6 +68,16 @@ class MiniMaxFormat(DelimitedFormat):
         if not name or body[pos:].strip():
             return None
         return call_event(name, args)
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        m = _INVOKE.match(text)
+        if m is None:
+            return "", ""
+        body, pos, args = m.group(4), 0, {}
+        while p := _PARAM.match(body, pos):
+            args[next(g for g in p.groups()[:3] if g is not None)] = p.group(4)
+            pos = p.end()
+        return next(g for g in m.groups()[:3] if g is not None), open_object(args)
 
     def readable(self, text: str) -> str:
         return without(_TAG.sub(" ", text), self.markers)

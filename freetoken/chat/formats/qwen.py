@@ -26,12 +26,14 @@ from freetoken.chat.formats.scan import (
     call_event,
     json_call,
     regex_head,
+    truncated_call,
 )
 from freetoken.chat.grammar import Grammar, Lark, lit, tagged_arguments
 from freetoken.chat.structured import json_calls
 
 __all__ = ["QwenFormat", "parse_call"]
 
+_XML_NAME = re.compile(r"<function=([^>\s]+)>")
 _XML_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -92,6 +94,13 @@ class QwenFormat(MarkupFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         return parse_call(text)
 
+    def partial_call(self, text: str) -> tuple[str, str]:
+        head = _HEAD(text)
+        if head is not None:
+            return head[1], text[head[0] :]
+        m = _XML_NAME.search(text)
+        return (m.group(1), "") if m else ("", "")
+
     def call_grammar(
         self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
     ) -> Grammar | None:
@@ -127,7 +136,7 @@ class _QwenCall(CallSection):
     """One call, up to the close marker."""
 
     def __init__(self, fmt: QwenFormat, index: int, stream: bool):
-        self.fmt = fmt
+        self.fmt, self.index = fmt, index
         self.close = fmt.call_close or ""
         self.scan = MarkerScan(self.close, json=None)
         self.args = ArgumentStream(index, _HEAD) if stream else None
@@ -138,8 +147,11 @@ class _QwenCall(CallSection):
             return self._end(body[:at], self.close), at + len(self.close)
         return (self.args.feed(body) if self.args is not None else []), -1
 
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         close = self.close
+        if cut and not (close and close in body) and parse_call(body) is None:
+            out = self.args.feed(body) if self.args is not None else []
+            return out + [truncated_call(self.index, *self.fmt.partial_call(body))], len(body)
         if close and close in body and parse_call(body) is None:
             # a string that never closed hid the marker: the call ended there after all
             at = body.index(close)

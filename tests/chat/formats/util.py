@@ -76,20 +76,23 @@ def pieces(text: str, seed: int | None) -> list[str]:
     return out
 
 
-def run(make: Callable[[], Parser], text: str, seed: int | None = None) -> list[Event]:
+def run(
+    make: Callable[[], Parser], text: str, seed: int | None = None, cut: bool = False
+) -> list[Event]:
     parser = make()
     events: list[Event] = []
     for piece in pieces(text, seed):
         events += parser.feed(piece)
-    return merge(events + parser.finish())
+    return merge(events + parser.finish(cut))
 
 
-def parse(fmt: ChatFormat, text: str, **kw: Any) -> list[Event]:
-    """The events of `text`, checked to be the same in every cutting and free of markup."""
+def parse(fmt: ChatFormat, text: str, cut: bool = False, **kw: Any) -> list[Event]:
+    """The events of `text`, checked to be the same in every cutting and free of markup;
+    `cut`: the token limit ended the output there."""
     make = lambda: fmt.parser(options(**kw))  # noqa: E731
-    whole = run(make, text)
+    whole = run(make, text, cut=cut)
     for seed in (-1, 0, 1, 2, 3):
-        assert run(make, text, seed) == whole, f"cut {seed} differs"
+        assert run(make, text, seed, cut) == whole, f"cut {seed} differs"
     assert_no_markup(whole)
     return whole
 
