@@ -110,7 +110,9 @@ class CompletionRequest:
     images: list[Any] | None = None
     stream_tool_calls: bool = False  # also stream a call's arguments as they grow
     think_budget: int | None = None  # thinking tokens at most (None: the think level's bound)
-    parallel_tool_calls: bool = True  # False: an answer holds one call at most
+    # False: an answer holds one call at most; True: a forced answer may hold several too;
+    # None (the client said nothing): a forced answer is one call, an `auto` one any number
+    parallel_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

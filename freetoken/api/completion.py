@@ -163,6 +163,8 @@ async def _chat_chunks(
 ) -> AsyncIterator[dict[str, Any]]:
     async with aclosing(events) as stream:
         async for event in stream:
+            if set(event) <= {"tool_call_truncated", "streamed"}:
+                continue  # Ollama has no shape for a call the limit cut: done_reason says it
             if not event.get("done"):
                 yield chat_chunk(req.model, event)
                 continue

@@ -15,6 +15,7 @@ BENCHES = {
     "gpus": "freetoken.bench.gpus",
     "agent": "freetoken.bench.agent",
     "serve": "freetoken.bench.serve",
+    "grammar": "freetoken.bench.grammar",
 }
 
 

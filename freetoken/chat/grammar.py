@@ -5,10 +5,12 @@ tokens (runtime/constrain.py).
 
 JSON is written in one layout: `, ` between items, `: ` after a key and no other whitespace,
 so a model cannot spend its tokens on newlines inside a value, and the text is what
-`json.dumps` writes. Schemas are read as draft 2020-12, with two choices of ours:
+`json.dumps` writes. Schemas are read as draft 2020-12, with three choices of ours:
 - an object that lists `properties` and says nothing of `additionalProperties` takes no other
   keys (what a caller who wrote the schema expects, and llama.cpp's rule), except in an
   `allOf` branch, whose properties merge with its siblings';
+- an integer without a bound on a side is held to JSON's interoperable range there, ±(2^53 −
+  1) (RFC 8259: beyond it readers disagree), so digits cannot run on without end;
 - a keyword the engine cannot enforce (`uniqueItems`, `not`, `if`, `contains`, a `oneOf`
   whose branches overlap, an unknown `format`, ...) makes the schema an error that names
   it. Only a tool offered to an answer that may call it (`auto`) is read leniently: its
@@ -16,8 +18,12 @@ so a model cannot spend its tokens on newlines inside a value, and the text is w
   request would break every agent whose tool list holds one such schema.
 
 Markers are written as text: the runner gives each marker token its text, so a grammar
-that writes `<tool_call>` lets the model write the marker token (llguidance keeps forced
-text to its canonical tokens, so the marker token is what it gets).
+that writes `<tool_call>` lets the model write the marker token (or spell it out).
+
+Every grammar turns the engine's forcing off: where the grammar leaves one way to go, the
+mask still holds every token that keeps the output valid (a token may run past the forced
+text), not only the first token of the tokenizer's own reading of that text; the model's
+distribution picks, and a mask is always what the grammar allows.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ __all__ = [
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 FREE_TEXT = r"/(.|\n)*/"  # any text (special tokens are no text: they never match)
+_HEADER = '%llguidance {"no_forcing": true}\n'
 
 # keywords whose value is a schema, a list of schemas, or a map of names to schemas
 _ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else")
 _ONE += ("propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SAFE = 2**53 - 1  # the largest integer every JSON reader holds exactly
 
 
 class SchemaError(ValueError):
@@ -99,6 +107,11 @@ def _closed(schema: Any, merged: bool = False) -> Any:
             out[key] = {k: _closed(v) for k, v in out[key].items()}
     if "properties" in out and "additionalProperties" not in out and not merged:
         out["additionalProperties"] = False
+    if out.get("type") == "integer":
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -_SAFE
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = _SAFE
     return out
 
 
@@ -121,7 +134,7 @@ def json_format(fmt: Any) -> Grammar:
     elif not isinstance(fmt, dict):
         raise SchemaError('format must be "json" or a JSON schema object')
     text = schema_text(fmt)
-    return Grammar(f"start: %json {text}\n", (("format", text),))
+    return Grammar(f"{_HEADER}start: %json {text}\n", (("format", text),))
 
 
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[([^\]]*)\]")
@@ -163,7 +176,8 @@ class Lark:
         return f"%json {text}"
 
     def grammar(self, start: str) -> Grammar:
-        return Grammar("\n".join([f"start: {start}", *self.rules]) + "\n", tuple(self.schemas))
+        rules = "\n".join([f"start: {start}", *self.rules])
+        return Grammar(f"{_HEADER}{rules}\n", tuple(self.schemas))
 
 
 def _types(schema: Any) -> set[str]:

@@ -137,10 +137,10 @@ class RequestBuilder:
     ) -> Grammar | None:
         """Forced calls, else the `format`, else free text whose calls follow their tools'
         schemas once opened (`auto`), else none."""
-        parallel = req.parallel_tool_calls
+        parallel = req.parallel_tool_calls is not False
         if forced is not None:
             tools = structured.forced_tools(req.tools or [], forced or None)
-            grammar = fmt.call_grammar(tools, parallel=parallel)
+            grammar = fmt.call_grammar(tools, parallel=req.parallel_tool_calls is True)
             if grammar is None:
                 log.info("a forced call in the %s format is not constrained", fmt.name)
             return grammar

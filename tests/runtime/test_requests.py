@@ -113,3 +113,17 @@ def test_the_think_setting_reaches_the_template_as_the_format_names_it(
     prepared = b.prepare(chat(tools=TOOLS, think=think))
     assert tokenizer.decode(prepared.seq.prompt_ids) == shown
     assert b.count(chat(tools=TOOLS, think=think)) == len(prepared.seq.prompt_ids)
+
+
+def test_think_levels_and_budgets_bound_the_thinking(tokenizer):
+    vocab = Vocab.from_tokenizer(tokenizer.tok, tokenizer.vocab_size, formats.MARKERS)
+    grammars = Grammars(vocab, tokenizer.eos_ids)
+    b = RequestBuilder(
+        tokenizer, PromptBuilder(tokenizer, SHOW), grammars, 512, "qwen3_moe", {"low": 40}
+    )
+    assert b.prepare(chat(think="low")).seq.constraint.think.budget == 40
+    assert b.prepare(chat(think="high")).seq.constraint is None  # no bound for that level
+    assert b.prepare(chat(think=True, think_budget=9)).seq.constraint.think.budget == 9
+    # Harmony: its analysis messages are the thinking, the grammar writes them
+    harmony = builder(tokenizer, "gpt_oss").prepare(chat(think_budget=5)).seq.constraint
+    assert harmony.think.budget == 5 and harmony.think.anywhere and harmony.grammar_thinks

@@ -193,7 +193,16 @@ def test_tool_choice_option_forces_a_call_until_a_tool_answers(runner):
 @pytest.mark.parametrize(
     "body, message",
     [
-        (chat(format={"type": "nope"}), "unknown type"),
+        (chat(format={"type": "nope"}), "Invalid type: nope"),
+        (chat(format={"type": "array", "uniqueItems": True}), "keyword uniqueItems"),
+        (
+            chat(
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}]
+                + TOOLS,
+                tool_choice="required",
+            ),
+            'tool "f": schema keyword not',
+        ),
         (chat(tool_choice="required"), "tool_choice needs tools"),
         (
             chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
@@ -240,6 +249,22 @@ def test_think_defaults_on_where_the_template_can_think(runner):
     on = events(runner, base)[-1]["prompt_eval_count"]
     off = events(runner, {**base, "think": False})[-1]["prompt_eval_count"]
     assert on > off
+
+
+def test_a_thinking_budget_forces_the_end_of_thinking(runner):
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}<|im_start|>assistant\n<think>\n"
+    base = {
+        "kind": "chat",
+        "messages": USER,
+        "template": template,
+        "options": {"num_predict": 24, "temperature": 1.0, "seed": 1},
+    }
+    free = events(runner, base)
+    bound = events(runner, {**base, "think_budget": 4})
+    # the random model keeps thinking; with a budget of 4 it is made to stop and answer
+    assert not content(free) and content(bound)
+    thought = "".join(e.get("thinking", "") for e in bound)
+    assert 0 < len(thought) < len("".join(e.get("thinking", "") for e in free))
 
 
 # -- embeddings ----------------------------------------------------------------------------------
