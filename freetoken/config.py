@@ -288,7 +288,7 @@ SETTINGS: tuple[Setting, ...] = (
         _think_budgets,
         "low=1024,medium=4096,high=16384",
         "thinking tokens at most per think level (a level left out, or 0: no bound); the "
-        "thinking's close marker is forced once they are spent",
+        "thinking's close marker is forced once they are spent (a request's own budget wins)",
     ),
     Setting(
         "registry_token",

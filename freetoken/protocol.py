@@ -109,7 +109,9 @@ class CompletionRequest:
     top_logprobs: int = 0  # alternatives listed per token
     images: list[Any] | None = None
     stream_tool_calls: bool = False  # also stream a call's arguments as they grow
-    think_budget: int | None = None  # thinking tokens at most (None: the think level's bound)
+    # thinking tokens at most (None: no bound); the server sets it from Anthropic's
+    # budget_tokens or the think level's budget, so the runner needs no settings of its own
+    think_budget: int | None = None
     # False: an answer holds one call at most; True: a forced answer may hold several too;
     # None (the client said nothing): a forced answer is one call, an `auto` one any number
     parallel_tool_calls: bool | None = None

@@ -198,13 +198,25 @@ _BARE_OK = {"type", "enum", "const", "minLength", "maxLength", "title", "descrip
 _BARE_OK |= {"default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 
 
+def _unchecked(schema: Mapping[str, Any]) -> list[str]:
+    """The keywords of a bare-text value's schema that text cannot be held to (the branches
+    of a nullable string, `anyOf: [string, null]`, are read the same way)."""
+    out = set()
+    for key, value in schema.items():
+        if key in ("anyOf", "oneOf") and isinstance(value, list):
+            out |= {k for b in value if isinstance(b, Mapping) for k in _unchecked(b)}
+        elif key not in _BARE_OK:
+            out.add(key)
+    return sorted(out)
+
+
 def _bare_value(lark: Lark, schema: Any, close: str, label: str, lenient: bool) -> str:
     """A parameter written as text up to `close` (a string: where its type says "string")."""
     schema = schema if isinstance(schema, Mapping) else {}
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
         return " | ".join(f"{lit(v + close)}" for v in values)
-    others = sorted(k for k in schema if k not in _BARE_OK)
+    others = _unchecked(schema)
     if others and not lenient:
         raise SchemaError(
             f"{label}: schema keyword {', '.join(others)} cannot be enforced on a value this "

@@ -10,7 +10,9 @@ marker once it is spent (the format's `thinking_bounds`).
 
 `Masker.start` computes the masks of a step's sampled rows on a worker thread, as bitmask
 rows the engine computes in Rust without the GIL, while the engine thread launches (and on
-the CPU runs) the model step; `Masks.wait` hands them to sampling as the tokens to rule out.
+the CPU runs) the model step; `Masks.wait` hands them to sampling as the shorter of two
+lists, the tokens allowed or the tokens ruled out, so applying one costs a scatter of the
+few (a JSON grammar allows a handful of tokens; free text rules out a handful).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import llguidance
 import numpy as np
@@ -25,7 +28,7 @@ import numpy as np
 from freetoken.chat.grammar import Grammar, SchemaError, explain
 from freetoken.runtime.vocab import Vocab
 
-__all__ = ["Constraint", "Grammars", "Masker", "Masks", "Thinking"]
+__all__ = ["Constraint", "Grammars", "Mask", "Masker", "Masks", "Thinking"]
 
 _GRAMMAR = "grammar"  # a row whose mask the matcher computes
 
@@ -199,13 +202,39 @@ def _set(bits: np.ndarray, ids: np.ndarray, on: bool) -> None:
         np.bitwise_and.at(bits, ids >> 3, ~(1 << (ids & 7)).astype(np.uint8))
 
 
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """One row's mask: the tokens allowed (`allow`) or those ruled out, whichever are
+    fewer, out of `size`."""
+
+    ids: np.ndarray  # int64 token ids
+    allow: bool
+    size: int
+
+    @property
+    def empty(self) -> bool:
+        """Nothing is allowed (a grammar in error): the sequence cannot go on."""
+        return self.allow and self.ids.size == 0 or not self.allow and self.ids.size >= self.size
+
+    def allowed(self) -> np.ndarray:
+        """The allowed token ids, sorted."""
+        return self.ids if self.allow else np.setdiff1d(np.arange(self.size), self.ids)
+
+    @classmethod
+    def of_bits(cls, row: np.ndarray, size: int) -> Mask:
+        on = np.unpackbits(row.view(np.uint8), bitorder="little", count=size).view(bool)
+        if np.count_nonzero(on) <= size // 2:
+            return cls(np.flatnonzero(on), True, size)
+        return cls(np.flatnonzero(~on), False, size)
+
+
 class Masks:
-    """A step's masks, one per sampled row: a bool array of the tokens ruled out, or None."""
+    """A step's masks, one per sampled row (None: free)."""
 
     def __init__(self, rows: int, future: Future | None = None):
         self.rows, self._future = rows, future
 
-    def wait(self) -> list[np.ndarray | None]:
+    def wait(self) -> list[Mask | None]:
         if self._future is None:
             return [None] * self.rows
         return self._future.result()
@@ -228,13 +257,13 @@ class Masker:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-masks")
         return Masks(len(rows), self._pool.submit(self._compute, rows, plans))
 
-    def compute(self, rows: list[Constraint | None]) -> list[np.ndarray | None]:
+    def compute(self, rows: list[Constraint | None]) -> list[Mask | None]:
         """The same masks, on the calling thread."""
         return self._compute(rows, [c.plan() if c is not None else None for c in rows])
 
     def _compute(
         self, rows: list[Constraint | None], plans: list[tuple[int, ...] | str | None]
-    ) -> list[np.ndarray | None]:
+    ) -> list[Mask | None]:
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         size = next(c.vocab.size for c in rows if c is not None)
@@ -243,7 +272,7 @@ class Masker:
         grammar = [(c.matcher, i) for i, (c, p) in enumerate(zip(rows, plans)) if p == _GRAMMAR]
         if grammar:
             self._executor.unsafe_compute_mask_ptr(grammar, bits.ctypes.data, words * 4, len(rows))
-        out: list[np.ndarray | None] = []
+        out: list[Mask | None] = []
         for i, (c, p) in enumerate(zip(rows, plans)):
             if p is None:
                 out.append(None)
@@ -252,6 +281,5 @@ class Masker:
                 c.adjust(bits[i])
             else:
                 _set(bits[i].view(np.uint8), np.array(p, dtype=np.int64), True)
-            off = np.unpackbits(~bits[i].view(np.uint8), bitorder="little", count=size)
-            out.append(off.view(bool))
+            out.append(Mask.of_bits(bits[i], size))
         return out

@@ -228,10 +228,10 @@ class Engine:
                 seq.first_token_ns = t1
             seq.decode_ns = t1 - seq.first_token_ns
             if mask is not None:
-                if mask.all():  # cannot happen with a sound grammar; never sample NaN
+                if mask.empty:  # cannot happen with a sound grammar; never sample NaN
                     self._finish(req, "stop")
                     continue
-                sampling.rule_out(scores, mask)
+                scores = sampling.masked(scores, mask.ids, mask.allow)
             token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
             if seq.top_logprobs is not None and token not in seq.stop_ids:
                 lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)

@@ -150,7 +150,6 @@ class ModelLoad:
             Grammars(vocab, tokenizer.eos_ids),
             self.num_ctx,
             architecture=loaded.config.get("model_type"),
-            think_budgets=self.cfg.think_budgets,
         )
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
         on_gpu = device.type == "cuda"

@@ -52,12 +52,10 @@ class RequestBuilder:
         grammars: Grammars,
         num_ctx: int,
         architecture: str | None = None,
-        think_budgets: dict[str, int] | None = None,
     ):
         self.tokenizer, self.prompts, self.num_ctx = tokenizer, prompts, num_ctx
         self.grammars = grammars
         self.architecture = architecture  # the model's model_type: it declares the format
-        self.think_budgets = think_budgets or {}  # think level -> thinking tokens at most
 
     def capabilities(self, req: CompletionRequest) -> list[str]:
         return chat_template.capabilities(req.template or self.prompts.template)
@@ -137,29 +135,29 @@ class RequestBuilder:
     ) -> Grammar | None:
         """Forced calls, else the `format`, else free text whose calls follow their tools'
         schemas once opened (`auto`), else none."""
-        parallel = req.parallel_tool_calls is not False
+        parallel, think = req.parallel_tool_calls is not False, req.think is not False
         if forced is not None:
             tools = structured.forced_tools(req.tools or [], forced or None)
-            grammar = fmt.call_grammar(tools, parallel=req.parallel_tool_calls is True)
+            several = req.parallel_tool_calls is True
+            grammar = fmt.call_grammar(tools, parallel=several, think=think)
             if grammar is None:
                 log.info("a forced call in the %s format is not constrained", fmt.name)
             return grammar
         if req.format:
             return json_format(req.format)
         if req.tools and not req.raw:
-            return fmt.auto_grammar(structured.offered_tools(req.tools), parallel=parallel)
+            tools = structured.offered_tools(req.tools)
+            return fmt.auto_grammar(tools, parallel=parallel, think=think)
         return None
 
     def _thinking(self, req: CompletionRequest, fmt: ChatFormat, prompt: Prompt) -> Thinking | None:
-        """Where the output thinks, and its budget: the request's (Anthropic's
-        `budget_tokens`), else its think level's."""
+        """Where the output thinks, and its budget (the server sets it: Anthropic's
+        `budget_tokens`, or the think level's)."""
         bounds = fmt.thinking_bounds()
         if bounds is None:
             return None
         think_open, think_close = bounds
         budget = req.think_budget
-        if budget is None and isinstance(req.think, str):
-            budget = self.think_budgets.get(req.think) or None
         anywhere = fmt.grammar_thinks  # a section may open anywhere (Harmony's messages)
         opened = not anywhere and prompt.text.rstrip().endswith(think_open)
         first = self.tokenizer.special_ids([think_open])

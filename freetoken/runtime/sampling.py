@@ -80,10 +80,18 @@ def apply_penalties(
     return logits
 
 
-def rule_out(logits: torch.Tensor, off: np.ndarray) -> None:
-    """Sets the logits of the tokens a grammar rules out (`off`, bool [V]) to -inf, in place
-    (fp32 on the CPU; one pass, no new tensor: a mask costs this on the sampling path)."""
-    np.copyto(logits.numpy(), -np.inf, where=off)
+def masked(logits: torch.Tensor, ids: np.ndarray, allow: bool) -> torch.Tensor:
+    """fp32 logits [V] with only the tokens `ids` left (`allow`), or with `ids` ruled out
+    (set to -inf in place): a scatter of the shorter list, not a pass over the vocabulary's
+    mask, since this is on the path of every constrained step."""
+    index = torch.from_numpy(ids)
+    if allow:
+        out = torch.full_like(logits, float("-inf"))
+        out[index] = logits[index]
+        return out
+    with torch.inference_mode():  # the step's logits may be an inference tensor
+        logits[index] = float("-inf")
+    return logits
 
 
 def sample(

@@ -90,14 +90,22 @@ class ChatFormat(ABC):
     grammar_thinks: ClassVar[bool] = False
 
     def call_grammar(
-        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
     ) -> Grammar | None:
         """The grammar of an answer that is a call (or several: `parallel`) to `tools`
         (functions: name, parameters), in this format's markup; None where the format has
-        no calls. `lenient`: keywords the engine cannot enforce are not checked."""
+        no calls. `lenient`: keywords the engine cannot enforce are not checked; `think`
+        False: no thinking before the calls, where the grammar writes it (`grammar_thinks`)."""
         return None
 
-    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar | None:
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar | None:
         """Free text in which a call, once its opening marker is written, follows its
         tool's schema to its end (None: nothing marks a call's start)."""
         return None

@@ -59,17 +59,25 @@ class HarmonyFormat(ChatFormat):
         return f"{CHANNEL}analysis{MESSAGE}", END
 
     def call_grammar(
-        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
     ) -> Grammar:
         # one call a message, and `<|call|>` ends the output: never parallel
         lark = Lark()
         call = self._call(lark, tools, lenient)
-        return lark.grammar(f"{_message(lark, 'analysis')}* {call}")
+        return lark.grammar(f"{_message(lark, 'analysis')}* {call}" if think else call)
 
-    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar:
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar:
         lark = Lark()
         call = self._call(lark, tools, True)
-        notes = f"({_message(lark, 'analysis')} | {_message(lark, 'commentary')})*"
+        kinds = ("analysis", "commentary") if think else ("commentary",)
+        notes = f"({' | '.join(_message(lark, k) for k in kinds)})*"
         final = f"{lit(CHANNEL + 'final' + MESSAGE)} /{_BODY}<?/"
         return lark.grammar(f"{notes} ({final} | {call})?")
 

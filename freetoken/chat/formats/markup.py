@@ -75,7 +75,12 @@ class MarkupFormat(ChatFormat):
         return None
 
     def call_grammar(
-        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
     ) -> Grammar | None:
         lark = Lark()
         rest = self.call_rules(lark, tools, lenient, parallel) if self.call_open else None
@@ -84,7 +89,9 @@ class MarkupFormat(ChatFormat):
         one = f"{lit(self.call_open or '')} {rest}"
         return lark.grammar(f"{one} ({self.calls_between} {one})*" if parallel else one)
 
-    def auto_grammar(self, tools: list[dict[str, Any]], *, parallel: bool = True) -> Grammar | None:
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar | None:
         lark = Lark()
         rest = self.call_rules(lark, tools, True, parallel) if self.call_open else None
         if rest is None:

@@ -102,7 +102,12 @@ class QwenFormat(MarkupFormat):
         return (m.group(1), "") if m else ("", "")
 
     def call_grammar(
-        self, tools: list[dict[str, Any]], *, parallel: bool = True, lenient: bool = False
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
     ) -> Grammar | None:
         if self.call_open:
             return super().call_grammar(tools, parallel=parallel, lenient=lenient)
