@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +28,11 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     _nonneg_int,
     _path,
     _pos_int,
-    _registry,
     _think_budgets,
     parse_bool,
     parse_duration,
     parse_host,
+    parse_registry,
     parse_size,
 )
 
@@ -50,6 +49,14 @@ class Setting:
 
 def _default_models() -> Path:
     return Path(platformdirs.user_data_dir("freetoken")) / "models"
+
+
+def _default_key() -> Path:
+    # Ollama's identity, where the user has one: a key registered with its registry works
+    ollama = Path.home() / ".ollama" / "id_ed25519"
+    return (
+        ollama if ollama.exists() else Path(platformdirs.user_data_dir("freetoken")) / "id_ed25519"
+    )
 
 
 def _default_cache() -> Path:
@@ -278,7 +285,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "registry",
         "FREETOKEN_REGISTRY",
-        _registry,
+        parse_registry,
         "",
         "default registry for pull and push: host[:port] or http(s)://host[:port]",
     ),
@@ -296,6 +303,14 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "",
         "bearer token sent to the registry for writes",
+    ),
+    Setting(
+        "key",
+        "FREETOKEN_KEY",
+        _path,
+        None,
+        "ed25519 key (OpenSSH format) that signs registry token requests (default: Ollama's "
+        "~/.ollama/id_ed25519 where it exists, else id_ed25519 in the data dir, made on first use)",
     ),
     Setting(
         "max_transfer_streams",
@@ -364,6 +379,8 @@ def load(environ: Mapping[str, str] | None = None) -> Any:
         values["models"] = _default_models()
     if values["cache_dir"] is None:
         values["cache_dir"] = _default_cache()
+    if values["key"] is None:
+        values["key"] = _default_key()
     return Config(**values)
 
 
@@ -388,13 +405,11 @@ def export_rank_env() -> None:
     os.environ.update(RANK_ENV)
 
 
-def prefer_tools_beside_python() -> None:
-    """Puts this Python's own bin directory first on PATH, so the tools a build calls by name
-    (ninja, for the CPU kernel) are the environment's own wherever FreeToken was started
-    from: two ninjas of different versions each rebuild the other's output."""
-    here = str(Path(sys.executable).parent)
+def put_first_on_path(directory: Path) -> None:
+    """Puts `directory` first on this process's PATH (and its children's), once."""
+    here = str(directory)
     path = os.environ.get("PATH", "")
-    if (Path(here) / "ninja").exists() and path.split(os.pathsep)[:1] != [here]:
+    if path.split(os.pathsep)[:1] != [here]:
         os.environ["PATH"] = here + (os.pathsep + path if path else "")
 
 

@@ -161,7 +161,7 @@ def _gpus(value: str) -> str | tuple[int, ...]:
     return ids
 
 
-def _registry(value: str) -> str:
+def parse_registry(value: str) -> str:
     """A registry address as model names carry it (empty: Ollama's registry)."""
     v = value.strip().rstrip("/")
     if v and not re.fullmatch(r"(?:https?://)?[A-Za-z0-9_][A-Za-z0-9_.:-]*", v):

@@ -63,19 +63,22 @@ def quantize_q4_k(a: np.ndarray) -> np.ndarray:
     return blocks.reshape(*a.shape[:-1], a.shape[-1] // QK_K * 144)
 
 
-def _tokenizer_kv(w, tok_dir: Path) -> None:
+def _tokenizer_kv(w, tok_dir: Path, pre: str = "gpt-2") -> None:
+    """As llama.cpp's converter writes them: CONTROL (3) for special added tokens,
+    USER_DEFINED (4) for the other added tokens, add_bos_token from tokenizer_config."""
     tj = json.loads((tok_dir / "tokenizer.json").read_text())
     vocab = tj["model"]["vocab"]
     for added in tj["added_tokens"]:
         vocab[added["content"]] = added["id"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    special = {a["content"] for a in tj["added_tokens"] if a.get("special")}
+    kinds = {a["content"]: 3 if a.get("special") else 4 for a in tj["added_tokens"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_types([kinds.get(t, 1) for t in tokens])
+    w.add_add_bos_token(bool(cfg.get("add_bos_token", False)))
     w.add_token_merges(merges)
     w.add_eos_token_id(vocab[cfg["eos_token"]])
     w.add_chat_template(cfg["chat_template"])
@@ -219,6 +222,7 @@ def write_gguf(
     arch: str = "qwen3moe",
     nextn: int = 0,
     extra: dict[str, np.ndarray] | None = None,
+    pre: str = "gpt-2",
 ) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
@@ -234,7 +238,7 @@ def write_gguf(
     _arch_kv(w, c, arch)
     if nextn:
         w.add_nextn_predict_layers(nextn)
-    _tokenizer_kv(w, tok_dir)
+    _tokenizer_kv(w, tok_dir, pre)
     for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
         _add(w, name, arr, qtype if quantize else "F32")

@@ -21,7 +21,7 @@ import pytest
 from freetoken import models
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("freetoken", "registry")
+PACKAGES = ("freetoken",)
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 60
 FAMILY_PLACES = ("freetoken/models/", "freetoken/chat/formats/", "freetoken/tools/")
 

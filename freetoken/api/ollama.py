@@ -6,6 +6,7 @@ pull and push.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from freetoken import OLLAMA_VERSION
+from freetoken import OLLAMA_VERSION, config_values
 from freetoken import pull as transfer
 from freetoken.api.errors import APIError, handler
 from freetoken.api.state import resolve, services
@@ -228,26 +229,35 @@ async def _in_threads(events: Iterator[dict[str, Any]]) -> AsyncIterator[dict[st
                 await anyio.to_thread.run_sync(close)
 
 
-def _transfer_args(body: dict[str, Any]) -> tuple[str, bool, bool]:
+def _transfer_args(svc: Any, body: dict[str, Any]) -> tuple[str, bool, bool, Any]:
+    """(name, insecure, stream, settings); FreeToken's `registry` field (the CLI's own
+    FREETOKEN_REGISTRY) stands in for the server's default registry."""
     name = _model_name(body)
-    return name, bool(field_of(body, "insecure", bool, False)), field_of(body, "stream", bool, True)
+    insecure = bool(field_of(body, "insecure", bool, False))
+    cfg = svc.cfg
+    registry = field_of(body, "registry", str, "")
+    if registry:
+        try:
+            cfg = dataclasses.replace(cfg, registry=config_values.parse_registry(registry))
+        except ValueError as e:
+            raise APIError(400, f"registry: {e}") from None
+    # A malformed name is a 400 before the stream starts; registry errors arrive in it.
+    transfer.locate(name, cfg.registry, insecure)
+    return name, insecure, field_of(body, "stream", bool, True), cfg
 
 
 @handler
 async def pull(request: Request) -> Response:
     svc = services(request)
-    name, insecure, stream = _transfer_args(parse_json(await request.body()))
-    # A malformed name is a 400 before the stream starts; registry errors arrive in it.
-    transfer.locate(name, svc.cfg.registry, insecure)
-    events = transfer.pull(svc.store, name, insecure, cfg=svc.cfg)
+    name, insecure, stream, cfg = _transfer_args(svc, parse_json(await request.body()))
+    events = transfer.pull(svc.store, name, insecure, cfg=cfg)
     return NDJSONResponse(_in_threads(events), stream=stream)
 
 
 @handler
 async def push(request: Request) -> Response:
     svc = services(request)
-    name, insecure, stream = _transfer_args(parse_json(await request.body()))
-    transfer.locate(name, svc.cfg.registry, insecure)
+    name, insecure, stream, cfg = _transfer_args(svc, parse_json(await request.body()))
     await resolve(svc, name)  # an unknown model is a 404 before the stream starts
-    events = transfer.push(svc.store, name, insecure, cfg=svc.cfg)
+    events = transfer.push(svc.store, name, insecure, cfg=cfg)
     return NDJSONResponse(_in_threads(events), stream=stream)

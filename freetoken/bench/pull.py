@@ -45,7 +45,8 @@ def _serve(root: Path) -> tuple[subprocess.Popen, int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "registry", "serve", "--root", str(root), "--port", str(port)],
+        [sys.executable, "-m", "freetoken.registry", "serve"]
+        + ["--root", str(root), "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

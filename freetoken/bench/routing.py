@@ -90,17 +90,17 @@ class RouteTable:
 def install_trace(
     model: torch.nn.Module, trace: Trace, num_layers: int, device: torch.device, steps: int = 2048
 ) -> RouteTable:
-    """Routers pick the trace's experts; weights are the router's own softmax at those experts."""
+    """Routers pick the trace's experts; weights are the router's own softmax at those experts
+    (a router that chooses by token id is given the ids, and the trace decides instead)."""
     table = RouteTable(trace, num_layers, steps, device)
     layer_of = {}
     for name, m in model.named_modules():
         if isinstance(m, Router):
             layer_of[id(m)] = int(name.split(".")[2])
 
-    def forward(self: Router, x: torch.Tensor):
-        probs = torch.softmax(
-            torch.nn.functional.linear(x, self.weight), dim=-1, dtype=torch.float32
-        )
+    def forward(self: Router, x: torch.Tensor, token_ids: torch.Tensor | None = None):
+        logits = torch.nn.functional.linear(x.float(), self.weight.float())  # an fp32 gate too
+        probs = torch.softmax(logits, dim=-1)
         ids = table.rows(layer_of[id(self)], x.shape[0])
         w = torch.gather(probs, 1, ids)
         return (w / w.sum(dim=-1, keepdim=True)).to(x.dtype), ids

@@ -19,6 +19,7 @@ from freetoken.layers.computed import reset_buffers
 from freetoken.models.base import ExpertSpec
 from freetoken.models.shapes import SHAPES
 from freetoken.moe import setup
+from freetoken.runtime import loader
 
 
 @dataclass
@@ -41,14 +42,20 @@ def build(
     with torch.device("meta"):
         model = models.load_class(config).from_config(config)
     model.to_empty(device=device)
+    experts = models.hub.num_experts(config)
     with torch.no_grad():
         for pname, p in model.named_parameters():
+            if not p.is_floating_point():  # a token -> experts table: any expert ids
+                p.data = torch.randint(0, experts, p.shape, generator=g, device=gen_device)
+                p.data = p.data.to(device)
+                continue
+            kind = torch.float32 if loader.kept_in_fp32(model, pname) else dtype
             if pname.endswith("norm.weight"):
-                p.data = torch.ones(p.shape, dtype=dtype, device=device)
+                p.data = torch.ones(p.shape, dtype=kind, device=device)
             else:
                 p.data = (
                     torch.randn(p.shape, generator=g, device=gen_device, dtype=torch.float32) * 0.02
-                ).to(device=device, dtype=dtype)
+                ).to(device=device, dtype=kind)
     reset_buffers(model)
     banks = _expert_banks(model.moe_layers, setup.expert_spec(model), config, dtype, g, gen_device)
     model.eval()

@@ -143,6 +143,11 @@ def transfer(client: Client, path: str, model: str, insecure: bool = False) -> N
     body: dict[str, Any] = {"model": model, "stream": True}
     if insecure:
         body["insecure"] = True
+    registry = _registry()
+    if registry:
+        # This shell's FREETOKEN_REGISTRY, as Ollama's CLI honours its own OLLAMA_HOST: the
+        # server may have been started without it (or with another).
+        body["registry"] = registry
     progress = Progress()
     try:
         for event in client.stream(path, body):
@@ -151,14 +156,32 @@ def transfer(client: Client, path: str, model: str, insecure: bool = False) -> N
         progress.close()
 
 
+def _registry() -> str:
+    from freetoken import config
+
+    return config.current().registry
+
+
 def cmd_pull(args: argparse.Namespace, client: Client) -> int:
     transfer(client, "/api/pull", args.model, args.insecure)
     return 0
 
 
 def cmd_push(args: argparse.Namespace, client: Client) -> int:
+    _check_namespace(args.model)
     transfer(client, "/api/push", args.model, args.insecure)
     return 0
+
+
+def _check_namespace(model: str) -> None:
+    """A push names its namespace: a bare name would land in `library/`, the registry's own
+    models, where Ollama's registry refuses it and another registry mixes it with them."""
+    path = model.split("://", 1)[-1].split("@", 1)[0]
+    if path.count("/") == 0:
+        raise CommandError(
+            f"push needs a namespace: copy the model under yours first "
+            f"(freetoken cp {model} YOURNAME/{model}), then push YOURNAME/{model}"
+        )
 
 
 def cmd_create(args: argparse.Namespace, client: Client) -> int:
@@ -188,5 +211,8 @@ def cmd_version(args: argparse.Namespace, client: Client) -> int:
 def cmd_serve(args: argparse.Namespace, client: Client | None) -> int:
     from freetoken import server
 
-    server.serve()
+    try:
+        server.serve()
+    except server.BindError as e:
+        raise CommandError(str(e)) from None
     return 0

@@ -48,7 +48,9 @@ _ALIASES = {"ls": "list", "start": "serve"}
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a model: one prompt, or an interactive chat")
     p.add_argument("model")
-    p.add_argument("prompt", nargs="*", help="the prompt; without one, start a chat")
+    # default=[]: argparse would otherwise name the optional prompt as required when the
+    # model is missing
+    p.add_argument("prompt", nargs="*", default=[], help="the prompt; without one, start a chat")
     p.add_argument("--verbose", action="store_true", help="print timings after each answer")
     p.add_argument("--format", help="answer format (json)")
     p.add_argument(
@@ -80,7 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--version", action="store_true", help="show version information")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("serve", aliases=["start"], help="start the server")
+    sub.add_parser(
+        "serve",
+        aliases=["start"],
+        help="start the server",
+        description="Start the server: Ollama's API on FREETOKEN_HOST, models in FREETOKEN_MODELS.",
+        epilog=_environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p = sub.add_parser("create", help="create a model from a Modelfile")
     p.add_argument("model")
     p.add_argument("-f", "--file", default="Modelfile", help="the Modelfile (default ./Modelfile)")
@@ -109,10 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _environment_help() -> str:
+    """Every setting, as Ollama's `serve --help` lists its variables (with their defaults)."""
+    from freetoken import config
+
+    lines = ["environment variables:"]
+    for s in config.SETTINGS:
+        names = " ".join((s.env, *(f"({a})" for a in s.aliases)))
+        default = f" (default {s.default})" if s.default not in (None, "") else ""
+        lines.append(f"  {names}\n      {s.description}{default}")
+    return "\n".join(lines)
+
+
 # verb -> (module with main(argv), help)
 _LOCAL = {
+    "doctor": ("freetoken.doctor.main", "what this machine can serve, and how a model would run"),
     "convert": ("freetoken.ftw.convert", "convert a Hugging Face directory or a GGUF file to FTW"),
-    "bench": ("freetoken.bench.main", "measure this machine: bw, load, decode"),
+    "bench": ("freetoken.bench.main", "measure this machine: bw, load, decode, serve, …"),
 }
 
 
@@ -122,6 +144,8 @@ def _local(command: str, rest: list[str]) -> int:
     try:
         importlib.import_module(_LOCAL[command][0]).main(rest)
     except SystemExit as e:
+        if isinstance(e.code, str):  # a message, as the interpreter would print it
+            sys.stderr.write(e.code + "\n")
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 

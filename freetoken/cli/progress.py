@@ -120,6 +120,9 @@ class Progress:
     def event(self, ev: Mapping[str, Any]) -> None:
         """One ProgressResponse object of a pull, push or create stream."""
         status = str(ev.get("status", ""))
+        if ev.get("registry"):
+            # the first line of a pull or push says where it goes
+            status = f"{status} ({ev['registry']})"
         if ev.get("digest") and ev.get("total"):
             self.bar(str(ev["digest"]), status, int(ev.get("completed") or 0), int(ev["total"]))
         elif status:

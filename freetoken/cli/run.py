@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -61,6 +62,22 @@ def _history() -> History:
     return History(path)
 
 
+_SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
+def loading_line(model: str, row: dict[str, Any] | None, tick: int, elapsed: float) -> str:
+    """`loading NAME ⠹ 3s` until bytes move (a runner starting, a kernel building), then the
+    bytes and their rate; the spinner turns either way, so a slow start never looks frozen."""
+    spin = _SPINNER[tick % len(_SPINNER)]
+    if not row or not row.get("completed"):
+        return f"loading {model} {spin} {int(elapsed)}s"
+    line = f"loading {row.get('name', model)} {spin} {row['completed'] / 1e9:.2f}/"
+    line += f"{row['total'] / 1e9:.2f} GB"
+    if row.get("gbps"):
+        line += f" ({row['gbps']:.2f} GB/s)"
+    return line
+
+
 def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
     """Loads the model, showing the server's byte progress (GB and GB/s) while it reads."""
     preload: dict[str, Any] = {"model": session.model}
@@ -81,6 +98,7 @@ def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
     threading.Thread(target=run, daemon=True).start()
     shown = False
     show = err.isatty()  # progress is for people, not for logs
+    start, tick = time.monotonic(), 0
     while not done.wait(0.25):
         if not show:
             continue
@@ -88,14 +106,10 @@ def load_with_progress(client: Client, session: Session, err: TextIO) -> None:
             rows = (client.call("GET", "/api/loading") or {}).get("models", [])
         except ServerError:
             continue
-        for r in rows:
-            if r.get("total"):
-                err.write(
-                    f"\rloading {r['name']}: {r['completed'] / 1e9:.2f}/{r['total'] / 1e9:.2f} GB "
-                    f"({r['gbps']:.2f} GB/s)"
-                )
-                err.flush()
-                shown = True
+        row = next((r for r in rows if r.get("total")), None)
+        err.write("\r\033[K" + loading_line(session.model, row, tick, time.monotonic() - start))
+        err.flush()
+        shown, tick = True, tick + 1
     if shown:
         err.write("\r\033[K")
     if failure:

@@ -71,13 +71,28 @@ def devices(gpus: str | tuple[int, ...], device: str) -> list[str]:
             )
         return ["cpu"]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and count == 0:
+        raise ValueError(no_gpu_reason())
     if gpus == "auto":
-        # FREETOKEN_DEVICE=cuda without a visible GPU fails later, where the model is loaded
-        return [f"cuda:{i}" for i in range(count)] or (["cuda"] if device == "cuda" else ["cpu"])
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
     missing = [i for i in gpus if i >= count]
     if missing:
         raise ValueError(f"FREETOKEN_GPUS names GPU {missing[0]}, but {count} are visible")
     return [f"cuda:{i}" for i in gpus]
+
+
+def no_gpu_reason() -> str:
+    """Why FREETOKEN_DEVICE=cuda cannot be had here, in words a user can act on."""
+    if torch.version.cuda is None:
+        return (
+            f"FREETOKEN_DEVICE=cuda, but this torch ({torch.__version__}) is a CPU-only build: "
+            "install a CUDA build of torch (packaging/install.sh picks one where it finds a GPU), "
+            "or unset FREETOKEN_DEVICE to serve on the CPU"
+        )
+    return (
+        f"FREETOKEN_DEVICE=cuda, but torch (CUDA {torch.version.cuda}) sees no GPU: check the "
+        "driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or unset FREETOKEN_DEVICE"
+    )
 
 
 def use(device: str) -> torch.device:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from freetoken import models
 from freetoken.ftw import DEFAULT_SHARD_LIMIT, FtwError, round_up
+from freetoken.ftw.reader import require_host_memory
 from freetoken.ftw.writer import Writer
 from freetoken.weights import safetensors_dir
 
@@ -66,6 +67,8 @@ def convert_hf(
     writer = Writer(out, shard_limit)
     try:
         with safetensors_dir.Checkpoint(files, cls) as ck:
+            # a model this host could not load is refused now, before an hour of writing
+            require_host_memory(ck.nbytes(), "the model's weights (read into memory to serve)")
             for name, t in ck.dense_items():
                 writer.add_dense(name, t)
                 _report(progress, writer, total)

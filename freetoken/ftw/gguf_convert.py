@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from freetoken.ftw import DEFAULT_SHARD_LIMIT
+from freetoken.ftw.reader import require_host_memory
 from freetoken.ftw.writer import Writer
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
@@ -30,6 +31,8 @@ def convert_gguf(
     cls, _ = gguf_file.model_class(kv)
     config = gguf_file.config_of(reader, kv)
     total = sum(int(t.n_bytes) for t in reader.tensors)
+    # the file's bytes: what its weights take in memory at least, dequantized or not
+    require_host_memory(total, "the model's weights (read into memory to serve)")
     done = 0
     pieces: dict[tuple[int, str], list] = defaultdict(list)
     writer = Writer(out, shard_limit)

@@ -11,6 +11,7 @@ import functools
 import logging
 import mmap
 import queue
+import resource
 import threading
 import time
 
@@ -115,11 +116,12 @@ class HostBuffer:
         return t
 
     def pin(self) -> None:
+        """Registers the mapping with CUDA; PinRefused where the platform says no."""
         if self.pinned or not self.nbytes:
             return
-        err = torch.cuda.cudart().cudaHostRegister(self.address, len(self.mm), 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister failed with error {int(err)}")
+        err = _register(self.address, len(self.mm))
+        if err != 0:
+            raise PinRefused(err, len(self.mm))
         self.pinned = True
 
     def __del__(self) -> None:
@@ -132,8 +134,43 @@ class HostBuffer:
                 pass
 
 
+def _register(address: int, nbytes: int) -> int:
+    """cudaHostRegister's error code (0: pinned); a seam for tests without a GPU."""
+    return int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0))
+
+
+def memlock_limit() -> int | None:
+    """RLIMIT_MEMLOCK's soft limit in bytes; None: unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+class PinRefused(RuntimeError):
+    """cudaHostRegister said no: a memlock limit, a pin quota (WSL), a driver's refusal."""
+
+    def __init__(self, code: int, nbytes: int):
+        limit = memlock_limit()
+        where = "no memlock limit" if limit is None else f"memlock limit {limit / 2**20:.0f} MiB"
+        super().__init__(
+            f"cudaHostRegister of {nbytes / 2**20:.0f} MiB failed with error {code} ({where})"
+        )
+        self.code = code
+
+
+_refused: PinRefused | None = None
+
+
+def refused() -> PinRefused | None:
+    """Why pinning was refused in this process (later buffers are not tried), or None."""
+    return _refused
+
+
 class Pinner:
-    """Pins filled buffers on one background thread (registration is serialised by the driver)."""
+    """Pins filled buffers on one background thread (registration is serialised by the driver).
+
+    A refused registration is not a failed load: the first refusal is kept (`refused`) and
+    the buffers stay pageable; the caller serves them through a pinned staging ring.
+    """
 
     def __init__(self):
         self.q: queue.Queue[HostBuffer | None] = queue.Queue()
@@ -146,10 +183,16 @@ class Pinner:
         self.q.put(buf)
 
     def _run(self) -> None:
+        global _refused
         while (buf := self.q.get()) is not None:
+            if _refused is not None:
+                continue
             t0 = time.perf_counter()
             try:
                 buf.pin()
+            except PinRefused as e:
+                _refused = e
+                log.warning("pinning refused: %s; host banks stay pageable", e)
             except BaseException as e:  # reported by finish(); reading goes on
                 self.error = e
             self.seconds += time.perf_counter() - t0
@@ -161,3 +204,60 @@ class Pinner:
         if self.error is not None:
             raise self.error
         return self.seconds
+
+
+class StagingRing:
+    """Pinned slots through which pageable host memory reaches the GPU, where pinning the
+    banks themselves was refused.
+
+    A copy from pageable memory is synchronous and goes through the driver's own small
+    bounce buffer; here the host copies one slot-sized piece into a free pinned slot while
+    the GPU takes the previous piece, so a fetch still overlaps and the copy engine still
+    sees pinned memory. A slot is reused once the copy out of it has completed.
+    """
+
+    def __init__(self, device: torch.device, slot_bytes: int = 16 << 20, slots: int = 4):
+        self.cuda = device.type == "cuda"
+        self.slots = [
+            torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=self.cuda) for _ in range(slots)
+        ]
+        self._done: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+        self.bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.numel() for s in self.slots)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst (on the device, contiguous) <- src (pageable host memory), queued on the
+        current stream."""
+        s = src.contiguous().reshape(-1).view(torch.uint8)
+        d = dst.view(-1).view(torch.uint8)
+        size = self.slots[0].numel()
+        for off in range(0, s.numel(), size):
+            k = min(size, s.numel() - off)
+            i, self._next = self._next, (self._next + 1) % len(self.slots)
+            if self._done[i] is not None:
+                self._done[i].synchronize()
+            slot = self.slots[i][:k]
+            slot.copy_(s[off : off + k])
+            d[off : off + k].copy_(slot, non_blocking=self.cuda)
+            if self.cuda:
+                self._done[i] = torch.cuda.Event()
+                self._done[i].record()
+        self.bytes += s.numel()
+
+    def measure(self, device: torch.device, nbytes: int = 64 << 20) -> float:
+        """Bytes a second from pageable memory to `device` through the ring: what a miss
+        costs here, for the warning and for the split's B_P."""
+        src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.copy(dst, src)  # warm: first touches, the copy engine's start
+        if self.cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        self.copy(dst, src)
+        if self.cuda:
+            torch.cuda.synchronize(device)
+        return nbytes / max(time.perf_counter() - t0, 1e-9)

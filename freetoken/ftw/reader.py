@@ -180,6 +180,23 @@ def mem_available() -> int | None:
     return None
 
 
+class HostMemoryError(FtwError):
+    """A model's weights need more host memory than is available: refused with the numbers
+    before anything is allocated, rather than the process killed half-way through a read."""
+
+
+def require_host_memory(needed: int, what: str = "the model's weights") -> None:
+    """Raises HostMemoryError where `needed` bytes exceed the memory available now (not
+    checked where /proc/meminfo cannot say)."""
+    available = mem_available()
+    if available is not None and needed > available:
+        raise HostMemoryError(
+            f"{what} need {needed / 2**30:.1f} GiB of host memory and "
+            f"{available / 2**30:.1f} GiB is available: free memory, or use a smaller or "
+            "more quantized model"
+        )
+
+
 @dataclass
 class LoadStats:
     mode: str = ""
@@ -224,6 +241,7 @@ def read(
     spans = {t["name"]: _span(t, experts) for t in index.tensors if dense or t["kind"] == "bank"}
     tensors = [t for t in index.tensors if t["name"] in spans]
     need = sum(end - start for start, end, _ in spans.values())
+    require_host_memory(need)  # every byte is read into host memory, the banks to stay
     plan = choose_mode(need, mem_available(), workers) if mode == "auto" else None
     plan = plan or ReadPlan(mode, workers, "requested")
     pin = torch.cuda.is_available() if pin is None else pin

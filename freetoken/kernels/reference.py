@@ -25,6 +25,8 @@ def activate(gate: torch.Tensor, up: torch.Tensor, spec: ExpertSpec) -> torch.Te
         return F.silu(gate) * up
     gate = gate.clamp(max=spec.limit)
     up = up.clamp(min=-spec.limit, max=spec.limit)
+    if spec.activation == "silu_clamped":
+        return F.silu(gate) * up
     return (up + 1) * gate * torch.sigmoid(gate * spec.alpha)
 
 

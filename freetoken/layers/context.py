@@ -26,10 +26,14 @@ __all__ = [
 
 class KVStore:
     """The paged KV pool as flat slot arrays: k[layer] / v[layer] are
-    [num_slots, kv_heads, head_dim]."""
+    [num_slots, kv_heads, head_dim]; index[layer] and inputs[layer], where a layer keeps
+    them, an indexer key and a compressor's inputs per row (runtime/kv_cache.py)."""
 
     k: list[torch.Tensor]
     v: list[torch.Tensor]
+    index: list[torch.Tensor | None]
+    inputs: list[torch.Tensor | None]
+    page_size: int
 
 
 class StateStore:

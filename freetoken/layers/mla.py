@@ -116,21 +116,32 @@ class MLAttention(nn.Module):
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rope_interleaved(x, cos, sin) if self.interleaved else apply_rope(x, cos, sin)
 
-    def _query(self, x: torch.Tensor) -> torch.Tensor:
+    def _query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The queries [T, H·(dn + dr)] and, with a low-rank q, the normalised compressed
+        query they come from (a sparse attention's indexer reads it too)."""
         if self.q_lora_rank is None:
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            return self.q_proj(x), None
+        q_resid = self.q_a_layernorm(self.q_a_proj(x))
+        return self.q_b_proj(q_resid), q_resid
+
+    def _store_latent(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[context.StepContext, torch.Tensor]:
+        """Writes each new token's latent [c, rope(k_pe)] into the pool; the step context
+        and the layer's pool [slots, 1, r + dr]."""
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.r, self.dr], dim=-1)
+        latent = torch.cat((self.kv_a_layernorm(c), self._rope(k_pe[:, None], cos, sin)[:, 0]), -1)
+        ctx = context.current()
+        cache = ctx.kv.k[self.layer]
+        cache[ctx.slots] = latent[:, None].to(cache.dtype)
+        return ctx, cache
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         T = x.shape[0]
         cos, sin = rope
-        q = self._query(x).view(T, self.n_heads, self.dn + self.dr)
+        q = self._query(x)[0].view(T, self.n_heads, self.dn + self.dr)
         q_nope, q_pe = q[..., : self.dn], self._rope(q[..., self.dn :], cos, sin)
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.r, self.dr], dim=-1)
-        latent = torch.cat((self.kv_a_layernorm(c), self._rope(k_pe[:, None], cos, sin)[:, 0]), -1)
-        ctx = context.current()
-        cache = ctx.kv.k[self.layer]  # [slots, 1, r + dr]
-        cache[ctx.slots] = latent[:, None].to(cache.dtype)
+        ctx, cache = self._store_latent(x, cos, sin)
         if ctx.decode is not None:
             out = self._decode(q_nope, q_pe, cache, ctx.decode)
         else:

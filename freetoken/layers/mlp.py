@@ -1,4 +1,6 @@
-"""Dense gated MLP (SwiGLU), for the non-MoE layers of MoE models."""
+"""Dense gated MLP (SwiGLU), for the non-MoE layers of MoE models and their shared experts;
+with `limit`, the gate clamped from above and the up projection on both sides first
+(DeepSeek-V4's)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,17 @@ from torch import nn
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+    def __init__(
+        self, hidden: int, intermediate: int, bias: bool = False, limit: float | None = None
+    ):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.limit = limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.limit is not None:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return self.down_proj(F.silu(gate) * up)

@@ -62,8 +62,9 @@ class SparseMoeBlock(nn.Module):
         self.gate, self.experts = router, experts
         self.shared_experts, self.shared_gate = shared_experts, shared_gate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """token_ids [T]: the step's tokens, for a router that chooses by them."""
+        weights, ids = self.gate(x, token_ids) if self.gate.by_token else self.gate(x)
         out = self.experts(x, ids, weights)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)

@@ -3,7 +3,8 @@ per-head q/k RMSNorm followed by rotary embedding that Qwen3's attention applies
 
 A zero-centred norm (Qwen3-Next's, Qwen3.5's) scales by 1 + weight, so its weights are
 stored around zero; it multiplies in fp32 and rounds once, as its reference does, where
-the plain norm rounds the normalised value before the weight.
+the plain norm rounds the normalised value before the weight. A weight kept in fp32 beside
+activations of another dtype (DeepSeek-V4's) multiplies in fp32 and rounds once too.
 
 On a GPU each is one Triton kernel (kernels/triton/norm.py) unless the fused kernels are off
 (layers/fused.py); the torch code here is what they are tested against and what runs
@@ -37,6 +38,8 @@ def rms_norm(
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     if zero_centered:
         return (x32 * (1.0 + weight.float())).to(dtype)
+    if weight.dtype != dtype:
+        return (x32 * weight.float()).to(dtype)
     return weight * x32.to(dtype)
 
 

@@ -131,12 +131,15 @@ def inv_freq(
 
 
 class ScaledRotaryEmbedding(ComputedBuffers):
-    """cos/sin [T, dim] for arbitrary positions (rotate-half layout), each times the
-    scaling's attention factor."""
+    """cos/sin [T, dim] for arbitrary positions (rotate-half layout, or with `pairs` each
+    frequency twice in a row for rotating adjacent pairs), each times the scaling's
+    attention factor."""
 
-    def __init__(self, dim: int, theta: float, scaling: RopeScaling | None = None):
+    def __init__(
+        self, dim: int, theta: float, scaling: RopeScaling | None = None, pairs: bool = False
+    ):
         super().__init__()
-        self.dim, self.theta = dim, theta
+        self.dim, self.theta, self.pairs = dim, theta, pairs
         self.scaling = scaling or RopeScaling()
         self.attention_factor = 1.0
         self.register_buffer("inv_freq", torch.empty(dim // 2), persistent=False)
@@ -155,7 +158,10 @@ class ScaledRotaryEmbedding(ComputedBuffers):
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        if self.pairs:
+            emb = freqs.repeat_interleave(2, dim=-1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor

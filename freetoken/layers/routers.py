@@ -12,13 +12,23 @@ from torch import nn
 from freetoken.kernels.triton import block
 from freetoken.layers import fused
 
-__all__ = ["Router", "SigmoidGroupedTopK", "SoftmaxGroupedTopK", "TopKRouter"]
+__all__ = [
+    "SCORES",
+    "HashRouter",
+    "Router",
+    "ScoredTopK",
+    "SigmoidGroupedTopK",
+    "SoftmaxGroupedTopK",
+    "TopKRouter",
+]
 
 
 class Router(nn.Module):
-    """What every router is: `weight` [E, H] scoring each expert, and `top_k`."""
+    """What every router is: `weight` [E, H] scoring each expert, and `top_k`. A router
+    `by_token` chooses by the token ids too: it is called as router(x, token_ids)."""
 
     top_k: int
+    by_token: bool = False
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
@@ -145,3 +155,70 @@ class SoftmaxGroupedTopK(Router):
             probs = grouped.masked_fill(~mask.scatter_(1, keep, True)[:, :, None], 0.0).view(T, E)
         weights, ids = torch.topk(probs, self.top_k, dim=-1, sorted=False)
         return (weights * self.routed_scaling).to(x.dtype), ids
+
+
+# expert scores from router logits, by a config's `scoring_func` (transformers' activations
+# name no softmax, so a config cannot choose it there either)
+SCORES = {"sqrtsoftplus": lambda logits: F.softplus(logits).sqrt(), "sigmoid": torch.sigmoid}
+
+
+def _score_fn(scoring: str):
+    if scoring not in SCORES:
+        raise ValueError(f"unknown expert scoring {scoring!r} (one of {sorted(SCORES)})")
+    return SCORES[scoring]
+
+
+class ScoredTopK(Router):
+    """DeepSeek-V4 routing, in the hidden dtype as its reference computes it: scores =
+    f(logits) (√softplus or sigmoid); experts chosen by score plus a correction
+    bias; the weights the chosen plain scores, always renormalised, times `routed_scaling`."""
+
+    def __init__(
+        self, hidden: int, num_experts: int, top_k: int, scoring: str, routed_scaling: float
+    ):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts))
+        self.top_k, self.score, self.routed_scaling = top_k, _score_fn(scoring), routed_scaling
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.score(F.linear(x, self.weight))  # [T, E]
+        choice = scores + self.e_score_correction_bias.float()
+        ids = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
+        return _renormalised(scores.gather(1, ids), self.routed_scaling, x.dtype), ids
+
+
+class HashRouter(Router):
+    """Routing by token id (DeepSeek-V4's first layers): a fixed table [V, k] names each
+    token's experts, and the scores f(logits) only weight them, renormalised and scaled as
+    ScoredTopK's."""
+
+    by_token = True
+
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        vocab: int,
+        scoring: str,
+        routed_scaling: float,
+    ):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+        # integer, so the loader keeps its dtype; a parameter so it loads with the weights
+        self.tid2eid = nn.Parameter(
+            torch.zeros(vocab, top_k, dtype=torch.long), requires_grad=False
+        )
+        self.top_k, self.score, self.routed_scaling = top_k, _score_fn(scoring), routed_scaling
+
+    def forward(
+        self, x: torch.Tensor, token_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.score(F.linear(x, self.weight))  # [T, E]
+        ids = self.tid2eid[token_ids]  # [T, k]
+        return _renormalised(scores.gather(1, ids), self.routed_scaling, x.dtype), ids
+
+
+def _renormalised(w: torch.Tensor, scaling: float, dtype: torch.dtype) -> torch.Tensor:
+    return (w / (w.sum(dim=-1, keepdim=True) + 1e-20) * scaling).to(dtype)

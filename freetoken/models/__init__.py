@@ -54,6 +54,9 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("deepseek_v3", "freetoken.models.deepseek_v3", "deepseek2", "deepseek2"),
         Arch("deepseek_v2", "freetoken.models.deepseek_v2", "deepseek2", "deepseek2"),
         Arch("glm4_moe_lite", "freetoken.models.glm4_moe_lite", "glm4moelite", "glm4moelite"),
+        Arch("deepseek_v4", "freetoken.models.deepseek_v4", "deepseek4", "deepseek4"),
+        # GLM-5: DeepSeek-V3's model with DeepSeek's sparse attention (llama.cpp's glm-dsa)
+        Arch("glm_moe_dsa", "freetoken.models.glm_moe_dsa", "glm-dsa", "glm-dsa"),
         # llama.cpp's GGUF architecture is gpt-oss; Ollama names the family gptoss
         Arch("gpt_oss", "freetoken.models.gpt_oss", "gpt-oss", "gptoss"),
         Arch("qwen3_next", "freetoken.models.qwen3_next", "qwen3next", "qwen3next"),

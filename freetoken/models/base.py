@@ -31,7 +31,8 @@ __all__ = [
 # Expert activations the kernels implement, by code (the C++ and Triton kernels take the code):
 #   silu            h = silu(g) · u                                   (SwiGLU)
 #   swiglu_clamped  g = min(g, limit), u = clamp(u, ±limit), h = (u + 1) · g · σ(alpha · g)
-ACTIVATIONS = ("silu", "swiglu_clamped")
+#   silu_clamped    g = min(g, limit), u = clamp(u, ±limit), h = silu(g) · u
+ACTIVATIONS = ("silu", "swiglu_clamped", "silu_clamped")
 
 # The key under which `config_from_gguf`'s metadata also holds the file's tensor names: some
 # choices no metadata key states (GLM-4.5's q/k norms and biases) show in which tensors exist.
@@ -73,7 +74,7 @@ class ExpertSpec:
     intermediate: int
     activation: str = "silu"
     alpha: float = 1.702  # swiglu_clamped only
-    limit: float = 7.0  # swiglu_clamped only
+    limit: float = 7.0  # the clamped forms only
     bias: bool = False  # gate_up_bias [E, 2I] and down_bias [E, H] banks
 
     def __post_init__(self) -> None:
@@ -116,12 +117,19 @@ class KVLayout:
     """What one layer keeps per cached token (or per sequence, for recurrent state).
 
     kind:
-      attention  K [heads, k_dim] and V [heads, v_dim] per token (MHA, GQA, MQA);
-      latent     one compressed vector of k_dim per token, heads = 1 and no V (MLA);
-      recurrent  a fixed-size state per sequence (`state` shapes), no per-token entry;
-      none       nothing (a layer without attention).
+      attention   K [heads, k_dim] and V [heads, v_dim] per token (MHA, GQA, MQA);
+      latent      one compressed vector of k_dim per token, heads = 1 and no V (MLA);
+      compressed  one vector of k_dim per token that is key and value alike, heads = 1,
+                  seen within `window`; and one entry of k_dim per `ratio` tokens, which a
+                  compressor forms from its tokens' `inputs` (inputs_dim each, kept per
+                  token) once the last of them is cached (DeepSeek-V4's compressed
+                  attention);
+      recurrent   a fixed-size state per sequence (`state` shapes), no per-token entry;
+      none        nothing (a layer without attention).
     window: the keys a query sees, counting itself (0: all of them): sliding-window layers
         keep every page but attend to the last `window` positions.
+    index_dim: an indexer key of this width beside each entry a query may attend to (a
+        token's, or a compressed layer's entry): sparse attention scores them to choose.
     """
 
     kind: str
@@ -130,25 +138,56 @@ class KVLayout:
     v_dim: int = 0
     window: int = 0
     state: tuple[tuple[int, ...], ...] = ()
+    index_dim: int = 0
+    ratio: int = 0
+    inputs_dim: int = 0
 
-    KINDS: ClassVar[tuple[str, ...]] = ("attention", "latent", "recurrent", "none")
+    KINDS: ClassVar[tuple[str, ...]] = ("attention", "latent", "compressed", "recurrent", "none")
 
     def __post_init__(self) -> None:
         if self.kind not in self.KINDS:
             raise ValueError(f"unknown KV layout {self.kind!r} (one of {self.KINDS})")
+        if (self.kind == "compressed") != (self.ratio > 0):
+            raise ValueError("a compressed layout, and only one, has a ratio")
 
     @property
     def paged(self) -> bool:
         """Whether the layer keeps an entry per token in the paged pool."""
-        return self.kind in ("attention", "latent")
+        return self.kind in ("attention", "latent", "compressed")
 
     @classmethod
     def attention(cls, heads: int, head_dim: int, v_dim: int = 0, window: int = 0) -> KVLayout:
         return cls("attention", heads, head_dim, v_dim or head_dim, window)
 
     @classmethod
-    def latent(cls, dim: int) -> KVLayout:
-        return cls("latent", 1, dim, 0)
+    def latent(cls, dim: int, index_dim: int = 0) -> KVLayout:
+        return cls("latent", 1, dim, 0, index_dim=index_dim)
+
+    @classmethod
+    def compressed(
+        cls, dim: int, window: int, ratio: int, inputs_dim: int, index_dim: int = 0
+    ) -> KVLayout:
+        return cls("compressed", 1, dim, 0, window, (), index_dim, ratio, inputs_dim)
+
+    def entries_per_page(self, page_size: int) -> int:
+        """A compressed layer's entries in a page: one per `ratio` of its tokens, or one
+        per page where a window spans pages (each in the page its last token is in)."""
+        if page_size % self.ratio and self.ratio % page_size:
+            raise ValueError(
+                f"a page of {page_size} tokens does not tile windows of {self.ratio} tokens"
+            )
+        return max(page_size // self.ratio, 1)
+
+    def page_values(self, page_size: int) -> int:
+        """Values one page of this layer holds (what the pool is sized by)."""
+        if not self.paged:
+            return 0
+        # an index key sits beside every row, a compressed layer's token rows included
+        row = self.heads * (self.k_dim + self.v_dim) + self.index_dim
+        tokens = page_size * (row + self.inputs_dim)
+        if self.kind != "compressed":
+            return tokens
+        return tokens + self.entries_per_page(page_size) * (self.k_dim + self.index_dim)
 
 
 class ModelFile(Protocol):
@@ -165,6 +204,9 @@ class ModelFile(Protocol):
       ignored(name, config)   a checkpoint tensor the model does not use (a
                               multi-token-prediction layer after the last), skipped by
                               the weight readers (optional: none where absent);
+      FP32                    parameters kept in fp32 whatever the model's dtype, as its
+                              reference keeps them (module names or dotted tails;
+                              optional: none where absent);
       tie_weights()           shares the embedding with the output head.
     Structure:
       args                    the parsed config (a frozen dataclass): `num_hidden_layers`,

@@ -105,23 +105,25 @@ def router_of(a: ModelArgs) -> Router:
     )
 
 
+def attention_args(a: ModelArgs) -> dict[str, Any]:
+    """MLAttention's settings from the args (beside its layer, hidden size and heads)."""
+    return dict(
+        q_lora_rank=a.q_lora_rank,
+        kv_lora_rank=a.kv_lora_rank,
+        qk_nope_head_dim=a.qk_nope_head_dim,
+        qk_rope_head_dim=a.qk_rope_head_dim,
+        v_head_dim=a.v_head_dim,
+        scale=a.softmax_scale,
+        bias=a.attention_bias,
+        interleaved=a.rope_interleave,
+        split_kv_b=a.split_kv_b,
+    )
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, a: ModelArgs, i: int, router: Router | None):
         super().__init__()
-        self.self_attn = MLAttention(
-            i,
-            a.hidden_size,
-            a.num_attention_heads,
-            q_lora_rank=a.q_lora_rank,
-            kv_lora_rank=a.kv_lora_rank,
-            qk_nope_head_dim=a.qk_nope_head_dim,
-            qk_rope_head_dim=a.qk_rope_head_dim,
-            v_head_dim=a.v_head_dim,
-            scale=a.softmax_scale,
-            bias=a.attention_bias,
-            interleaved=a.rope_interleave,
-            split_kv_b=a.split_kv_b,
-        )
+        self.self_attn = self.attention(a, i)
         if router is not None:
             spec = ExpertSpec(a.hidden_size, a.moe_intermediate_size)
             shared = None
@@ -134,17 +136,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
+    @staticmethod
+    def attention(a: ModelArgs, i: int) -> nn.Module:
+        return MLAttention(i, a.hidden_size, a.num_attention_heads, **attention_args(a))
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, a: ModelArgs, make_router=router_of):
+    def __init__(self, a: ModelArgs, make_router=router_of, layer=DecoderLayer):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(a, i, make_router(a) if a.is_moe_layer(i) else None)
+            layer(a, i, make_router(a) if a.is_moe_layer(i) else None)
             for i in range(a.num_hidden_layers)
         )
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -169,6 +175,7 @@ class Model(DecoderModel):
     `Args`, router and names."""
 
     Args: ClassVar[type[ModelArgs]] = ModelArgs
+    Stack: ClassVar[type[nn.Module]] = DeepseekModel
     GGUF_ARCH: ClassVar[str] = GGUF_ARCH
     # what a GGUF file of the architecture is: its model type when sigmoid-gated, and the
     # gating a file that names none has (llama.cpp: softmax, for the early DeepSeek-V2 files)
@@ -179,7 +186,7 @@ class Model(DecoderModel):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.model = DeepseekModel(args, self.router_of)
+        self.model = self.Stack(args, self.router_of)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     @staticmethod

@@ -10,7 +10,8 @@ import logging
 
 import torch
 
-from freetoken.ftw.hostmem import HostBuffer, Pinner
+from freetoken.ftw import hostmem
+from freetoken.ftw.hostmem import HostBuffer, Pinner, StagingRing
 from freetoken.models.base import ExpertSpec
 from freetoken.weights import BankKey, WeightsError
 
@@ -44,6 +45,12 @@ class HostBanks:
             }
         if pinner is not None:
             pinner.finish()
+        # Pinning refused (a memlock limit, a pin quota): the banks stay pageable, and
+        # copies to the GPU go through a small pinned ring instead of failing the load.
+        self.ring: StagingRing | None = None
+        if pin and hostmem.refused() is not None:
+            cuda = torch.cuda.is_available()
+            self.ring = StagingRing(torch.device("cuda" if cuda else "cpu"))
         first = next(iter(self.banks.values()))
         self.num_experts = first["gate_up"].shape[0]
         self.rows = {b: tuple(t.shape[1:]) for b, t in first.items()}
@@ -67,6 +74,18 @@ class HostBanks:
         if pinner is not None:
             pinner.submit(buf)
         return out
+
+    @property
+    def pinned(self) -> bool:
+        """GPU kernels may read the banks in place (they are registered with CUDA)."""
+        return self.ring is None
+
+    def h2d(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
+        """dst (device slots) <- src (rows of a bank), queued on the current stream."""
+        if self.ring is not None:
+            self.ring.copy(dst, src)
+        else:
+            dst.copy_(src, non_blocking=non_blocking)
 
     @property
     def layers(self) -> list[int]:

@@ -236,10 +236,10 @@ class ModeChooser:
 
     @property
     def best(self) -> str:
-        """The fastest mode measured so far in this round of measuring, else the one that
-        served before it."""
+        """Where to serve between visits: the mode that served before the measurement, until
+        it has a time of its own to compare; then the fastest measured."""
         known = {m: t for m, t in self.means.items() if m in self.modes}
-        return min(known, key=known.get) if known else self.home
+        return min(known, key=known.get) if self.home in known else self.home
 
     @property
     def measured(self) -> bool:

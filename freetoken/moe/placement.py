@@ -85,7 +85,7 @@ class PlacementState:
         for bank, src in self.banks.banks[layer].items():
             dst = self.cache.slots[bank]
             for e, s in zip(experts.tolist(), slots.tolist()):
-                dst[s].copy_(src[e], non_blocking=self.cuda)
+                self.banks.h2d(dst[s], src[e], self.cuda)
 
     def warm(self, seed: int = 0) -> None:
         """Fills every free slot, spread evenly over the cached layers."""

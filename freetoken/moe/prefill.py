@@ -124,9 +124,8 @@ class LayerStreamer:
         banks = self.banks.banks[layer]
         for start, end in _runs(cached < 0):  # from host memory, contiguous runs at once
             for bank, src in banks.items():
-                c.slots[bank][base + start : base + end].copy_(
-                    src[start:end], non_blocking=self.cuda
-                )
+                dst = c.slots[bank][base + start : base + end]
+                self.banks.h2d(dst, src[start:end], self.cuda)
             self.stats["h2d_experts"] += end - start
         for e in np.flatnonzero(cached >= 0).tolist():  # already on the GPU: device to device
             for bank in banks:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from freetoken.ftw import hostmem
 from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.moe import profile
 from freetoken.moe.backend import attach
@@ -111,14 +112,18 @@ def build(
         cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
     b_p, b_h, measured = _bandwidths(placement)
     b_h /= ranks_on_host
+    if not host.pinned and device.type == "cuda":
+        b_p = _staged(host, device, b_p, measured)
+    # GPU kernels read pinned banks in place (the device-kept books' fetch, the lane's
+    # buffers); pageable banks are reached only through the staging ring's copies.
     backend = OffloadExperts(
         host,
         cache,
         placement.policy,
         Split.from_bandwidths(host.expert_bytes, b_p, b_h),
         device,
-        device_lru=placement.switch(placement.device_cache, device, ranks_on_host),
-        cpu_lane=placement.switch(placement.cpu_lane, device, ranks_on_host),
+        device_lru=host.pinned and placement.switch(placement.device_cache, device, ranks_on_host),
+        cpu_lane=host.pinned and placement.switch(placement.cpu_lane, device, ranks_on_host),
         learned=_learned(placement, host, ranks_on_host),
     )
     log.info(
@@ -131,6 +136,22 @@ def build(
         "measured" if measured else "defaults until `freetoken bench bw` runs",
     )
     return backend
+
+
+def _staged(host: HostBanks, device: torch.device, b_p: float, measured: bool) -> float:
+    """B_P through the staging ring, measured now, and the warning that says what it costs."""
+    staged = host.ring.measure(device)
+    log.warning(
+        "%s: expert banks stay pageable and misses reach the GPU through a %d MiB pinned "
+        "staging ring at %.1f GB/s (pinned: %.1f GB/s%s); raise the memlock limit "
+        "(ulimit -l unlimited, LimitMEMLOCK=infinity) to pin them",
+        hostmem.refused(),
+        host.ring.nbytes >> 20,
+        staged / 1e9,
+        b_p / 1e9,
+        "" if measured else ", a default until `freetoken bench bw` runs",
+    )
+    return min(b_p, staged)
 
 
 def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learned | None:

@@ -11,11 +11,13 @@ import contextlib
 import json
 import platform
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 import freetoken
+from freetoken.pull.auth import Challenge, RegistryAuth
 from freetoken.pull.wire import is_loopback
 from freetoken.store import manifest as mf
 
@@ -59,9 +61,12 @@ class RegistryClient:
         transport: httpx.BaseTransport | None = None,
         read_timeout: float = 30.0,
         max_connections: int = 16,
+        key_file: Path | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.token = token
+        self.key_file = key_file
+        self.auth = RegistryAuth(key_file)
         headers = {
             "User-Agent": f"freetoken/{freetoken.__version__} ({platform.machine()} "
             f"{platform.system().lower()}) Python/{platform.python_version()}"
@@ -83,6 +88,8 @@ class RegistryClient:
             transport=transport,
             follow_redirects=True,
             trust_env=not local,
+            # Bearer challenges answered with a token the user's key signs for, as Ollama's
+            auth=self.auth,
         )
 
     def close(self) -> None:
@@ -123,11 +130,15 @@ class RegistryClient:
         if status < 400:
             return response
         if status in (401, 403):
-            hint = (
-                "the registry rejected the token in FREETOKEN_REGISTRY_TOKEN"
-                if self.token
-                else "the registry needs a token: set FREETOKEN_REGISTRY_TOKEN"
-            )
+            if self.auth.refused or Challenge.parse(response.headers.get("WWW-Authenticate", "")):
+                hint = (
+                    f"the registry refused the key {self.key_file} (its public key, in "
+                    f"{self.key_file}.pub, may need adding to your account there)"
+                )
+            elif self.token:
+                hint = "the registry rejected the token in FREETOKEN_REGISTRY_TOKEN"
+            else:
+                hint = "the registry needs a token: set FREETOKEN_REGISTRY_TOKEN"
             raise RegistryError(f"unauthorized: {method} {self.base_url}{url}: {hint}", 401)
         message = f"registry {self.base_url}: {method} {url}: {_oci_message(response)}"
         if status >= 500 or status == 429:
@@ -201,9 +212,10 @@ class RegistryClient:
         return self._location(response, default=location)
 
     def finish_upload(self, location: str, digest: str) -> None:
-        self._request(
-            "PUT", location, params={"digest": digest}, content=b"", headers={"Content-Length": "0"}
-        )
+        # merged, not replaced: a registry's location carries its own state in the query
+        # (the distribution registry's `_state`), which `params=` would drop
+        url = str(httpx.URL(location).copy_merge_params({"digest": digest}))
+        self._request("PUT", url, content=b"", headers={"Content-Length": "0"})
 
     def _location(self, response: httpx.Response, default: str | None = None) -> str:
         headers = response.headers

@@ -265,10 +265,14 @@ class Transfers:
         self._clients: dict[tuple[Any, ...], RegistryClient] = {}
 
     def client(
-        self, base_url: str, token: str, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        token: str,
+        transport: httpx.BaseTransport | None = None,
+        key_file: Path | None = None,
     ) -> RegistryClient:
         """A pooled client per registry; downloads outlive the pull that started them."""
-        key = (base_url, token, transport)
+        key = (base_url, token, transport, key_file)
         with self.lock:
             if key not in self._clients:
                 self._clients[key] = RegistryClient(
@@ -277,6 +281,7 @@ class Transfers:
                     transport=transport,
                     read_timeout=self.options.stall_timeout,
                     max_connections=self.options.streams + 4,
+                    key_file=key_file,
                 )
             return self._clients[key]
 

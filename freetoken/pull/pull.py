@@ -83,10 +83,11 @@ def pull(
     cfg = cfg or config.current()
     local, remote = locate(name, cfg.registry, insecure)
     hub = transfers or shared_transfers(TransferOptions.from_config(cfg))
-    client = hub.client(remote.base_url, cfg.registry_token, transport)
+    client = hub.client(remote.base_url, cfg.registry_token, transport, cfg.key)
     stats = stats if stats is not None else PullStats()
     stats.name = local.display
-    yield {"status": "pulling manifest"}
+    # `registry` says where the model comes from (the CLI shows it); clients ignore it
+    yield {"status": "pulling manifest", "registry": remote.base_url}
     wire = _fetch_manifest(client, remote)
     blobs = wire.blobs()
     with store.pin({b.local.digest for b in blobs}):

@@ -243,7 +243,7 @@ def push(
     local, remote = locate(name, cfg.registry, insecure)
     opts = options or TransferOptions.from_config(cfg)
     stats = stats if stats is not None else PushStats()
-    yield {"status": "retrieving manifest"}
+    yield {"status": "retrieving manifest", "registry": remote.base_url}
     view = store.resolve(local)
     stats.name = view.display
     client = RegistryClient(
@@ -252,6 +252,7 @@ def push(
         transport=transport,
         read_timeout=opts.stall_timeout,
         max_connections=opts.streams + 2,
+        key_file=cfg.key,
     )
     try:
         jobs: dict[str, _Upload] = {}

@@ -20,7 +20,7 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.anchors import Anchoring
-from freetoken.runtime.constrain import Masker
+from freetoken.runtime.constrain import Mask, Masker
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -87,7 +87,7 @@ class Engine:
             on_output,
             Detokenizer(functools.partial(self.tokenizer.decode, shown=seq.shown_ids)),
             StopMatcher(seq.params.stop),
-            sampling.make_generator(seq.params),
+            sampling.make_generator(seq.params, self.device),
         )
         with self._lock:
             self._inbox.append(("add", req))
@@ -124,7 +124,6 @@ class Engine:
         logits = self._execute(plan)
         if (experts := self._ops.backend) is not None:
             experts.wait_step()
-        logits = logits.float().cpu()
         t1 = time.perf_counter_ns()
         masks = pending.wait()
         self._postprocess(plan, logits, masks, t0, t1)
@@ -211,8 +210,10 @@ class Engine:
         """The constraint of each sequence that samples this step (None: free)."""
         return [seq.constraint for seq, n in plan if seq.num_cached + n == seq.num_tokens]
 
-    def _postprocess(self, plan: Plan, logits: torch.Tensor, masks: list, t0: int, t1: int) -> None:
-        row = 0
+    def _postprocess(
+        self, plan: Plan, logits: torch.Tensor, masks: list[Mask | None], t0: int, t1: int
+    ) -> None:
+        row, drawn = 0, []
         for seq, n in plan:
             seq.num_cached += n
             self.scheduler.cache_pages(seq)
@@ -221,7 +222,7 @@ class Engine:
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
-            scores, mask = logits[row], masks[row]
+            scores, mask = logits[row].float(), masks[row]
             row += 1
             if not seq.output_ids:
                 seq.prefill_ns = t1 - req.t_submit
@@ -232,7 +233,14 @@ class Engine:
                     self._finish(req, "stop")
                     continue
                 scores = sampling.masked(scores, mask.ids, mask.allow)
-            token = sampling.sample(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+            p = seq.params
+            drawn.append(
+                (req, scores, sampling.draw(scores, seq.tokens, p, self.num_ctx, req.generator))
+            )
+        # the step's tokens drawn on the logits' device, read back together
+        tokens = torch.stack([t for *_, t in drawn]).tolist() if drawn else []
+        for (req, scores, _), token in zip(drawn, tokens):
+            seq = req.seq
             if seq.top_logprobs is not None and token not in seq.stop_ids:
                 lp, top = sampling.token_logprobs(scores, token, seq.top_logprobs)
                 seq.logprobs.append((token, lp, top))

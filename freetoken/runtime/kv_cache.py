@@ -54,7 +54,13 @@ class KVCache(KVStore):
     """The per-token cache of every layer, as the model's `kv_layout()` describes it:
     k[layer] [num_pages * page_size, heads, k_dim] and v[layer] [..., heads, v_dim] for
     attention layers, k[layer] alone for a latent (MLA) layer, None for layers that keep
-    no per-token entry (recurrent state is not paged)."""
+    no per-token entry (recurrent state is not paged).
+
+    A compressed layer's k holds the token rows, then its entries (`entries_per_page` per
+    page, each page's together) and one spare row that writes with nowhere to go land in
+    (fixed-shape steps write every sequence's entry, closed or not); inputs[layer] holds
+    its tokens' compressor inputs. index[layer] holds an indexer key beside every row of k
+    where the layout has one."""
 
     def __init__(
         self,
@@ -68,13 +74,20 @@ class KVCache(KVStore):
         self.pool = PagePool(num_pages)
         slots = num_pages * page_size
 
-        def entry(heads: int, dim: int, paged: bool) -> torch.Tensor | None:
+        def rows(lay: KVLayout) -> int:
+            if lay.kind != "compressed":
+                return slots
+            return slots + num_pages * lay.entries_per_page(page_size) + 1
+
+        def entry(n: int, heads: int, dim: int, paged: bool) -> torch.Tensor | None:
             if not paged or not dim:
                 return None
-            return torch.zeros(slots, heads, dim, dtype=dtype, device=device)
+            return torch.zeros(n, heads, dim, dtype=dtype, device=device)
 
-        self.k = [entry(lay.heads, lay.k_dim, lay.paged) for lay in layout]
-        self.v = [entry(lay.heads, lay.v_dim, lay.paged) for lay in layout]
+        self.k = [entry(rows(lay), lay.heads, lay.k_dim, lay.paged) for lay in layout]
+        self.v = [entry(slots, lay.heads, lay.v_dim, lay.paged) for lay in layout]
+        self.index = [entry(rows(lay), 1, lay.index_dim, lay.paged) for lay in layout]
+        self.inputs = [entry(slots, 1, lay.inputs_dim, lay.paged) for lay in layout]
 
     @classmethod
     def uniform(
@@ -92,22 +105,38 @@ class KVCache(KVStore):
         return cls(layout, num_pages, page_size, dtype, device)
 
     @staticmethod
-    def token_bytes(layout: list[KVLayout], dtype: torch.dtype) -> int:
-        """Bytes one cached token takes over every layer (what a page budget is sized by)."""
+    def page_bytes(layout: list[KVLayout], dtype: torch.dtype, page_size: int) -> int:
+        """Bytes one page takes over every layer (what a page budget is sized by)."""
         size = torch.tensor([], dtype=dtype).element_size()
-        return size * sum(lay.heads * (lay.k_dim + lay.v_dim) for lay in layout if lay.paged)
+        return size * sum(lay.page_values(page_size) for lay in layout)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [t for t in self.k + self.v + self.index + self.inputs if t is not None]
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def entry_row(self, layer: int, page: int) -> int:
+        """The first row of k (and index) holding a compressed layer's entries of `page`."""
+        per_page = self.layout[layer].entries_per_page(self.page_size)
+        return self.pool.num_pages * self.page_size + page * per_page
 
     def copy_page(self, src: int, dst: int, tokens: int) -> None:
         """Copies the first `tokens` entries of page src into page dst, in every layer (a
-        prefix cache's private copy of a page it shares only in part)."""
+        prefix cache's private copy of a page it shares only in part). A compressed layer's
+        entries go whole: those of windows the copy cuts are formed again when their last
+        token is computed, before anything reads them."""
         a, b = src * self.page_size, dst * self.page_size
-        for t in self.k + self.v:
-            if t is not None:
-                t[b : b + tokens].copy_(t[a : a + tokens])
+        for t in self._tensors():
+            t[b : b + tokens].copy_(t[a : a + tokens])
+        for layer, lay in enumerate(self.layout):
+            if lay.kind == "compressed":
+                n = lay.entries_per_page(self.page_size)
+                ea, eb = self.entry_row(layer, src), self.entry_row(layer, dst)
+                for t in (self.k[layer], self.index[layer]):
+                    if t is not None:
+                        t[eb : eb + n].copy_(t[ea : ea + n])
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from freetoken import dist
+from freetoken import dist, doctor
 from freetoken.chat import formats
 from freetoken.config import parse_size
+from freetoken.ftw import reader as ftw_reader
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
 from freetoken.models.base import KVLayout
@@ -69,12 +70,18 @@ class ModelLoad:
             torch.set_num_threads(cfg.cpu_threads)
         fused.ENABLED = cfg.fused_kernels
         # Build the CPU expert kernel now (cached per machine), so no request waits on a compile.
-        cpu_kernel.extension()
+        kernel = cpu_kernel.status()
+        log.info("CPU experts: %s (%s)", kernel.kernel, kernel.reason)
         # one rank per GPU: the others start now and load their experts while this one loads
         ranks = dist.devices(cfg.gpus, cfg.device)
+        self.log_judgement(dist.use(ranks[0]))
         device = dist.use(ranks[0]).type
         placement = self.placement()
         if len(ranks) > 1:
+            # every rank reads its share into this host's memory at once: the whole must fit
+            if ftw_reader.INDEX in self.files:
+                index = ftw_reader.Index.load(self.files)
+                ftw_reader.require_host_memory(index.total_bytes, "the model's weights")
             self.group = dist.launch(ranks, self.files, placement, cfg.dtype, on_death=on_death)
         loaded = loader.load(
             self.files,
@@ -96,6 +103,19 @@ class ModelLoad:
         if state is not None:
             log.info("%d recurrent state slots (%.1f MiB)", state.num_slots, state.bytes / 2**20)
         return serving
+
+    def log_judgement(self, device: torch.device | None = None) -> None:
+        """What `freetoken doctor MODEL` would say, so a load's log says it too."""
+        name = str(self.spec.get("name", "model"))
+        try:
+            verdict = doctor.at_load(name, self.files, self.num_ctx, self.cfg, device)
+        except (OSError, ValueError, KeyError) as e:  # a model without an FTW index
+            log.info("doctor: no judgement for %s: %s", name, e)
+            return
+        for line in verdict.lines():
+            log.log(
+                logging.WARNING if line.startswith("warning") else logging.INFO, "doctor: %s", line
+            )
 
     def placement(self) -> loader.Placement:
         """How the experts are placed: the request's load options, else the settings."""
@@ -186,7 +206,7 @@ def kv_pages(
     or every parallel sequence at up to 8k tokens, whichever is more. Sequences take pages
     as they grow, so one long agent and idle slots do not reserve num_parallel contexts;
     what is left holds cached prefixes."""
-    per_page = KVCache.token_bytes(layout, dtype) * page
+    per_page = KVCache.page_bytes(layout, dtype, page)
     one_ctx = -(-num_ctx // page)
     if cfg.kv_cache_size and per_page:
         pages = cfg.kv_cache_size // per_page

@@ -51,6 +51,12 @@ def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]
     return {**files, "config.json": scratch / "config.json", **{n: scratch / n for n in names}}
 
 
+def kept_in_fp32(model: nn.Module, name: str) -> bool:
+    """Whether a parameter stays fp32 whatever the model's dtype: the model file's `FP32`
+    names (modules or dotted tails: "norm", "gate.weight") as its reference keeps them."""
+    return any(f".{part}." in f".{name}." for part in getattr(model, "FP32", ()))
+
+
 def _load_dense(
     model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -71,7 +77,9 @@ def _load_dense(
             raise WeightsError(
                 f"{name}: checkpoint shape {tuple(t.shape)} != model {tuple(p.shape)}"
             )
-        p.data = t.to(device=device, dtype=dtype)
+        # integer tensors (a routing table) keep their dtype
+        keep = p.dtype if not p.is_floating_point() else dtype
+        p.data = t.to(device=device, dtype=torch.float32 if kept_in_fp32(model, name) else keep)
 
 
 def load(

@@ -3,6 +3,12 @@
 Order, as Ollama's sampler applies them: repetition penalties over the last
 `repeat_last_n` tokens, then top-k, temperature, softmax, top-p, min-p, and a draw from
 the sequence's own seeded generator. Temperature 0 is greedy.
+
+It runs where the logits are — on the GPU for a GPU model — and only the token id comes
+back: on the host a step's sampling was milliseconds (an argmax over 150k logits, a sort of
+them for a large top_k), against a few milliseconds for the whole decode step. A large top_k
+keeps its tokens by a threshold (the k-th largest logit) instead of a sort, and without
+top_p or min_p nothing is sorted at all.
 """
 
 from __future__ import annotations
@@ -52,10 +58,17 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-def make_generator(params: SamplingParams) -> torch.Generator | None:
+# up to this many kept tokens, top-k takes them sorted (cheap); more are kept by a threshold
+SORTED_TOP_K = 1024
+
+
+def make_generator(
+    params: SamplingParams, device: torch.device | str = "cpu"
+) -> torch.Generator | None:
+    """The sequence's seeded generator, on the device its logits are sampled on."""
     if params.seed < 0:
         return None
-    return torch.Generator().manual_seed(params.seed)
+    return torch.Generator(device=device).manual_seed(params.seed)
 
 
 def apply_penalties(
@@ -68,7 +81,7 @@ def apply_penalties(
         or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
     ):
         return logits
-    recent = torch.tensor(history[-n:], dtype=torch.long)
+    recent = torch.tensor(history[-n:], dtype=torch.long, device=logits.device)
     ids, counts = torch.unique(recent, return_counts=True)
     vals = logits[ids]
     if p.repeat_penalty != 1.0:
@@ -83,8 +96,10 @@ def apply_penalties(
 def masked(logits: torch.Tensor, ids: np.ndarray, allow: bool) -> torch.Tensor:
     """fp32 logits [V] with only the tokens `ids` left (`allow`), or with `ids` ruled out
     (set to -inf in place): a scatter of the shorter list, not a pass over the vocabulary's
-    mask, since this is on the path of every constrained step."""
-    index = torch.from_numpy(ids)
+    mask, since this is on the path of every constrained step. The ids go to the logits'
+    device without waiting for it (a host array is staged at once), so the step's one
+    readback stays the only wait."""
+    index = torch.from_numpy(ids).to(logits.device, non_blocking=True)
     if allow:
         out = torch.full_like(logits, float("-inf"))
         out[index] = logits[index]
@@ -94,6 +109,43 @@ def masked(logits: torch.Tensor, ids: np.ndarray, allow: bool) -> torch.Tensor:
     return logits
 
 
+def draw(
+    logits: torch.Tensor,
+    history: list[int],
+    p: SamplingParams,
+    num_ctx: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """One token (a 0-d tensor on the logits' device) from logits [V]; nothing waits for
+    the device until the caller reads it."""
+    logits = apply_penalties(logits.float(), history, p, num_ctx)
+    if p.greedy:
+        return torch.argmax(logits)
+    V = logits.numel()
+    if 0 < p.top_k <= min(SORTED_TOP_K, V - 1):
+        vals, idx = torch.topk(logits, p.top_k)  # sorted, descending
+    else:
+        if 0 < p.top_k < V:  # the k largest, by the k-th largest value
+            kth = torch.kthvalue(logits, V - p.top_k + 1).values
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p >= 1.0 and p.min_p <= 0.0:  # nothing needs them in order
+            probs = torch.softmax(logits / p.temperature, dim=-1)
+            return torch.multinomial(probs, 1, generator=generator)[0]
+        vals, idx = torch.sort(logits, descending=True)
+    probs = torch.softmax(vals / p.temperature, dim=-1)
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if 0.0 < p.top_p < 1.0:
+        # the smallest prefix whose mass reaches top_p (always at least one token)
+        before = torch.cumsum(probs, dim=-1) - probs
+        keep &= before < p.top_p
+    if p.min_p > 0.0:
+        keep &= probs >= p.min_p * probs[0]
+    keep[0] = True
+    probs = probs.masked_fill(~keep, 0.0)
+    choice = torch.multinomial(probs / probs.sum(), 1, generator=generator)
+    return idx[choice[0]]
+
+
 def sample(
     logits: torch.Tensor,
     history: list[int],
@@ -101,25 +153,8 @@ def sample(
     num_ctx: int,
     generator: torch.Generator | None,
 ) -> int:
-    """One token from fp32 logits [V] (on the CPU)."""
-    logits = apply_penalties(logits.float(), history, p, num_ctx)
-    if p.greedy:
-        return int(torch.argmax(logits))
-    if 0 < p.top_k < logits.numel():
-        vals, idx = torch.topk(logits, p.top_k)
-    else:
-        vals, idx = torch.sort(logits, descending=True)
-    probs = torch.softmax(vals / p.temperature, dim=-1)
-    keep = probs.numel()
-    if 0.0 < p.top_p < 1.0:
-        cum = torch.cumsum(probs, dim=-1)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        keep = min(keep, int(torch.searchsorted(cum, torch.tensor(p.top_p))) + 1)
-    if p.min_p > 0.0:
-        keep = min(keep, max(1, int((probs >= p.min_p * probs[0]).sum())))
-    probs = probs[:keep]
-    choice = torch.multinomial(probs / probs.sum(), 1, generator=generator)
-    return int(idx[choice])
+    """One token from logits [V], as an int."""
+    return int(draw(logits, history, p, num_ctx, generator))
 
 
 def token_logprobs(

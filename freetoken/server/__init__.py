@@ -6,11 +6,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 from freetoken import config
 
-__all__ = ["serve"]
+__all__ = ["BindError", "bind", "serve"]
 
 log = logging.getLogger("freetoken.server")
 
@@ -38,12 +39,36 @@ def serve(cfg: Any = None) -> None:
         removed = store.prune()
         if removed:
             log.info("pruned %d unused or partial files from %s", len(removed), store.root)
+    # Bound before anything says "listening": a second server on a busy port stops here,
+    # with Ollama's words, instead of logging an address it never gets.
+    sock = bind(cfg.host.host, cfg.host.port)
     log.info("models in %s; listening on %s", store.root, cfg.host.url)
-    uvicorn.run(
-        create_app(cfg, store),
-        host=cfg.host.host,
-        port=cfg.host.port,
-        log_level="debug" if cfg.debug else "info",
-        access_log=bool(cfg.debug),
-        timeout_graceful_shutdown=5,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(cfg, store),
+            log_level="debug" if cfg.debug else "info",
+            access_log=bool(cfg.debug),
+            timeout_graceful_shutdown=5,
+        )
     )
+    server.run(sockets=[sock])
+
+
+class BindError(RuntimeError):
+    """The address cannot be listened on: another server has it, or it is not this host's."""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or BindError naming the address."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise BindError(f"listen tcp {where}: bind: {(e.strerror or str(e)).lower()}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -28,6 +28,8 @@ from freetoken.protocol import CompletionRequest
 __all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
 
 log = logging.getLogger(__name__)
+# runner log lines the server log shows without FREETOKEN_DEBUG
+_SHOWN = (" runner WARNING ", " doctor: ", " CPU experts: ")
 
 _POLL_S = 0.05
 _TAIL_LINES = 40
@@ -157,7 +159,9 @@ class Runner:
     def _output_line(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").rstrip()
         self._tail.append(line)
-        log.debug("runner %d: %s", self.proc.pid, line)
+        # the load's judgement, the CPU kernel's status and warnings are for the operator
+        shown = any(mark in line for mark in _SHOWN)
+        log.log(logging.INFO if shown else logging.DEBUG, "runner %d: %s", self.proc.pid, line)
 
     async def _wait_exit(self) -> int:
         code = await self.proc.wait()

@@ -3,8 +3,8 @@
     python -m freetoken.tools.demo OUT_DIR
 
 Random weights produce gibberish; the demo shows the whole path (pull or create, serve,
-stream) working, not a useful model. The same model, pushed into registry/embedded, is what
-the Quick start pulls.
+stream) working, not a useful model. The same model, pushed into freetoken/registry/embedded,
+is what the Quick start pulls.
 """
 
 from __future__ import annotations

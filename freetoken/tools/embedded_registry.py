@@ -1,6 +1,6 @@
-"""Builds the registry directory shipped in the repository (registry/embedded).
+"""Builds the registry directory shipped in the repository (freetoken/registry/embedded).
 
-    python -m freetoken.tools.embedded_registry registry/embedded
+    python -m freetoken.tools.embedded_registry freetoken/registry/embedded
 
 It holds the demo model (`demo:latest`), pushed with the real push path into a registry
 root, so the Quick start pulls it offline with the real pull path.
@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 
 def build(root: Path) -> None:
-    from registry import create_app
+    from freetoken.registry import create_app
 
     if root.exists():
         shutil.rmtree(root)

@@ -35,6 +35,16 @@ PRE_TOKENIZERS: dict[str | None, str | None] = {
 }
 
 
+# tokenizer.ggml.pre -> the Unicode normalization the family's tokenizer.json applies
+# first (Qwen's composes: "e" + a combining accent is one "é" before the split)
+NORMALIZERS: dict[str | None, str] = {"qwen2": "NFC", "qwen35": "NFC"}
+
+# tokenizer.ggml.token_type values (llama.cpp's): control tokens are not text; user-defined
+# ones are added tokens matched whole but decoded as text (<think>, <tool_call>), as the
+# checkpoint's tokenizer.json has them ("special": false)
+CONTROL, USER_DEFINED = 3, 4
+
+
 def pre_tokenizer(pre: str | None):
     from tokenizers import Regex, pre_tokenizers
 
@@ -53,7 +63,7 @@ def pre_tokenizer(pre: str | None):
 
 def write_tokenizer_files(path: Path, out: Path) -> list[str]:
     """tokenizer.json, tokenizer_config.json and generation_config.json from GGUF metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers
     from tokenizers import models as tmodels
 
     kv = metadata(_open(path))
@@ -64,15 +74,19 @@ def write_tokenizer_files(path: Path, out: Path) -> list[str]:
     tokens = list(kv["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in kv.get("tokenizer.ggml.merges") or []]
     tok = Tokenizer(tmodels.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tok.pre_tokenizer = pre_tokenizer(kv.get("tokenizer.ggml.pre"))
+    pre = kv.get("tokenizer.ggml.pre")
+    if pre in NORMALIZERS:
+        tok.normalizer = getattr(normalizers, NORMALIZERS[pre])()
+    tok.pre_tokenizer = pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     types = list(kv.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    special = [
-        AddedToken(tokens[i], special=True, normalized=False)
+    added = [
+        AddedToken(tokens[i], special=ty == CONTROL, normalized=False)
         for i, ty in enumerate(types)
-        if ty in (3, 4)
+        if ty in (CONTROL, USER_DEFINED)
     ]
-    tok.add_special_tokens(special)
+    tok.add_special_tokens([t for t in added if t.special])
+    tok.add_tokens([t for t in added if not t.special])
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     ids = {k: kv.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos")}

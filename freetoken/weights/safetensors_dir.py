@@ -40,6 +40,11 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
     return [Path(files[n]) for n in found]
 
 
+# bytes per element of safetensors' dtype names
+_ITEM_BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
+_ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 def _refuse_quantized(config: dict) -> None:
     """Quantized checkpoints (MXFP4, FP8) hold packed blocks and scales no kernel reads yet:
     refused before a tensor is read, rather than failing on their tensor names later."""
@@ -94,6 +99,17 @@ class Checkpoint:
     def tensor(self, name: str) -> torch.Tensor:
         t = self.handles[name].get_tensor(name)
         return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the model reads (those it ignores not counted), as stored."""
+        total = 0
+        for name, f in self.handles.items():
+            piece = f.get_slice(name)
+            n = 1
+            for d in piece.get_shape():
+                n *= d
+            total += n * _ITEM_BYTES[piece.get_dtype()]
+        return total
 
     def bank_keys(self) -> list[BankKey]:
         return sorted(self.pieces)

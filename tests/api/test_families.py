@@ -23,8 +23,10 @@ def _families():
     from tests.models import (
         test_deepseek_v2,
         test_deepseek_v3,
+        test_deepseek_v4,
         test_glm4_moe,
         test_glm4_moe_lite,
+        test_glm_moe_dsa,
         test_gpt_oss,
         test_minimax_m2,
         test_mixtral,
@@ -50,6 +52,9 @@ def _families():
         "gpt-oss": lambda f: test_gpt_oss._build(f, "api-gpt-oss", 79),
         "qwen3-next": lambda f: test_qwen3_next._build(f, "api-next", test_qwen3_next.INTERVAL, 79),
         "qwen3.5-moe": lambda f: test_qwen3_5_moe._build(f, "api-qwen35", 80),
+        # the checkpoint as transformers saves it: DeepSeek's own tensor names
+        "deepseek-v4": lambda f: test_deepseek_v4._build(f, "api-ds4", test_deepseek_v4.MIXED, 81),
+        "glm-5": lambda f: test_glm_moe_dsa._build(f, "api-glm5", test_glm_moe_dsa.SHARED, 82),
     }
 
 
@@ -65,6 +70,8 @@ FAMILIES = [
     "gpt-oss",
     "qwen3-next",
     "qwen3.5-moe",
+    "deepseek-v4",
+    "glm-5",
 ]
 
 

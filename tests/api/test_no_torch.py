@@ -19,6 +19,6 @@ def test_public_names():
     import freetoken.store
 
     assert freetoken.api.__all__ == ["create_app", "routes"]
-    assert freetoken.server.__all__ == ["serve"]
+    assert freetoken.server.__all__ == ["BindError", "bind", "serve"]
     for name in freetoken.store.__all__:
         assert hasattr(freetoken.store, name)

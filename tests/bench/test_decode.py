@@ -135,3 +135,19 @@ def test_the_gpt_oss_shape_benchmarks_with_biased_clamped_experts(capsys):
     assert lane["lane_served"] > 0 and lane["lane_failed"] == 0
     sm = synthmodel.build("tiny-gpt-oss", torch.device("cpu"))
     assert {b for _, b in sm.banks} == {"gate_up", "down", "gate_up_bias", "down_bias"}
+
+
+@pytest.mark.parametrize("shape,moe_layers", [("tiny-deepseek-v4", 4), ("tiny-glm-5.2", 2)])
+def test_the_sparse_attention_shapes_benchmark_alike(capsys, shape, moe_layers):
+    """DeepSeek-V4's layers (compressed attention, hash routing, hyper-connections, clamped
+    experts) and GLM-5's (sparse MLA, dense first layers) at a tiny size: built through their
+    model files, a random token -> experts table, decode steps through their KV pools."""
+    decode.main(
+        ["--model", shape, "--fractions", "--caps", "0.5", "--tokens", "4",
+         "--warmup", "2", "--settle", "4", "--settle-fixed", "2", "--repeats", "1",
+         "--policies", "lru-pcie", "--routing", "uniform", "--bw-seconds", "0.1", "--json"]
+    )  # fmt: skip
+    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    (row,) = [r for r in rows if r["policy"] == "lru-pcie"]
+    k = 4 * moe_layers
+    assert 0 < row["misses_per_token"] <= k and row["slots"] == 16 * moe_layers // 2

@@ -174,8 +174,61 @@ def test_pull_progress_and_error(api, client, capsys):
     api.on(
         "POST", "/api/push", ndjson({"status": "retrieving manifest"}, {"error": "unauthorized"})
     )
-    assert main(["push", "demo"], client=client) == 1
+    assert main(["push", "me/demo"], client=client) == 1
     assert capsys.readouterr().err.endswith("Error: unauthorized\n")
+
+
+def test_push_needs_a_namespace(api, client, capsys):
+    assert main(["push", "demo"], client=client) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("Error: push needs a namespace") and "freetoken cp demo YOURNAME/demo" in err
+    )
+    assert api.bodies("POST", "/api/push") == []
+
+
+def test_pull_names_the_shells_registry(api, client, capsys, monkeypatch):
+    from freetoken.cli import commands
+
+    monkeypatch.setattr(commands, "_registry", lambda: "http://127.0.0.1:9")
+    api.on(
+        "POST",
+        "/api/pull",
+        ndjson(
+            {"status": "pulling manifest", "registry": "http://127.0.0.1:9"}, {"status": "success"}
+        ),
+    )
+    assert main(["pull", "demo"], client=client) == 0
+    assert api.bodies("POST", "/api/pull") == [
+        {"model": "demo", "stream": True, "registry": "http://127.0.0.1:9"}
+    ]
+    assert capsys.readouterr().err.startswith("pulling manifest (http://127.0.0.1:9)")
+
+
+def test_run_without_a_model_asks_for_the_model(capsys):
+    assert_exit = None
+    try:
+        main(["run"])
+    except SystemExit as e:
+        assert_exit = e.code
+    assert assert_exit == 2
+    err = capsys.readouterr().err
+    assert (
+        "the following arguments are required: model" in err
+        and "prompt" not in err.splitlines()[-1]
+    )
+
+
+def test_help_of_serve_and_bench_describe_them(capsys):
+    for argv in (["serve", "--help"], ["bench", "--help"]):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+    out = capsys.readouterr().out
+    assert "FREETOKEN_HOST (OLLAMA_HOST)" in out and "(default 127.0.0.1:11434)" in out
+    assert "FREETOKEN_MODELS (OLLAMA_MODELS)" in out
+    assert "bw " in out and "B_P" in out
 
 
 def test_version(api, client, capsys):

@@ -200,3 +200,14 @@ def test_interactive_when_stdin_is_a_terminal(api, client, monkeypatch):
     # Preloaded first, then one chat turn.
     assert api.bodies("POST", "/api/generate") == [{"model": "m", "keep_alive": "1m"}]
     assert api.bodies("POST", "/api/chat")[0]["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def test_the_loading_line_turns_before_bytes_move_and_rates_only_moving_bytes():
+    from freetoken.cli.run import loading_line
+
+    first = loading_line("demo", None, 0, 0.4)
+    second = loading_line("demo", {"name": "demo:latest", "completed": 0, "total": 9e9}, 1, 3.2)
+    assert first.startswith("loading demo ") and first.endswith(" 0s")
+    assert second.endswith(" 3s") and "GB/s" not in second and first[13] != second[13]
+    moving = {"name": "demo:latest", "completed": 2e9, "total": 8e9, "gbps": 1.5}
+    assert loading_line("demo", moving, 2, 4).endswith("2.00/8.00 GB (1.50 GB/s)")

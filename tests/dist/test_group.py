@@ -118,3 +118,13 @@ def test_a_rank_that_fails_to_load_fails_the_load_by_name(tiny_model):
     ):
         loader.place_experts(loaded, placement, group)
     assert all(p.poll() is not None for p in group.procs)
+
+
+def test_cuda_asked_of_a_torch_without_a_gpu_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ValueError, match="CPU-only build: install a CUDA build of torch"):
+        dist.devices("auto", "cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    with pytest.raises(ValueError, match=r"torch \(CUDA 12.8\) sees no GPU"):
+        dist.devices("auto", "cuda")

@@ -80,3 +80,21 @@ def test_bare_gguf_loads_without_conversion(tiny_model, tmp_path):
     files = loader.with_gguf_metadata({"m.gguf": gguf}, tmp_path / "meta")
     loaded = loader.load(files, "cpu")
     assert loaded.config["num_experts"] == hf.config.num_experts
+
+
+def test_a_model_beyond_the_memory_available_is_refused_at_conversion(
+    tiny_model, tmp_path, monkeypatch
+):
+    """Converting a checkpoint this host could not hold to serve stops before writing, with
+    the numbers: the tensors the model reads, not the ones it ignores."""
+    from freetoken.ftw import reader
+    from freetoken.models.qwen3_moe import Model
+    from freetoken.weights.safetensors_dir import Checkpoint
+
+    path, hf = tiny_model
+    with Checkpoint(files_of(path), Model) as ck:
+        assert ck.nbytes() == sum(t.numel() * 4 for t in hf.state_dict().values())
+    monkeypatch.setattr(reader, "mem_available", lambda: 4096)
+    with pytest.raises(reader.HostMemoryError, match=r"GiB of host memory and 0\.0 GiB is"):
+        convert(path, tmp_path / "ftw")
+    assert not (tmp_path / "ftw").exists()

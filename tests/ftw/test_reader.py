@@ -66,3 +66,18 @@ def test_huge_pages_by_default_only_where_they_fill_faster(odd_ftw, monkeypatch)
     assert isinstance(pays, bool) and hostmem.huge_pages_pay() is pays
     small, huge = hostmem._fault_seconds(False), hostmem._fault_seconds(True)
     assert small > 0 and huge > 0
+
+
+def test_weights_beyond_the_memory_available_are_refused_before_any_read(odd_ftw, monkeypatch):
+    """Refused with the numbers (needed, available) before a byte is allocated or read; a
+    share that fits is read, and where the host cannot say, nothing is refused."""
+    need = sum(int(t["nbytes"]) for t in reader.Index.load(odd_ftw).tensors)
+    monkeypatch.setattr(reader, "mem_available", lambda: need // 2)
+    monkeypatch.setattr(reader, "HostBuffer", lambda *a: pytest.fail("allocated"))
+    with pytest.raises(reader.HostMemoryError, match=r"need 0\.\d GiB .* 0\.\d GiB is available"):
+        reader.read(odd_ftw)
+    monkeypatch.undo()
+    monkeypatch.setattr(reader, "mem_available", lambda: need // 2)
+    assert reader.read(odd_ftw, experts=(0, 1), dense=False).banks
+    monkeypatch.setattr(reader, "mem_available", lambda: None)
+    assert reader.read(odd_ftw).banks

@@ -6,11 +6,13 @@ import torch
 
 from freetoken.models.base import ExpertSpec
 
-# what the families' experts compute: SwiGLU, SwiGLU with biases, and gpt-oss's clamped form
+# what the families' experts compute: SwiGLU, SwiGLU with biases, gpt-oss's clamped form and
+# SwiGLU of clamped inputs (DeepSeek-V4's)
 VARIANTS = {
     "swiglu": dict(),
     "swiglu+bias": dict(bias=True),
     "clamped+bias": dict(activation="swiglu_clamped", alpha=1.702, limit=7.0, bias=True),
+    "silu-clamped": dict(activation="silu_clamped", limit=7.0),
 }
 
 

@@ -106,21 +106,57 @@ def test_a_build_never_waits_on_a_lock_a_killed_build_left(tmp_path):
         pass
 
 
+def test_a_lock_whose_holder_was_killed_is_taken_at_once(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import fcntl, sys, time\n"
+        f"f = open({str(tmp_path / 'freetoken.lock')!r}, 'a')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX); f.write('process 1'); f.flush()\n"
+        "print('held', flush=True); time.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    t0 = time.monotonic()
+    with cpu._exclusive(tmp_path):
+        assert (tmp_path / "freetoken.lock").read_text().startswith("process ")
+    assert time.monotonic() - t0 < 5
+
+
 def test_the_build_calls_this_environments_ninja(monkeypatch, tmp_path):
     import os
     import sys
+    import types
 
     from freetoken import config
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ninja").touch()
-    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    pkg, beside = tmp_path / "pkg", tmp_path / "bin"
+    for d in (pkg, beside):
+        d.mkdir()
+        (d / "ninja").touch()
+    monkeypatch.setattr(sys, "executable", str(beside / "python"))
+    monkeypatch.setitem(sys.modules, "ninja", types.SimpleNamespace(BIN_DIR=str(pkg)))
+    assert cpu.ninja_dir() == pkg  # the package's, whatever PATH says
+    (pkg / "ninja").unlink()
+    assert cpu.ninja_dir() == beside
+    (beside / "ninja").unlink()
+    assert cpu.ninja_dir() is None
     monkeypatch.setenv("PATH", "/usr/bin")
-    config.prefer_tools_beside_python()
-    assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]
-    config.prefer_tools_beside_python()  # once is enough
-    assert os.environ["PATH"].split(os.pathsep) == [str(bin_dir), "/usr/bin"]
+    config.put_first_on_path(pkg)
+    config.put_first_on_path(pkg)  # once is enough
+    assert os.environ["PATH"].split(os.pathsep) == [str(pkg), "/usr/bin"]
+
+
+def test_status_says_which_code_serves_and_why():
+    st = cpu.status()
+    if st.compiled:
+        assert st.kernel.startswith("C++ (") and ("built" in st.reason or "compiled" in st.reason)
+    else:
+        assert st.kernel == "plain torch" and st.reason.startswith("the C++ kernel did not build")
 
 
 def test_checkouts_with_the_same_sources_share_one_build(tmp_path):

@@ -21,7 +21,9 @@ def _ptxas() -> bool:
 
 
 def _kernels():
-    return _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels()
+    return (
+        _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels() + _sparse_kernels()
+    )
 
 
 def _delta_kernels():
@@ -137,12 +139,76 @@ def _mla_kernels():
     return out
 
 
+def _sparse_kernels():
+    from freetoken.kernels.triton import indexer, sparse
+
+    out = []
+    for dt in ("bf16", "fp32"):
+        # GLM-5's absorbed latent (576 = 512 + 64), and DeepSeek-V4's rows with sinks (512)
+        for D, dv, sink in ((576, 512, False), (512, 512, True)):
+            for direct in (True, False):
+                part = f"*{dt}" if direct else "*fp32"
+                sig = {
+                    "q_ptr": f"*{dt}",
+                    "pool_ptr": f"*{dt}",
+                    "rows_ptr": "*i32",
+                    "sink_ptr": "*fp32",
+                    "out_ptr": f"*{dt}",
+                    "part_ptr": part,
+                    "lse_ptr": part,
+                    "scale": "fp32",
+                    "pool_stride": "i64",
+                    "H": "i32",
+                    "K": "i32",
+                    "SPLITS": "i32",
+                }
+                consts = {
+                    "D": D,
+                    "DV": dv,
+                    "DV_BLOCK": 512,
+                    "DR_BLOCK": 64,
+                    "HB": 16,
+                    "BLOCK_N": 16,
+                    "HAS_SINK": sink,
+                    "DIRECT": direct,
+                }
+                out.append((sparse.sparse_attention_kernel, sig, consts))
+            sig = {
+                "part_ptr": "*fp32",
+                "lse_ptr": "*fp32",
+                "sink_ptr": "*fp32",
+                "out_ptr": f"*{dt}",
+                "H": "i32",
+                "SPLITS": "i32",
+            }
+            consts = {"DV": dv, "DV_BLOCK": 512, "S_BLOCK": 4, "HAS_SINK": sink}
+            out.append((sparse.sparse_merge_kernel, sig, consts))
+        sig = {
+            "q_ptr": f"*{dt}",
+            "w_ptr": "*fp32",
+            "pool_ptr": f"*{dt}",
+            "lists_ptr": "*i32",
+            "which_ptr": "*i32",
+            "seen_ptr": "*i32",
+            "out_ptr": "*fp32",
+            "scale": "fp32",
+            "pool_stride": "i64",
+            "list_stride": "i64",
+            "S": "i32",
+        }
+        # GLM-5's indexer (32 heads) and DeepSeek-V4's (64), keys of 128
+        for heads in (32, 64):
+            consts = {"HEADS": heads, "H_BLOCK": heads, "D": 128, "D_BLOCK": 128, "BLOCK_S": 64}
+            out.append((indexer.index_scores_kernel, sig, consts))
+    return out
+
+
 def _expert_kernels():
     from freetoken.kernels.triton import moe_decode
 
     out = []
     for dt in ("bf16", "fp32"):
-        for bias, act in ((False, 0), (True, 0), (True, 1)):
+        for bias, act in ((False, 0), (True, 0), (True, 1), (False, 2)):
             rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32"}
             shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(

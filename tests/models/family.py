@@ -105,6 +105,34 @@ def policies_match_resident(path: Path, num_experts: int, moe_layers: int) -> No
         assert seq.output_ids == want.output_ids
 
 
+def prefix_reuse_matches(path: Path, hf) -> None:
+    """Prompts resumed from the prefix cache — one extending a cached prompt (its pages
+    shared), one that differs inside a page (the page copied in part) — continue as
+    transformers does: what a layer keeps beside its tokens (indexer keys, compressed
+    entries) is reused or formed again with them."""
+    engine = make_engine(path, page_size=4, pages=128, prefix_cache=True)
+    base = LONG[:30]
+    generate(engine, [base], 1)
+    for prompt in (base + [9, 8, 7], base[:21] + [5, 6, 7, 8]):
+        (seq,) = generate(engine, [prompt], 8)
+        assert seq.cached_tokens >= 20
+        assert seq.output_ids == fixtures.hf_greedy(hf, prompt, 8)
+
+
+def bf16_dtypes_match(path: Path, hf_cls) -> None:
+    """Loaded in bf16, every parameter has the dtype transformers gives it in bf16: those its
+    reference keeps in fp32 (norms, biases, mixing weights) stay fp32; and the model runs."""
+    import torch
+
+    ref = hf_cls.from_pretrained(path, dtype=torch.bfloat16)
+    engine = make_engine(path, dtype="bfloat16")
+    ours = dict(engine.model.named_parameters())
+    theirs = {n: p for n, p in ref.state_dict().items() if n in ours}
+    assert {n: p.dtype for n, p in theirs.items()} == {n: ours[n].dtype for n in theirs}
+    assert any(p.dtype == torch.float32 for p in theirs.values())
+    assert torch.isfinite(full_logits(engine, PROMPT)).all()
+
+
 def fixed_shape_decode_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> None:
     """Decode through the fixed-shape step (DecodeView: padded contexts masked by length,
     the path CUDA graphs capture), run eagerly: transformers' tokens."""

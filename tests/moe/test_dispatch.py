@@ -122,3 +122,51 @@ def test_mode_chooser_in_rounds_is_not_fooled_by_a_machine_that_slows_down():
     modes = run(two, 12)
     assert modes[:8] == ["cache", "cache", "layers", "layers"] * 2  # visits in turn, 2 samples each
     assert two.mode == "layers" and two.means == pytest.approx({"cache": 0.08, "layers": 0.07})
+
+
+def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
+    from freetoken.moe.dispatch import ModeChooser
+
+    cost = {"device": 0.02, "split": 0.01, "layers": 0.03}
+    chooser = ModeChooser(
+        settle=1,
+        measure=4,
+        period=1000,
+        modes=tuple(cost),
+        rounds=2,
+        start="split",
+        explore_after=50,
+        duty=0.1,
+    )
+    modes = []
+    for _ in range(400):
+        modes.append(chooser.mode)
+        chooser.observe(cost[chooser.mode])
+    assert set(modes[:50]) == {"split"}  # the first answer is served as predicted
+    # six visits (three modes, two rounds) of settle + 2 samples, each followed by a rest
+    visits = sum(1 for a, b in zip(modes, modes[1:]) if a == "split" and b != "split")
+    assert visits == 4 and chooser.measured and chooser.mode == "split"
+    away = sum(m != "split" for m in modes)
+    assert away <= 0.1 * (len(modes) - 50) + 3  # visits took about a tenth of the steps
+    assert chooser.means == pytest.approx(cost)
+
+
+def test_a_chooser_that_learned_waits_a_period():
+    from freetoken.moe.dispatch import ModeChooser
+
+    chooser = ModeChooser(modes=("device", "split"), start="device", explore_after=4096)
+    for _ in range(4095):
+        chooser.observe(0.01)
+    assert chooser.mode == "device" and not chooser._plan
+    chooser.observe(0.01)
+    assert chooser._plan  # measuring again
+
+
+def test_prediction_prefers_both_paths_then_pcie():
+    from freetoken.moe.policy import Mode
+    from freetoken.moe.tuning import predict
+
+    modes = (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
+    assert predict(modes, 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.SPLIT
+    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.LAYERS
+    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.05e-3, 0.5e-3) is Mode.DEVICE

@@ -33,15 +33,18 @@ def _wait_up(url: str, alive: Any, timeout: float = 20.0) -> None:
 class ThreadRegistry:
     """`with ThreadRegistry(root) as reg:` serves `root` at `reg.url` (host `reg.host`)."""
 
-    def __init__(self, root: Path, token: str | None = None):
-        from registry import create_app
+    def __init__(self, root: Path, token: str | None = None, challenge=None):
+        from freetoken.registry import create_app
 
         self.root = root
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.host}"
         config = uvicorn.Config(
-            create_app(root, token), host="127.0.0.1", port=self.port, log_level="warning"
+            create_app(root, token, challenge),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -57,7 +60,7 @@ class ThreadRegistry:
 
 
 class ProcessRegistry:
-    """`python -m registry serve` as a child process; `kill` is SIGKILL, `start` starts it
+    """`python -m freetoken.registry serve` as a child process; `kill` is SIGKILL, `start` starts it
     again on the same port and root."""
 
     def __init__(self, root: Path, token: str | None = None):
@@ -72,7 +75,7 @@ class ProcessRegistry:
         cmd = [
             sys.executable,
             "-m",
-            "registry",
+            "freetoken.registry",
             "serve",
             "--root",
             str(self.root),

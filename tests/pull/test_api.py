@@ -73,7 +73,7 @@ def test_ollama_client_push(client, server, registry, tmp_path, source):
     }
 
 
-def test_unknown_model(client, server):
+def test_unknown_model(client, server, registry):
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("nosuch")
     assert e.value.error == "pull model manifest: file does not exist"
@@ -83,7 +83,7 @@ def test_unknown_model(client, server):
         lines = [json.loads(x) for x in r.iter_lines() if x]
     assert r.status_code == 200
     assert lines == [
-        {"status": "pulling manifest"},
+        {"status": "pulling manifest", "registry": registry.url},
         {"error": "pull model manifest: file does not exist"},
     ]
 
@@ -105,9 +105,23 @@ def test_cli_pull_and_push(server, registry, capsys):
     cli = Client(server.url)
     assert main(["pull", "wide"], client=cli) == 0
     err = capsys.readouterr().err
-    assert "pulling manifest" in err and "success" in err
+    assert f"pulling manifest ({registry.url})" in err and "success" in err
     assert main(["cp", "wide", "team/wide"], client=cli) == 0
     assert main(["push", "team/wide"], client=cli) == 0
     err = capsys.readouterr().err
     assert "pushing manifest" in err and "success" in err
     assert (registry.root / "manifests/team/wide/latest").is_file()
+
+
+def test_a_request_names_its_registry(server, registry, tmp_path):
+    """The CLI sends its own FREETOKEN_REGISTRY as `registry`; the server uses it instead of
+    its own, so the pull goes where the user's shell says."""
+    with ThreadRegistry(tmp_path / "other") as other:
+        http = httpx.Client(base_url=server.url)
+        r = http.post("/api/pull", json={"model": "tiny", "registry": other.url, "stream": False})
+        assert r.status_code == 404 and "file does not exist" in r.json()["error"]
+        with http.stream("POST", "/api/pull", json={"model": "tiny", "registry": other.url}) as r:
+            first = json.loads(next(r.iter_lines()))
+        assert first == {"status": "pulling manifest", "registry": other.url}
+    r = http.post("/api/pull", json={"model": "tiny", "registry": "not a host"})
+    assert r.status_code == 400 and r.json()["error"].startswith("registry: expected host")

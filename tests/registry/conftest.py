@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 
-from registry import create_app
+from freetoken.registry import create_app
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import app
+from freetoken.registry import app
 from tests.registry.conftest import (
     MANIFEST_TYPE,
     digest_of,

@@ -1,4 +1,4 @@
-"""`python -m registry serve` as a real process: start, push, pull, stop."""
+"""`python -m freetoken.registry serve` as a real process: start, push, pull, stop."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_serve_subprocess(tmp_path):
         [
             sys.executable,
             "-m",
-            "registry",
+            "freetoken.registry",
             "serve",
             "--root",
             str(root),
@@ -67,7 +67,7 @@ def test_serve_subprocess(tmp_path):
 
 def test_help():
     r = subprocess.run(
-        [sys.executable, "-m", "registry", "serve", "--help"],
+        [sys.executable, "-m", "freetoken.registry", "serve", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

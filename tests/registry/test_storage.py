@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from freetoken.registry.storage import Storage
 from freetoken.store.blobs import DigestMismatch
 from freetoken.store.names import InvalidName
-from registry.storage import Storage
 from tests.registry.conftest import digest_of
 
 

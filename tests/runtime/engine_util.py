@@ -45,12 +45,13 @@ def make_engine(
     cpu_lane: str = "auto",
     prefix_cache: bool = False,
     anchor_ids: frozenset[int] = frozenset(),
+    dtype: str = "auto",
 ) -> Engine:
     """anchor_ids: with the prefix cache, a hybrid model's boundary tokens (its recurrent
     state is kept after them, at prompt ends and at sequence ends)."""
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
-    loaded = loader.load(files, device, "auto")
+    loaded = loader.load(files, device, dtype)
     loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
     layout = loaded.model.kv_layout()
     kv = KVCache(layout, pages, page_size, loaded.dtype, loaded.device)

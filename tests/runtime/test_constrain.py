@@ -330,14 +330,24 @@ def test_random_schemas_give_valid_instances(engine, grammars, case):
 
 
 def test_format_json_gives_an_object(engine, grammars):
-    seq = run(
-        engine,
-        chat_prompt(engine),
-        SamplingParams(temperature=0.9, seed=5),
-        constrained(engine, grammars, json_format("json")),
-    )
-    assert seq.finish_reason == "stop"
-    assert isinstance(json.loads(engine.tokenizer.decode(seq.output_ids)), dict)
+    # A random model at temperature 0.9 wanders: some walks close the object within the
+    # budget and some do not, and which ones do shifts with floating-point summation order.
+    # So judge several walks: every one is compact JSON from its first character (a JSON
+    # string holds no raw newline), every one that stopped parses as an object, some stop.
+    stopped = 0
+    for seed in range(6):
+        seq = run(
+            engine,
+            chat_prompt(engine),
+            SamplingParams(temperature=0.9, seed=seed),
+            constrained(engine, grammars, json_format("json")),
+        )
+        text = engine.tokenizer.decode(seq.output_ids)
+        assert text.startswith("{") and "\n" not in text and "\t" not in text, text
+        if seq.finish_reason == "stop":
+            stopped += 1
+            assert isinstance(json.loads(text), dict), text
+    assert stopped >= 2
 
 
 def calls_of(engine, seq, style):

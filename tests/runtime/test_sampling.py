@@ -64,3 +64,45 @@ def test_penalties_push_repeated_tokens_down():
 def test_from_options_uses_ollama_defaults():
     p = SamplingParams.from_options({"temperature": 0.2, "stop": ["x"]})
     assert (p.temperature, p.top_k, p.top_p, p.repeat_last_n, p.stop) == (0.2, 40, 0.9, 64, ("x",))
+
+
+def _frequencies(logits, p, n=4000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(logits.numel())
+    for _ in range(n):
+        counts[sample(logits, [], p, 4096, g)] += 1
+    return counts / n
+
+
+def test_a_large_top_k_keeps_its_tokens_by_threshold(monkeypatch):
+    """Past SORTED_TOP_K the k largest are kept by the k-th largest value, unsorted: the
+    same distribution as the sorted path, and nothing outside the k."""
+    from freetoken.runtime import sampling
+
+    monkeypatch.setattr(sampling, "SORTED_TOP_K", 8)
+    V = 50
+    logits = torch.linspace(-2.0, 2.0, V)[
+        torch.randperm(V, generator=torch.Generator().manual_seed(1))
+    ]
+    for k in (30, 0):
+        p = SamplingParams(temperature=1.0, top_k=k, top_p=1.0)
+        freq = _frequencies(logits, p, n=8000)
+        kept = logits >= torch.topk(logits, k).values[-1] if k else torch.ones(V, dtype=torch.bool)
+        assert freq[~kept].sum() == 0
+        expect = torch.softmax(logits.masked_fill(~kept, float("-inf")), dim=-1)
+        assert (freq - expect).abs().sum() < 0.12  # total variation over 8000 draws
+    # with top_p the threshold path sorts what it kept: the top_p prefix of the top k
+    p = SamplingParams(temperature=1.0, top_k=30, top_p=0.5)
+    freq = _frequencies(logits, p, n=2000)
+    order = torch.argsort(logits, descending=True)
+    probs = torch.softmax(logits[order[:30]], dim=-1)
+    inside = int((torch.cumsum(probs, 0) - probs < 0.5).sum())
+    assert freq[order[inside:]].sum() == 0 and freq[order[:inside]].sum() == 1
+
+
+def test_sampling_stays_on_the_logits_device_until_read():
+    logits = torch.tensor([0.0, 3.0, 1.0])
+    from freetoken.runtime.sampling import draw
+
+    token = draw(logits, [], SamplingParams(temperature=0.0), 4096, None)
+    assert isinstance(token, torch.Tensor) and token.device == logits.device and int(token) == 1

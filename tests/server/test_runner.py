@@ -102,3 +102,29 @@ def test_process_dying_while_loading_reports_exit_status_and_output(files, tmp_p
 def test_spec_file_matches_the_protocol(files):
     s = spec(files, options={"moe_policy": "adaptive"})
     assert set(vars(s)) == {"name", "files", "num_ctx", "num_parallel", "options"}
+
+
+def test_the_runners_load_judgement_reaches_the_server_log(caplog):
+    """Runner output is debug detail, except what the operator should read: the CPU
+    kernel's status, the doctor's judgement at load and warnings."""
+    import collections
+    import logging
+    import types
+
+    from freetoken.server.runner import Runner
+
+    r = object.__new__(Runner)
+    r._tail, r.proc = collections.deque(maxlen=10), types.SimpleNamespace(pid=7)
+    with caplog.at_level(logging.DEBUG, logger="freetoken.server.runner"):
+        for line in (
+            "t runner INFO CPU experts: C++ (avx2) (built)",
+            "t runner INFO doctor: decode: at most 9.0 tok/s",
+            "t runner WARNING pinning refused",
+            "t runner INFO ready: 10 KV pages",
+        ):
+            r._output_line(line.encode())
+    levels = {rec.getMessage().split(": ", 1)[1]: rec.levelno for rec in caplog.records}
+    assert levels["t runner INFO ready: 10 KV pages"] == logging.DEBUG
+    assert levels["t runner INFO doctor: decode: at most 9.0 tok/s"] == logging.INFO
+    assert levels["t runner WARNING pinning refused"] == logging.INFO
+    assert levels["t runner INFO CPU experts: C++ (avx2) (built)"] == logging.INFO

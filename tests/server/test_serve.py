@@ -43,3 +43,30 @@ def test_serve_prunes_then_answers(tmp_path):
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 or proc.returncode == -15, err
     assert "pruned 2 unused or partial files" in err
+
+
+def test_a_second_server_on_a_busy_port_says_so_and_never_listening(tmp_path):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    env = {
+        **os.environ,
+        "FREETOKEN_MODELS": str(tmp_path / "models"),
+        "FREETOKEN_HOST": f"127.0.0.1:{port}",
+    }
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "freetoken", "serve"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        busy.close()
+    assert r.returncode == 1
+    assert f"Error: listen tcp 127.0.0.1:{port}: bind: address already in use" in r.stderr
+    assert "listening on" not in r.stderr

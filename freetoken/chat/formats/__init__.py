@@ -59,6 +59,7 @@ BY_ARCHITECTURE: dict[str, type[ChatFormat]] = {
     "deepseek_v2": DeepSeekFormat,
     "glm4_moe": GlmFormat,
     "glm4_moe_lite": GlmFormat,
+    "glm_moe_dsa": GlmFormat,
     "minimax_m2": MiniMaxFormat,
     "mixtral": MistralFormat,
     "gpt_oss": HarmonyFormat,

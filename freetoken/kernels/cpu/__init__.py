@@ -10,8 +10,11 @@ import fcntl
 import hashlib
 import logging
 import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,51 +70,128 @@ def _sources_in(build: Path, sources: list[Path]) -> list[str]:
 @contextlib.contextmanager
 def _exclusive(build: Path) -> Iterator[None]:
     """One build at a time in `build`, across processes. The lock is the kernel's (flock), so
-    it goes with a process that dies; torch's own lock file would outlive a killed build and be
-    waited on for ever, so it is removed while this one is held (no build of ours runs then)."""
-    with open(build / "freetoken.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    it goes with a process that dies: a lock whose holder is gone is free at once, never
+    waited on. torch's own lock file would outlive a killed build and be waited on for ever,
+    so it is removed while this one is held (no build of ours runs then)."""
+    with open(build / "freetoken.lock", "a+") as f:
         try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live build in another process: its result is ours too
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            log.info("waiting for the CPU kernel build of %s", holder)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.truncate(0)
+            f.write(f"process {os.getpid()}")
+            f.flush()
             (build / "lock").unlink(missing_ok=True)
             yield
         finally:
+            f.truncate(0)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@dataclass(frozen=True)
+class Status:
+    """Which code computes experts on the CPU, and why: for `freetoken doctor` and the log."""
+
+    kernel: str  # "C++ (avx512)", or "plain torch"
+    reason: str
+
+    @property
+    def compiled(self) -> bool:
+        return self.kernel != "plain torch"
+
+
+_status: Status | None = None
+
+
+def ninja_dir() -> Path | None:
+    """The folder of this environment's ninja: the `ninja` package's, else one beside this
+    Python. None: only a ninja on PATH, if any, is left to torch's build."""
+    try:
+        import ninja
+
+        candidates = [Path(ninja.BIN_DIR)]
+    except (ImportError, AttributeError):
+        candidates = []
+    candidates.append(Path(sys.executable).parent)
+    return next((d for d in candidates if (d / "ninja").is_file()), None)
+
+
 def extension():
-    """The compiled module, or None where it cannot be built."""
-    global _ext, _failed
+    """The compiled module, or None where it cannot be built (status() says why)."""
+    global _ext, _failed, _status
     if _ext is not None or _failed:
         return _ext
     with _lock:
         if _ext is None and not _failed:
-            from torch.utils.cpp_extension import load
-
-            from freetoken import config
-
-            config.prefer_tools_beside_python()
-            srcs = [Path(__file__).with_name(name) for name in SOURCES]
-            build = _build_dir(srcs)
-            if not any(build.glob("*.so")):
-                log.info(
-                    "compiling the CPU expert kernel (first use on this machine; about a minute)"
-                )
             try:
-                with _exclusive(build):
-                    _ext = load(
-                        name="freetoken_cpu_moe",
-                        sources=_sources_in(build, srcs),
-                        build_directory=str(build),
-                        extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
-                        extra_ldflags=["-fopenmp"],
-                        verbose=False,
-                    )
+                _ext, how = _build()
+                _status = Status(f"C++ ({TIERS[_ext.cpu_tier()]})", how)
             except Exception as e:  # no compiler, no headers: keep serving with plain torch
                 _failed = True
-                log.warning(
-                    "CPU expert kernel unavailable (%s); using plain torch", str(e).splitlines()[0]
-                )
+                reason = (str(e).splitlines() or [type(e).__name__])[0]
+                _status = Status("plain torch", f"the C++ kernel did not build: {reason}")
+                log.warning("CPU expert kernel unavailable (%s); using plain torch", reason)
     return _ext
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    from freetoken import config
+
+    tools = ninja_dir()
+    if tools is not None:
+        # torch's build calls `ninja` by name: this environment's goes first, so two ninjas
+        # of different versions never rebuild each other's output
+        config.put_first_on_path(tools)
+    srcs = [Path(__file__).with_name(name) for name in SOURCES]
+    build = _build_dir(srcs)
+    fresh = not any(build.glob("*.so"))
+    if fresh:
+        log.warning(
+            "building CPU kernels, first start only (a minute or more; "
+            "`freetoken doctor --build` does it ahead)"
+        )
+    t0 = time.perf_counter()
+    with _exclusive(build):
+        ext = load(
+            name="freetoken_cpu_moe",
+            sources=_sources_in(build, srcs),
+            build_directory=str(build),
+            extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    ninja = f"ninja from {tools}" if tools else "ninja from PATH"
+    if fresh:
+        return ext, f"compiled in {time.perf_counter() - t0:.0f}s into {build} ({ninja})"
+    return ext, f"built for this machine in {build}"
+
+
+def peek() -> Status:
+    """status() where the kernel is built already (loading it takes a second); otherwise
+    what the first load would do, without building it."""
+    if _status is not None:
+        return _status
+    srcs = [Path(__file__).with_name(name) for name in SOURCES]
+    build = _build_dir(srcs)
+    if any(build.glob("*.so")):
+        return status()
+    return Status(
+        "not built yet",
+        "the first load builds it (a minute or more); `freetoken doctor --build` does it now",
+    )
+
+
+def status() -> Status:
+    """Builds the kernel if it is not built yet, then says which code serves the CPU side."""
+    extension()
+    assert _status is not None
+    return _status
 
 
 def physical_cpus() -> list[int]:

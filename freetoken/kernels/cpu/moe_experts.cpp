@@ -2,8 +2,8 @@
 //
 //   out[t] = sum over routes r of token t:  w[r] * (down[e_r] @ act(g, u) + bd[e_r]),
 //   where [g; u] = gate_up[e_r] @ x[t] + bgu[e_r]   (gate rows [0, I), up rows [I, 2I)),
-//   act = silu(g) * u (SwiGLU), or the clamped form (u + 1) * g * sigmoid(alpha * g) with
-//   g <= limit and |u| <= limit (gpt-oss). The biases are optional.
+//   act = silu(g) * u (SwiGLU), or with g <= limit and |u| <= limit either
+//   (u + 1) * g * sigmoid(alpha * g) (gpt-oss) or silu(g) * u. The biases are optional.
 //
 // Two passes over tasks shared by the intra-op threads: pass 1 walks (route, 16-row tile of I)
 // and writes h = act(g, u); pass 2 walks (token, 16-row tile of H) and sums the routes' down
@@ -253,13 +253,14 @@ inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
 // How one expert's hidden activation is formed (ExpertSpec: activation, alpha, limit, biases).
 struct Act {
-  int64_t kind = 0;  // 0: silu(g) * u; 1: clamped SwiGLU
+  int64_t kind = 0;  // 0: silu(g) * u; 1: gpt-oss's clamped SwiGLU; 2: silu(g) * u, clamped
   float alpha = 1.702f, limit = 7.f;
 
   inline float operator()(float g, float u) const {
     if (kind == 0) return silu(g) * u;
     g = std::min(g, limit);
     u = std::min(std::max(u, -limit), limit);
+    if (kind == 2) return silu(g) * u;
     return (u + 1.f) * g / (1.f + std::exp(-alpha * g));
   }
 };
@@ -364,7 +365,7 @@ int64_t cpu_tier() { return best_tier(); }
 
 // x [T, H] float32, gate_up [E, 2I, H], down [E, H, I] (bf16 or float32, contiguous), the
 // optional biases gu_bias [E, 2I] and dn_bias [E, H] in the same dtype, tok/exp [R] int64,
-// weights [R] float32, out [T, H] float32 (accumulated into); act 0 = SwiGLU, 1 = clamped.
+// weights [R] float32, out [T, H] float32 (accumulated into); act: ExpertSpec's code.
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
@@ -375,7 +376,7 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
   TORCH_CHECK(gate_up.dtype() == down.dtype(), "banks must share a dtype");
   TORCH_CHECK(tok.dtype() == torch::kInt64 && exp.dtype() == torch::kInt64, "routes must be int64");
   TORCH_CHECK(weights.dtype() == torch::kFloat32, "route weights must be float32");
-  TORCH_CHECK(act == 0 || act == 1, "unknown expert activation");
+  TORCH_CHECK(act >= 0 && act <= 2, "unknown expert activation");
   const int64_t T = x.size(0), H = x.size(1), I = down.size(2), R = tok.numel(), E = gate_up.size(0);
   TORCH_CHECK(gate_up.size(1) == 2 * I && gate_up.size(2) == H && down.size(1) == H, "bank shapes disagree");
   const bool has_gb = gu_bias.has_value() && gu_bias->defined();

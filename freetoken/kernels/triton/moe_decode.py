@@ -3,8 +3,8 @@
 One program per (route, row tile). Routes whose slot is negative are served elsewhere
 (the CPU) and are skipped. Shapes: x [T, H], slots/weights [T*k], gate_up [S, 2I, H],
 down [S, H, I], the optional biases gate_up_bias [S, 2I] and down_bias [S, H], h [T*k, I]
-(fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 the clamped form
-(models/base.py, ACTIVATIONS).
+(fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 gpt-oss's clamped
+form, 2 SwiGLU of clamped inputs (models/base.py, ACTIVATIONS).
 
 H and I are compile-time constants: a model has one expert shape, and loops over constant
 bounds are the ones Triton's interpreter runs as well (it cannot turn a run-time integer
@@ -21,6 +21,8 @@ def _activate(g, u, alpha, limit, ACT: tl.constexpr):
         return g * tl.sigmoid(g) * u
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
+    if ACT == 2:
+        return g * tl.sigmoid(g) * u
     return (u + 1.0) * g * tl.sigmoid(alpha * g)
 
 

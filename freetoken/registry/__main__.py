@@ -1,4 +1,5 @@
-"""`python -m registry serve --root DIR [--host H] [--port P] [--token T]`."""
+"""`python -m freetoken.registry serve --root DIR [--host H] [--port P] [--token T]
+[--challenge [--keys FILE]]`."""
 
 from __future__ import annotations
 
@@ -6,18 +7,26 @@ import argparse
 import logging
 from pathlib import Path
 
+from freetoken.registry.auth import ChallengeAuth
+
 __all__ = ["main", "serve"]
 
-log = logging.getLogger("registry")
+log = logging.getLogger(__name__)
 
 
-def serve(root: Path, host: str = "127.0.0.1", port: int = 11435, token: str | None = None) -> None:
+def serve(
+    root: Path,
+    host: str = "127.0.0.1",
+    port: int = 11435,
+    token: str | None = None,
+    challenge: ChallengeAuth | None = None,
+) -> None:
     """Serves the registry in `root` until the process is told to stop."""
     import uvicorn
 
-    from registry.app import create_app
+    from freetoken.registry.app import create_app
 
-    app = create_app(root, token)
+    app = create_app(root, token, challenge)
     log.info(
         "registry in %s on http://%s:%d (writes %s)",
         root,
@@ -29,7 +38,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 11435, token: str | N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m registry", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m freetoken.registry", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     cmd = commands.add_parser("serve", help="serve a registry directory over HTTP")
     cmd.add_argument(
@@ -40,11 +49,24 @@ def main(argv: list[str] | None = None) -> None:
     cmd.add_argument(
         "--token", default=None, help="Bearer token that writes must carry (reads stay open)"
     )
+    cmd.add_argument(
+        "--challenge",
+        action="store_true",
+        help="ask for tokens as Ollama's registry does (signed with the client's ed25519 key)",
+    )
+    cmd.add_argument(
+        "--keys",
+        type=Path,
+        default=None,
+        help="with --challenge: public keys (id_ed25519.pub lines) allowed to push; "
+        "without it any key that signs may",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    serve(args.root, args.host, args.port, args.token)
+    challenge = ChallengeAuth.from_keys_file(args.keys) if args.challenge else None
+    serve(args.root, args.host, args.port, args.token, challenge)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from freetoken.registry.auth import ChallengeAuth, Guard, token_endpoint
+from freetoken.registry.errors import RegistryError, handlers
+from freetoken.registry.storage import Storage, Upload, check_repo, check_tag, manifest_digest
 from freetoken.store import manifest as mf
 from freetoken.store.blobs import DigestMismatch
 from freetoken.store.names import InvalidName, parse_digest
-from registry.errors import RegistryError, handlers
-from registry.storage import Storage, Upload, check_repo, check_tag, manifest_digest
 
 __all__ = ["create_app", "routes"]
 
@@ -438,12 +439,18 @@ routes = [
 ]
 
 
-def create_app(root: str | Path, token: str | None = None) -> Starlette:
+def create_app(
+    root: str | Path, token: str | None = None, challenge: ChallengeAuth | None = None
+) -> Starlette:
     """The registry serving `root` (created if needed; unfinished uploads are dropped).
-    With a token, every write must carry it as a Bearer token."""
+    With a token, every write must carry it as a Bearer token; with `challenge`, every
+    repository request needs a token from GET /token, as Ollama's registry does."""
     storage = Storage(Path(root))
     storage.prepare()
-    app = Starlette(routes=routes, exception_handlers=handlers)
+    extra = [Route("/token", token_endpoint(challenge), methods=["GET"])] if challenge else []
+    app = Starlette(routes=[*routes, *extra], exception_handlers=handlers)
+    if challenge is not None:
+        app.add_middleware(Guard, auth=challenge)
     # Both spellings that matter are routed; a redirect would only echo hostile paths back.
     app.router.redirect_slashes = False
     app.state.storage = storage

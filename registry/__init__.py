@@ -1,8 +1,0 @@
-"""A small registry that speaks the OCI distribution subset FreeToken pulls and pushes with.
-
-`python -m registry serve --root DIR` serves it; `create_app(root, token)` is the app.
-"""
-
-from registry.app import create_app
-
-__all__ = ["create_app"]

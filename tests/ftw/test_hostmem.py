@@ -1,0 +1,76 @@
+"""Host memory when the platform refuses to pin it: the load goes on with pageable banks,
+and copies to the device go through the pinned staging ring, byte for byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.ftw import hostmem
+from freetoken.models.base import ExpertSpec
+from freetoken.moe.banks import HostBanks
+from freetoken.moe.cache import ExpertCache
+from freetoken.moe.placement import PlacementState
+
+
+@pytest.fixture
+def refusing(monkeypatch):
+    """cudaHostRegister as a memlock limit or a pin quota answers it: an error code."""
+    monkeypatch.setattr(hostmem, "_refused", None)
+    monkeypatch.setattr(hostmem, "_register", lambda address, nbytes: 2)
+
+
+def test_a_refused_pin_leaves_the_buffers_pageable_and_says_why(refusing):
+    bufs = [hostmem.HostBuffer(1 << 20) for _ in range(3)]
+    pinner = hostmem.Pinner()
+    for b in bufs:
+        pinner.submit(b)
+    pinner.finish()  # no exception: the load goes on
+    assert not any(b.pinned for b in bufs)
+    why = str(hostmem.refused())
+    assert why.startswith("cudaHostRegister of 1 MiB failed with error 2")
+    assert "memlock" in why
+
+
+def test_memlock_limit_reads_the_soft_limit():
+    limit = hostmem.memlock_limit()
+    assert limit is None or limit >= 0
+
+
+@pytest.mark.parametrize("nbytes", [1, 999, 4096, 10_007])
+def test_the_ring_copies_exactly_in_slot_sized_pieces(nbytes):
+    ring = hostmem.StagingRing(torch.device("cpu"), slot_bytes=1000, slots=2)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    ring.copy(dst, src)
+    assert torch.equal(dst, src) and ring.bytes == nbytes
+
+
+def test_the_ring_copies_typed_rows():
+    ring = hostmem.StagingRing(torch.device("cpu"), slot_bytes=64, slots=3)
+    src = torch.randn(7, 5, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.zeros(7, 5, dtype=torch.bfloat16)
+    ring.copy(dst, src)
+    assert torch.equal(dst, src)
+    assert ring.measure(torch.device("cpu"), nbytes=1 << 16) > 0
+
+
+def test_pageable_banks_fill_the_cache_through_the_ring(refusing):
+    L, E, H, I = 2, 6, 8, 4
+    g = torch.Generator().manual_seed(0)
+    raw = {}
+    for layer in range(L):
+        raw[(layer, "gate_up")] = torch.randn((E, 2 * I, H), generator=g)
+        raw[(layer, "down")] = torch.randn((E, H, I), generator=g)
+    hb = HostBanks(raw, torch.float32, pin=True, spec=ExpertSpec(H, I))
+    assert not hb.pinned and hb.ring is not None
+    cache = ExpertCache(L, E, 5, hb.rows, torch.float32, torch.device("cpu"))
+    state = PlacementState(hb, cache, torch.device("cpu"))
+    experts = np.array([4, 1, 3])
+    slots = cache.allocate(1, experts, np.empty(0, dtype=np.int64))
+    state.copy_in(1, experts, slots)
+    for bank in ("gate_up", "down"):
+        for e, s in zip(experts.tolist(), slots.tolist()):
+            assert torch.equal(cache.slots[bank][s], raw[(1, bank)][e])
+    assert hb.ring.bytes == 3 * hb.expert_bytes

@@ -1,0 +1,44 @@
+"""What adaptive learned, kept across loads: saved when a measurement completes, and a later
+backend over the same experts and cache size starts from it."""
+
+from __future__ import annotations
+
+from freetoken.moe.learned import Learned
+from freetoken.moe.policy import Mode
+from tests.runtime.engine_util import generate, make_engine
+
+
+def test_saved_per_cache_size(tmp_path):
+    store = Learned(tmp_path, "48x128x9437184-r1")
+    assert store.load(100) is None
+    store.save(100, {"mode": "split", "share": 0.5, "step_ms": {"split": 20.0}})
+    assert store.load(100)["mode"] == "split" and store.load(200) is None
+    store.path(100).write_text("{not json")
+    assert store.load(100) is None
+
+
+def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
+    from freetoken.moe import dispatch, tuning
+
+    monkeypatch.setattr(
+        tuning, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, **kw)
+    )
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
+    path, _ = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9)
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    shape = f"{len(backend.banks.layers)}x{backend.banks.num_experts}"
+    backend.learned = store = Learned(tmp_path, shape)
+    backend._choose_placements(backend.lru)  # as a backend built with the store does
+    generate(engine, [[5, 6, 7, 8]], 16)
+    saved = store.load(backend.cache.capacity)
+    assert saved is not None and saved["mode"] in ("cache", "layers")
+    assert set(saved["step_ms"]) == {"cache", "layers"}
+    # the next load of the same experts on this machine starts there, measuring later
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 512)
+    again = make_engine(path, policy="adaptive", slots=9).model.model.layers[0].mlp.experts
+    again.backend.learned = store
+    again.backend._choose_placements(again.backend.lru)
+    chooser = again.backend.tuner.modes
+    assert chooser.mode == Mode(saved["mode"]) and not chooser._plan

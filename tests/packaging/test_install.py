@@ -1,0 +1,151 @@
+"""packaging/install.sh as a user runs it: into a fresh directory, then `freetoken --version`
+and a chat with the demo model pulled from the registry the wheel ships.
+
+It installs this checkout and torch with pip's own configuration (a local wheel cache
+where the machine has one); where pip cannot get them, the test says so and skips."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without FreeToken's settings or a PYTHONPATH that would import the
+    checkout instead of what was installed."""
+    drop = ("FREETOKEN_", "OLLAMA_", "PYTHONPATH", "VIRTUAL_ENV")
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(drop)}, **extra}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+            assert time.monotonic() < deadline, f"{url} did not answer"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    prefix = tmp_path_factory.mktemp("install")
+    r = subprocess.run(
+        [str(ROOT / "packaging/install.sh"), "--prefix", str(prefix), "--bin", str(prefix / "bin")],
+        env=_clean_env(PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if r.returncode and ("No matching distribution" in r.stderr or "Could not" in r.stderr):
+        pytest.skip(f"pip could not get the packages here: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, r.stderr
+    assert "no GPU found: torch" in r.stderr or "GPU found" in r.stderr
+    return prefix
+
+
+def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
+    ft = installed / "bin" / "freetoken"
+    assert ft.is_symlink() and ft.resolve() == installed / "venv" / "bin" / "freetoken"
+    version = subprocess.run(
+        [str(ft), "--version"], capture_output=True, text=True, timeout=60, env=_clean_env()
+    )
+    assert version.stdout.startswith("freetoken version is "), version.stderr
+    python = installed / "venv" / "bin" / "python"
+    # the demo registry comes from the installed package, not from this checkout
+    embedded = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import freetoken.registry as r, pathlib; "
+            "print(pathlib.Path(r.__file__).parent / 'embedded')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+        check=True,
+    ).stdout.strip()
+    assert not embedded.startswith(str(ROOT))
+    root = tmp_path / "registry"
+    shutil.copytree(embedded, root)
+    reg_port, port = _free_port(), _free_port()
+    env = _clean_env(
+        FREETOKEN_HOST=f"127.0.0.1:{port}",
+        FREETOKEN_MODELS=str(tmp_path / "models"),
+        FREETOKEN_REGISTRY=f"http://127.0.0.1:{reg_port}",
+    )
+    procs = [
+        subprocess.Popen(
+            [
+                str(python),
+                "-m",
+                "freetoken.registry",
+                "serve",
+                "--root",
+                str(root),
+                "--port",
+                str(reg_port),
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [str(ft), "serve"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        _wait(f"http://127.0.0.1:{reg_port}/v2/", procs[0])
+        _wait(f"http://127.0.0.1:{port}/", procs[1])
+        run = lambda *a: subprocess.run(  # noqa: E731
+            [str(ft), *a], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        pulled = run("pull", "demo")
+        assert pulled.returncode == 0, pulled.stderr
+        assert f"pulling manifest (http://127.0.0.1:{reg_port})" in pulled.stderr
+        chat = run("run", "demo", "Why is the sky blue?")
+        assert chat.returncode == 0, chat.stderr
+        assert chat.stdout.strip()  # random weights: words, not sense
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def test_the_service_unit_is_valid_for_the_installed_command(installed, tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    unit = (ROOT / "packaging/freetoken.service").read_text()
+    unit = unit.replace("/opt/freetoken/venv", str(installed / "venv"))
+    path = tmp_path / "freetoken.service"
+    path.write_text(
+        unit.replace("User=freetoken", "User=root").replace("Group=freetoken", "Group=root")
+    )
+    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr

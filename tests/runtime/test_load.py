@@ -1,0 +1,35 @@
+"""A load's log says which code serves the CPU experts and what `freetoken doctor` would
+say of the model on this machine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from freetoken import config
+from freetoken.runtime.load import ModelLoad
+from freetoken.store import Store
+from tests.store.conftest import create, write_model_dir
+
+
+def test_the_load_logs_the_doctors_judgement(tmp_path, caplog):
+    store = Store(tmp_path / "models")
+    create(store, "tiny", from_=str(write_model_dir(tmp_path / "hf")))
+    view = store.resolve("tiny")
+    files = {k: Path(v) for k, v in store.runner_files(view).items()}
+    cfg = config.load({"FREETOKEN_CACHE_DIR": str(tmp_path / "cache")})
+    load = ModelLoad({"name": "tiny:latest"}, cfg, files, 4096, 1)
+    with caplog.at_level(logging.INFO, logger="freetoken.runner"):
+        load.log_judgement()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("doctor: host RAM: ") for m in lines)
+    assert any(m.startswith("doctor: decode: at most ") for m in lines)
+    assert any(m.startswith("doctor: warning: num_ctx 4096 is too small") for m in lines)
+
+
+def test_a_model_without_an_index_is_logged_not_failed(tmp_path, caplog):
+    cfg = config.load({"FREETOKEN_CACHE_DIR": str(tmp_path / "cache")})
+    load = ModelLoad({"name": "x"}, cfg, {"model.gguf": tmp_path / "x.gguf"}, 4096, 1)
+    with caplog.at_level(logging.INFO, logger="freetoken.runner"):
+        load.log_judgement()
+    assert "doctor: no judgement for x" in caplog.text
