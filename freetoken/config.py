@@ -28,6 +28,7 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     _nonneg_int,
     _path,
     _pos_int,
+    _think_budgets,
     parse_bool,
     parse_duration,
     parse_host,
@@ -287,6 +288,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse_registry,
         "",
         "default registry for pull and push: host[:port] or http(s)://host[:port]",
+    ),
+    Setting(
+        "think_budgets",
+        "FREETOKEN_THINK_BUDGETS",
+        _think_budgets,
+        "low=1024,medium=4096,high=16384",
+        "thinking tokens at most per think level (a level left out, or 0: no bound); the "
+        "thinking's close marker is forced once they are spent (a request's own budget wins)",
     ),
     Setting(
         "registry_token",

@@ -20,6 +20,10 @@ BENCHES = {
     "gpus": ("freetoken.bench.gpus", "decode and prefill with the experts over several GPUs"),
     "agent": ("freetoken.bench.agent", "a coding agent's session through a running server"),
     "serve": ("freetoken.bench.serve", "decode as users meet it, through the HTTP server"),
+    "grammar": (
+        "freetoken.bench.grammar",
+        "constrained decoding: mask µs per token, decode tok/s against free",
+    ),
 }
 
 

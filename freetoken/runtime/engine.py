@@ -20,6 +20,7 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.anchors import Anchoring
+from freetoken.runtime.constrain import Mask, Masker
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -75,6 +76,7 @@ class Engine:
         self._lock = threading.Condition()
         self.steps = 0
         self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
+        self.masker = Masker()
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -118,11 +120,12 @@ class Engine:
         if not plan:
             return 0
         t0 = time.perf_counter_ns()
+        pending = self.masker.start(self._constraints(plan))  # computed while the model runs
         logits = self._execute(plan)
-        masks = self._masks(plan)  # grammar masks, computed while the device works
         if (experts := self._ops.backend) is not None:
             experts.wait_step()
         t1 = time.perf_counter_ns()
+        masks = pending.wait()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
         self.decoded += len(masks)
@@ -203,16 +206,12 @@ class Engine:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     @staticmethod
-    def _masks(plan: Plan) -> list[torch.Tensor | None]:
-        """For each sequence that samples this step, its grammar's mask (None: free)."""
-        return [
-            seq.constraint.mask() if seq.constraint is not None else None
-            for seq, n in plan
-            if seq.num_cached + n == seq.num_tokens
-        ]
+    def _constraints(plan: Plan) -> list:
+        """The constraint of each sequence that samples this step (None: free)."""
+        return [seq.constraint for seq, n in plan if seq.num_cached + n == seq.num_tokens]
 
     def _postprocess(
-        self, plan: Plan, logits: torch.Tensor, masks: list[torch.Tensor | None], t0: int, t1: int
+        self, plan: Plan, logits: torch.Tensor, masks: list[Mask | None], t0: int, t1: int
     ) -> None:
         row, drawn = 0, []
         for seq, n in plan:
@@ -230,10 +229,10 @@ class Engine:
                 seq.first_token_ns = t1
             seq.decode_ns = t1 - seq.first_token_ns
             if mask is not None:
-                if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
+                if mask.empty:  # cannot happen with a sound grammar; never sample NaN
                     self._finish(req, "stop")
                     continue
-                scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
+                scores = sampling.masked(scores, mask.ids, mask.allow)
             p = seq.params
             drawn.append(
                 (req, scores, sampling.draw(scores, seq.tokens, p, self.num_ctx, req.generator))

@@ -24,7 +24,7 @@ from freetoken.layers import fused
 from freetoken.models.base import KVLayout
 from freetoken.moe.backend import ExpertBackend
 from freetoken.runtime import anchors, loader
-from freetoken.runtime.constrain import MaskCache
+from freetoken.runtime.constrain import Grammars
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.events import EventFormatter
 from freetoken.runtime.graphs import DecodeGraphs
@@ -162,12 +162,12 @@ class ModelLoad:
             state,
             anchoring,
         )
-        # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
+        # the vocabulary as bytes, for grammars and logprobs (a few seconds for 150k tokens)
         vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)
         requests = RequestBuilder(
             tokenizer,
             prompts,
-            MaskCache(vocab),
+            Grammars(vocab, tokenizer.eos_ids),
             self.num_ctx,
             architecture=loaded.config.get("model_type"),
         )
