@@ -3,7 +3,8 @@
     python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress]
 
 Banks are assembled and written one (layer, bank) at a time, so memory stays near one
-layer's experts whatever the model's size.
+layer's experts whatever the model's size. With --json-progress the last line names each
+file's SHA-256 digest, computed as it was written.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from freetoken import models
 from freetoken.ftw import DEFAULT_SHARD_LIMIT, FtwError, round_up
@@ -57,7 +60,8 @@ def convert_hf(
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Progress | None = None,
-) -> Path:
+) -> tuple[Path, dict[str, str]]:
+    """Writes FTW; returns its directory and each file's digest."""
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
@@ -84,7 +88,7 @@ def convert_hf(
                 "files": sorted(p.name for p in sources),
             },
         }
-        return writer.close(meta, metadata_files(files))
+        return writer.close(meta, metadata_files(files)), writer.digests
     except BaseException:
         writer.abort()
         raise
@@ -95,13 +99,18 @@ def _report(progress: Progress | None, writer: Writer, total: int) -> None:
         progress(min(writer.bytes_written, total), total)
 
 
-def convert(src: Path, out: Path, **kw) -> Path:
+def convert_files(src: Path, out: Path, **kw) -> tuple[Path, dict[str, str]]:
+    """A Hugging Face directory or GGUF file to FTW: its directory and each file's digest."""
     src = Path(src)
     if src.is_file() and src.suffix == ".gguf":
         from freetoken.ftw.gguf_convert import convert_gguf
 
         return convert_gguf(src, out, **kw)
     return convert_hf(files_of_dir(src), out, **kw)
+
+
+def convert(src: Path, out: Path, **kw) -> Path:
+    return convert_files(src, out, **kw)[0]
 
 
 def _progress_printer(json_lines: bool) -> Progress:
@@ -138,16 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json-progress", action="store_true", help="progress as JSON lines on stdout")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Conversion moves bytes: a copy is memory-bound, and one thread does it at memory speed
+    # while the writer's thread writes and hashes. More torch threads only wait on each
+    # other, and where the cores are shared they stalled small copies tenfold.
+    torch.set_num_threads(1)
     limit = round_up(int(args.shard_gib * 2**30))
     try:
-        out = convert(
+        out, digests = convert_files(
             args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress)
         )
     except (FtwError, ValueError, OSError) as e:
         print(f"\nerror: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if args.json_progress:
-        print(json.dumps({"status": "success", "path": str(out)}), flush=True)
+        print(json.dumps({"status": "success", "path": str(out), "digests": digests}), flush=True)
     else:
         print(f"\nwrote {out}", file=sys.stderr)
 

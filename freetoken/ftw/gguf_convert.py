@@ -25,7 +25,8 @@ def convert_gguf(
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Callable[[int, int], None] | None = None,
-) -> Path:
+) -> tuple[Path, dict[str, str]]:
+    """Writes FTW; returns its directory and each file's digest."""
     reader = gguf_file._open(src)
     kv = gguf_file.metadata(reader)
     cls, _ = gguf_file.model_class(kv)
@@ -63,7 +64,8 @@ def convert_gguf(
                     "files": [src.name],
                 },
             }
-            return writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
+            out = writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
+            return out, writer.digests
     except BaseException:
         writer.abort()
         raise
