@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from freetoken.options import OptionError
 from freetoken.pull import RegistryError
-from freetoken.server.residency import ServerBusy
+from freetoken.server.residency import ModelTooLarge, ServerBusy
 from freetoken.server.runner import RunnerError, RunnerRequestError
 from freetoken.store import CreateError, DigestMismatch, FilesNotVisible, InvalidName, ModelNotFound
 
@@ -50,6 +50,8 @@ def as_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, ServerBusy):
         return APIError(503, str(exc))
+    if isinstance(exc, ModelTooLarge):  # Ollama answers a model too large for memory so
+        return APIError(500, str(exc))
     if isinstance(exc, RunnerRequestError):
         return APIError(exc.status, str(exc))
     if isinstance(exc, RunnerError):

@@ -60,7 +60,9 @@ async def tags(request: Request) -> Response:
 
 @handler
 async def ps(request: Request) -> Response:
-    return JSONResponse({"models": services(request).residency.ps()})
+    residency = services(request).residency
+    await residency.refresh()  # sizes as they are now, after any resize of a cache
+    return JSONResponse({"models": residency.ps()})
 
 
 @handler
