@@ -187,10 +187,16 @@ def _modelfile_fields(mf: mfmod.Modelfile) -> dict[str, Any]:
 
 
 def create(
-    client: Client, name: str, modelfile_path: Path, progress: Progress, quantize: str | None = None
+    client: Client,
+    name: str,
+    modelfile_path: Path,
+    progress: Progress,
+    quantize: str | None = None,
+    in_place: bool | None = None,
 ) -> None:
+    """`freetoken create`; `in_place` as build_request's."""
     try:
-        request = build_request(client, name, modelfile_path, progress, quantize)
+        request = build_request(client, name, modelfile_path, progress, quantize, in_place)
         try:
             _stream(client, request, progress)
         except ServerError as e:
