@@ -260,8 +260,6 @@ class Residency:
         task.add_done_callback(self._loads.discard)
 
     async def _load(self, entry: Entry, after: Sequence[Entry] = ()) -> None:
-        if after:  # their memory is free only once their processes are gone
-            await asyncio.gather(*(asyncio.shield(v.stopping) for v in after))
         log.info("loading %s (num_ctx %d)", entry.view.display, entry.spec.num_ctx)
 
         last_logged = [0.0]
@@ -281,6 +279,9 @@ class Residency:
                 )
 
         try:
+            # the memory of the models unloaded for it is free once their processes are gone
+            stopped = [v.stopping for v in after if v.stopping is not None]
+            await asyncio.gather(*map(asyncio.shield, stopped), return_exceptions=True)
             runner = await self._start_runner(
                 entry.spec,
                 python=self.cfg.runner_python,
