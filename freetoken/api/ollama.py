@@ -7,6 +7,7 @@ pull and push.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,23 @@ def _create_spec(body: dict[str, Any]) -> CreateSpec:
     )
 
 
+def _from_this_machine(request: Request) -> bool:
+    """The client connects over loopback: only it may name files for the server to read
+    (to a client elsewhere, which files this machine has is none of its business)."""
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @handler
 async def create(request: Request) -> Response:
     svc = services(request)
     body = parse_json(await request.body())
     spec = _create_spec(body)
+    if spec.local_files and not _from_this_machine(request):
+        raise APIError(412, "files are read in place only for clients on this machine")
     # Checked before the response starts, so a bad request gets its status code.
     plan = await run_in_threadpool(svc.store.plan_create, spec)
     progress = iterate_in_threadpool(plan.run())

@@ -64,3 +64,12 @@ def test_uploads_and_checks_claim_a_blob_until_its_create(own):
     assert store.collect([digest]) == []  # held for the creates still to come
     store.release([digest, digest])
     assert store.collect([digest]) == [digest]
+
+
+def test_only_clients_on_this_machine_may_name_files_in_place(tmp_path):
+    from tests.server.harness import local_client
+
+    body = {"model": "x", "local_files": in_place(tiny_model_dir())}
+    with local_client(make_config(tmp_path), client=("192.0.2.7", 50000)) as remote:
+        r = remote.post("/api/create", json=body)
+    assert r.status_code == 412 and "only for clients on this machine" in r.json()["error"]
