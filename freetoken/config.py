@@ -400,6 +400,12 @@ def child_environment(overrides: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, **overrides}
 
 
+def cuda_visible_devices() -> str | None:
+    """CUDA's own mask (not a FreeToken setting): which GPUs, by index or UUID, torch numbers
+    0, 1, ... in this process and its runners; None where it is unset."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 def export_rank_env() -> None:
     """Sets what NCCL reads in this process and what its rank processes inherit."""
     os.environ.update(RANK_ENV)

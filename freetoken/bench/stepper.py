@@ -20,10 +20,10 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe import setup
 from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.moe.banks import HostBanks
+from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
 from freetoken.moe.offload import OffloadExperts
-from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 

@@ -3,7 +3,8 @@
     python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress] [--quantize q4_K_M]
 
 Banks are assembled and written one (layer, bank) at a time, so memory stays near one
-layer's experts whatever the model's size.
+layer's experts whatever the model's size. With --json-progress the last line names each
+file's SHA-256 digest, computed as it was written.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from freetoken import models
 from freetoken.ftw import DEFAULT_SHARD_LIMIT, INDEX, FtwError, round_up
@@ -59,7 +62,8 @@ def convert_hf(
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Progress | None = None,
     quantize: str | None = None,
-) -> Path:
+) -> tuple[Path, dict[str, str]]:
+    """Writes FTW; returns its directory and each file's digest."""
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
@@ -94,7 +98,7 @@ def convert_hf(
             },
             **({"quantize": banks.qtype} if banks.qtype else {}),
         }
-        return writer.close(meta, metadata_files(files))
+        return writer.close(meta, metadata_files(files)), writer.digests
     except BaseException:
         writer.abort()
         raise
@@ -107,8 +111,9 @@ def convert_ftw(
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Progress | None = None,
     quantize: str | None = None,
-) -> Path:
-    """An FTW model written anew, its expert banks quantized (a model already in the store)."""
+) -> tuple[Path, dict[str, str]]:
+    """An FTW model written anew, its expert banks quantized (a model already in the store);
+    returns its directory and each file's digest."""
     from freetoken.ftw import reader
 
     source = json.loads(Path(files[INDEX]).read_text())
@@ -129,7 +134,7 @@ def convert_ftw(
         if banks.qtype:
             meta["quantize"] = banks.qtype
         kept = {n: files[n] for n in source.get("metadata_files") or [] if n in files}
-        return writer.close(meta, kept)
+        return writer.close(meta, kept), writer.digests
     except BaseException:
         writer.abort()
         raise
@@ -142,8 +147,11 @@ def _report(progress: Progress | None, done: int, total: int) -> int:
     return done
 
 
-def convert(src: Path, out: Path, note: Callable[[str], None] | None = None, **kw) -> Path:
-    """A Hugging Face directory, a GGUF file or an FTW model (to quantize it) as FTW.
+def convert_files(
+    src: Path, out: Path, note: Callable[[str], None] | None = None, **kw
+) -> tuple[Path, dict[str, str]]:
+    """A Hugging Face directory, a GGUF file or an FTW model (to quantize it) as FTW: its
+    directory and each file's digest.
 
     `note` hears what the user should know about the conversion (dequantized types);
     quantize="q4_K_M" or "q8_0" quantizes the expert banks (ftw/quantize.py)."""
@@ -156,6 +164,11 @@ def convert(src: Path, out: Path, note: Callable[[str], None] | None = None, **k
     if INDEX in files:
         return convert_ftw(files, out, **kw)
     return convert_hf(files, out, **kw)
+
+
+def convert(src: Path, out: Path, **kw) -> Path:
+    """As `convert_files`, the directory only."""
+    return convert_files(src, out, **kw)[0]
 
 
 def _progress_printer(json_lines: bool) -> Progress:
@@ -203,9 +216,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quantize", help="quantize the expert banks: q4_K_M or q8_0")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Conversion moves bytes: a copy is memory-bound, and one thread does it at memory speed
+    # while the writer's thread writes and hashes. More torch threads only wait on each
+    # other, and where the cores are shared they stalled small copies tenfold. Quantizing
+    # is arithmetic, though, and keeps every core.
+    if not args.quantize:
+        torch.set_num_threads(1)
     limit = round_up(int(args.shard_gib * 2**30))
     try:
-        out = convert(
+        out, digests = convert_files(
             args.src,
             args.out,
             shard_limit=limit,
@@ -217,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nerror: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if args.json_progress:
-        print(json.dumps({"status": "success", "path": str(out)}), flush=True)
+        print(json.dumps({"status": "success", "path": str(out), "digests": digests}), flush=True)
     else:
         print(f"\nwrote {out}", file=sys.stderr)
 

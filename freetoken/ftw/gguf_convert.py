@@ -31,7 +31,8 @@ def convert_gguf(
     progress: Callable[[int, int], None] | None = None,
     note: Callable[[str], None] | None = None,
     quantize: str | None = None,
-) -> Path:
+) -> tuple[Path, dict[str, str]]:
+    """Writes FTW; returns its directory and each file's digest."""
     reader = gguf_file._open(src)
     kv = gguf_file.metadata(reader)
     cls, _ = gguf_file.model_class(kv)
@@ -78,7 +79,8 @@ def convert_gguf(
                 },
                 **({"quantize": banks.qtype} if banks.qtype else {}),
             }
-            return writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
+            out = writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
+            return out, writer.digests
     except BaseException:
         writer.abort()
         raise

@@ -13,6 +13,7 @@ from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.moe import profile
 from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
+from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
 from freetoken.moe.learned import Learned
@@ -21,8 +22,6 @@ from freetoken.moe.policy import Policy
 from freetoken.weights import BankKey, WeightsError
 
 log = logging.getLogger(__name__)
-
-ACTIVATION_RESERVE = 768 << 20  # workspace for prefill chunks and the allocator's slack
 
 
 @dataclass
