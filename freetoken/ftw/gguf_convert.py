@@ -44,22 +44,9 @@ def convert_gguf(
     total = sum(int(t.n_bytes) for t in reader.tensors)
     # the file's bytes: what its weights take in memory at least, dequantized or not
     require_host_memory(total, "the model's weights (read into memory to serve)")
-    done = 0
-    pieces: dict[tuple[int, str], list] = defaultdict(list)
     writer = Writer(out, shard_limit)
     try:
-        for _, t, key in gguf_file.keyed_tensors(reader, cls, config):
-            if isinstance(key, ExpertKey):
-                pieces[(key.layer, key.bank)].append((t, key))
-                continue
-            writer.add_dense(key, *gguf_file.tensor_of(t))
-            done += int(t.n_bytes)
-            progress and progress(done, total)
-        banks = BankQuantizer(quantize, [layer for layer, _ in pieces])
-        for (layer, bank), tensor, fmt in gguf_file.banks_of(pieces, num_experts(config), src):
-            writer.add_bank(layer, bank, *banks(layer, bank, tensor, fmt))
-            done += sum(int(t.n_bytes) for t, _ in pieces[(layer, bank)])
-            progress and progress(done, total)
+        qtype = _write_tensors(writer, reader, cls, src, config, quantize, progress)
         with tempfile.TemporaryDirectory() as tmp:
             meta_dir = Path(tmp)
             gguf_tokenizer.write_tokenizer_files(src, meta_dir)
@@ -77,10 +64,39 @@ def convert_gguf(
                     # every tensor kept the type it had
                     **({"file_type": kind} if kind and not dequantized else {}),
                 },
-                **({"quantize": banks.qtype} if banks.qtype else {}),
+                **({"quantize": qtype} if qtype else {}),
             }
             out = writer.close(meta, {p.name: p for p in meta_dir.iterdir()})
             return out, writer.digests
     except BaseException:
         writer.abort()
         raise
+
+
+def _write_tensors(
+    writer: Writer,
+    reader,
+    cls,
+    src: Path,
+    config: dict,
+    quantize: str | None,
+    progress: Callable[[int, int], None] | None,
+) -> str | None:
+    """Writes the dense tensors, then each expert bank (quantized where asked); returns the
+    type the banks were quantized to, if any."""
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    done = 0
+    pieces: dict[tuple[int, str], list] = defaultdict(list)
+    for _, t, key in gguf_file.keyed_tensors(reader, cls, config):
+        if isinstance(key, ExpertKey):
+            pieces[(key.layer, key.bank)].append((t, key))
+            continue
+        writer.add_dense(key, *gguf_file.tensor_of(t))
+        done += int(t.n_bytes)
+        progress and progress(done, total)
+    banks = BankQuantizer(quantize, [layer for layer, _ in pieces])
+    for (layer, bank), tensor, fmt in gguf_file.banks_of(pieces, num_experts(config), src):
+        writer.add_bank(layer, bank, *banks(layer, bank, tensor, fmt))
+        done += sum(int(t.n_bytes) for t, _ in pieces[(layer, bank)])
+        progress and progress(done, total)
+    return banks.qtype
