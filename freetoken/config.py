@@ -30,6 +30,7 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     _nonneg_int,
     _path,
     _pos_int,
+    _think_budgets,
     keep_alive_seconds,
     parse_bool,
     parse_duration,
@@ -299,6 +300,14 @@ SETTINGS: tuple[Setting, ...] = (
         "default registry for pull and push: host[:port] or http(s)://host[:port]",
     ),
     Setting(
+        "think_budgets",
+        "FREETOKEN_THINK_BUDGETS",
+        _think_budgets,
+        "low=1024,medium=4096,high=16384",
+        "thinking tokens at most per think level (a level left out, or 0: no bound); the "
+        "thinking's close marker is forced once they are spent (a request's own budget wins)",
+    ),
+    Setting(
         "registry_token",
         "FREETOKEN_REGISTRY_TOKEN",
         str,
@@ -399,6 +408,12 @@ RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 def child_environment(overrides: Mapping[str, str]) -> dict[str, str]:
     """The environment a process started here begins with: this one's, with `overrides`."""
     return {**os.environ, **overrides}
+
+
+def cuda_visible_devices() -> str | None:
+    """CUDA's own mask (not a FreeToken setting): which GPUs, by index or UUID, torch numbers
+    0, 1, ... in this process and its runners; None where it is unset."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
 def export_rank_env() -> None:

@@ -146,6 +146,18 @@ def _pos_int(value: str) -> int:
     return n
 
 
+def _think_budgets(value: str) -> dict[str, int]:
+    """ "low=1024,medium=4096,high=16384": thinking tokens per think level."""
+    out = {}
+    for part in _csv(value):
+        level, eq, n = part.partition("=")
+        level = level.strip().lower()
+        if not eq or level not in ("low", "medium", "high", "max") or not n.strip().isdigit():
+            raise ValueError(f"expected LEVEL=TOKENS pairs (low, medium, high, max), got {part!r}")
+        out[level] = int(n)
+    return out
+
+
 def _csv(value: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in value.split(",") if p.strip())
 

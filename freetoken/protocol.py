@@ -76,11 +76,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "top_logprobs": (int,),
     "images": (list,),
     "stream_tool_calls": (bool,),
+    "think_budget": (int,),
+    "parallel_tool_calls": (bool,),
 }
 
 
 # fields beyond what Ollama's generate and chat carry: on the wire only where they are set
-_EXTRAS = frozenset({"tool_choice", "logprobs", "top_logprobs", "images"})
+_EXTRAS = frozenset(
+    {"tool_choice", "logprobs", "top_logprobs", "images", "think_budget", "parallel_tool_calls"}
+)
 
 
 @dataclass(frozen=True)
@@ -105,11 +109,19 @@ class CompletionRequest:
     top_logprobs: int = 0  # alternatives listed per token
     images: list[Any] | None = None
     stream_tool_calls: bool = False  # also stream a call's arguments as they grow
+    # thinking tokens at most (None: no bound); the server sets it from Anthropic's
+    # budget_tokens or the think level's budget, so the runner needs no settings of its own
+    think_budget: int | None = None
+    # False: an answer holds one call at most; True: a forced answer may hold several too;
+    # None (the client said nothing): a forced answer is one call, an `auto` one any number
+    parallel_tool_calls: bool | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ProtocolError(f"invalid kind {self.kind!r} (one of {', '.join(KINDS)})")
         check_think(self.think)
+        if self.think_budget is not None and self.think_budget < 1:
+            raise ProtocolError("think_budget must be a positive number of tokens")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ProtocolError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
         if self.context is not None and not all(
@@ -167,6 +179,9 @@ class Event(TypedDict, total=False):
     tool_calls: list[dict[str, Any]]  # whole calls: [{"function": {"name", "arguments"}}]
     tool_call_start: dict[str, Any]  # {"index", "name"}: a call's arguments begin streaming
     tool_call_delta: dict[str, Any]  # {"index", "arguments"}: more of its argument text
+    # {"index", "name", "arguments"}: a call the token limit cut, its argument text as far
+    # as it got (never a whole call, never content)
+    tool_call_truncated: dict[str, Any]
     streamed: bool  # on a whole call whose arguments were streamed as deltas
     logprobs: list[dict[str, Any]]  # of the tokens behind this event
     error: str  # the request failed after streaming began: the last event

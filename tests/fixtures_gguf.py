@@ -223,12 +223,13 @@ def write_gguf(
     nextn: int = 0,
     extra: dict[str, np.ndarray] | None = None,
     pre: str = "gpt-2",
+    file_type: int | None = None,
 ) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
     tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
     (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
-    tensors by GGUF name."""
+    tensors by GGUF name; `file_type` is general.file_type (llama.cpp's LlamaFileType)."""
     import gguf
 
     c = model.config
@@ -238,15 +239,32 @@ def write_gguf(
     _arch_kv(w, c, arch)
     if nextn:
         w.add_nextn_predict_layers(nextn)
+    if file_type is not None:
+        w.add_file_type(file_type)
     _tokenizer_kv(w, tok_dir, pre)
     for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
-        _add(w, name, arr, qtype if quantize else "F32")
+        _add(w, name, arr, _type_of(qtype, name, c.num_hidden_layers) if quantize else "F32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def _type_of(qtype: str, name: str, layers: int) -> str:
+    """A tensor's type in a file of `qtype`: Q4_K_M mixes Q4_K with Q6_K as llama.cpp does (the
+    output head, and expert down projections in the first and last eighth of the layers and
+    every third between), so a file's down banks differ from layer to layer."""
+    if qtype != "Q4_K_M":
+        return qtype
+    if name == "output.weight":
+        return "Q6_K"
+    if "ffn_down" in name:
+        i = int(name.split(".")[1])
+        more = i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+        return "Q6_K" if more else "Q4_K"
+    return "Q4_K"
 
 
 def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
@@ -255,7 +273,7 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
 
     if qtype == "F32" or arr.ndim == 1:
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
-    elif qtype in ("Q8_0", "Q4_0", "BF16", "MXFP4"):
+    elif qtype in ("Q8_0", "Q4_0", "Q5_0", "BF16", "MXFP4"):
         q = gguf.quants.quantize(arr, QT[qtype])
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     elif qtype == "F16":
@@ -263,6 +281,11 @@ def _add(w, name: str, arr: np.ndarray, qtype: str) -> None:
     elif qtype == "Q4_K":
         q = quantize_q4_k(arr)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT.Q4_K)
+    elif qtype in ("Q5_K", "Q6_K"):  # gguf has no quantizer for these; its dequantizer checks ours
+        from freetoken.quant.quantize import quantize
+
+        q = quantize(torch.from_numpy(np.ascontiguousarray(arr)), qtype.lower()).numpy()
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT[qtype])
     else:
         raise ValueError(qtype)
 
@@ -279,3 +302,36 @@ def dequantized_state(path: Path) -> dict[str, torch.Tensor]:
             np.array(gguf.quants.dequantize(t.data, t.tensor_type))
         ).reshape(shape)
     return out
+
+
+def dequantized_model(model, path: Path, arch: str):
+    """A copy of the transformers `model` computing with a GGUF file's weights as gguf decodes
+    them (for the architectures whose converters only rename and split: no q/k permutation):
+    the exact reference for a quantized file."""
+    import copy
+
+    import gguf
+
+    assert arch in ("qwen3moe", "olmoe", "qwen2moe"), arch
+    arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
+    names = gguf.get_tensor_name_map(arch_enum, model.config.num_hidden_layers)
+    state = dequantized_state(path)
+
+    def of(hf: str) -> torch.Tensor:
+        return state[names.get_name(hf, try_suffixes=(".weight", ".bias"))]
+
+    def experts(hf: str) -> torch.Tensor:  # whole-layer tensors: the map names them bare
+        return state[names.get_name(hf) + ".weight"]
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, t in ref.state_dict().items():
+            if name.endswith("experts.gate_up_proj"):
+                base = name.removesuffix(".gate_up_proj")
+                gate, up = (experts(f"{base}.{p}_proj") for p in ("gate", "up"))
+                t.copy_(torch.cat([gate, up], dim=1))
+            elif name.endswith("experts.down_proj"):
+                t.copy_(experts(name))
+            else:
+                t.copy_(of(name).reshape(t.shape))
+    return ref

@@ -24,7 +24,6 @@ from freetoken.api.compat import (
     Call,
     Outcome,
     argument_pieces,
-    arguments_json,
     calls_of,
     joined_text,
     new_id,
@@ -178,14 +177,22 @@ def _tool_choice(choice: Any) -> Any:
     return None
 
 
-def _think(body: dict[str, Any]) -> bool | None:
+def _think(body: dict[str, Any]) -> tuple[bool | None, dict[str, Any]]:
+    """Thinking on or off, and the runner fields of its budget (`budget_tokens`: the
+    thinking's length at most, where the model's format marks where thinking ends)."""
     thinking = field_of(body, "thinking", dict)
     if thinking is None:
-        return None
+        return None, {}
     kind = thinking.get("type")
     if kind not in ("enabled", "adaptive", "disabled"):
         raise APIError(400, f"thinking: invalid type {kind!r}")
-    return kind != "disabled"  # budget_tokens is accepted, not enforced
+    budget = thinking.get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
+        raise APIError(400, "thinking.budget_tokens: expected an integer")
+    if budget is not None and budget < 1:
+        raise APIError(400, "thinking.budget_tokens: must be at least 1")
+    extra = {"think_budget": budget} if kind == "enabled" and budget is not None else {}
+    return kind != "disabled", extra
 
 
 def messages_request(body: dict[str, Any], counting: bool = False) -> MessagesCall:
@@ -198,19 +205,22 @@ def messages_request(body: dict[str, Any], counting: bool = False) -> MessagesCa
         raise APIError(400, "max_tokens: Field required")
     if not counting and max_tokens < 1:
         raise APIError(400, "max_tokens: Input should be greater than or equal to 1")
-    tools, extra = _tools(body), {}
+    tools = _tools(body)
+    think, extra = _think(body)
     # checked with or without tools: a choice nobody can honour is the client's mistake
     choice = _tool_choice(body["tool_choice"]) if body.get("tool_choice") is not None else None
     if tools and body.get("tool_choice") is not None:
         tools = tools if choice is not None else None
-        extra = {"tool_choice": choice} if choice is not None else {}
+        extra |= {"tool_choice": choice} if choice is not None else {}
+        if choice is not None and body["tool_choice"].get("disable_parallel_tool_use") is True:
+            extra["parallel_tool_calls"] = False
     req = ChatRequest(
         model=model,
         stream=field_of(body, "stream", bool, False),
         options=sampling_options(
             body, max_keys=("max_tokens",), stop_key="stop_sequences", defaults=False
         ),
-        think=_think(body),
+        think=think,
         messages=_messages(body),
         tools=tools,
     )
@@ -218,7 +228,7 @@ def messages_request(body: dict[str, Any], counting: bool = False) -> MessagesCa
 
 
 def stop_reason(done_reason: str, calls: bool) -> str:
-    if calls:
+    if calls and done_reason != "length":  # a cut answer is max_tokens, calls or not
         return "tool_use"
     return {"stop": "end_turn", "length": "max_tokens"}.get(done_reason, "stop_sequence")
 
@@ -232,16 +242,17 @@ def message_object(model: str, out: Outcome) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if out.thinking:
         content.append({"type": "thinking", "thinking": out.thinking, "signature": ""})
-    if out.content or not out.calls:
+    calls = out.whole_calls  # a call the limit cut has no input to show: max_tokens says so
+    if out.content or not calls:
         content.append({"type": "text", "text": out.content})
-    content += [_tool_use(c) for c in out.calls]
+    content += [_tool_use(c) for c in calls]
     return {
         "id": new_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(out.done_reason, bool(out.calls)),
+        "stop_reason": stop_reason(out.done_reason, bool(calls)),
         "stop_sequence": None,
         "usage": {
             "input_tokens": out.prompt_tokens,
@@ -307,12 +318,13 @@ class MessageStream:
                 self._delta({"type": "input_json_delta", "partial_json": delta["arguments"]})
             )
         if ev.get("streamed"):  # its deltas went out already: only close its block
-            self.calls += len(ev.get("tool_calls") or [])
+            self.calls += len(ev.get("tool_calls") or []) + ("tool_call_truncated" in ev)
             return frames + self._close()
         for call in calls_of(ev, self.calls, *_TOOL_ID):
+            # a call the limit cut streams its partial input too; max_tokens says so
             self.calls += 1
             frames += self._open(_tool_use(call) | {"input": {}})
-            for piece in argument_pieces(arguments_json(call.arguments)):
+            for piece in argument_pieces(call.wire_arguments):
                 frames.append(self._delta({"type": "input_json_delta", "partial_json": piece}))
             frames += self._close()
         return frames

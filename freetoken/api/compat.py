@@ -198,10 +198,21 @@ class Call:
     name: str
     arguments: dict[str, Any]
     index: int  # its position among the answer's calls
+    # a call the token limit cut: its arguments' JSON text as far as it got (None: whole)
+    partial: str | None = None
+
+    @property
+    def wire_arguments(self) -> str:
+        """The arguments as the wire's JSON string (a cut call's text as it is)."""
+        return self.partial if self.partial is not None else arguments_json(self.arguments)
 
 
 def calls_of(event: dict[str, Any], first: int, prefix: str = "call_", n: int = 8) -> list[Call]:
-    """The calls of a `tool_calls` event, numbered from `first`; ids are made where missing."""
+    """The calls of a `tool_calls` event, numbered from `first`, or the one call of a
+    `tool_call_truncated` event; ids are made where missing."""
+    if cut := event.get("tool_call_truncated"):
+        name, text = str(cut.get("name") or ""), str(cut.get("arguments") or "")
+        return [Call(new_id(prefix, n), name, {}, first, partial=text)]
     out = []
     for i, raw in enumerate(event.get("tool_calls") or []):
         fn = raw.get("function") or {}
@@ -240,6 +251,11 @@ class Outcome:
     @property
     def done_reason(self) -> str:
         return self.done.get("done_reason") or "stop"
+
+    @property
+    def whole_calls(self) -> list[Call]:
+        """The calls the token limit did not cut."""
+        return [c for c in self.calls if c.partial is None]
 
     @property
     def prompt_tokens(self) -> int:

@@ -61,6 +61,13 @@ class Plan:
     capabilities: list[str]
     options: dict[str, Any]
     spec: RunnerSpec
+    think_budgets: dict[str, int]  # think level -> thinking tokens at most (the settings')
+
+    def thinking(self, think: Any, extra: dict[str, Any]) -> dict[str, Any]:
+        """The runner field of a think level's budget, unless the request has its own
+        (Anthropic's budget_tokens) or gives no level."""
+        budget = self.think_budgets.get(think) if isinstance(think, str) else None
+        return {"think_budget": budget} if budget and "think_budget" not in extra else {}
 
 
 def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> Plan:
@@ -72,7 +79,7 @@ def _plan(svc: Services, view: ModelView, request_options: dict[str, Any]) -> Pl
     merged["num_ctx"] = num_ctx
     load = {k: merged[k] for k in sorted(opts.LOAD_OPTIONS - {"num_ctx"}) if k in merged}
     spec = RunnerSpec(view.display, store.runner_files(view), num_ctx, svc.cfg.num_parallel, load)
-    return Plan(view, store.capabilities(view), merged, spec)
+    return Plan(view, store.capabilities(view), merged, spec, svc.cfg.think_budgets)
 
 
 async def prepare(svc: Services, req: GenerateRequest | ChatRequest) -> Plan:
@@ -163,6 +170,8 @@ async def _chat_chunks(
 ) -> AsyncIterator[dict[str, Any]]:
     async with aclosing(events) as stream:
         async for event in stream:
+            if set(event) <= {"tool_call_truncated", "streamed"}:
+                continue  # Ollama has no shape for a call the limit cut: done_reason says it
             if not event.get("done"):
                 yield chat_chunk(req.model, event)
                 continue
@@ -186,6 +195,7 @@ def generate_body(plan: Plan, req: GenerateRequest, **extra: Any) -> CompletionR
         truncate=True if req.truncate is None else req.truncate,
         options=plan.options,
         **extra,
+        **plan.thinking(req.think, extra),
     )
 
 
@@ -231,6 +241,7 @@ def chat_body(plan: Plan, req: ChatRequest, **extra: Any) -> CompletionRequest:
         truncate=True if req.truncate is None else req.truncate,
         options=plan.options,
         **extra,
+        **plan.thinking(req.think, extra),
     )
 
 

@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from freetoken.options import OptionError
 from freetoken.pull import RegistryError
-from freetoken.server.residency import ServerBusy
+from freetoken.server.residency import ModelTooLarge, ServerBusy
 from freetoken.server.runner import RunnerError, RunnerRequestError
-from freetoken.store import CreateError, DigestMismatch, InvalidName, ModelNotFound
+from freetoken.store import CreateError, DigestMismatch, FilesNotVisible, InvalidName, ModelNotFound
 
 __all__ = [
     "APIError",
@@ -76,10 +76,14 @@ def as_api_error(exc: BaseException) -> APIError:
         return APIError(404, str(exc))
     if isinstance(exc, RegistryError):
         return APIError(exc.status, str(exc))
+    if isinstance(exc, FilesNotVisible):  # the client's cue to upload the files instead
+        return APIError(412, str(exc))
     if isinstance(exc, (InvalidName, OptionError, CreateError, DigestMismatch)):
         return APIError(400, str(exc))
     if isinstance(exc, ServerBusy):
         return APIError(503, str(exc))
+    if isinstance(exc, ModelTooLarge):  # Ollama answers a model too large for memory so
+        return APIError(500, str(exc))
     if isinstance(exc, RunnerRequestError):
         return APIError(exc.status, str(exc))
     if isinstance(exc, RunnerError):

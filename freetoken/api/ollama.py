@@ -7,6 +7,7 @@ pull and push.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from freetoken.api.state import resolve, services
 from freetoken.api.stream import NDJSONResponse
 from freetoken.api.types import field_of, parse_json
 from freetoken.options import OptionError
-from freetoken.store import CreateSpec, InvalidName, ModelNotFound, Name, modelfile
+from freetoken.store import CreateSpec, InvalidName, LocalFile, ModelNotFound, Name, modelfile
 from freetoken.store.names import parse_digest
 
 __all__ = [
@@ -60,7 +61,9 @@ async def tags(request: Request) -> Response:
 
 @handler
 async def ps(request: Request) -> Response:
-    return JSONResponse({"models": services(request).residency.ps()})
+    residency = services(request).residency
+    await residency.refresh()  # sizes as they are now, after any resize of a cache
+    return JSONResponse({"models": residency.ps()})
 
 
 @handler
@@ -113,11 +116,26 @@ def _modelfile_fields(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _local_files(body: dict[str, Any]) -> dict[str, LocalFile] | None:
+    """FreeToken's `local_files`: {name: {path, size, mtime_ns}}, files a client on this
+    machine offers to have read in place instead of uploaded."""
+    files = field_of(body, "local_files", dict)
+    if not files:
+        return None
+    out = {}
+    for name, f in files.items():
+        ok = isinstance(f, dict) and isinstance(f.get("path"), str)
+        ok = ok and all(type(f.get(k)) is int for k in ("size", "mtime_ns"))
+        if not ok:
+            want = "path, size and mtime_ns"
+            raise APIError(400, f'invalid value for "local_files": {name!r} needs {want}')
+        out[name] = LocalFile(f["path"], f["size"], f["mtime_ns"])
+    return out
+
+
 def _create_spec(body: dict[str, Any]) -> CreateSpec:
     name = _model_name(body)
     body = _modelfile_fields(body)
-    if body.get("quantize"):
-        raise APIError(400, "quantize is not supported yet")
     if body.get("adapters"):
         raise APIError(400, "adapters are not supported yet")
     files = field_of(body, "files", dict)
@@ -131,12 +149,24 @@ def _create_spec(body: dict[str, Any]) -> CreateSpec:
         name=name,
         from_=field_of(body, "from", str),
         files=files,
+        local_files=_local_files(body),
         template=field_of(body, "template", str),
         system=field_of(body, "system", str),
         parameters=field_of(body, "parameters", dict),
         messages=messages,
         license=license_,
+        quantize=field_of(body, "quantize", str),
     )
+
+
+def _from_this_machine(request: Request) -> bool:
+    """The client connects over loopback: only it may name files for the server to read
+    (to a client elsewhere, which files this machine has is none of its business)."""
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @handler
@@ -144,6 +174,8 @@ async def create(request: Request) -> Response:
     svc = services(request)
     body = parse_json(await request.body())
     spec = _create_spec(body)
+    if spec.local_files and not _from_this_machine(request):
+        raise APIError(412, "files are read in place only for clients on this machine")
     # Checked before the response starts, so a bad request gets its status code.
     plan = await run_in_threadpool(svc.store.plan_create, spec)
     progress = iterate_in_threadpool(plan.run())
@@ -159,19 +191,30 @@ def _digest(request: Request) -> str:
 
 @handler
 async def blob_exists(request: Request) -> Response:
+    store = services(request).store
     digest = _digest(request)
-    if not services(request).store.blobs.has(digest):
+    # A client asks before it names the blob in a create: from now until that create, no
+    # other create's clean-up may take it.
+    if not store.claim(digest, if_present=True):
         raise APIError(404, f'blob "{digest}" not found')
     return Response(status_code=200)
 
 
 @handler
 async def blob_upload(request: Request) -> Response:
-    blobs = services(request).store.blobs
+    store = services(request).store
     digest = _digest(request)
-    if blobs.has(digest):
+    if store.claim(digest):  # claimed before the bytes land, so no clean-up sees it unclaimed
         return Response(status_code=200)
-    writer = await run_in_threadpool(blobs.writer, digest)
+    try:
+        created = await _receive(request, store.blobs.writer(digest))
+    except BaseException:
+        store.release([digest])
+        raise
+    return Response(status_code=201 if created else 200)
+
+
+async def _receive(request: Request, writer: Any) -> bool:
     with writer:
         buffered: list[bytes] = []
         size = 0
@@ -183,7 +226,7 @@ async def blob_upload(request: Request) -> Response:
                 buffered, size = [], 0
         await anyio.to_thread.run_sync(writer.write, b"".join(buffered))
         _, created = await run_in_threadpool(writer.commit)
-    return Response(status_code=201 if created else 200)
+    return created
 
 
 @handler

@@ -172,6 +172,9 @@ def chat_request(body: dict[str, Any]) -> V1Call:
     extra = req.runner_fields()
     if tools and choice is not None:
         extra["tool_choice"] = choice
+    parallel = field_of(body, "parallel_tool_calls", bool)
+    if tools and parallel is not None:  # unset: a forced answer is one call, auto any number
+        extra["parallel_tool_calls"] = parallel
     return V1Call(req, extra, _stream_options(body))
 
 

@@ -17,7 +17,6 @@ from freetoken.api.compat import (
     Call,
     Outcome,
     argument_pieces,
-    arguments_json,
     calls_of,
     new_id,
     openai_error,
@@ -31,7 +30,8 @@ FINGERPRINT = "fp_ollama"
 
 
 def finish_reason(done_reason: str, calls: bool) -> str:
-    # Ollama reports a tool call as an ordinary stop; OpenAI clients look for tool_calls.
+    # Ollama reports a tool call as an ordinary stop; OpenAI clients look for tool_calls. An
+    # answer the limit cut is "length", calls or not (a cut call's arguments are partial).
     if done_reason == "stop" and calls:
         return "tool_calls"
     return done_reason if done_reason in ("stop", "length") else "stop"
@@ -89,7 +89,7 @@ def _tool_call(call: Call) -> dict[str, Any]:
         "id": call.id,
         "index": call.index,
         "type": "function",
-        "function": {"name": call.name, "arguments": arguments_json(call.arguments)},
+        "function": {"name": call.name, "arguments": call.wire_arguments},
     }
 
 
@@ -172,7 +172,7 @@ class ChatStream:
         head = {"index": call.index, "id": call.id, "type": "function"}
         head["function"] = {"name": call.name, "arguments": ""}
         frames = [self._chunk({"tool_calls": [head]})]
-        for piece in argument_pieces(arguments_json(call.arguments)):
+        for piece in argument_pieces(call.wire_arguments):
             delta = {"index": call.index, "function": {"arguments": piece}}
             frames.append(self._chunk({"tool_calls": [delta]}))
         return frames
@@ -199,8 +199,8 @@ class ChatStream:
         if delta := ev.get("tool_call_delta"):
             piece = {"index": delta["index"], "function": {"arguments": delta["arguments"]}}
             frames.append(self._chunk({"tool_calls": [piece]}))
-        if ev.get("streamed"):  # its deltas went out already
-            self.calls += len(ev.get("tool_calls") or [])
+        if ev.get("streamed"):  # its deltas went out already (a cut call's too)
+            self.calls += len(ev.get("tool_calls") or []) + ("tool_call_truncated" in ev)
             return frames
         for call in calls_of(ev, self.calls):
             frames += self._call_frames(call)

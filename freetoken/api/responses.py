@@ -163,6 +163,9 @@ def responses_request(body: dict[str, Any]) -> ResponsesCall:
         body, max_keys=("max_output_tokens",), stop_key="stop", defaults=True
     )
     extra = {"tool_choice": forced} if tools and forced not in (None, "none") else {}
+    parallel = field_of(body, "parallel_tool_calls", bool)
+    if tools and parallel is not None:  # unset: a forced answer is one call, auto any number
+        extra["parallel_tool_calls"] = parallel
     req = ChatRequest(
         model=model,
         stream=field_of(body, "stream", bool, False),

@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from freetoken.api.compat import Call, argument_pieces, arguments_json, calls_of, new_id
+from freetoken.api.compat import Call, argument_pieces, calls_of, new_id
 from freetoken.api.errors import APIError
 from freetoken.api.sse import event
 
@@ -67,14 +67,17 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     }
 
 
-def function_call_item(item_id: str, call: Call, status: str = "completed") -> dict[str, Any]:
+def function_call_item(item_id: str, call: Call, status: str | None = None) -> dict[str, Any]:
+    """A call as an output item: "completed", or "incomplete" where the token limit cut it
+    (its arguments as far as they got); "in_progress" while its arguments stream."""
+    status = status or ("completed" if call.partial is None else "incomplete")
     return {
         "id": item_id,
         "type": "function_call",
         "status": status,
         "call_id": call.id,
         "name": call.name,
-        "arguments": arguments_json(call.arguments) if status == "completed" else "",
+        "arguments": call.wire_arguments if status != "in_progress" else "",
     }
 
 
@@ -214,7 +217,7 @@ class ResponseStream:
         where = {"item_id": item_id, "output_index": index}
         added = function_call_item(item_id, call, "in_progress")
         frames.append(self._emit("response.output_item.added", output_index=index, item=added))
-        arguments = arguments_json(call.arguments)
+        arguments = call.wire_arguments
         for piece in argument_pieces(arguments):
             delta = self._emit("response.function_call_arguments.delta", **where, delta=piece)
             frames.append(delta)

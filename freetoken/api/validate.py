@@ -15,8 +15,10 @@ import math
 import re
 from typing import Any
 
+import llguidance
+
 from freetoken.api.errors import APIError
-from freetoken.chat import structured
+from freetoken.chat.grammar import SchemaError, explain, json_format
 
 __all__ = [
     "INT64",
@@ -199,16 +201,20 @@ def check_tool_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def check_format(fmt: Any) -> Any:
-    """A `format` JSON schema the runner can hold an answer to, compiled here once so that a
-    schema it cannot (a `$ref` that points nowhere, `properties` that are not an object) is
-    this request's 400 before any runner is involved."""
+    """A `format` JSON schema the runner can hold an answer to, compiled here once (by the
+    grammar engine, without a vocabulary) so that a schema it cannot (a `$ref` that points
+    nowhere, `properties` that are not an object, a keyword it cannot enforce) is this
+    request's 400 before any runner is involved, in the words the runner would use."""
     if not isinstance(fmt, dict):
         return fmt
     try:
-        structured.format_grammar(fmt)
-    except structured.SchemaError as e:
-        raise APIError(400, f"invalid format: {e}") from None
-    except (AttributeError, TypeError, ValueError, KeyError, RecursionError) as e:
+        for label, text in json_format(fmt).schemas:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
+            if err := llguidance.LLMatcher.validate_grammar(grammar):
+                raise APIError(400, f"{label}: {explain(err)}")
+    except SchemaError as e:
+        raise APIError(400, f"format: {e}") from None
+    except (TypeError, ValueError, RecursionError) as e:
         # the compiler met a shape it does not expect: the schema's fault, not the server's
-        raise APIError(400, f"invalid format: not a usable JSON schema ({e})") from None
+        raise APIError(400, f"format: not a usable JSON schema ({e})") from None
     return fmt

@@ -148,15 +148,20 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="freetoken bench agent", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="freetoken bench agent", description=__doc__.split("\n\n")[0])
     served.add_arguments(p)
     p.add_argument("--num-ctx", type=int, default=32768, help="context length requested")
     p.add_argument("--num-predict", type=int, default=16, help="tokens generated a turn")
     p.add_argument("--turns", type=int, default=0, help="replay only the first N (0: all)")
     p.add_argument("--seed", type=int, default=0, help="the session's seed")
-    p.add_argument("--no-baseline", dest="baseline", action="store_false")
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip sending each turn again without the cache (halves the run)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args(argv)
     with (
         served.target(args) as (args.url, args.model, store),

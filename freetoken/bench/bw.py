@@ -1,7 +1,8 @@
 """`freetoken bench bw`: the two bandwidths the split is built on, measured on real paths.
 
 B_P: host->GPU expert gather from pinned banks into cache slots (the fetch path).
-B_H: the CPU expert kernel on experts read from DRAM (banks far larger than the caches).
+B_H: the CPU expert kernel on experts read from DRAM (banks far larger than the caches),
+in BF16 and in each block format (GB/s of the bytes it reads, experts/s against BF16's).
 Each alone and both at once (they share the host's DRAM). The result is stored as this
 machine's profile; runners start their split from it.
 """
@@ -16,7 +17,8 @@ import time
 import numpy as np
 import torch
 
-from freetoken.bench import common
+from freetoken import quant
+from freetoken.bench import common, packed
 from freetoken.ftw.hostmem import HostBuffer
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.base import ExpertSpec
@@ -126,7 +128,24 @@ def concurrent(banks: Banks, seconds: float) -> tuple[float, float]:
     return out["pcie"], out["cpu"]
 
 
-def run(seconds: float = 3.0, gib: float = 8.0) -> dict:
+def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: float) -> dict:
+    """The CPU kernel on banks of each block format (as large as the BF16 ones): GB/s of the
+    packed bytes it reads, experts/s, and experts/s against BF16's (the bound moves by that)."""
+    bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
+    out = {}
+    for fmt in formats:
+        per = packed.PackedBanks.make(fmt, E, H, I, 1).expert_bytes
+        layers = max(2, int(gib * 2**30 // (E * per)))
+        banks = packed.PackedBanks.make(fmt, E, H, I, layers)
+        measure_cpu(banks, 0.3)
+        gbps = measure_cpu(banks, seconds)
+        rate = gbps * 1e9 / banks.expert_bytes
+        out[fmt] = {"gbps": gbps, "experts_per_s": rate, "vs_bf16": rate / bf16_rate}
+        del banks
+    return out
+
+
+def run(seconds: float = 3.0, gib: float = 8.0, formats: list[str] | None = None) -> dict:
     cuda = torch.cuda.is_available()
     layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
     banks = Banks(layers, pin=cuda)
@@ -143,6 +162,11 @@ def run(seconds: float = 3.0, gib: float = 8.0) -> dict:
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
+    del banks
+    per_format = measure_formats(formats or [], seconds, gib, result["cpu_expert_gbps"])
+    result["formats"] = per_format
+    # the profile's B_H per format: runners of a packed model start their split from it
+    result |= {f"cpu_expert_gbps_{fmt}": r["gbps"] for fmt, r in per_format.items()}
     return result
 
 
@@ -152,10 +176,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gib", type=float, default=8.0, help="host bank size to read from")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument(
+        "--formats",
+        default=",".join(quant.FORMATS),
+        help="block formats whose CPU kernel to measure against BF16 (comma-separated; '' none)",
+    )
     args = ap.parse_args(argv)
     from freetoken import config
 
-    r = run(args.seconds, args.gib)
+    formats = [f for f in args.formats.split(",") if f]
+    for fmt in formats:
+        if fmt not in quant.FORMATS:
+            ap.error(f"unknown format {fmt!r} (one of {', '.join(quant.FORMATS)})")
+    r = run(args.seconds, args.gib, formats)
     head = common.header("bw")
     if not args.no_save:
         r["profile"] = str(profile.save(config.current().cache_dir, {**r, "date": head["date"]}))
@@ -186,6 +219,14 @@ def main(argv: list[str] | None = None) -> None:
                 "together",
             },
         ]
+    rows += [
+        {
+            "path": f"CPU expert kernel, {fmt}",
+            "gbps": f["gbps"],
+            "note": f"{f['experts_per_s']:.0f} experts/s, {f['vs_bf16']:.2f}x BF16's",
+        }
+        for fmt, f in r["formats"].items()
+    ]
     common.emit(rows, [("path", "path"), ("gbps", "GB/s"), ("note", "")], False, head)
 
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from freetoken import config
+from freetoken import config, quant
 from freetoken.bench import common, routing, synthmodel
 from freetoken.bench.stepper import PROMPT, Bench, measure_bandwidths, placement, profile_steps
 from freetoken.layers import fused
@@ -76,6 +76,11 @@ def _arguments() -> argparse.ArgumentParser:
         action="store_true",
         help="also time resident steps launched from Python, against the CUDA graphs",
     )
+    ap.add_argument(
+        "--quant",
+        help="experts in a block format (q4_k, mxfp4, …) or laid out as create --quantize would "
+        "(q4_K_M, q8_0); random blocks",
+    )
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -110,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"unknown policy {p!r}: one of {', '.join(POLICIES)}, "
                 "optionally :host, :lane or :nolane"
             )
+    if args.quant and args.quant not in (*quant.FORMATS, *quant.QUANTIZE_TYPES):
+        ap.error(f"unknown --quant {args.quant!r}")
     cuda = torch.cuda.is_available()
     if not cuda and not args.model.startswith("tiny"):
         raise SystemExit("bench decode needs a CUDA device for full-size models")
@@ -118,13 +125,14 @@ def main(argv: list[str] | None = None) -> None:
     head = common.header("decode")
     t0 = time.perf_counter()
     ctx = PROMPT + max(args.warmup + args.tokens, args.settle + 4) + 32
-    bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs)
+    bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs, args.quant)
     print(
         f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
-        f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM, "
+        f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM"
+        f"{' (' + args.quant + ')' if args.quant else ''}, "
         f"S = {bench.host.expert_bytes / 1e6:.2f} MB"
     )
-    b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda)
+    b_p, b_h, p_c, h_c = measure_bandwidths(args.bw_seconds, cuda, bench.host.main_format)
     print(f"B_P {b_p:.1f} GB/s, B_H {b_h:.1f} GB/s alone; {p_c:.1f} + {h_c:.1f} GB/s together")
     rows = []
     for mode in args.routing.split(","):

@@ -17,10 +17,15 @@ BENCHES = {
     "prefill": ("freetoken.bench.prefill", "prompt throughput with whole-layer expert streaming"),
     "resize": ("freetoken.bench.resize", "shrinking and growing the expert cache while decoding"),
     "pull": ("freetoken.bench.pull", "pull throughput on loopback, and resuming a cut pull"),
+    "create": ("freetoken.bench.create", "create of a checkpoint against reading and writing it"),
     "gpus": ("freetoken.bench.gpus", "decode and prefill with the experts over several GPUs"),
     "agent": ("freetoken.bench.agent", "a coding agent's session through a running server"),
     "serve": ("freetoken.bench.serve", "decode as users meet it, through the HTTP server"),
     "soak": ("freetoken.bench.soak", "load, faults and fuzz through a server of its own"),
+    "grammar": (
+        "freetoken.bench.grammar",
+        "constrained decoding: mask µs per token, decode tok/s against free",
+    ),
 }
 
 

@@ -286,7 +286,7 @@ def run(args) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="freetoken bench serve", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="freetoken bench serve", description=__doc__.split("\n\n")[0])
     served.add_arguments(p)
     p.add_argument("--regimes", default="hot,uniform,agent,first")
     p.add_argument("--streams", default="1,4")

@@ -15,15 +15,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from freetoken.bench import bw, routing, synthmodel
+from freetoken.bench import bw, packed, routing, synthmodel
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe import setup
 from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.moe.banks import HostBanks
+from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
 from freetoken.moe.offload import OffloadExperts
-from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 
@@ -38,11 +38,11 @@ class Bench:
         ctx_tokens: int,
         fractions: bool = False,
         graphs: bool = True,
+        quant: str | None = None,
     ):
-        sm = synthmodel.build(name, device)
-        host = HostBanks(
-            sm.banks, sm.dtype, pin=device.type == "cuda", spec=setup.expert_spec(sm.model)
-        )
+        sm = synthmodel.build(name, device, quant=quant)
+        spec = setup.expert_spec(sm.model)
+        host = HostBanks(sm.banks, sm.dtype, device.type == "cuda", spec, sm.formats)
         sm.banks = {}
         self._setup(sm, host, ctx_tokens, fractions, graphs)
 
@@ -108,7 +108,7 @@ class Bench:
             slots = int(min(max(room // S, 0), every))
         # a cap of 0: no cache, every expert on the CPU (llama.cpp's -ncmoe over all layers)
         cache = (
-            ExpertCache(L, E, slots, self.host.rows, self.sm.dtype, self.sm.device)
+            ExpertCache(L, E, slots, self.host.rows, self.host.dtypes, self.sm.device)
             if cap_gib != 0
             else None
         )
@@ -198,15 +198,21 @@ def _sync(device: torch.device, empty: bool = False) -> None:
             torch.cuda.empty_cache()
 
 
-def measure_bandwidths(seconds: float, cuda: bool) -> tuple[float, float, float, float]:
-    """(B_P, B_H, B_P together, B_H together) in GB/s, measured now on `bench bw`'s paths."""
+def measure_bandwidths(
+    seconds: float, cuda: bool, fmt: str = ""
+) -> tuple[float, float, float, float]:
+    """(B_P, B_H, B_P together, B_H together) in GB/s, measured now on `bench bw`'s paths;
+    B_H on banks of block format `fmt` where given (bytes are bytes over PCIe)."""
     banks = bw.Banks(2, pin=cuda)
-    bw.measure_cpu(banks, 0.3)
-    b_h = bw.measure_cpu(banks, seconds)
+    cpu_banks = packed.PackedBanks.make(fmt, bw.E, bw.H, bw.I, 2) if fmt else banks
+    bw.measure_cpu(cpu_banks, 0.3)
+    b_h = bw.measure_cpu(cpu_banks, seconds)
     if not cuda:
         return 0.0, b_h, 0.0, b_h
     b_p = bw.measure_pcie(banks, seconds)
     p_c, h_c = bw.concurrent(banks, seconds)
+    if fmt:  # B_H beside PCIe, scaled from BF16's to the format's
+        h_c *= b_h / bw.measure_cpu(banks, seconds)
     return b_p, b_h, p_c, h_c
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from freetoken import models
+from freetoken.bench import packed
 from freetoken.ftw.hostmem import HostBuffer
 from freetoken.layers.computed import reset_buffers
 from freetoken.models.base import ExpertSpec
@@ -30,11 +31,18 @@ class SynthModel:
     device: torch.device
     dtype: torch.dtype
     seconds: float
+    formats: dict = field(default_factory=dict)  # (layer, bank) -> block format of packed banks
 
 
 def build(
-    name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    quant: str | None = None,
 ) -> SynthModel:
+    """quant: the experts in a block format (q4_k, mxfp4, …, freetoken/quant), or laid out as
+    `create --quantize` would (q4_K_M, q8_0); random blocks, since speed is what is measured."""
     t0 = time.perf_counter()
     config = dict(SHAPES[name])
     gen_device = device if device.type == "cuda" else torch.device("cpu")
@@ -57,9 +65,32 @@ def build(
                     torch.randn(p.shape, generator=g, device=gen_device, dtype=torch.float32) * 0.02
                 ).to(device=device, dtype=kind)
     reset_buffers(model)
-    banks = _expert_banks(model.moe_layers, setup.expert_spec(model), config, dtype, g, gen_device)
+    spec = setup.expert_spec(model)
+    formats = _formats(quant, model.moe_layers, spec)
+    banks = _expert_banks(model.moe_layers, spec, config, dtype, g, gen_device, formats)
     model.eval()
-    return SynthModel(model, config, banks, device, dtype, time.perf_counter() - t0)
+    return SynthModel(model, config, banks, device, dtype, time.perf_counter() - t0, formats)
+
+
+def _formats(qtype: str | None, layers: list[int], spec: ExpertSpec) -> dict:
+    """Each expert matrix bank's block format under `qtype` (a format, or a quantize type)."""
+    if not qtype:
+        return {}
+    from freetoken import quant
+    from freetoken.quant.quantize import expert_format
+
+    out = {}
+    for i, layer in enumerate(layers):
+        for bank in ("gate_up", "down"):
+            cols = spec.rows()[bank][-1]
+            fmt = (
+                qtype
+                if qtype in quant.FORMATS
+                else expert_format(qtype, bank, i, len(layers), cols)
+            )
+            if fmt:
+                out[(layer, bank)] = fmt
+    return out
 
 
 def _expert_banks(
@@ -69,6 +100,7 @@ def _expert_banks(
     dtype: torch.dtype,
     g: torch.Generator,
     gen_device: torch.device,
+    formats: dict,
 ) -> dict:
     """Seeded random banks in fresh host mappings. From a GPU they go through one pinned
     staging buffer and then a multi-threaded host copy: a GPU copy straight into unpinned,
@@ -81,6 +113,12 @@ def _expert_banks(
     banks = {}
     for layer in layers:
         for bank, shape in shapes:
+            fmt = formats.get((layer, bank))
+            if fmt:  # random blocks, generated where the numbers are: speed is what matters
+                banks[(layer, bank)] = packed.host_copy(
+                    packed.random_packed(shape, fmt, g, gen_device)
+                )
+                continue
             n = math.prod(shape)
             buf = HostBuffer(n * torch.tensor([], dtype=dtype).element_size())
             host = buf.tensor(str(dtype).removeprefix("torch."), list(shape), buf.nbytes)

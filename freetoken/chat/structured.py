@@ -7,14 +7,13 @@ object means an instance of it.
 - "auto" (or absent): the model decides, tools are offered as usual, unless the option
   below says otherwise;
 - "none": tools are not rendered into the prompt (so not called either);
-- "required": the answer is one call to an offered tool, its arguments an instance of
-  the tool's parameters, in the markup of the model's format (chat/formats/), and nothing
-  else: `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (`tool_call_grammar`; the
-  bare JSON object for a template without call markers), or markup that names the tool
-  around its JSON arguments (`call_alternatives`). A format whose arguments are not JSON
-  has no grammar: its forced calls are not constrained (the format says so,
-  `ChatFormat.call_grammar`);
-- {"type": "function", "function": {"name": N}}: the same call, to tool N.
+- "required": the answer is one or more calls (parallel calls) to offered tools, each call's
+  arguments an instance of its tool's parameters, in the markup of the model's format
+  (chat/formats/, `ChatFormat.call_grammar`), and nothing else;
+- {"type": "function", "function": {"name": N}}: the same, calls to tool N.
+
+Under "auto" the answer is free text, but a call the model opens follows the same grammar
+from its opening marker on (`ChatFormat.auto_grammar`), so it cannot end malformed.
 
 The `tool_choice` option (a Modelfile PARAMETER or request option; a FreeToken extension)
 takes the same strings for clients that cannot send the field. As an option, "required"
@@ -27,39 +26,23 @@ send "auto" with every request that has tools, so it says nothing about the call
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.schema import (
-    ANY,
-    ANY_OBJECT,
-    SchemaError,
-    compile_schema,
-    literal_node,
-    object_node,
-    union_node,
-)
+from freetoken.chat.grammar import Lark, SchemaError, lit
 
 __all__ = [
     "SchemaError",
-    "call_alternatives",
+    "arguments",
     "forced_tools",
-    "format_grammar",
-    "tool_call_grammar",
+    "json_calls",
+    "named_calls",
+    "offered_tools",
     "tool_choice",
 ]
 
 _CHOICES = ("auto", "none", "required")
-
-
-def format_grammar(fmt: Any) -> Grammar:
-    """The grammar of a request's `format` ("json" or a JSON schema)."""
-    if fmt == "json":
-        return Grammar(ANY_OBJECT)
-    if isinstance(fmt, dict):
-        return Grammar(compile_schema(fmt))
-    raise SchemaError('format must be "json" or a JSON schema object')
 
 
 def _named(choice: dict[str, Any]) -> str:
@@ -112,9 +95,14 @@ def _tool_fn(tool: Any) -> dict[str, Any] | None:
     return fn if isinstance(fn.get("name"), str) and fn["name"] else None
 
 
+def offered_tools(tools: list[Any] | None) -> list[dict[str, Any]]:
+    """The functions among a request's tools (OpenAI's wrapped form or bare)."""
+    return [fn for fn in map(_tool_fn, tools or []) if fn is not None]
+
+
 def forced_tools(tools: list[Any], name: str | None) -> list[dict[str, Any]]:
     """The functions a forced call may call: `name`, or any of `tools`; SchemaError if none."""
-    found = [fn for fn in filter(None, map(_tool_fn, tools)) if name in (None, fn["name"])]
+    found = [fn for fn in offered_tools(tools) if name in (None, fn["name"])]
     if not found:
         raise SchemaError(
             f'tool "{name}" is not among the tools' if name else "tool_choice needs tools"
@@ -122,38 +110,37 @@ def forced_tools(tools: list[Any], name: str | None) -> list[dict[str, Any]]:
     return found
 
 
-def _arguments(tools: list[Any], name: str | None) -> list[tuple[str, Any]]:
-    """(name, arguments node) of each tool a forced call may call."""
-    out = []
-    for fn in forced_tools(tools, name):
-        params = fn.get("parameters")
-        try:
-            args = compile_schema(params) if params else ANY_OBJECT
-        except SchemaError as e:
-            raise SchemaError(f'tool "{fn["name"]}": {e}') from None
-        out.append((fn["name"], ANY_OBJECT if args is ANY else args))  # always an object
-    return out
+def arguments(lark: Lark, fn: dict[str, Any], lenient: bool) -> str:
+    """`%json` of a tool's arguments: an object of its parameters (any object without
+    them). A tool marked `strict` is never read leniently."""
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise SchemaError(f'tool "{fn["name"]}": parameters must be a JSON schema object')
+    schema = params or {"type": "object"}
+    if "type" not in schema and not any(k in schema for k in ("anyOf", "oneOf", "$ref")):
+        schema = {**schema, "type": "object"}  # arguments are always an object
+    return lark.json(schema, f'tool "{fn["name"]}"', lenient and fn.get("strict") is not True)
 
 
-def tool_call_grammar(
-    tools: list[Any], name: str | None, call_open: str | None, call_close: str | None
-) -> Grammar:
-    """One call to one of `tools` (to `name` when given), as `{"name": ..., "arguments":
-    ...}` between the call markers."""
-    alts = [
-        object_node([("name", literal_node([fn]), True), ("arguments", args, True)], None)
-        for fn, args in _arguments(tools, name)
-    ]
-    return Grammar(union_node(alts), (call_open or "").encode(), (call_close or "").encode())
-
-
-def call_alternatives(
-    tools: list[Any], name: str | None, around: Callable[[str], tuple[str, str]]
-) -> Grammar:
-    """One call to one of `tools` (to `name` when given) in markup that names the tool:
-    `around(tool)` is the text before and after its JSON arguments."""
+def json_calls(lark: Lark, fns: list[dict[str, Any]], lenient: bool) -> str:
+    """A rule for one `{"name": ..., "arguments": {...}}` call to one of `fns`."""
     alts = []
-    for fn, args in _arguments(tools, name):
-        before, after = around(fn)
-        alts.append(Grammar(args, before.encode(), after.encode()))
-    return Grammar(alts[0].node, alts[0].prefix, alts[0].suffix, tuple(alts[1:]))
+    for fn in fns:
+        head = lit('{"name": ' + json.dumps(fn["name"], ensure_ascii=False) + ', "arguments": ')
+        alts.append(f'{head} {arguments(lark, fn, lenient)} "}}"')
+    return lark.rule(" | ".join(alts))
+
+
+def named_calls(
+    lark: Lark,
+    fns: list[dict[str, Any]],
+    lenient: bool,
+    around: Callable[[str], tuple[str, str]],
+) -> str:
+    """A rule for one call in markup that names the tool: `around(name)` is the Lark text
+    before and after its JSON arguments."""
+    alts = []
+    for fn in fns:
+        before, after = around(fn["name"])
+        alts.append(f"{before} {arguments(lark, fn, lenient)} {after}")
+    return lark.rule(" | ".join(f"({a})" for a in alts))

@@ -7,6 +7,7 @@ httpx errors themselves: `NotRunning` (nothing answers at the address) and `Serv
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +69,17 @@ class Client:
 
     def close(self) -> None:
         self.http.close()
+
+    @property
+    def is_local(self) -> bool:
+        """The server is on this machine (a loopback address): it may read files in place."""
+        host = httpx.URL(self.base_url).host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:

@@ -1,6 +1,12 @@
 """`freetoken create`: the Modelfile is parsed here, its files are uploaded as blobs, and
 the server gets a JSON /api/create request, as Ollama's client does.
 
+A server on this machine (a loopback address) is first offered the files in place:
+`local_files` names each with the size and modification time seen here, and a server that
+sees the same files reads them where they are (it converts them, or links FTW files into
+its store) instead of receiving every byte over HTTP. One that cannot (another mount
+namespace, a service user who may not read them) answers 412, and the files are uploaded.
+
 FROM (and ADAPTER) paths are resolved against the Modelfile's directory, not the current
 one, so a Modelfile and its weights can be moved together.
 """
@@ -13,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from freetoken.cli.client import Client
-from freetoken.cli.errors import CommandError
+from freetoken.cli.errors import CommandError, ServerError
 from freetoken.cli.progress import Progress
 from freetoken.store import modelfile as mfmod
 from freetoken.store.names import InvalidName, Name
@@ -110,10 +116,26 @@ def _upload(client: Client, files: list[tuple[str, Path]], progress: Progress) -
     return digests
 
 
+def _in_place(files: list[tuple[str, Path]]) -> dict[str, dict[str, Any]]:
+    """The `local_files` field: each file's absolute path, size and modification time."""
+    out = {}
+    for name, path in files:
+        st = path.stat()
+        out[name] = {"path": str(path.absolute()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
 def build_request(
-    client: Client, name: str, modelfile_path: Path, progress: Progress, quantize: str | None = None
+    client: Client,
+    name: str,
+    modelfile_path: Path,
+    progress: Progress,
+    quantize: str | None = None,
+    in_place: bool | None = None,
 ) -> dict[str, Any]:
-    """Parses the Modelfile, uploads what it refers to, and returns the /api/create body."""
+    """Parses the Modelfile, uploads what it refers to (or, `in_place`, names the files for
+    the server to read; default: where the server is on this machine), and returns the
+    /api/create body."""
     try:
         text = modelfile_path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -128,8 +150,11 @@ def build_request(
     request: dict[str, Any] = {"model": name}
     source = resolve_path(mf.from_, base)
     progress.status("gathering model components")
+    in_place = client.is_local if in_place is None else in_place
     if source is None:
         request["from"] = mf.from_
+    elif in_place:
+        request["local_files"] = _in_place(_local_files(source))
     else:
         request["files"] = _upload(client, _local_files(source), progress)
     adapters: dict[str, str] = {}
@@ -162,11 +187,31 @@ def _modelfile_fields(mf: mfmod.Modelfile) -> dict[str, Any]:
 
 
 def create(
-    client: Client, name: str, modelfile_path: Path, progress: Progress, quantize: str | None = None
+    client: Client,
+    name: str,
+    modelfile_path: Path,
+    progress: Progress,
+    quantize: str | None = None,
+    in_place: bool | None = None,
 ) -> None:
+    """`freetoken create`; `in_place` as build_request's."""
     try:
-        request = build_request(client, name, modelfile_path, progress, quantize)
-        for event in client.stream("/api/create", request):
-            progress.event(event)
+        request = build_request(client, name, modelfile_path, progress, quantize, in_place)
+        try:
+            _stream(client, request, progress)
+        except ServerError as e:
+            if e.status != 412 or "local_files" not in request:
+                raise
+            # the server cannot read the files where they are: send them
+            progress.status(f"uploading: {e}")
+            local = request.pop("local_files")
+            files = [(n, Path(f["path"])) for n, f in local.items()]
+            request["files"] = _upload(client, files, progress)
+            _stream(client, request, progress)
     finally:
         progress.close()
+
+
+def _stream(client: Client, request: dict[str, Any], progress: Progress) -> None:
+    for event in client.stream("/api/create", request):
+        progress.event(event)

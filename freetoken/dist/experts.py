@@ -236,12 +236,15 @@ def install(
     dtype: torch.dtype,
     placement: setup.Placement,
     group: Group,
+    formats: dict | None = None,
 ) -> DistributedExperts:
     """Rank 0: its share of the experts behind the model's experts ops, once every rank has
     loaded its own. A rank that failed to load fails the whole load, by name."""
     try:
         spec = setup.expert_spec(model)
-        local = setup.build(banks, spec, device, dtype, placement, ranks_on_host=group.world)
+        local = setup.build(
+            banks, spec, device, dtype, placement, ranks_on_host=group.world, formats=formats
+        )
         mine = status(group, local)
     except Exception as e:
         local, mine = None, status(group, None, f"{type(e).__name__}: {e}")

@@ -43,7 +43,7 @@ log = logging.getLogger("freetoken.follower")
 def load(group: Group, spec: dict) -> OffloadExperts:
     files = {name: Path(p) for name, p in spec["files"].items()}
     cpu_kernel.extension()
-    banks, dtype, expert_spec = sources.load_banks(
+    banks, dtype, expert_spec, formats = sources.load_banks(
         files,
         group.device.type,
         spec["dtype"],
@@ -59,6 +59,7 @@ def load(group: Group, spec: dict) -> OffloadExperts:
         dtype,
         setup.Placement(**placement),
         ranks_on_host=group.world,
+        formats=formats,
     )
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from freetoken.doctor.fit import HOST_SHARE, VRAM_SHARE, Needs, gib, needs
 from freetoken.doctor.machine import Machine
 from freetoken.doctor.model import ModelFacts
 from freetoken.moe.policy import Mode, Policy
-from freetoken.moe.setup import ACTIVATION_RESERVE
 from freetoken.moe.tuning import predict
 
 __all__ = ["AGENT_CONTEXT", "Verdict", "judge"]
@@ -27,7 +27,6 @@ __all__ = ["AGENT_CONTEXT", "Verdict", "judge"]
 # first user word and resend the whole history every turn: a window under this truncates
 # them within a few turns.
 AGENT_CONTEXT = 32768
-_HEADROOM = 0.92  # of free memory: the allocator's slack and other programs
 _MODE_COST = {Mode.DEVICE: "B_P", Mode.SPLIT: "B_P + B_H", Mode.LAYERS: "B_H", Mode.CACHE: "~"}
 
 
@@ -43,20 +42,17 @@ class Verdict:
         return self.facts + [f"warning: {w}" for w in self.warnings]
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+_gib = gib
 
 
 def judge(machine: Machine, model: ModelFacts, num_ctx: int, cfg: Any) -> Verdict:
     """The verdict for `model` loaded with a `num_ctx` window under settings `cfg`."""
     v = Verdict(fits=True)
-    kv = model.kv_bytes_per_token * max(2 * num_ctx, cfg.num_parallel * min(num_ctx, 8192))
-    if cfg.kv_cache_size:
-        kv = int(cfg.kv_cache_size)
-    if machine.gpus and cfg.device != "cpu":
-        _on_gpu(v, machine, model, kv, cfg)
+    need = needs(model, num_ctx, cfg, on_gpu=bool(machine.gpus) and cfg.device != "cpu")
+    if need.on_gpu:
+        _on_gpu(v, machine, model, need, cfg)
     else:
-        _on_cpu(v, machine, model, kv)
+        _on_cpu(v, machine, model, need)
     _warnings(v, machine, model, num_ctx)
     return v
 
@@ -64,7 +60,7 @@ def judge(machine: Machine, model: ModelFacts, num_ctx: int, cfg: Any) -> Verdic
 def _host_fit(v: Verdict, machine: Machine, need: int, what: str) -> None:
     have = machine.ram_available
     v.facts.append(f"host RAM: {_gib(need)} for {what}, {_gib(have)} available")
-    if have and need > have * 0.95:
+    if have and need > have * HOST_SHARE:
         v.fits = False
         v.warnings.append(
             f"does not fit: {what} need {_gib(need)} of host RAM and {_gib(have)} is available "
@@ -72,8 +68,8 @@ def _host_fit(v: Verdict, machine: Machine, need: int, what: str) -> None:
         )
 
 
-def _on_cpu(v: Verdict, machine: Machine, model: ModelFacts, kv: int) -> None:
-    _host_fit(v, machine, model.total_bytes + kv, "the weights and the KV cache")
+def _on_cpu(v: Verdict, machine: Machine, model: ModelFacts, need: Needs) -> None:
+    _host_fit(v, machine, need.host, "the weights and the KV cache")
     v.mode = "cpu"
     v.facts.append(f"placement: everything on the CPU ({machine.kernel.kernel} kernel)")
     step = model.dense_bytes + model.moe_layers * model.experts_per_token * model.expert_bytes
@@ -81,10 +77,11 @@ def _on_cpu(v: Verdict, machine: Machine, model: ModelFacts, kv: int) -> None:
     v.facts.append(f"decode: at most {v.tok_s:.1f} tok/s (every weight a token uses, read at B_H)")
 
 
-def _on_gpu(v: Verdict, machine: Machine, model: ModelFacts, kv: int, cfg: Any) -> None:
-    _host_fit(v, machine, model.bank_bytes, "the expert banks")
-    budget = int(cfg.vram_budget) or int(machine.vram_free * _HEADROOM)
-    room = budget - model.dense_bytes - kv - ACTIVATION_RESERVE
+def _on_gpu(v: Verdict, machine: Machine, model: ModelFacts, need: Needs, cfg: Any) -> None:
+    _host_fit(v, machine, need.host, "the expert banks")
+    budget = int(cfg.vram_budget) or int(machine.vram_free * VRAM_SHARE)
+    kv = need.kv
+    room = budget - (need.vram - need.cache)  # what the dense weights, KV and workspace leave
     L, E, S = model.moe_layers, model.experts, model.expert_bytes
     slots = min(max(room // max(S, 1), 0), L * E)
     v.facts.append(

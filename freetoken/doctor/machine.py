@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from freetoken.doctor.memory import meminfo
 from freetoken.ftw import hostmem
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe import profile
@@ -50,20 +51,6 @@ class Machine:
     @property
     def pinned(self) -> bool:
         return self.pinning == "ok"
-
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes (MemTotal, MemAvailable, ...); empty where there is none."""
-    out: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
 
 
 def _gpus(devices: list[int] | None) -> list[Gpu]:

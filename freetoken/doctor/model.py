@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from freetoken import models as archs
+from freetoken import quant
 from freetoken.ftw import INDEX
 from freetoken.models import hub
 
@@ -67,9 +68,19 @@ def from_files(name: str, files: dict[str, Path]) -> ModelFacts:
     shape = _shape(name, config, info)
     banks = [t for t in index["tensors"] if t.get("kind") == "bank"]
     shape["moe_layers"] = len({t["layer"] for t in banks}) or shape["moe_layers"]
-    bank_bytes = sum(int(t["nbytes"]) for t in banks)
-    dense = sum(int(t["nbytes"]) for t in index["tensors"] if t.get("kind") != "bank")
+    bank_bytes = sum(int(t["nbytes"]) for t in banks)  # packed banks stay packed in memory
+    dense = sum(_dense_bytes(t) for t in index["tensors"] if t.get("kind") != "bank")
     return ModelFacts(bank_bytes=bank_bytes, dense_bytes=dense, **shape)
+
+
+def _dense_bytes(t: dict[str, Any]) -> int:
+    """A dense tensor's bytes on the device: a packed one is decoded to BF16 at load."""
+    if not t.get("quant"):
+        return int(t["nbytes"])
+    n = 1
+    for d in t["shape"]:  # the logical shape (docs/ftw.md)
+        n *= int(d)
+    return n * _BF16
 
 
 def from_source(path: Path) -> ModelFacts:
@@ -83,11 +94,16 @@ def from_source(path: Path) -> ModelFacts:
     a = info.get("general.architecture", "")
     hidden = int(info.get(f"{a}.embedding_length") or 0)
     inter = int(info.get(f"{a}.expert_feed_forward_length") or 0)
-    # gate, up and down of every expert, kept in the checkpoint's dtype (F32 stays F32);
-    # quantized sources grow to BF16 at create
+    # gate, up and down of every expert, kept in the checkpoint's dtype (F32 stays F32)
     width = 4 if hub.first(config, "torch_dtype", "dtype") == "float32" else _BF16
-    banks = 3 * hidden * inter * shape["experts"] * shape["moe_layers"] * width
-    total = max(source, archs.parameter_count(config) * width)
+    weights = 3 * hidden * inter * shape["experts"] * shape["moe_layers"]
+    fmt = _kept_format(config)
+    if fmt is None:
+        banks = weights * width
+        total = max(source, archs.parameter_count(config) * width)
+    else:  # the experts stay in their blocks; dense weights are decoded to BF16 at load
+        banks = int(weights * fmt.bits) // 8
+        total = banks + max(archs.parameter_count(config) - weights, 0) * _BF16
     return ModelFacts(
         bank_bytes=min(banks, total),
         dense_bytes=max(total - banks, 0),
@@ -95,6 +111,14 @@ def from_source(path: Path) -> ModelFacts:
         converted=False,
         **shape,
     )
+
+
+def _kept_format(config: dict[str, Any]) -> quant.QuantFormat | None:
+    """The block format a quantized checkpoint's experts keep (FP8, MXFP4), if any."""
+    q = config.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    fmt = quant.CHECKPOINT_METHODS.get(method) if isinstance(method, str) else None
+    return quant.get(fmt) if fmt else None
 
 
 def _from_gguf(path: Path) -> ModelFacts:
@@ -106,13 +130,16 @@ def _from_gguf(path: Path) -> ModelFacts:
         if value.types and len(value.data) == 1:
             info[key] = value.contents()
     shape = _shape(path.name, {}, info)
-    # GGUF stacks each layer's experts into ffn_*_exps tensors; dequantized to BF16 at create
+    # GGUF stacks each layer's experts into ffn_*_exps tensors: kept in their blocks where a
+    # kernel reads the type, else BF16; dense weights are BF16 on the device either way
     banks = dense = 0
     for t in reader.tensors:
-        if "_exps" in t.name:
-            banks += int(t.n_elements) * _BF16
-        else:
+        if "_exps" not in t.name:
             dense += int(t.n_elements) * _BF16
+        elif int(t.tensor_type) in quant.GGML_TYPES:
+            banks += int(t.n_bytes)
+        else:
+            banks += int(t.n_elements) * _BF16
     return ModelFacts(
         bank_bytes=banks,
         dense_bytes=dense,

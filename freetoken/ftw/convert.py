@@ -1,9 +1,10 @@
-"""Converts a Hugging Face directory or a GGUF file to FTW.
+"""Converts a Hugging Face directory or a GGUF file to FTW (or an FTW model, to quantize it).
 
-    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress]
+    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress] [--quantize q4_K_M]
 
 Banks are assembled and written one (layer, bank) at a time, so memory stays near one
-layer's experts whatever the model's size.
+layer's experts whatever the model's size. With --json-progress the last line names each
+file's SHA-256 digest, computed as it was written.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from freetoken import models
-from freetoken.ftw import DEFAULT_SHARD_LIMIT, FtwError, round_up
+from freetoken.ftw import DEFAULT_SHARD_LIMIT, INDEX, FtwError, round_up
+from freetoken.ftw.quantize import BankQuantizer
 from freetoken.ftw.reader import require_host_memory
 from freetoken.ftw.writer import Writer
 from freetoken.weights import safetensors_dir
@@ -57,7 +61,9 @@ def convert_hf(
     *,
     shard_limit: int = DEFAULT_SHARD_LIMIT,
     progress: Progress | None = None,
-) -> Path:
+    quantize: str | None = None,
+) -> tuple[Path, dict[str, str]]:
+    """Writes FTW; returns its directory and each file's digest."""
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
     config = json.loads(Path(files["config.json"]).read_text())
@@ -67,14 +73,21 @@ def convert_hf(
     writer = Writer(out, shard_limit)
     try:
         with safetensors_dir.Checkpoint(files, cls) as ck:
-            # a model this host could not load is refused now, before an hour of writing
-            require_host_memory(ck.nbytes(), "the model's weights (read into memory to serve)")
-            for name, t in ck.dense_items():
-                writer.add_dense(name, t)
-                _report(progress, writer, total)
+            if quantize is None:
+                # a model this host could not load is refused now, before an hour of writing
+                # (a quantized one is judged at load, on the bytes it comes to)
+                need = ck.nbytes()
+                require_host_memory(need, "the model's weights (read into memory to serve)")
+            done = 0
+            for name, t, fmt in ck.dense_items():
+                writer.add_dense(name, t, fmt)
+                done = _report(progress, done + t.nbytes, total)
+            banks = BankQuantizer(quantize, [layer for layer, _ in ck.bank_keys()])
             for layer, bank in ck.bank_keys():
-                writer.add_bank(layer, bank, ck.bank((layer, bank)))
-                _report(progress, writer, total)
+                t, fmt = ck.bank((layer, bank))
+                writer.add_bank(layer, bank, *banks(layer, bank, t, fmt))
+                done = _report(progress, done + t.nbytes, total)
+            _report(progress, total, total)  # the files' headers are read too
         meta = {
             "model_type": config.get("model_type"),
             "model_info": cls.model_info(config),
@@ -83,25 +96,79 @@ def convert_hf(
                 "fingerprint": fingerprint(files),
                 "files": sorted(p.name for p in sources),
             },
+            **({"quantize": banks.qtype} if banks.qtype else {}),
         }
-        return writer.close(meta, metadata_files(files))
+        return writer.close(meta, metadata_files(files)), writer.digests
     except BaseException:
         writer.abort()
         raise
 
 
-def _report(progress: Progress | None, writer: Writer, total: int) -> None:
+def convert_ftw(
+    files: dict[str, Path],
+    out: Path,
+    *,
+    shard_limit: int = DEFAULT_SHARD_LIMIT,
+    progress: Progress | None = None,
+    quantize: str | None = None,
+) -> tuple[Path, dict[str, str]]:
+    """An FTW model written anew, its expert banks quantized (a model already in the store);
+    returns its directory and each file's digest."""
+    from freetoken.ftw import reader
+
+    source = json.loads(Path(files[INDEX]).read_text())
+    weights = reader.read(files, pin=False)
+    banks = BankQuantizer(quantize, [layer for layer, _ in weights.banks])
+    writer = Writer(out, shard_limit)
+    try:
+        done, total = 0, int(source["total_bytes"])
+        for name, t in weights.dense.items():
+            writer.add_dense(name, t, weights.formats.get(name))
+            done = _report(progress, done + t.nbytes, total)
+        for (layer, bank), t in sorted(weights.banks.items()):
+            fmt = weights.formats.get((layer, bank))
+            writer.add_bank(layer, bank, *banks(layer, bank, t, fmt))
+            done = _report(progress, done + t.nbytes, total)
+        _report(progress, total, total)  # alignment padding is read too
+        meta = {k: source[k] for k in ("model_type", "model_info", "source") if k in source}
+        if banks.qtype:
+            meta["quantize"] = banks.qtype
+        kept = {n: files[n] for n in source.get("metadata_files") or [] if n in files}
+        return writer.close(meta, kept), writer.digests
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _report(progress: Progress | None, done: int, total: int) -> int:
+    """Reports the source bytes written so far; returns them."""
     if progress is not None:
-        progress(min(writer.bytes_written, total), total)
+        progress(min(done, total), total)
+    return done
 
 
-def convert(src: Path, out: Path, **kw) -> Path:
+def convert_files(
+    src: Path, out: Path, note: Callable[[str], None] | None = None, **kw
+) -> tuple[Path, dict[str, str]]:
+    """A Hugging Face directory, a GGUF file or an FTW model (to quantize it) as FTW: its
+    directory and each file's digest.
+
+    `note` hears what the user should know about the conversion (dequantized types);
+    quantize="q4_K_M" or "q8_0" quantizes the expert banks (ftw/quantize.py)."""
     src = Path(src)
     if src.is_file() and src.suffix == ".gguf":
         from freetoken.ftw.gguf_convert import convert_gguf
 
-        return convert_gguf(src, out, **kw)
-    return convert_hf(files_of_dir(src), out, **kw)
+        return convert_gguf(src, out, note=note, **kw)
+    files = files_of_dir(src)
+    if INDEX in files:
+        return convert_ftw(files, out, **kw)
+    return convert_hf(files, out, **kw)
+
+
+def convert(src: Path, out: Path, **kw) -> Path:
+    """As `convert_files`, the directory only."""
+    return convert_files(src, out, **kw)[0]
 
 
 def _progress_printer(json_lines: bool) -> Progress:
@@ -130,24 +197,46 @@ def _progress_printer(json_lines: bool) -> Progress:
     return report
 
 
+def _note_printer(json_lines: bool) -> Callable[[str], None]:
+    def note(text: str) -> None:
+        if json_lines:
+            print(json.dumps({"status": text}), flush=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    return note
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="freetoken convert", description="Convert a model to FTW.")
     ap.add_argument("src", type=Path, help="a Hugging Face directory or a .gguf file")
     ap.add_argument("out", type=Path, help="the FTW directory to write")
     ap.add_argument("--shard-gib", type=float, default=DEFAULT_SHARD_LIMIT / 2**30)
     ap.add_argument("--json-progress", action="store_true", help="progress as JSON lines on stdout")
+    ap.add_argument("--quantize", help="quantize the expert banks: q4_K_M or q8_0")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Conversion moves bytes: a copy is memory-bound, and one thread does it at memory speed
+    # while the writer's thread writes and hashes. More torch threads only wait on each
+    # other, and where the cores are shared they stalled small copies tenfold. Quantizing
+    # is arithmetic, though, and keeps every core.
+    if not args.quantize:
+        torch.set_num_threads(1)
     limit = round_up(int(args.shard_gib * 2**30))
     try:
-        out = convert(
-            args.src, args.out, shard_limit=limit, progress=_progress_printer(args.json_progress)
+        out, digests = convert_files(
+            args.src,
+            args.out,
+            shard_limit=limit,
+            progress=_progress_printer(args.json_progress),
+            note=_note_printer(args.json_progress),
+            quantize=args.quantize,
         )
     except (FtwError, ValueError, OSError) as e:
         print(f"\nerror: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     if args.json_progress:
-        print(json.dumps({"status": "success", "path": str(out)}), flush=True)
+        print(json.dumps({"status": "success", "path": str(out), "digests": digests}), flush=True)
     else:
         print(f"\nwrote {out}", file=sys.stderr)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from freetoken import quant
 from freetoken.ftw import ALIGN, FORMAT, INDEX, VERSION, FtwError, hostmem, round_up
 from freetoken.ftw.hostmem import HostBuffer, Pinner
 from freetoken.weights import ModelWeights
@@ -279,17 +281,37 @@ def _weights(index, config, tensors, spans, buffers, verify: bool) -> ModelWeigh
     weights = ModelWeights(config=config, source="ftw")
     for t in tensors:
         _, _, (skip, shape, nbytes) = spans[t["name"]]
+        fmt = t.get("quant")
+        if fmt:
+            shape = _packed(index, t, shape, nbytes)
         tensor = buffers[t["name"]].tensor(t["dtype"], shape, nbytes, offset=skip)
         whole = nbytes == int(t["nbytes"])  # the CRC covers whole tensors only
         if verify and whole and zlib.crc32(buffers[t["name"]].view[:nbytes]) != t.get("crc32"):
             raise FtwError(
                 f"{index.path}: tensor {t['name']} at offset {t['offset']} fails its CRC check"
             )
+        key = (int(t["layer"]), t["bank"]) if t["kind"] == "bank" else t["name"]
         if t["kind"] == "bank":
-            weights.banks[(int(t["layer"]), t["bank"])] = tensor
+            weights.banks[key] = tensor
         else:
-            weights.dense[t["name"]] = tensor
+            weights.dense[key] = tensor
+        if fmt:
+            weights.formats[key] = fmt
     return weights
+
+
+def _packed(index: Index, t: dict[str, Any], shape: list[int], nbytes: int) -> list[int]:
+    """The uint8 shape of a packed tensor's blocks, checked against its bytes."""
+    try:
+        packed = list(quant.get(t["quant"]).packed_shape(shape))
+    except quant.QuantError as e:
+        raise FtwError(f"{index.path}: tensor {t['name']}: {e}") from None
+    if math.prod(packed) != nbytes or t["dtype"] != "uint8":
+        raise FtwError(
+            f"{index.path}: tensor {t['name']}: {nbytes} bytes of {t['dtype']} do not hold "
+            f"{t['quant']} blocks of shape {shape}"
+        )
+    return packed
 
 
 def _span(

@@ -17,7 +17,14 @@ from freetoken.ftw import reader as ftw_reader
 from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
 
-__all__ = ["gguf_path", "load_banks", "pick_device", "pick_dtype", "read_weights"]
+__all__ = [
+    "gguf_path",
+    "is_quantized",
+    "load_banks",
+    "pick_device",
+    "pick_dtype",
+    "read_weights",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,9 +35,15 @@ def pick_device(setting: str) -> torch.device:
     return torch.device("cpu")
 
 
-def pick_dtype(setting: str, config: dict[str, Any], device: torch.device) -> torch.dtype:
+def pick_dtype(
+    setting: str, config: dict[str, Any], device: torch.device, quantized: bool = False
+) -> torch.dtype:
+    """The compute dtype: the setting's, else the checkpoint's, else BF16 for a quantized
+    model (fp32 compute would only round its weights' error differently, at twice the cost)."""
     if setting != "auto":
         return _DTYPES[setting]
+    if quantized:
+        return torch.bfloat16
     stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     dtype = _DTYPES.get(stored, torch.bfloat16)
     # fp16 checkpoints overflow in MoE activations more often than bf16 on GPUs.
@@ -72,6 +85,17 @@ def read_weights(
     return weights
 
 
+def is_quantized(files: dict[str, Path], config: dict[str, Any]) -> bool:
+    """Whether the model keeps packed weights: its FTW index names a block format, or its
+    checkpoint says it is quantized (GGUF files say so in their derived config's dtype)."""
+    if config.get("quantization_config"):
+        return True
+    if ftw.INDEX not in files:
+        return False
+    index = json.loads(Path(files[ftw.INDEX]).read_text())
+    return any(t.get("quant") for t in index.get("tensors") or [])
+
+
 def gguf_path(files: dict[str, Path]) -> Path | None:
     found = [p for n, p in files.items() if n.endswith(".gguf")]
     return Path(found[0]) if len(found) == 1 and ftw.INDEX not in files else None
@@ -83,13 +107,15 @@ def load_banks(
     dtype_setting: str,
     experts: tuple[int, int],
     huge_pages: str = "auto",
-) -> tuple[dict, torch.dtype, ExpertSpec]:
-    """Rows [lo, hi) of every expert bank, their dtype and what the experts compute, without
-    the dense weights (a rank that serves only experts, freetoken.dist)."""
+) -> tuple[dict, torch.dtype, ExpertSpec, dict]:
+    """Rows [lo, hi) of every expert bank, their dtype, what the experts compute and the
+    packed banks' formats, without the dense weights (a rank that serves only experts,
+    freetoken.dist)."""
     config = json.loads(Path(files["config.json"]).read_text())
-    dtype = pick_dtype(dtype_setting, config, pick_device(device_setting))
+    device = pick_device(device_setting)
+    dtype = pick_dtype(dtype_setting, config, device, is_quantized(files, config))
     cls = models.load_class(config)
     weights = read_weights(files, cls, dtype, experts=experts, dense=False, huge_pages=huge_pages)
     with torch.device("meta"):  # the model's structure alone: nothing is allocated
         spec = uniform_spec(cls.from_config(config).expert_specs())
-    return weights.banks, dtype, spec
+    return weights.banks, dtype, spec, weights.formats

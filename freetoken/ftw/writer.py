@@ -2,21 +2,33 @@
 
     w = Writer(out_dir); w.add_dense(name, t); w.add_bank(layer, "gate_up", t); w.close(meta)
 
+Packed tensors (freetoken/quant) are written as their raw blocks, with the logical shape and
+the format in the index (docs/ftw.md).
+
 The directory is built under a temporary name and renamed when complete, so nothing
 half-written is ever visible under the final name.
+
+Shards are written and hashed (SHA-256) on a thread of their own while the caller reads and
+assembles the next tensors (file writes, hashlib and zlib release the GIL), and
+`Writer.digests` names every file written: whoever stores the files under their digests
+(the model store) need not read them back.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
+from freetoken import quant
 from freetoken.ftw import (
     ALIGN,
     DEFAULT_SHARD_LIMIT,
@@ -41,6 +53,74 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class _Sink:
+    """Opens, writes and hashes the shards in order on one thread. At most `depth` pieces
+    wait, so a writer ahead of the disk holds a bounded number of tensors in memory."""
+
+    def __init__(self, depth: int = 2):
+        self.digests: dict[str, str] = {}
+        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ftw-writer", daemon=True)
+        self._thread.start()
+
+    def open(self, path: Path) -> None:
+        self._put("open", path)
+
+    def write(self, data: memoryview) -> None:
+        self._put("write", data)  # the view keeps its tensor alive until written
+
+    def stop(self) -> None:
+        """Waits for every write and ends the thread."""
+        if self._thread.is_alive():
+            self._q.put(("stop", None))
+            self._thread.join()
+
+    def finish(self) -> None:
+        """`stop`, then raises what the thread met."""
+        self.stop()
+        if self._error is not None:
+            raise self._error
+
+    def _put(self, op: str, arg: Any) -> None:
+        if self._error is not None:
+            raise self._error
+        self._q.put((op, arg))
+
+    def _run(self) -> None:
+        f: BinaryIO | None = None
+        h = hashlib.sha256()
+        while True:
+            op, arg = self._q.get()
+            if op == "stop" or self._error is not None:
+                if f is not None:
+                    f.close()
+                    self.digests[Path(f.name).name] = "sha256:" + h.hexdigest()
+                if op == "stop":
+                    return
+                continue  # after an error, drain until stopped
+            try:
+                if op == "open":
+                    if f is not None:
+                        f.close()
+                        self.digests[Path(f.name).name] = "sha256:" + h.hexdigest()
+                    f, h = open(arg, "wb"), hashlib.sha256()
+                else:
+                    assert f is not None
+                    f.write(arg)
+                    h.update(arg)
+            except BaseException as e:
+                self._error = e
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
 class Writer:
     def __init__(self, out: Path, shard_limit: int = DEFAULT_SHARD_LIMIT):
         if shard_limit <= 0 or shard_limit % ALIGN:
@@ -54,44 +134,50 @@ class Writer:
         self.tensors: list[dict[str, Any]] = []
         self.shards: list[dict[str, Any]] = []
         self.pos = 0  # end of the logical region written so far (always aligned)
-        self._file = None
+        self._sink = _Sink()
+        self._open = False  # a shard is being written
         self._shard_start = 0
         self.bytes_written = 0
+        self.digests: dict[str, str] = {}  # file name -> sha256 digest, once closed
 
     def _open_shard(self) -> None:
         self._close_shard()
         name = f"ftw-{len(self.shards):05d}.bin"
-        self._file = open(self.tmp / name, "wb")
+        self._sink.open(self.tmp / name)
+        self._open = True
         self._shard_start = self.pos
         self.shards.append({"file": name, "offset": self.pos, "nbytes": 0})
 
     def _close_shard(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        if self._open:
             self.shards[-1]["nbytes"] = self.pos - self._shard_start
-            self._file = None
+            self._open = False
 
     def _write(self, data: memoryview) -> None:
         """Appends data, moving to a new shard whenever the current one is full."""
         while len(data):
-            if self._file is None or self.pos - self._shard_start >= self.shard_limit:
+            if not self._open or self.pos - self._shard_start >= self.shard_limit:
                 self._open_shard()
             room = self.shard_limit - (self.pos - self._shard_start)
             n = min(room, len(data))
-            self._file.write(data[:n])
+            self._sink.write(data[:n])
             self.pos += n
             self.bytes_written += n
             data = data[n:]
 
-    def _add(self, entry: dict[str, Any], t: torch.Tensor) -> None:
+    def _add(self, entry: dict[str, Any], t: torch.Tensor, fmt: str | None) -> None:
+        shape = list(t.shape)
+        if fmt:  # packed blocks: the logical shape, and the format that says how to read them
+            shape[-1] = quant.get(fmt).logical_cols(shape[-1])
+            entry["quant"] = fmt
         data = tensor_bytes(t)
         padded = round_up(len(data))
         used = self.pos - self._shard_start
-        if self._file is None or (padded <= self.shard_limit and used + padded > self.shard_limit):
+        if not self._open or (padded <= self.shard_limit and used + padded > self.shard_limit):
             self._open_shard()
         entry.update(
             dtype=dtype_name(t.dtype),
-            shape=list(t.shape),
+            shape=shape,
             offset=self.pos,
             nbytes=len(data),
             crc32=zlib.crc32(data),
@@ -101,23 +187,19 @@ class Writer:
             self._write(memoryview(_ZEROS[: padded - len(data)]))
         self.tensors.append(entry)
 
-    def add_dense(self, name: str, t: torch.Tensor) -> None:
-        self._add({"name": name, "kind": "dense"}, t)
+    def add_dense(self, name: str, t: torch.Tensor, fmt: str | None = None) -> None:
+        """A dense tensor; `fmt` names the block format of a packed one (uint8)."""
+        self._add({"name": name, "kind": "dense"}, t, fmt)
 
-    def add_bank(self, layer: int, bank: str, t: torch.Tensor, quant: str | None = None) -> None:
-        entry: dict[str, Any] = {
-            "name": bank_name(layer, bank),
-            "kind": "bank",
-            "layer": layer,
-            "bank": bank,
-        }
-        if quant:
-            entry["quant"] = quant
-        self._add(entry, t)
+    def add_bank(self, layer: int, bank: str, t: torch.Tensor, fmt: str | None = None) -> None:
+        entry = {"name": bank_name(layer, bank), "kind": "bank", "layer": layer, "bank": bank}
+        self._add(entry, t, fmt)
 
     def close(self, meta: dict[str, Any], metadata_files: dict[str, Path] | None = None) -> Path:
-        """Writes the index and metadata files and moves the directory into place."""
+        """Writes the index and metadata files and moves the directory into place; `digests`
+        then names every file."""
         self._close_shard()
+        self._sink.finish()
         for name, src in (metadata_files or {}).items():
             shutil.copyfile(src, self.tmp / name)
         index = {
@@ -135,13 +217,16 @@ class Writer:
         for f in self.tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        # the small files are hashed here; the shards were as they were written
+        self.digests = {
+            f.name: self._sink.digests.get(f.name) or _digest(f) for f in self.tmp.iterdir()
+        }
         if self.out.exists():
             shutil.rmtree(self.out)
         os.rename(self.tmp, self.out)
         return self.out
 
     def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._open = False
+        self._sink.stop()  # what the thread met no longer matters: its files go
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,7 +1,9 @@
 """Routed experts over the GPU slot pool: Triton for small batches, grouped matmuls otherwise.
 
 Both compute Σ_j weights[t, j] · expert[slots[t, j]](x[t]) over the routes whose slot is
->= 0; routes with slot -1 contribute nothing here (the CPU computes them).
+>= 0; routes with slot -1 contribute nothing here (the CPU computes them). Packed slots
+(freetoken/quant) are decoded on the fly by the small-batch kernels, and expert by expert
+by a Triton kernel before the grouped matmuls.
 """
 
 from __future__ import annotations
@@ -35,16 +37,40 @@ def experts_from_slots(
 
 
 def _grouped(x, slots, weights, pool, spec) -> torch.Tensor:
-    active = slots >= 0
-    if not bool(active.any()):
-        return torch.zeros_like(x)
-    # a masked route points at slot 0 with weight 0, so it adds nothing
-    safe = torch.where(active, slots, torch.zeros_like(slots))
-    w = torch.where(active, weights, torch.zeros_like(weights))
-    return reference.moe_experts(x, safe, w, pool, spec)
+    # masked routes (slot -1) are skipped, not computed at weight 0: a slot never filled
+    # may hold bytes that decode to NaN, and NaN · 0 is NaN
+    packed = x.is_cuda and any(spec.formats)
+    expert = triton_expert_weights if packed else reference.expert_weights
+    return reference.moe_experts(x, slots, weights, pool, spec, expert)
+
+
+def triton_expert_weights(
+    pool: reference.Banks, slot: int, spec: ExpertSpec, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """reference.expert_weights with packed matrices decoded by a Triton kernel: a prefill
+    chunk's experts each serve many tokens, so a decoded copy and a matmul are the shape."""
+    from freetoken import quant
+    from freetoken.kernels.triton import moe_quant
+
+    out = {}
+    for name, t in pool.items():
+        fmt = spec.format_of(name)
+        if not fmt:
+            out[name] = t[slot].to(dtype)
+            continue
+        (rows, cols), f = spec.rows()[name], quant.get(fmt)
+        dst = torch.empty((rows, cols), dtype=dtype, device=t.device)
+        grid = (triton_cdiv(rows, 32), triton_cdiv(cols, 64))
+        moe_quant.dequant_kernel[grid](
+            t[slot], dst, rows, cols, f.code, f.block, f.block_bytes, BLOCK_R=32, BLOCK_C=64
+        )
+        out[name] = dst
+    return out
 
 
 def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
+    if any(spec.formats):
+        return _triton_small_packed(x, slots, weights, pool, spec)
     from freetoken.kernels.triton import moe_decode
 
     gate_up, down = pool["gate_up"], pool["down"]
@@ -93,24 +119,70 @@ def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
 
 
+def _format_args(spec: ExpertSpec, bank: str) -> tuple[int, int, int]:
+    """(code, block, block bytes) of a bank's format for the Triton kernels; zeros: float."""
+    from freetoken import quant
+
+    fmt = spec.format_of(bank)
+    f = quant.get(fmt) if fmt else None
+    return (f.code, f.block, f.block_bytes) if f else (0, 1, 1)
+
+
+def _triton_small_packed(x, slots, weights, pool, spec) -> torch.Tensor:
+    """_triton_small over packed slots: the same two passes, each weight decoded where it is
+    read (kernels/triton/moe_quant.py)."""
+    from freetoken.kernels.triton import moe_quant
+
+    gate_up, down = pool["gate_up"], pool["down"]
+    T, k = slots.shape
+    H, I = spec.hidden, spec.intermediate
+    assert x.shape == (T, H) and x.is_contiguous(), "shapes disagree"
+    assert gate_up.is_contiguous() and down.is_contiguous()
+    gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
+    flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
+    flat_w = weights.reshape(-1).contiguous()
+    h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
+    out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
+    gu_fmt, dn_fmt = _format_args(spec, "gate_up"), _format_args(spec, "down")
+    moe_quant.gate_up_q_kernel[(T * k, triton_cdiv(I, 16))](
+        *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
+        *(H, I, k, gate_up[0].numel(), *gu_fmt),
+        BLOCK_I=16,
+        BLOCK_H=256,
+        HAS_BIAS=spec.bias,
+        ACT=spec.activation_code,
+    )
+    moe_quant.down_q_kernel[(T * k, triton_cdiv(H, 32))](
+        *(h, down, dn_bias, flat_slots, flat_w, out),
+        *(H, I, down[0].numel(), *dn_fmt),
+        BLOCK_H=32,
+        BLOCK_I=256,
+        HAS_BIAS=spec.bias,
+    )
+    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+
+
 def fetch_experts(
     src: torch.Tensor, dst: torch.Tensor, experts: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """dst[slots[r]] = src[experts[r]] for every route r whose slot is >= 0.
 
-    src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool. On a GPU the
-    GPU reads the bank itself: no host work, so the copy can be captured in a CUDA graph.
+    src [E, ...] is a bank in pinned host memory, dst [S, ...] the slot pool, whose slots may
+    be wider than src's experts (a packed expert fills the first bytes of its slot). On a
+    GPU the GPU reads the bank itself: no host work, so the copy can be captured in a CUDA
+    graph.
     """
+    row, stride = src[0].numel(), dst[0].numel()
+    assert src.is_contiguous() and dst.is_contiguous() and stride >= row, "shapes disagree"
     if not dst.is_cuda:
         keep = slots >= 0
-        dst.index_copy_(0, slots[keep].long(), src.index_select(0, experts[keep].long()))
+        rows = src.reshape(src.shape[0], -1).index_select(0, experts[keep].long())
+        dst.reshape(dst.shape[0], -1)[:, :row].index_copy_(0, slots[keep].long(), rows)
         return
     from freetoken.kernels.triton import fetch
 
-    row = src[0].numel()
-    assert src.is_contiguous() and dst.is_contiguous() and dst[0].numel() == row, "shapes disagree"
     grid = (slots.numel(), triton_cdiv(row, FETCH_BLOCK))
-    fetch.fetch_kernel[grid](src, dst, experts, slots, row, BLOCK=FETCH_BLOCK)
+    fetch.fetch_kernel[grid](src, dst, experts, slots, row, stride, BLOCK=FETCH_BLOCK)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from freetoken import quant
+
 __all__ = [
     "ACTIVATIONS",
     "GGUF_TENSORS",
@@ -68,6 +70,11 @@ class ExpertSpec:
 
     with gate_up's rows split as [gate; up]. The spec travels with the host banks to the
     CPU kernel, the GPU kernels, the slot pool and the weight readers.
+
+    formats: the block format (freetoken/quant) the gate_up and down banks are packed in,
+    "" for float banks. Model files never set it: the weights decide, layer by layer (a
+    Q4_K_M file keeps some layers' down in Q6_K), so a backend holds one spec per layer
+    that differ only here.
     """
 
     hidden: int
@@ -76,12 +83,25 @@ class ExpertSpec:
     alpha: float = 1.702  # swiglu_clamped only
     limit: float = 7.0  # the clamped forms only
     bias: bool = False  # gate_up_bias [E, 2I] and down_bias [E, H] banks
+    formats: tuple[str, str] = ("", "")
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
             raise ValueError(
                 f"unknown expert activation {self.activation!r} (one of {ACTIVATIONS})"
             )
+        for fmt in self.formats:
+            if fmt:
+                quant.get(fmt)
+
+    def format_of(self, bank: str) -> str:
+        """The bank's block format; "" for a float bank (biases are always float)."""
+        return {"gate_up": self.formats[0], "down": self.formats[1]}.get(bank, "")
+
+    def format_code(self, bank: str) -> int:
+        """The kernels' number for the bank's format (0: float)."""
+        fmt = self.format_of(bank)
+        return quant.get(fmt).code if fmt else 0
 
     @property
     def activation_code(self) -> int:
@@ -95,17 +115,27 @@ class ExpertSpec:
         )
 
     def rows(self) -> dict[str, tuple[int, ...]]:
-        """One expert's row shape in each bank."""
+        """One expert's row shape in each bank (in weights)."""
         H, two_i = self.hidden, 2 * self.intermediate
         shapes = {"gate_up": (two_i, H), "down": (H, self.intermediate)}
         if self.bias:
             shapes |= {"gate_up_bias": (two_i,), "down_bias": (H,)}
         return shapes
 
+    def stored_rows(self) -> dict[str, tuple[int, ...]]:
+        """One expert's shape in each bank as memory holds it: packed banks as uint8
+        [rows, row_bytes]."""
+        out = {}
+        for bank, shape in self.rows().items():
+            fmt = self.format_of(bank)
+            out[bank] = quant.get(fmt).packed_shape(shape) if fmt else shape
+        return out
+
 
 def uniform_spec(specs: Mapping[int, ExpertSpec]) -> ExpertSpec:
-    """The one ExpertSpec of a model's MoE layers (`ModelFile.expert_specs()`): every
-    kernel takes one per backend, so layers that disagree are an error."""
+    """The one ExpertSpec of a model's MoE layers (`ModelFile.expert_specs()`): the kernels
+    take one expert shape and activation per backend, so layers that disagree are an error
+    (the weights' formats are added per layer afterwards)."""
     found = set(specs.values())
     if len(found) != 1:
         raise ValueError(f"the model's MoE layers disagree on what an expert computes: {found}")

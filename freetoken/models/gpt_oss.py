@@ -122,10 +122,12 @@ _BANKS = {
     "gate_up_proj_bias": ("gate_up_bias", False, True),
     "down_proj": ("down", True, False),
     "down_proj_bias": ("down_bias", False, False),
+    # MXFP4 checkpoints: each matrix as blocks of codes [E, out, in/32, 16] (not transposed;
+    # gate and up rows still interleaved), whose scales the weight reader packs in
+    "gate_up_proj_blocks": ("gate_up", False, True),
+    "down_proj_blocks": ("down", False, False),
 }
 _EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\w+)")
-# MXFP4 checkpoints hold each matrix as 4-bit blocks and their scales
-_MXFP4 = re.compile(r"(gate_up_proj|down_proj)_(blocks|scales)")
 
 
 class Model(DecoderModel):
@@ -151,10 +153,6 @@ class Model(DecoderModel):
         m = _EXPERTS.fullmatch(name)
         if not m:
             return None
-        if _MXFP4.fullmatch(m.group(2)):
-            raise ValueError(
-                f"{name}: MXFP4 expert weights are not supported yet (use a BF16 checkpoint)"
-            )
         bank, transposed, interleaved = _BANKS[m.group(2)]
         return ExpertKey(int(m.group(1)), bank, transposed=transposed, interleaved=interleaved)
 

@@ -1,8 +1,10 @@
 """The GPU expert cache: one slot pool shared by every MoE layer, least-recently-used eviction.
 
-Slots hold whole experts (one row of every bank). The bookkeeping lives on the host in
-numpy arrays: which (layer, expert) each slot holds, when it was last used, and which
-slots are fixed in place (static placements and experts in use by the current step).
+Slots hold whole experts (one row of every bank). A packed expert fills its slot from the
+first byte (`expert_part`): slots are as wide as the widest layer's format. The bookkeeping
+lives on the host in numpy arrays: which (layer, expert) each slot holds, when it was last
+used, and which slots are fixed in place (static placements and experts in use by the
+current step).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ class ExpertCache:
         num_experts: int,
         capacity: int,
         rows: dict[str, tuple[int, ...]],
-        dtype: torch.dtype,
+        dtypes: dict[str, torch.dtype],
         device: torch.device,
     ):
+        """rows/dtypes: each bank's slot shape and dtype (HostBanks.rows, .dtypes: packed
+        banks are uint8, their rows as wide as the widest layer's format)."""
         self.L, self.E = num_layers, num_experts
-        self.rows, self.dtype, self.device = rows, dtype, device
+        self.rows, self.dtypes, self.device = rows, dtypes, device
         self.capacity = 0
         self.slots: dict[str, torch.Tensor] = {}
         self.slot_of = np.full((num_layers, num_experts), -1, dtype=np.int64)
@@ -47,19 +51,22 @@ class ExpertCache:
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
-        self.slots = {
-            b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-            for b, shape in self.rows.items()
-        }
+        self.slots = self._pool(capacity)
         self.owner = np.full(capacity, -1, dtype=np.int64)  # flat id layer * E + expert
         self.last_use = np.full(capacity, -1, dtype=np.int64)  # -1: empty
         self.fixed = np.zeros(capacity, dtype=bool)
         self.slot_of.fill(-1)
 
+    def _pool(self, capacity: int) -> dict[str, torch.Tensor]:
+        return {
+            b: torch.empty((capacity, *shape), dtype=self.dtypes[b], device=self.device)
+            for b, shape in self.rows.items()
+        }
+
     @property
     def expert_bytes(self) -> int:
-        size = torch.tensor([], dtype=self.dtype).element_size()
-        return sum(int(np.prod(s)) * size for s in self.rows.values())
+        """One slot's bytes."""
+        return sum(int(np.prod(s)) * self.dtypes[b].itemsize for b, s in self.rows.items())
 
     def lookup(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Slot of each expert of `layer`, -1 where it is not cached; counts hits and misses."""
@@ -139,17 +146,11 @@ class ExpertCache:
         keep = np.concatenate([fixed, used]) if keep_warm else fixed
         old = self.slots
         try:
-            new = {
-                b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-                for b, shape in self.rows.items()
-            }
+            new = self._pool(capacity)
         except torch.OutOfMemoryError:
             self.slots, old, keep = {}, None, fixed[:0]
             _release_device_memory(self.device)
-            new = {
-                b: torch.empty((capacity, *shape), dtype=self.dtype, device=self.device)
-                for b, shape in self.rows.items()
-            }
+            new = self._pool(capacity)
         # kept experts go to the top of the pool, away from prefill's buffers at the bottom
         top = capacity - len(keep)
         if old is not None and len(keep):
@@ -188,3 +189,13 @@ class ExpertCache:
             "evictions": self.evictions + more[2],
             "hit_rate": hits / lookups if lookups else 0.0,
         }
+
+
+def expert_part(pool: torch.Tensor, slots: int | slice, like: torch.Tensor) -> torch.Tensor:
+    """The bytes of pool slot(s) `slots` that an expert shaped like `like` fills (experts
+    shaped like like[0] where slots is a range): its first ones. The same as pool[slots]
+    where slots are exactly an expert's size."""
+    if isinstance(slots, slice):
+        part = pool[slots].flatten(1)[:, : like[0].numel()]
+        return part.unflatten(1, like.shape[1:])
+    return pool[slots].reshape(-1)[: like.numel()].view(like.shape)

@@ -23,7 +23,7 @@ import torch
 
 from freetoken.ftw.hostmem import HostBuffer, torch_dtype
 from freetoken.kernels import cpu as cpu_kernel
-from freetoken.moe.banks import HostBanks
+from freetoken.moe.banks import MATRICES, HostBanks
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,17 @@ class CpuLane:
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
         per_layer = [banks.banks[layer] for layer in banks.layers]
         spec = banks.spec
-        # the kernel's arguments in lane_serve's order: matrices, biases (empty: none), and
-        # what the experts compute
+        # the kernel's arguments in lane_serve's order: matrices, biases (empty: none), each
+        # layer's formats, and what the experts compute
         self._banks = (
             *([b[name] for b in per_layer] for name in ("gate_up", "down")),
             *(
                 [b[name] for b in per_layer] if spec.bias else []
                 for name in ("gate_up_bias", "down_bias")
+            ),
+            *(
+                [banks.specs[layer].format_code(name) for layer in banks.layers]
+                for name in MATRICES
             ),
         )
         self._act = (spec.activation_code, spec.alpha, spec.limit)

@@ -215,7 +215,7 @@ class OffloadExperts(ExpertBackend):
             return self.streamer(layer, x, ids, weights)
         if layer in p.fixed_layers:
             self.account_device(layer, ids.numel())
-            return self.shared.from_slots(x, p.fixed_slots[layer][ids], weights)
+            return self.shared.from_slots(layer, x, p.fixed_slots[layer][ids], weights)
         return self.host_books(layer, x, ids, weights)
 
     def _choose(self, m: int, T: int) -> int:
@@ -295,7 +295,7 @@ class OffloadExperts(ExpertBackend):
 
     @property
     def expert_bytes(self) -> int:
-        return self.banks.expert_bytes
+        return self.banks.slot_bytes
 
     @property
     def host_bytes(self) -> int:

@@ -49,8 +49,9 @@ class Shared:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def from_slots(self, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor):
-        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, self.banks.spec)
+    def from_slots(self, layer: int, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor):
+        spec = self.banks.specs[layer]
+        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, spec)
 
     def account_device(self, layer: int, routes: int) -> None:
         """Counts a layer run on the device, eagerly or replayed (a capture counts nothing)."""
@@ -82,7 +83,7 @@ class CpuPath:
             torch.arange(T).repeat_interleave(k),
             ids.reshape(-1).cpu(),
             weights.reshape(-1).float().cpu(),
-            self.s.banks.spec,
+            self.s.banks.specs[layer],
         )
         self.s.counters.account(len(torch.unique(ids)), 0, T * k)
         return out.to(device=x.device, dtype=x.dtype)
@@ -113,7 +114,7 @@ class CpuPath:
             torch.from_numpy(tok.astype(np.int64)),
             exp,
             w_h,
-            s.banks.spec,
+            s.banks.specs[layer],
             out=out,
         )
         s.split.cpu.observe(len(cpu_experts), time.perf_counter() - t0)
@@ -156,7 +157,7 @@ class HostBooksPath:
         route_slots = torch.from_numpy(slot_map[ids_h]).to(s.device, non_blocking=s.cuda)
         if s.copy_stream is not None and q:
             torch.cuda.current_stream(s.device).wait_stream(s.copy_stream)
-        out = s.from_slots(x, route_slots, weights)
+        out = s.from_slots(layer, x, route_slots, weights)
         s.cache.touch(slots)
         s.counters.account(m, q, len(on_cpu))
         if len(on_cpu):
@@ -220,7 +221,7 @@ class DeviceBooksPath:
         self.s.account_device(layer, ids.numel())
         if split:
             return self._split(layer, x, ids, weights, lru)
-        return self.s.from_slots(x, lru(layer, ids), weights)
+        return self.s.from_slots(layer, x, lru(layer, ids), weights)
 
     def _split(self, layer, x, ids, weights, lru: DeviceLRU) -> torch.Tensor:
         """One token's layer with the books on the device: a share of the misses fetched by
@@ -233,10 +234,10 @@ class DeviceBooksPath:
             s.lane.start()
             s.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
             lru.fetch(layer, ids, fetch)
-            return s.lane.collect(s.from_slots(x, slots, weights))
+            return s.lane.collect(s.from_slots(layer, x, slots, weights))
         staged = s.stage.pull_async(ids, cpu, x, weights) if s.stage is not None else None
         lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
-        out = s.from_slots(x, slots, weights)
+        out = s.from_slots(layer, x, slots, weights)
         if staged is not None:
             s.stage.wait()
             ids_t, cpu_t, x, weights = staged

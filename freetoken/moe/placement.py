@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from freetoken.moe.banks import HostBanks
-from freetoken.moe.cache import ExpertCache
+from freetoken.moe.cache import ExpertCache, expert_part
 from freetoken.moe.policy import Mode, Policy
 
 
@@ -85,7 +85,7 @@ class PlacementState:
         for bank, src in self.banks.banks[layer].items():
             dst = self.cache.slots[bank]
             for e, s in zip(experts.tolist(), slots.tolist()):
-                self.banks.h2d(dst[s], src[e], self.cuda)
+                self.banks.h2d(expert_part(dst, s, src[e]), src[e], self.cuda)
 
     def warm(self, seed: int = 0) -> None:
         """Fills every free slot, spread evenly over the cached layers."""

@@ -6,6 +6,7 @@ is the wrong shape. Two full-layer buffers are carved from the slot pool (slots 
 stream fills the next layer's buffer while the current layer computes; experts already
 cached are copied device to device, the rest from the host banks in contiguous runs. A
 buffer is refilled only after the layer that read it has finished (a release event).
+Packed layers stream packed: what crosses PCIe is the blocks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from freetoken.kernels import moe_gpu
 from freetoken.moe.banks import HostBanks
-from freetoken.moe.cache import ExpertCache
+from freetoken.moe.cache import ExpertCache, expert_part
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -68,7 +69,8 @@ class LayerStreamer:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self._ready[buf])
         route_slots = ids + self.base[buf]
-        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots, self.banks.spec)
+        spec = self.banks.specs[layer]
+        out = moe_gpu.experts_from_slots(x, route_slots, weights, self.cache.slots, spec)
         if self.cuda:
             self._released[buf] = torch.cuda.current_stream(self.device).record_event()
         if i + 1 == len(self.layers):
@@ -124,7 +126,7 @@ class LayerStreamer:
         banks = self.banks.banks[layer]
         for start, end in _runs(cached < 0):  # from host memory, contiguous runs at once
             for bank, src in banks.items():
-                dst = c.slots[bank][base + start : base + end]
+                dst = expert_part(c.slots[bank], slice(base + start, base + end), src[start:end])
                 self.banks.h2d(dst, src[start:end], self.cuda)
             self.stats["h2d_experts"] += end - start
         for e in np.flatnonzero(cached >= 0).tolist():  # already on the GPU: device to device

@@ -59,13 +59,12 @@ def save(cache_dir: Path, profile: dict[str, Any]) -> Path:
     return p
 
 
-def bandwidths(cache_dir: Path) -> tuple[float, float, bool]:
-    """(B_P, B_H) in bytes/s and whether they were measured on this machine."""
+def bandwidths(cache_dir: Path, fmt: str = "") -> tuple[float, float, bool]:
+    """(B_P, B_H) in bytes/s and whether they were measured on this machine. B_H is the CPU
+    kernel's on banks of block format `fmt` where `bench bw` measured it (decoding costs
+    differ by format), else BF16's."""
     prof = load(cache_dir)
     if prof and prof.get("cpu_expert_gbps"):
-        return (
-            float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9,
-            float(prof["cpu_expert_gbps"]) * 1e9,
-            True,
-        )
+        cpu = prof.get(f"cpu_expert_gbps_{fmt}") or prof["cpu_expert_gbps"]
+        return float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9, float(cpu) * 1e9, True
     return DEFAULT_PCIE_GBPS * 1e9, DEFAULT_CPU_GBPS * 1e9, False

@@ -13,6 +13,7 @@ from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.moe import profile
 from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
+from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
 from freetoken.moe.learned import Learned
@@ -21,8 +22,6 @@ from freetoken.moe.policy import Policy
 from freetoken.weights import BankKey, WeightsError
 
 log = logging.getLogger(__name__)
-
-ACTIVATION_RESERVE = 768 << 20  # workspace for prefill chunks and the allocator's slack
 
 
 @dataclass
@@ -79,8 +78,9 @@ def install(
     device: torch.device,
     dtype: torch.dtype,
     placement: Placement,
+    formats: dict[BankKey, str] | None = None,
 ) -> OffloadExperts:
-    backend = build(banks, expert_spec(model), device, dtype, placement)
+    backend = build(banks, expert_spec(model), device, dtype, placement, formats=formats)
     attach(model, backend, backend.banks.layers)
     return backend
 
@@ -92,25 +92,28 @@ def build(
     dtype: torch.dtype,
     placement: Placement,
     ranks_on_host: int = 1,
+    formats: dict[BankKey, str] | None = None,
 ) -> OffloadExperts:
-    """The offload backend over `banks`: every expert, or one rank's share of them.
+    """The offload backend over `banks` (packed where `formats` names a block format): every
+    expert, or one rank's share of them.
 
     `ranks_on_host` backends run side by side on one machine (freetoken.dist): each has its
     own GPU and PCIe link, but they share the host's DRAM bandwidth and cores, so each
     starts its split from an equal share of B_H.
     """
     Policy.parse(placement.policy)  # an unknown policy fails before the banks are pinned
-    host = HostBanks(banks, dtype, pin=device.type == "cuda", spec=spec)
+    host = HostBanks(banks, dtype, pin=device.type == "cuda", spec=spec, formats=formats)
     cache = None
     slots = placement.slots
     if device.type == "cuda" and not slots:
         slots = cache_slots(
-            placement.vram_budget, host.expert_bytes, len(host.layers), host.num_experts, device
+            placement.vram_budget, host.slot_bytes, len(host.layers), host.num_experts, device
         )
     slots = min(slots, len(host.layers) * host.num_experts)  # more than every expert is waste
     if slots:
-        cache = ExpertCache(max(host.layers) + 1, host.num_experts, slots, host.rows, dtype, device)
-    b_p, b_h, measured = _bandwidths(placement)
+        L, E = max(host.layers) + 1, host.num_experts
+        cache = ExpertCache(L, E, slots, host.rows, host.dtypes, device)
+    b_p, b_h, measured = _bandwidths(placement, host.main_format)
     b_h /= ranks_on_host
     if not host.pinned and device.type == "cuda":
         b_p = _staged(host, device, b_p, measured)
@@ -127,10 +130,11 @@ def build(
         learned=_learned(placement, host, ranks_on_host),
     )
     log.info(
-        "experts: policy %s, %s slots of %.1f MiB, B_P %.1f GB/s B_H %.1f GB/s (%s)",
+        "experts: policy %s, %s slots of %.1f MiB%s, B_P %.1f GB/s B_H %.1f GB/s (%s)",
         placement.policy,
         cache.capacity if cache else 0,
-        host.expert_bytes / 2**20,
+        host.slot_bytes / 2**20,
+        _formats_note(host),
         b_p / 1e9,
         b_h / 1e9,
         "measured" if measured else "defaults until `freetoken bench bw` runs",
@@ -162,8 +166,14 @@ def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learn
     return Learned(placement.cache_dir, shape)
 
 
-def _bandwidths(placement: Placement) -> tuple[float, float, bool]:
-    """(B_P, B_H) in bytes/s from this machine's stored profile, and whether it was measured."""
+def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:
+    """(B_P, B_H) in bytes/s from this machine's stored profile (B_H for the banks' main block
+    format), and whether it was measured."""
     if placement.cache_dir:
-        return profile.bandwidths(placement.cache_dir)
+        return profile.bandwidths(placement.cache_dir, fmt)
     return profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False
+
+
+def _formats_note(host: HostBanks) -> str:
+    fmts = sorted({f for s in host.specs.values() for f in s.formats if f})
+    return f" ({'/'.join(fmts)})" if fmts else ""

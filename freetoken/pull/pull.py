@@ -102,11 +102,12 @@ def pull(
             store.write_manifest(local, manifest)
         except OSError as e:
             raise os_error(e, f"the manifest of {local.display}") from None
-    _drop_unreferenced(store, fetched - manifest.digests())
+    # what this pull fetched and its manifest does not keep: a converted GGUF and its config
+    store.collect(fetched - manifest.digests())
     if not cfg.noprune and old - manifest.digests():
         # As Ollama: a new version of a model frees the layers only the old one used.
         yield {"status": "removing unused layers"}
-        _drop_unreferenced(store, old - manifest.digests())
+        store.collect(old - manifest.digests())
     yield {"status": "success"}
 
 
@@ -232,14 +233,3 @@ def _digests_of(store: Store, name: Name) -> set[str]:
         return store.resolve(name).manifest.digests()
     except ModelNotFound:
         return set()
-
-
-def _drop_unreferenced(store: Store, digests: set[str]) -> None:
-    """Removes blobs this pull fetched that its manifest does not keep (a converted GGUF and
-    its config) unless another manifest or pull holds them."""
-    if not digests:
-        return
-    with store.write_lock:
-        unused = digests - store.referenced()
-        for digest in unused:
-            store.blobs.remove(digest)

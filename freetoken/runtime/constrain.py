@@ -1,175 +1,315 @@
-"""Constrained decoding: token masks from a grammar's matcher states, per sequence.
+"""Constrained decoding on the llguidance engine: grammars compiled against the model's
+vocabulary, each sequence's constraint, and a step's masks computed while the model runs.
 
-`GrammarMasks` turns a matcher state into the set of tokens whose bytes keep the output a
-valid prefix. Masks are cached by stack, so states that recur (inside a long string, the
-same spot of each array item) cost one lookup; a new one costs a trie walk that stops at
-the first byte a token cannot have, or inside free string content a vector expression plus
-a walk over the tokens holding a quote or a backslash.
+`Grammars` compiles a grammar (chat/grammar.py) once and keeps it, most recently used first,
+so requests that repeat a schema (an agent's tools, an app's format) start from a copy.
 
-A `Constraint` follows one sequence: it waits for the thinking section to end when there is
-one, masks each step, advances on the sampled token and says when the value is complete.
+A `Constraint` follows one sequence: a grammar that waits for the thinking section to end
+when the output starts with one, and a thinking budget that forces the section's close
+marker once it is spent (the format's `thinking_bounds`).
+
+`Masker.start` computes the masks of a step's sampled rows on a worker thread, as bitmask
+rows the engine computes in Rust without the GIL, while the engine thread launches (and on
+the CPU runs) the model step; `Masks.wait` hands them to sampling as the shorter of two
+lists, the tokens allowed or the tokens ruled out, so applying one costs a scatter of the
+few (a JSON grammar allows a handful of tokens; free text rules out a handful).
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
+import llguidance
 import numpy as np
-import torch
 
-from freetoken.chat.jsonfsm import Grammar, Matcher, State
+from freetoken.chat.grammar import Grammar, SchemaError, explain
 from freetoken.runtime.vocab import Vocab
 
-__all__ = ["Constraint", "GrammarMasks", "MaskCache"]
+__all__ = ["Constraint", "Grammars", "Mask", "Masker", "Masks", "Thinking"]
+
+_GRAMMAR = "grammar"  # a row whose mask the matcher computes
 
 
-class GrammarMasks:
-    """Masks of one grammar over one vocabulary, cached by matcher stack (as bits, at most
-    `budget` bytes of them: about 850 masks of a 150k vocabulary in 16 MiB)."""
+class Grammars:
+    """Compiled grammars of one vocabulary, the `limit` most recently used kept."""
 
-    def __init__(self, grammar: Grammar, vocab: Vocab, budget: int = 16 << 20):
-        self.matcher = Matcher(grammar)
+    def __init__(self, vocab: Vocab, eos_ids: Collection[int], limit: int = 16):
         self.vocab = vocab
-        self.capacity = max(64, budget // (vocab.size // 8 + 1))
-        self._cache: OrderedDict[tuple, np.ndarray] = OrderedDict()  # packed bits
-        self.walked = 0  # trie nodes visited (a measure of the work done)
+        self.tokenizer = vocab.grammar_tokenizer(eos_ids)
+        self.eos_ids = tuple(self.tokenizer.eos_tokens)
+        self.limit = limit
+        self._lru: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
-    def mask(self, state: State) -> np.ndarray:
-        """Tokens allowed next, as a new bool array [vocab.size] (end-of-text tokens are not
-        in it)."""
-        masks = [self._stack_mask(stack) for stack in state]
-        if len(masks) == 1:
-            return masks[0]
-        return np.logical_or.reduce(masks)
-
-    def _stack_mask(self, stack: tuple) -> np.ndarray:
-        packed = self._cache.get(stack)
-        if packed is not None:
-            self._cache.move_to_end(stack)
-            return np.unpackbits(packed, count=self.vocab.size).view(bool)
-        mask = self._compute(stack)
-        self._cache[stack] = np.packbits(mask)
-        if len(self._cache) > self.capacity:
-            self._cache.popitem(last=False)
-        return mask
-
-    def _compute(self, stack: tuple) -> np.ndarray:
-        v, m = self.vocab, self.matcher
-        ids: list[int] = []
-        walk = m.step_many
-        free = m.free_string(stack)
-        if free is None:
-            mask = np.zeros(v.size, dtype=bool)
-            self.walked += v.trie.walk([stack], walk, ids)
-        elif free[0] == 0:
-            # inside a string: plain content by vectors, tokens that may leave it by walking
-            mask = v.string_content(free[1], free[2])
-            self.walked += v.string_exits.walk([stack], walk, ids)
-        else:
-            # after a backslash: an escape letter and plain content by vectors, then the
-            # tokens that may leave the string and \uXXXX by walking
-            mask = v.escaped_content(free[2])
-            self.walked += v.string_exits.walk([stack], walk, ids)
-            u = v.subtrie(ord("u"))
-            if u is not None:
-                self.walked += v.trie.walk([stack], walk, ids, u)
-        if ids:
-            mask[np.asarray(ids, dtype=np.int64)] = True
-        return mask
-
-
-class MaskCache:
-    """Compiled grammars with their mask caches, the most recently used kept, so requests
-    that repeat a schema (an agent's tools, an app's format) reuse what was computed."""
-
-    def __init__(self, vocab: Vocab, grammars: int = 8):
-        self.vocab = vocab
-        self.limit = grammars
-        self._lru: OrderedDict[str, GrammarMasks] = OrderedDict()
-
-    def get(self, key: Any, build: Any) -> GrammarMasks:
-        """The masks for `key` (any JSON value naming the grammar); `build()` makes the
-        Grammar when it is not cached."""
-        k = json.dumps(key)  # key order matters: properties come in the order given
-        found = self._lru.get(k)
+    def matcher(self, grammar: Grammar) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start; SchemaError if the engine refuses it."""
+        found = self._lru.get(grammar.text)
         if found is None:
-            found = self._lru[k] = GrammarMasks(build(), self.vocab)
+            found = llguidance.LLMatcher(self.tokenizer, grammar.text, log_level=0)
+            if found.is_error():
+                raise SchemaError(_why(grammar, found.get_error()))
+            self._lru[grammar.text] = found
             if len(self._lru) > self.limit:
                 self._lru.popitem(last=False)
-        self._lru.move_to_end(k)
-        return found
+        self._lru.move_to_end(grammar.text)
+        return found.deep_copy()
 
 
-class Constraint:
-    """One sequence's grammar. Not thread-safe: the engine thread alone uses it.
+def _why(grammar: Grammar, message: str) -> str:
+    """The refusal, naming the schema at fault where the grammar embeds several."""
+    for label, text in grammar.schemas:
+        g = llguidance.LLMatcher.grammar_from_json_schema(text)
+        err = llguidance.LLMatcher.validate_grammar(g)
+        if err:
+            return f"{label}: {explain(err)}"
+    return explain(message)
 
-    Thinking: with `thinking` the output starts inside a thinking section and the grammar
-    applies once `think_close` has been generated; `think_open_ids` are tokens that may open
-    such a section as the very first token instead (a model that may think first).
-    """
+
+class Thinking:
+    """Where the output is inside a thinking section, and the budget spent in it.
+
+    `anywhere`: a section may open at any point (Harmony's analysis messages); else only
+    the output's first token may open one (`open_ids`), or the prompt did (`inside`)."""
 
     def __init__(
         self,
-        masks: GrammarMasks,
-        end_ids: frozenset[int],
+        open_text: bytes,
+        close_text: bytes,
+        close_ids: list[int],
         *,
-        thinking: bool = False,
-        think_close: bytes | None = None,
-        think_open_ids: frozenset[int] = frozenset(),
+        budget: int | None = None,
+        inside: bool = False,
+        open_ids: Collection[int] = (),
+        anywhere: bool = False,
     ):
-        self.masks = masks
-        self.end_ids = sorted(end_ids)
-        self.state = masks.matcher.initial()
-        self.think_close = think_close
-        self.think_open_ids = sorted(think_open_ids) if think_close else []
-        self.waiting = thinking and think_close is not None  # thinking: no mask yet
-        self._seen = b""  # the tail of the thinking text, to find where it ends
-        self._first = True  # no token read under the grammar yet
-        self._last: tuple[tuple[State, bool], torch.Tensor] | None = None
+        self.open, self.close, self.close_ids = open_text, close_text, close_ids
+        self.budget, self.inside, self.anywhere = budget, inside, anywhere
+        self.open_ids = frozenset(open_ids)
+        self.spent = 0  # tokens generated inside the current section
+        self.fresh = True  # nothing generated yet: the first token may open a section
+        self._tail = b""  # the last bytes, where a marker may be split over tokens
+
+    @property
+    def over(self) -> bool:
+        """The budget is spent: the close marker must come next."""
+        return self.inside and self.budget is not None and self.spent >= self.budget
+
+    def advance(self, token: int, data: bytes) -> None:
+        first, self.fresh = self.fresh, False
+        if self.inside:
+            self.spent += 1
+        elif first and token in self.open_ids:
+            self.inside, self.spent = True, 0
+            return
+        if not self.inside and not self.anywhere:
+            return
+        seen = self._tail + data
+        opened, closed = seen.rfind(self.open), seen.rfind(self.close)
+        if closed >= 0 and closed >= opened:
+            self.inside = False
+        elif opened >= 0 and self.anywhere and not self.inside:
+            self.inside, self.spent = True, 0
+        self._tail = seen[-max(len(self.open), len(self.close)) :]
+
+
+class Constraint:
+    """One sequence's grammar and thinking bounds. Not thread-safe: the engine thread uses
+    it, except for the mask the worker computes while the engine thread waits for the step.
+
+    With a thinking section at the output's start, the grammar applies once it has ended
+    (unless `grammar_thinks`: the grammar includes the thinking); its first token may also
+    open one (`think.open_ids`)."""
+
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher | None,
+        vocab: Vocab,
+        stop_ids: Collection[int],
+        eos_ids: Collection[int] = (),
+        think: Thinking | None = None,
+        grammar_thinks: bool = False,
+    ):
+        self.matcher, self.vocab, self.think = matcher, vocab, think
+        self.stop_ids = np.array(sorted(stop_ids), dtype=np.int64)
+        self.eos_ids = np.array(sorted(eos_ids), dtype=np.int64)
+        self.grammar_thinks = grammar_thinks
+        self._started = False  # the grammar has read a token
+        self._forced: list[int] = []  # tokens due next (a thinking section's close)
+        self._blanks = 0  # blank tokens still allowed between the thinking and the answer
+
+    @property
+    def waiting(self) -> bool:
+        """The grammar waits for the thinking section at the output's start to end."""
+        t = self.think
+        return t is not None and t.inside and not self._started and not self.grammar_thinks
 
     @property
     def finished(self) -> bool:
-        """The value is complete and nothing may follow: generation should stop."""
-        return not self.waiting and self.masks.matcher.is_final(self.state)
+        """The grammar is complete and nothing but the end may follow: generation stops."""
+        return self.matcher is not None and not self.waiting and self.matcher.is_stopped()
 
-    def mask(self) -> torch.Tensor | None:
-        """Allowed tokens for the next step (bool [vocab]); None while unconstrained."""
-        if self.waiting:
+    def plan(self) -> tuple[int, ...] | str | None:
+        """What this step's mask is: the one token due, the grammar's, or None (free)."""
+        if not self._forced and self.think is not None and self.think.over:
+            self._forced = list(self.think.close_ids)
+        if self._forced:
+            return (self._forced[0],)
+        if self.matcher is None or self.waiting:
             return None
-        key = (self.state, self._first)
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
-        allowed = self.masks.mask(self.state)  # a fresh array: free to change
-        if self.masks.matcher.is_done(self.state):
-            allowed[self.end_ids] = True
-        if self._first:
-            allowed[self.think_open_ids] = True
-        mask = torch.from_numpy(allowed)
-        self._last = (key, mask)
-        return mask
+        return _GRAMMAR
+
+    def adjust(self, row: np.ndarray) -> None:
+        """Stop tokens end the output only where the grammar is complete (the engine's
+        eos bits are the request's to set); the first token may open the thinking, and
+        the answer after a thinking section may begin with a line break or two."""
+        bits = row.view(np.uint8)
+        _set(bits, self.eos_ids, False)
+        _set(bits, self.stop_ids, self.matcher.is_accepting())
+        t = self.think
+        if t is not None and t.fresh and t.open_ids:
+            _set(bits, np.array(sorted(t.open_ids), dtype=np.int64), True)
+        if self._blanks and not self._started:
+            _set(bits, self.vocab.blank_ids, True)
 
     def advance(self, token: int) -> None:
-        """Follows a sampled token (end-of-text tokens never reach here)."""
-        vocab = self.masks.vocab
-        data = vocab.bytes[token] if token < vocab.size else b""
-        if self.waiting:
-            self._watch_thinking(data)
-            return
-        first, self._first = self._first, False
-        if first and token in self.think_open_ids:
-            self.waiting = True
-            return
-        # a token the mask allowed always matches; keep the last good state otherwise
-        self.state = self.masks.matcher.feed(self.state, data) or self.state
+        """Follows a sampled token (end tokens never reach here)."""
+        data = self.vocab.bytes[token] if token < self.vocab.size else b""
+        if self._forced and self._forced[0] == token:
+            self._forced.pop(0)
+        t = self.think
+        waited = self.waiting
+        if t is not None:
+            t.advance(token, data)
+        if self.matcher is None or (waited and not self.grammar_thinks):
+            self._blanks = 2 if waited and not self.waiting else 0
+            return  # thinking: the grammar has not begun
+        if not self._started and t is not None and t.inside and not self.grammar_thinks:
+            return  # the first token opened the thinking
+        if self._blanks and not self._started and data and not data.strip(b" \n"):
+            self._blanks -= 1
+            return  # the line break after the thinking, which the parser drops
+        self._started = True
+        self.matcher.consume_token(token)  # a token the mask ruled out leaves it in error
 
-    def _watch_thinking(self, data: bytes) -> None:
-        seen = self._seen + data
-        at = seen.find(self.think_close)
-        if at < 0:
-            self._seen = seen[-len(self.think_close) :]
-            return
-        self.waiting = self._first = False
-        rest = seen[at + len(self.think_close) :]
-        self.state = self.masks.matcher.feed(self.state, rest) or self.state
+
+def _set(bits: np.ndarray, ids: np.ndarray, on: bool) -> None:
+    ids = ids[ids < bits.size * 8]
+    if on:
+        np.bitwise_or.at(bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+    else:
+        np.bitwise_and.at(bits, ids >> 3, ~(1 << (ids & 7)).astype(np.uint8))
+
+
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """One row's mask: the tokens allowed (`allow`) or those ruled out, whichever are
+    fewer, out of `size`."""
+
+    ids: np.ndarray  # int64 token ids
+    allow: bool
+    size: int
+
+    @property
+    def empty(self) -> bool:
+        """Nothing is allowed (a grammar in error): the sequence cannot go on."""
+        return self.allow and self.ids.size == 0 or not self.allow and self.ids.size >= self.size
+
+    def allowed(self) -> np.ndarray:
+        """The allowed token ids, sorted."""
+        return self.ids if self.allow else np.setdiff1d(np.arange(self.size), self.ids)
+
+    @classmethod
+    def of_bits(cls, row: np.ndarray, size: int) -> Mask:
+        on = np.unpackbits(row.view(np.uint8), bitorder="little", count=size).view(bool)
+        if np.count_nonzero(on) <= size // 2:
+            return cls(np.flatnonzero(on), True, size)
+        return cls(np.flatnonzero(~on), False, size)
+
+
+class Masks:
+    """A step's masks, one per sampled row (None: free; an exception: that row's grammar
+    failed, and its sequence alone ends with it)."""
+
+    def __init__(self, rows: int, future: Future | None = None, ready: list | None = None):
+        self.rows, self._future, self._ready = rows, future, ready
+
+    def wait(self) -> list[Mask | Exception | None]:
+        if self._future is None:
+            return list(self._ready) if self._ready is not None else [None] * self.rows
+        return self._future.result()
+
+
+class Masker:
+    """Computes masks off the engine thread (one worker; the engine computes its rows in
+    parallel where it has cores). A row whose constraint raises gets the exception in
+    place of its mask; the other rows keep theirs."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._executor: llguidance.LLExecutor | None = None
+
+    def start(self, rows: list[Constraint | None]) -> Masks:
+        """Begins computing the masks of a step's sampled rows (their constraints)."""
+        plans = _plans(rows)
+        if all(p is None or isinstance(p, Exception) for p in plans):
+            return Masks(len(rows), ready=plans)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-masks")
+        return Masks(len(rows), self._pool.submit(self._compute, rows, plans))
+
+    def compute(self, rows: list[Constraint | None]) -> list[Mask | Exception | None]:
+        """The same masks, on the calling thread."""
+        return self._compute(rows, _plans(rows))
+
+    def _compute(
+        self, rows: list[Constraint | None], plans: list[tuple[int, ...] | str | Exception | None]
+    ) -> list[Mask | Exception | None]:
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        out: list[Mask | Exception | None] = list(plans)  # free rows and failures stand
+        live = [i for i, p in enumerate(plans) if p is not None and not isinstance(p, Exception)]
+        if not live:
+            return out
+        size = rows[live[0]].vocab.size
+        words = (size + 31) // 32
+        bits = np.zeros((len(rows), words), dtype=np.int32)
+        grammar = [(rows[i].matcher, i) for i in live if plans[i] == _GRAMMAR]
+        if grammar:
+            try:
+                self._executor.unsafe_compute_mask_ptr(
+                    grammar, bits.ctypes.data, words * 4, len(rows)
+                )
+            except Exception:  # one matcher's fault: each row alone, so the others go on
+                for one in grammar:
+                    try:
+                        self._executor.unsafe_compute_mask_ptr(
+                            [one], bits.ctypes.data, words * 4, len(rows)
+                        )
+                    except Exception as e:
+                        out[one[1]] = e
+        for i in live:
+            if isinstance(out[i], Exception):
+                continue
+            c, p = rows[i], plans[i]
+            try:
+                if p == _GRAMMAR:
+                    c.adjust(bits[i])
+                else:
+                    _set(bits[i].view(np.uint8), np.array(p, dtype=np.int64), True)
+                out[i] = Mask.of_bits(bits[i], size)
+            except Exception as e:
+                out[i] = e
+        return out
+
+
+def _plans(rows: list[Constraint | None]) -> list[tuple[int, ...] | str | Exception | None]:
+    """Each row's plan (Constraint.plan), or the exception its constraint raised."""
+    out: list[tuple[int, ...] | str | Exception | None] = []
+    for c in rows:
+        try:
+            out.append(c.plan() if c is not None else None)
+        except Exception as e:
+            out.append(e)
+    return out

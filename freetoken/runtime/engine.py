@@ -20,6 +20,7 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.anchors import Anchoring
+from freetoken.runtime.constrain import Mask, Masker
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -76,6 +77,7 @@ class Engine:
         self._lock = threading.Condition()
         self.steps = 0
         self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
+        self.masker = Masker()
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -119,11 +121,12 @@ class Engine:
         if not plan:
             return 0
         t0 = time.perf_counter_ns()
+        pending = self.masker.start(self._constraints(plan))  # computed while the model runs
         logits = self._execute(plan)
-        masks = self._masks(plan)  # grammar masks, computed while the device works
         if (experts := self._ops.backend) is not None:
             experts.wait_step()
         t1 = time.perf_counter_ns()
+        masks = pending.wait()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
         self.decoded += len(masks)
@@ -211,24 +214,15 @@ class Engine:
         return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     @staticmethod
-    def _masks(plan: Plan) -> list[torch.Tensor | Exception | None]:
-        """For each sequence that samples this step, its grammar's mask (None: free), or
-        the error its grammar raised (that sequence fails; the others go on)."""
-        out: list[torch.Tensor | Exception | None] = []
-        for seq, n in plan:
-            if seq.num_cached + n != seq.num_tokens:
-                continue
-            try:
-                out.append(seq.constraint.mask() if seq.constraint is not None else None)
-            except Exception as e:
-                out.append(e)
-        return out
+    def _constraints(plan: Plan) -> list:
+        """The constraint of each sequence that samples this step (None: free)."""
+        return [seq.constraint for seq, n in plan if seq.num_cached + n == seq.num_tokens]
 
     def _postprocess(
         self,
         plan: Plan,
         logits: torch.Tensor,
-        masks: list[torch.Tensor | Exception | None],
+        masks: list[Mask | Exception | None],
         t0: int,
         t1: int,
     ) -> None:
@@ -250,8 +244,8 @@ class Engine:
             try:
                 # what fails here is this sequence's own (its parameters, its grammar): it
                 # ends with the error, the batch goes on
-                if (token := self._draw(req, scores, mask)) is not None:
-                    drawn.append((req, scores, token))
+                if (drew := self._draw(req, scores, mask)) is not None:
+                    drawn.append((req, *drew))
             except Exception as e:
                 self._fail_one(req, e)
         # the step's tokens drawn on the logits' device, read back together
@@ -263,18 +257,19 @@ class Engine:
                 self._fail_one(req, e)
 
     def _draw(
-        self, req: Request, scores: torch.Tensor, mask: torch.Tensor | Exception | None
-    ) -> torch.Tensor | None:
-        """The sequence's next token, drawn on the logits' device (None: it has ended)."""
+        self, req: Request, scores: torch.Tensor, mask: Mask | Exception | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sequence's scores under its mask and its next token, drawn on the logits'
+        device (None: it has ended)."""
         seq = req.seq
-        if isinstance(mask, Exception):
+        if isinstance(mask, Exception):  # its grammar's mask could not be computed
             raise mask
         if mask is not None:
-            if not bool(mask.any()):  # cannot happen with a sound grammar; never sample NaN
+            if mask.empty:  # cannot happen with a sound grammar; never sample NaN
                 self._finish(req, "stop")
                 return None
-            scores = scores.masked_fill(~mask.to(scores.device), float("-inf"))
-        return sampling.draw(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+            scores = sampling.masked(scores, mask.ids, mask.allow)
+        return scores, sampling.draw(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
 
     def _take(self, req: Request, scores: torch.Tensor, token: int) -> None:
         seq = req.seq

@@ -47,7 +47,9 @@ class EventFormatter:
             out += [{"content": text}] if text else []
         else:
             out += handle.parser.feed(text) if text else []
-            out += handle.parser.finish() if finished else []
+            # a call the token limit cut is reported as such, never as content
+            cut = handle.seq.finish_reason == "length"
+            out += handle.parser.finish(cut) if finished else []
         if handle.seq.top_logprobs is not None:
             # each event carries the logprobs of the tokens that led to it; tokens whose
             # text is held back (a marker, a tool call) wait for the next event

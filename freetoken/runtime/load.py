@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from freetoken.layers import fused
 from freetoken.models.base import KVLayout
 from freetoken.moe.backend import ExpertBackend
 from freetoken.runtime import anchors, loader
-from freetoken.runtime.constrain import MaskCache
+from freetoken.runtime.constrain import Grammars
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.events import EventFormatter
 from freetoken.runtime.graphs import DecodeGraphs
@@ -39,6 +39,35 @@ log = logging.getLogger("freetoken.runner")
 
 
 @dataclass
+class Sizes:
+    """The memory a loaded model takes, as /health (and so /api/ps) reports it: computed
+    when asked, since a resize of the expert cache (by hand or by the VRAM watcher) changes
+    it. `size` is host and GPU memory together; `host_bytes` is what the server counts
+    against host memory when it judges room for another model."""
+
+    device: torch.device
+    experts: ExpertBackend
+    resident: int  # dense weights, the KV pool and recurrent state, on the compute device
+    kv: int
+
+    def __call__(self) -> dict[str, int]:
+        experts = self.experts
+        cache = experts.capacity * experts.expert_bytes
+        if self.device.type == "cuda":
+            vram = torch.cuda.memory_allocated(self.device) + experts.vram_elsewhere
+            host = experts.host_bytes
+        else:  # the cache is a host-memory pool beside the banks
+            vram, host = 0, experts.host_bytes + self.resident + cache
+        return {
+            "size": host + vram,
+            "size_vram": vram,
+            "host_bytes": host,
+            "kv_cache_bytes": self.kv,
+            "expert_cache_bytes": cache,
+        }
+
+
+@dataclass
 class Serving:
     """What a loaded model is served with."""
 
@@ -47,7 +76,7 @@ class Serving:
     requests: RequestBuilder
     formatter: EventFormatter
     load_ns: int
-    sizes: dict[str, int] = field(default_factory=dict)  # what /health reports
+    sizes: Sizes  # what /health reports, computed when asked
 
 
 class ModelLoad:
@@ -162,25 +191,18 @@ class ModelLoad:
             state,
             anchoring,
         )
-        # the vocabulary as bytes, for grammars and logprobs (about a second for 150k tokens)
+        # the vocabulary as bytes, for grammars and logprobs (a few seconds for 150k tokens)
         vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)
         requests = RequestBuilder(
             tokenizer,
             prompts,
-            MaskCache(vocab),
+            Grammars(vocab, tokenizer.eos_ids),
             self.num_ctx,
             architecture=loaded.config.get("model_type"),
         )
         dense = sum(p.numel() * p.element_size() for p in model.parameters())
-        on_gpu = device.type == "cuda"
         state_bytes = state.bytes if state is not None else 0
-        sizes = {
-            "size": dense + experts.host_bytes + kv.bytes + state_bytes,
-            "size_vram": (torch.cuda.memory_allocated(device) if on_gpu else 0)
-            + experts.vram_elsewhere,
-            "kv_cache_bytes": kv.bytes,
-            "expert_cache_bytes": experts.capacity * experts.expert_bytes,
-        }
+        sizes = Sizes(device, experts, dense + kv.bytes + state_bytes, kv.bytes)
         return Serving(engine, experts, requests, EventFormatter(vocab, tokenizer), 0, sizes)
 
     def _anchoring(

@@ -18,7 +18,7 @@ from torch import nn
 
 from freetoken import models
 from freetoken.ftw import reader as ftw_reader
-from freetoken.ftw.sources import gguf_path, pick_device, pick_dtype, read_weights
+from freetoken.ftw.sources import gguf_path, is_quantized, pick_device, pick_dtype, read_weights
 from freetoken.layers.computed import reset_buffers
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
@@ -34,6 +34,7 @@ class Loaded:
     device: torch.device
     dtype: torch.dtype
     banks: dict = field(default_factory=dict)
+    formats: dict = field(default_factory=dict)  # the packed banks' block formats
 
 
 def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]:
@@ -51,6 +52,17 @@ def with_gguf_metadata(files: dict[str, Path], scratch: Path) -> dict[str, Path]
     return {**files, "config.json": scratch / "config.json", **{n: scratch / n for n in names}}
 
 
+def _unpacked(t: torch.Tensor, fmt: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A packed dense weight decoded on the device, a slice of rows at a time (the decoding
+    runs in fp32: a whole embedding at once would need 4 bytes a weight of room)."""
+    from freetoken.kernels.reference import dequantize
+
+    rows = t.reshape(-1, t.shape[-1])
+    step = max(1, (64 << 20) // rows.shape[1])
+    out = torch.cat([dequantize(r.to(device), fmt).to(dtype) for r in rows.split(step)])
+    return out.reshape(*t.shape[:-1], out.shape[-1])
+
+
 def kept_in_fp32(model: nn.Module, name: str) -> bool:
     """Whether a parameter stays fp32 whatever the model's dtype: the model file's `FP32`
     names (modules or dotted tails: "norm", "gate.weight") as its reference keeps them."""
@@ -58,8 +70,18 @@ def kept_in_fp32(model: nn.Module, name: str) -> bool:
 
 
 def _load_dense(
-    model: nn.Module, dense: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    model: nn.Module,
+    dense: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    formats: dict | None = None,
 ) -> None:
+    """Dense weights onto the device in the compute dtype: quantized ones are decoded (no
+    quantized linear layer reads them packed yet)."""
+    formats = formats or {}
+    dense = {
+        n: _unpacked(t, formats[n], device, dtype) if n in formats else t for n, t in dense.items()
+    }
     params = dict(model.named_parameters())
     missing = [n for n in params if n not in dense and not n.endswith("lm_head.weight")]
     if missing:
@@ -97,12 +119,12 @@ def load(
     config = json.loads(Path(files["config.json"]).read_text())
     cls = models.load_class(config)
     device = pick_device(device_setting)
-    dtype = pick_dtype(dtype_setting, config, device)
+    dtype = pick_dtype(dtype_setting, config, device, is_quantized(files, config))
     weights = read_weights(files, cls, dtype, progress, experts, huge_pages=huge_pages)
     with torch.device("meta"):
         model = cls.from_config(config)
     model.to_empty(device=device)
-    _load_dense(model, weights.dense, device, dtype)
+    _load_dense(model, weights.dense, device, dtype, weights.formats)
     if "lm_head.weight" not in weights.dense:
         if not config.get("tie_word_embeddings"):
             raise WeightsError("checkpoint has no lm_head.weight and embeddings are not tied")
@@ -117,7 +139,8 @@ def load(
         device,
         dtype,
     )
-    return Loaded(model=model, config=config, device=device, dtype=dtype, banks=weights.banks)
+    formats = {k: f for k, f in weights.formats.items() if k in weights.banks}
+    return Loaded(model, config, device, dtype, weights.banks, formats)
 
 
 def place_experts(loaded: Loaded, placement: Placement, group=None):
@@ -130,9 +153,17 @@ def place_experts(loaded: Loaded, placement: Placement, group=None):
         from freetoken.dist import experts as dist_experts
 
         backend = dist_experts.install(
-            loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, group
+            loaded.model,
+            loaded.banks,
+            loaded.device,
+            loaded.dtype,
+            placement,
+            group,
+            loaded.formats,
         )
     else:
-        backend = setup.install(loaded.model, loaded.banks, loaded.device, loaded.dtype, placement)
+        backend = setup.install(
+            loaded.model, loaded.banks, loaded.device, loaded.dtype, placement, loaded.formats
+        )
     loaded.banks = {}  # the backend's host banks own them now
     return backend

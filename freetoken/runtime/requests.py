@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from freetoken.chat import formats, structured
 from freetoken.chat import template as chat_template
 from freetoken.chat.formats import ChatFormat, ParseOptions, Parser
+from freetoken.chat.grammar import Grammar, json_format
 from freetoken.protocol import CompletionRequest
-from freetoken.runtime.constrain import Constraint, MaskCache
+from freetoken.runtime.constrain import Constraint, Grammars, Thinking
 from freetoken.runtime.prompt import Prompt, PromptBuilder, PromptError
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
@@ -48,11 +49,12 @@ class RequestBuilder:
         self,
         tokenizer: Tokenizer,
         prompts: PromptBuilder,
-        masks: MaskCache,
+        grammars: Grammars,
         num_ctx: int,
         architecture: str | None = None,
     ):
-        self.tokenizer, self.prompts, self.masks, self.num_ctx = tokenizer, prompts, masks, num_ctx
+        self.tokenizer, self.prompts, self.num_ctx = tokenizer, prompts, num_ctx
+        self.grammars = grammars
         self.architecture = architecture  # the model's model_type: it declares the format
 
     def capabilities(self, req: CompletionRequest) -> list[str]:
@@ -119,36 +121,54 @@ class RequestBuilder:
         prompt: Prompt,
         end_ids: frozenset[int],
     ) -> Constraint | None:
-        """The grammar the answer follows: a forced tool call, else the `format`, else none."""
+        """The grammar the answer follows and the bounds of its thinking (None: neither)."""
+        grammar = self._grammar(req, fmt, forced)
+        think = None if req.raw else self._thinking(req, fmt, prompt)
+        if grammar is None and (think is None or think.budget is None):
+            return None
+        matcher = self.grammars.matcher(grammar) if grammar is not None else None
+        vocab, eos = self.grammars.vocab, self.grammars.eos_ids
+        return Constraint(matcher, vocab, end_ids, eos, think, fmt.grammar_thinks)
+
+    def _grammar(
+        self, req: CompletionRequest, fmt: ChatFormat, forced: str | None
+    ) -> Grammar | None:
+        """Forced calls, else the `format`, else free text whose calls follow their tools'
+        schemas once opened (`auto`), else none."""
+        parallel, think = req.parallel_tool_calls is not False, req.think is not False
         if forced is not None:
-            tools = req.tools or []
-            structured.forced_tools(tools, forced or None)  # SchemaError: no such tool
-            grammar = fmt.call_grammar(tools, forced or None)
+            tools = structured.forced_tools(req.tools or [], forced or None)
+            several = req.parallel_tool_calls is True
+            grammar = fmt.call_grammar(tools, parallel=several, think=think)
             if grammar is None:
                 log.info("a forced call in the %s format is not constrained", fmt.name)
-                return None
-            key = ["call", fmt.name, repr(fmt), tools, forced]
-            masks = self.masks.get(key, lambda: grammar)
-        elif req.format:
-            masks = self.masks.get(
-                ["format", req.format], lambda: structured.format_grammar(req.format)
-            )
-        else:
-            return None
+            return grammar
+        if req.format:
+            return json_format(req.format)
+        if req.tools and not req.raw:
+            tools = structured.offered_tools(req.tools)
+            return fmt.auto_grammar(tools, parallel=parallel, think=think)
+        return None
+
+    def _thinking(self, req: CompletionRequest, fmt: ChatFormat, prompt: Prompt) -> Thinking | None:
+        """Where the output thinks, and its budget (the server sets it: Anthropic's
+        `budget_tokens`, or the think level's)."""
         bounds = fmt.thinking_bounds()
-        if req.raw or bounds is None:
-            return Constraint(masks, end_ids)
-        # the grammar applies once the thinking section (opened by the prompt, or by the
-        # model's first token) has ended
+        if bounds is None:
+            return None
         think_open, think_close = bounds
-        opened = prompt.text.rstrip().endswith(think_open)
-        opening = self.tokenizer.special_ids([think_open])
-        return Constraint(
-            masks,
-            end_ids,
-            thinking=opened,
-            think_close=think_close.encode(),
-            think_open_ids=opening if req.think is not False else frozenset(),
+        budget = req.think_budget
+        anywhere = fmt.grammar_thinks  # a section may open anywhere (Harmony's messages)
+        opened = not anywhere and prompt.text.rstrip().endswith(think_open)
+        first = self.tokenizer.special_ids([think_open])
+        return Thinking(
+            think_open.encode(),
+            think_close.encode(),
+            self.grammars.vocab.encode(think_close),
+            budget=budget,
+            inside=opened,
+            open_ids=first if req.think is not False and not anywhere else (),
+            anywhere=anywhere,
         )
 
     def _parser(

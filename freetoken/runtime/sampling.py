@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from freetoken import options as opts
@@ -102,6 +103,22 @@ def _softmax(
     sure = torch.zeros_like(probs)
     sure[best] = 1.0
     return torch.where(torch.isfinite(probs).all(), probs, sure)
+
+
+def masked(logits: torch.Tensor, ids: np.ndarray, allow: bool) -> torch.Tensor:
+    """fp32 logits [V] with only the tokens `ids` left (`allow`), or with `ids` ruled out
+    (set to -inf in place): a scatter of the shorter list, not a pass over the vocabulary's
+    mask, since this is on the path of every constrained step. The ids go to the logits'
+    device without waiting for it (a host array is staged at once), so the step's one
+    readback stays the only wait."""
+    index = torch.from_numpy(ids).to(logits.device, non_blocking=True)
+    if allow:
+        out = torch.full_like(logits, float("-inf"))
+        out[index] = logits[index]
+        return out
+    with torch.inference_mode():  # the step's logits may be an inference tensor
+        logits[index] = float("-inf")
+    return logits
 
 
 def draw(

@@ -126,7 +126,7 @@ class ModelService:
         if self.status == "ok":
             s = self.serving
             info = {"load_duration": s.load_ns, "num_ctx": self.num_ctx}
-            return {"status": "ok", "info": {**info, "device": str(s.engine.device), **s.sizes}}
+            return {"status": "ok", "info": {**info, "device": str(s.engine.device), **s.sizes()}}
         if self.status == "error":
             return {"status": "error", "error": self.error}
         return {

@@ -7,6 +7,13 @@ A request takes a `Lease` on a loaded model and releases it when its response en
 model has leases it is never unloaded; once idle it stays for its keep_alive (the last
 request's), then its runner is stopped. Loading a model past `max_loaded_models` first
 unloads the least recently used idle one, or waits for one to become idle.
+
+Before a load the model's needs (the doctor's estimate: host memory for its banks, GPU
+memory for its dense weights, KV cache and smallest expert cache) are set against what is
+free, less what loads under way will still take (server/room.py). A model that cannot fit
+even alone is refused with the numbers (`ModelTooLarge`); one that fits once idle models
+are gone has them unloaded first, least recently used first, as Ollama does; where busy
+models hold the memory, the load waits for them.
 """
 
 from __future__ import annotations
@@ -14,23 +21,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from freetoken.config_values import MAX_DURATION_S, keep_alive_seconds
+from freetoken import doctor
+from freetoken.config_values import keep_alive_seconds
+from freetoken.doctor.memory import MemoryProbe, SystemMemory
+from freetoken.server.entry import Entry
+from freetoken.server.room import Room, TooLarge, make_room
 from freetoken.server.runner import Runner, RunnerError, RunnerSpec
-from freetoken.store.models import ModelView, rfc3339
+from freetoken.store.models import ModelView
 
-__all__ = ["Lease", "Residency", "ServerBusy", "default_num_ctx"]
+__all__ = ["Lease", "ModelTooLarge", "Residency", "ServerBusy", "default_num_ctx"]
 
 log = logging.getLogger(__name__)
 
 BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
 _DEFAULT_NUM_CTX = 4096
 _DEFAULT_MAX_LOADED = 3
-# What /api/ps shows for "forever": Go's largest duration from now, as Ollama does.
-_FOREVER_S = MAX_DURATION_S
 
 StartRunner = Callable[..., Awaitable[Runner]]
 
@@ -42,6 +52,9 @@ class ServerBusy(RuntimeError):
         super().__init__(BUSY_MESSAGE)
 
 
+ModelTooLarge = TooLarge  # a model that does not fit this machine even alone
+
+
 def default_num_ctx(requested: int | None, model_max: int | None, configured: int) -> int:
     """The context window to load with: the request's (or Modelfile's), else the setting's,
     else 4096; never more than the model was trained for."""
@@ -50,38 +63,11 @@ def default_num_ctx(requested: int | None, model_max: int | None, configured: in
 
 
 @dataclass(eq=False)
-class _Entry:
-    key: tuple[str, ...]
-    view: ModelView
-    spec: RunnerSpec
-    ready: asyncio.Future[None]
-    runner: Runner | None = None
-    refs: int = 0
-    keep_alive: float = 0.0
-    expires_at: float | None = None  # wall clock; None while in use or kept forever
-    last_used: float = field(default_factory=time.monotonic)
-    timer: asyncio.TimerHandle | None = None
-    retiring: bool = False  # takes no new leases (being replaced by a bigger runner)
-    drop_when_idle: bool = False  # an unload request came while it was busy
-    stopping: asyncio.Task[None] | None = None
-    load_progress: tuple[int, int] = (0, 0)  # bytes read, bytes to read
-    load_started: float = field(default_factory=time.monotonic)
-
-    @property
-    def loaded(self) -> bool:
-        return self.ready.done() and not self.ready.cancelled() and self.ready.exception() is None
-
-    @property
-    def dead(self) -> bool:
-        return self.runner is not None and not self.runner.alive
-
-
-@dataclass(eq=False)
 class Lease:
     """One request's hold on a loaded model; `release` exactly once (it is idempotent)."""
 
     residency: Residency
-    entry: _Entry
+    entry: Entry
     keep_alive: float
     load_duration: float  # seconds spent waiting for the model
     released: bool = False
@@ -96,15 +82,26 @@ class Lease:
 
 
 class Residency:
-    def __init__(self, cfg: Any, *, start_runner: StartRunner = Runner.start):
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        start_runner: StartRunner = Runner.start,
+        memory: MemoryProbe | None = None,
+    ):
         self.cfg = cfg
         self._start_runner = start_runner
-        self._models: dict[tuple[str, ...], _Entry] = {}
+        self._memory = memory or SystemMemory(cfg)
+        self._facts: dict[str, doctor.ModelFacts | None] = {}  # by manifest digest
+        self._models: dict[tuple[str, ...], Entry] = {}
+        # Bumped whenever a model starts or ends loading or stopping: a judgement of the room
+        # for a load that awaited (measuring memory) sees whether it is stale.
+        self._generation = 0
         self._changed = asyncio.Event()
         self._pending = 0
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loads: set[asyncio.Future[Any]] = set()
-        self._stopping: set[_Entry] = set()
+        self._stopping: set[Entry] = set()
 
     @property
     def max_loaded(self) -> int:
@@ -166,12 +163,12 @@ class Residency:
                 entry.timer = loop.call_later(entry.keep_alive, self._expire, entry)
         self._notify()
 
-    def _fits(self, entry: _Entry, view: ModelView, spec: RunnerSpec) -> bool:
+    def _fits(self, entry: Entry, view: ModelView, spec: RunnerSpec) -> bool:
         if entry.view.digest != view.digest or spec.num_ctx > entry.spec.num_ctx:
             return False
         return all(entry.spec.options.get(k) == v for k, v in spec.options.items())
 
-    async def _entry_for(self, view: ModelView, spec: RunnerSpec) -> _Entry:
+    async def _entry_for(self, view: ModelView, spec: RunnerSpec) -> Entry:
         key = view.name.key
         while True:
             entry = self._models.get(key)
@@ -198,25 +195,78 @@ class Residency:
                 else:
                     await self._wait_changed()
                 continue
-            self._begin_load(key, view, spec)
+            room = await self._room_for(view, spec)
+            if room is None:
+                continue  # something changed while memory was measured: judge again
+            if room.wait:
+                await self._wait_changed()
+                continue
+            if not all(k in self._models and self._models[k].idle for k in room.victims):
+                continue  # a request took one of them meanwhile
+            self._begin_load(key, view, spec, room)
 
-    def _idlest(self) -> _Entry | None:
+    def _idlest(self) -> Entry | None:
         idle = [e for e in self._models.values() if e.refs == 0 and e.ready.done()]
         return min(idle, key=lambda e: e.last_used, default=None)
 
+    # -- memory --------------------------------------------------------------------------
+
+    async def _room_for(self, view: ModelView, spec: RunnerSpec) -> Room | None:
+        """The room for loading `view` (raises ModelTooLarge); None when the models changed
+        while it was measured, so the caller judges again."""
+        generation = self._generation
+        facts = await self._model_facts(view, spec)
+        if facts is not None:
+            await self.refresh()
+            free = await asyncio.to_thread(self._memory.free)
+        if generation != self._generation:
+            return None
+        if facts is None:
+            return Room()  # a model without an FTW index: nothing to judge it on
+        needs = doctor.needs(facts, spec.num_ctx, self.cfg, free.gpu, spec.num_parallel)
+        held = [e.held() for e in (*self._models.values(), *self._stopping)]
+        return make_room(view.display, needs, free, held)
+
+    async def _model_facts(self, view: ModelView, spec: RunnerSpec) -> doctor.ModelFacts | None:
+        if view.digest not in self._facts:
+            files = {name: Path(path) for name, path in spec.files.items()}
+            try:
+                facts = await asyncio.to_thread(doctor.from_files, view.display, files)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.debug("no memory estimate for %s: %s", view.display, e)
+                facts = None
+            self._facts[view.digest] = facts
+        return self._facts[view.digest]
+
+    async def refresh(self) -> None:
+        """Asks every loaded runner for its current sizes (an expert cache resized by hand
+        or by its own watcher changes them)."""
+        runners = [e.runner for e in self._models.values() if e.loaded and e.runner is not None]
+        if runners:
+            await asyncio.gather(*(r.refresh_info() for r in runners), return_exceptions=True)
+
     # -- loading and unloading -----------------------------------------------------------
 
-    def _begin_load(self, key: tuple[str, ...], view: ModelView, spec: RunnerSpec) -> None:
+    def _begin_load(
+        self, key: tuple[str, ...], view: ModelView, spec: RunnerSpec, room: Room
+    ) -> None:
         # The load runs as its own task: a client that gives up waiting must not abort a
-        # load other requests are waiting for.
-        entry = _Entry(key, view, spec, asyncio.get_running_loop().create_future())
+        # load other requests are waiting for. It is registered, and its victims taken off,
+        # before anything is awaited: a load judged meanwhile counts them as they will be.
+        entry = Entry(key, view, spec, asyncio.get_running_loop().create_future())
         entry.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        entry.need = room.need
+        self._generation += 1
+        victims = [self._models[k] for k in room.victims]
+        for victim in victims:
+            log.info("unloading %s to make room for %s", victim.view.display, view.display)
+            self._begin_unload(victim)
         self._models[key] = entry
-        task = self._spawn(self._load(entry))
+        task = self._spawn(self._load(entry, victims))
         self._loads.add(task)
         task.add_done_callback(self._loads.discard)
 
-    async def _load(self, entry: _Entry) -> None:
+    async def _load(self, entry: Entry, after: Sequence[Entry] = ()) -> None:
         log.info("loading %s (num_ctx %d)", entry.view.display, entry.spec.num_ctx)
 
         last_logged = [0.0]
@@ -236,6 +286,9 @@ class Residency:
                 )
 
         try:
+            # the memory of the models unloaded for it is free once their processes are gone
+            stopped = [v.stopping for v in after if v.stopping is not None]
+            await asyncio.gather(*map(asyncio.shield, stopped), return_exceptions=True)
             runner = await self._start_runner(
                 entry.spec,
                 python=self.cfg.runner_python,
@@ -261,42 +314,50 @@ class Residency:
         runner.exited.add_done_callback(lambda _: self._on_exit(entry))
         log.info("loaded %s in %.1fs", entry.view.display, time.monotonic() - runner.started_at)
         entry.ready.set_result(None)
+        self._generation += 1
         self._notify()
 
-    def _forget(self, entry: _Entry) -> None:
+    def _forget(self, entry: Entry) -> None:
         if self._models.get(entry.key) is entry:
             del self._models[entry.key]
+        self._generation += 1
         self._notify()
 
-    def _on_exit(self, entry: _Entry) -> None:
+    def _on_exit(self, entry: Entry) -> None:
         if entry.stopping is None:
             log.warning("runner for %s exited unexpectedly", entry.view.display)
             self._spawn(self._unload(entry))
 
-    def _expire(self, entry: _Entry) -> None:
+    def _expire(self, entry: Entry) -> None:
         entry.timer = None
         if entry.refs == 0 and self._models.get(entry.key) is entry:
             self._spawn(self._unload(entry))
 
-    async def _unload(self, entry: _Entry) -> None:
+    async def _unload(self, entry: Entry) -> None:
         """Forgets the entry and stops its runner; waits until the process is gone."""
+        await asyncio.shield(self._begin_unload(entry))
+
+    def _begin_unload(self, entry: Entry) -> asyncio.Future[None]:
+        """Forgets the entry and starts stopping its runner, now (nothing awaited)."""
         if self._models.get(entry.key) is entry:
             del self._models[entry.key]
         if entry.timer:
             entry.timer.cancel()
             entry.timer = None
         if entry.stopping is None:
+            self._generation += 1
+            self._stopping.add(entry)  # it holds its memory until the process is gone
             entry.stopping = asyncio.ensure_future(self._stop(entry))
-        await asyncio.shield(entry.stopping)
+        return entry.stopping
 
-    async def _stop(self, entry: _Entry) -> None:
-        self._stopping.add(entry)
+    async def _stop(self, entry: Entry) -> None:
         try:
             if entry.runner is not None:
                 await entry.runner.stop()
                 log.info("unloaded %s", entry.view.display)
         finally:
             self._stopping.discard(entry)
+            self._generation += 1
             self._notify()
 
     async def unload(self, view: ModelView) -> None:
@@ -339,57 +400,12 @@ class Residency:
 
     def loading(self) -> list[dict[str, Any]]:
         """Models whose runner is still reading weights, with byte progress and speed."""
-        out = []
-        for e in self._models.values():
-            if e.ready.done():
-                continue
-            done, total = e.load_progress
-            elapsed = max(time.monotonic() - e.load_started, 1e-9)
-            out.append(
-                {
-                    "name": e.view.display,
-                    "completed": done,
-                    "total": total,
-                    "gbps": done / elapsed / 1e9,
-                    "seconds": elapsed,
-                }
-            )
-        return out
+        return [e.loading_row() for e in self._models.values() if not e.ready.done()]
 
     def ps(self) -> list[dict[str, Any]]:
-        """/api/ps entries, the longest remaining time first."""
+        """/api/ps entries, the longest remaining time first (as last refreshed)."""
         now = time.time()
-        rows = []
-        for e in self._models.values():
-            if not e.loaded or e.runner is None:
-                continue
-            if e.expires_at is not None:
-                expires = e.expires_at
-            elif e.keep_alive < 0:
-                expires = now + _FOREVER_S
-            else:  # in use: the clock starts when the last request ends
-                expires = now + e.keep_alive
-            info = e.runner.info
-            size = int(info.get("size") or e.view.manifest.size)
-            on_gpu = str(info.get("device", "")).startswith("cuda")
-            rows.append(
-                (
-                    expires,
-                    {
-                        "name": e.view.display,
-                        "model": e.view.display,
-                        "size": size,
-                        "digest": e.view.digest,
-                        "details": e.view.details,
-                        "expires_at": rfc3339(expires),
-                        "size_vram": int(info.get("size_vram") or (size if on_gpu else 0)),
-                        "context_length": e.spec.num_ctx,
-                        # FreeToken's own: how the one VRAM budget is split
-                        "kv_cache_bytes": int(info.get("kv_cache_bytes") or 0),
-                        "expert_cache_bytes": int(info.get("expert_cache_bytes") or 0),
-                    },
-                )
-            )
+        rows = [e.ps_row(now) for e in self._models.values() if e.loaded and e.runner]
         rows.sort(key=lambda r: r[0], reverse=True)
         return [r[1] for r in rows]
 

@@ -248,9 +248,15 @@ class Runner:
             raise RunnerError(f"lost the connection to the model runner: {e}") from None
         if r.status_code != 200:
             raise refusal(r.status_code, r.content)
-        result = r.json()
-        self.info["expert_cache_bytes"] = result.get("bytes")
-        return result
+        await self.refresh_info()  # /api/ps shows the sizes the new cache gives
+        return r.json()
+
+    async def refresh_info(self) -> None:
+        """Reads the runner's current sizes again (what /api/ps and the room for another
+        model count): a resized expert cache, by hand or by its VRAM watcher, changes them."""
+        health = await self._health()
+        if health.get("status") == "ok" and isinstance(health.get("info"), dict):
+            self.info = health["info"]
 
     async def completion(
         self, request: CompletionRequest | dict[str, Any]

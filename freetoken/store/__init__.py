@@ -2,7 +2,7 @@
 copy and delete."""
 
 from freetoken.store.blobs import BlobStore, DigestMismatch
-from freetoken.store.create import CreateError, CreatePlan, CreateSpec
+from freetoken.store.create import CreateError, CreatePlan, CreateSpec, FilesNotVisible, LocalFile
 from freetoken.store.models import ModelNotFound, ModelView, Store
 from freetoken.store.names import InvalidName, Name
 
@@ -12,7 +12,9 @@ __all__ = [
     "CreatePlan",
     "CreateSpec",
     "DigestMismatch",
+    "FilesNotVisible",
     "InvalidName",
+    "LocalFile",
     "ModelNotFound",
     "ModelView",
     "Name",

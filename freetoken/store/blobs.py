@@ -6,26 +6,38 @@ therefore sees a blob either whole or not at all. Beside the blobs live the part
 of interrupted pulls (`<blob>-partial`, with the saved state that lets a later pull resume
 them: `-partial-<N>` per part, `-partial-verified` for the hash); anything else is a
 leftover that `prune` may remove.
+
+A file already on the store's machine need not be copied: `stage_link` gives it a temporary
+name in the blobs directory as a reflink (a copy-on-write clone, where the filesystem has
+them) or a hard link, and `publish` renames it once hashed. A hard-linked blob shares the
+file it came from: FreeToken never writes a blob, but a program that rewrites the original
+in place changes the model too (editors and downloaders write a new file and rename it).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 
 from freetoken.store.names import parse_digest
 
-__all__ = ["BlobStore", "BlobWriter", "DigestMismatch", "digest_of_file"]
+__all__ = ["BlobStore", "BlobWriter", "DigestMismatch", "digest_of_file", "hash_file"]
 
 _BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
 # A pull's partial file and its saved states (freetoken.pull.parts writes them).
 _PARTIAL = re.compile(r"(sha256-[0-9a-f]{64}-partial)(?:-(?:\d+|verified))?")
 _TEMP_PREFIX = "partial-"
 _CHUNK = 1 << 20
+_FICLONE = 0x40049409  # linux/fs.h: clone a whole file (btrfs, XFS with reflink, bcachefs)
+# Why a link cannot be made: another filesystem, a filesystem without the operation, links
+# refused (fs.protected_hardlinks for a file of another user), or the file's link limit.
+_NO_LINK = (errno.EXDEV, errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.EPERM, errno.EMLINK)
 
 
 class DigestMismatch(ValueError):
@@ -47,10 +59,27 @@ def fsync_dir(path: Path) -> None:
 
 
 def digest_of_file(path: Path) -> str:
+    hashing = hash_file(path)
+    while True:
+        try:
+            next(hashing)
+        except StopIteration as done:
+            return done.value
+
+
+def hash_file(path: Path, chunk: int = 8 << 20) -> Generator[int, None, str]:
+    """Hashes a file, yielding the bytes hashed so far after each chunk (a caller reports
+    progress between them); returns the digest. One buffer is reused: no allocation, and so
+    no fresh pages to fault in, per chunk."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            done += n
+            yield done
     return "sha256:" + h.hexdigest()
 
 
@@ -152,22 +181,53 @@ class BlobStore:
 
         return self.put_stream(chunks())
 
-    def adopt(self, path: Path) -> tuple[str, int, bool]:
+    def adopt(self, path: Path, digest: str | None = None) -> tuple[str, int, bool]:
         """Moves a finished file on the same filesystem into the store under its digest.
 
-        Returns (digest, size, created). Large converted weights are renamed, not copied.
+        Returns (digest, size, created). Large converted weights are renamed, not copied;
+        `digest`, where the writer hashed the bytes as it wrote them, spares reading them back.
         """
-        digest = digest_of_file(path)
+        digest = parse_digest(digest) if digest else digest_of_file(path)
         size = path.stat().st_size
-        target = self.path(digest)
-        if target.exists():
-            path.unlink()
-            return digest, size, False
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(path, target)
+        return digest, size, self.publish(path, digest)
+
+    def stage_link(self, path: Path) -> tuple[Path, str] | None:
+        """`path` under a temporary name in the blobs directory without copying its bytes:
+        (that name, "reflink" or "hard link"), or None where neither can be made (another
+        filesystem, or links refused), and the bytes must be copied."""
+        self.ensure()
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP_PREFIX)
+        staged = Path(tmp)
+        try:
+            with open(path, "rb") as src:
+                fcntl.ioctl(fd, _FICLONE, src.fileno())
+            os.close(fd)
+            return staged, "reflink"
+        except OSError as e:
+            os.close(fd)
+            staged.unlink(missing_ok=True)
+            if e.errno not in _NO_LINK:
+                raise
+        try:
+            os.link(path, staged)
+        except OSError as e:
+            if e.errno not in _NO_LINK:
+                raise
+            return None
+        return staged, "hard link"
+
+    def publish(self, staged: Path, digest: str) -> bool:
+        """Renames a complete file in the blobs directory to its digest's name; False (and the
+        file removed) when the blob exists already."""
+        target = self.path(digest)
+        if target.exists():
+            staged.unlink()
+            return False
+        os.replace(staged, target)
         fsync_dir(self.root)
-        return digest, size, True
+        return True
 
     def digests(self) -> set[str]:
         if not self.root.is_dir():

@@ -1,8 +1,9 @@
 """Conversion to FTW during create, in a child process (the server never imports torch).
 
-The converter prints JSON progress lines; they become Ollama-style create statuses. Its
-output directory lives next to the blobs, so each file is hashed and renamed into the
-store rather than copied.
+The converter prints JSON progress lines; they become Ollama-style create statuses, and
+its last line names each file's digest, hashed as it was written. Its output directory
+lives next to the blobs, so each file is renamed into the store, neither copied nor read
+again.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConversionFailed", "run_converter", "work_dir"]
+__all__ = ["ConversionFailed", "run_converter", "source_of_files", "work_dir"]
 
 WORK_PREFIX = ".convert-"
 
@@ -39,8 +40,9 @@ def work_dir(store_root: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=store_root))
 
 
-def source_of_blobs(files: dict[str, Path], into: Path) -> Path:
-    """A directory of links named like the model's files, pointing at their blobs."""
+def source_of_files(files: dict[str, Path], into: Path) -> Path:
+    """A directory of links named like the model's files, pointing at them (blobs, or the
+    files of a directory on this machine, read in place)."""
     src = into / "source"
     src.mkdir()
     for name, path in files.items():
@@ -49,24 +51,38 @@ def source_of_blobs(files: dict[str, Path], into: Path) -> Path:
     return src / gguf[0] if len(gguf) == 1 and len(files) == 1 else src
 
 
-def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
-    """Runs `freetoken.ftw.convert`, yielding progress; raises ConversionFailed."""
+def run_converter(
+    src: Path, out: Path, label: str, quantize: str | None = None
+) -> Generator[dict[str, Any], None, dict[str, str]]:
+    """Runs `freetoken.ftw.convert` (quantizing the experts where asked), yielding progress;
+    returns the digests of the files it wrote (by name). Raises ConversionFailed, naming
+    the source as `label`."""
     cmd = [_python(), "-m", "freetoken.ftw.convert", str(src), str(out), "--json-progress"]
+    if quantize:
+        cmd += ["--quantize", quantize]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        if quantize:
+            yield {"status": f"quantizing the experts to {quantize}"}
         yield {"status": "converting model"}
         assert proc.stdout is not None
+        digests: dict[str, str] = {}
         for line in proc.stdout:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("status") == "converting model":
+            status = event.get("status")
+            if status == "success":
+                digests = dict(event.get("digests") or {})
+            elif status == "converting model":
                 yield {
                     "status": "converting model",
                     "total": event.get("total"),
                     "completed": event.get("completed"),
                 }
+            elif isinstance(status, str):
+                yield {"status": status}  # a note the converter wants the user to see
         err = proc.stderr.read() if proc.stderr else ""
         if proc.wait() != 0:
             last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or [
@@ -75,8 +91,9 @@ def run_converter(src: Path, out: Path) -> Iterator[dict[str, Any]]:
             if os.strerror(errno.ENOSPC) in err:  # the disk, not the model: a 507 like any write
                 raise OSError(errno.ENOSPC, f"converting {src.name} to FTW: {last[0]}")
             raise ConversionFailed(
-                f"converting {src.name} to FTW failed: {last[0].removeprefix('error: ')}"
+                f"converting {label} to FTW failed: {last[0].removeprefix('error: ')}"
             )
+        return digests
     finally:
         if proc.poll() is None:
             proc.kill()

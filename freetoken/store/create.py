@@ -1,15 +1,26 @@
-"""Creating a model: from uploaded blobs, from another model, or from a directory on this machine.
+"""Creating a model: from uploaded blobs, from another model, or from files on this machine
+(a directory or GGUF file named by `from`, or the files a client on this machine lists in
+`local_files`, FreeToken's own field).
 
 `plan_create` checks everything that can be checked before a byte moves (names, parameters,
 the model directory's files and its architecture), so a bad request fails with a clear error
-instead of a half-finished stream. `CreatePlan.run` then copies files into blobs, writes
-the small layers and finally the manifest, yielding Ollama-style progress objects.
+instead of a half-finished stream. `CreatePlan.run` then converts or links files into
+blobs, writes the small layers and finally the manifest, yielding Ollama-style progress
+objects.
+
+One copy of each model: weights not yet in FTW are converted, and the store keeps only the
+FTW. Local sources are read in place by the converter (nothing of them enters the store);
+uploaded sources are dropped once converted, unless another model, pull, create or upload
+holds them (`Store.collect`). FTW files on this machine are hashed in place and linked in
+(`BlobStore.stage_link`), copied only from another filesystem.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from freetoken import models as archs
 from freetoken import options as opts
+from freetoken import quant
 from freetoken.store import convert
 from freetoken.store import manifest as mf
-from freetoken.store.blobs import BlobStore
 from freetoken.store.ftwcheck import FTWInvalid, check_ftw
+from freetoken.store.layers import link_file, small_layer
 from freetoken.store.names import InvalidName, Name, parse_digest
 
 if TYPE_CHECKING:
@@ -30,6 +42,8 @@ __all__ = [
     "CreateError",
     "CreatePlan",
     "CreateSpec",
+    "FilesNotVisible",
+    "LocalFile",
     "convert_into_store",
     "is_path",
     "plan_create",
@@ -40,13 +54,28 @@ _KEEP_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoke
 _INDEX = "model.safetensors.index.json"
 FTW_INDEX = "ftw.json"  # docs/ftw.md: the index names its `ftw-NNNNN.bin` shards
 _ROLES = {"system", "user", "assistant", "tool"}
-_PROGRESS_EVERY = 64 << 20
 _DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
 class CreateError(ValueError):
     """The create request cannot produce a model; the message says why."""
+
+
+class FilesNotVisible(CreateError):
+    """The server cannot read a client's local files as the client sees them (another
+    machine, a container's own filesystem, another user's files): the client uploads them."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A file a client on the server's machine offers in place of an upload: its path, and
+    the size and modification time it sees, so a different file at that path (another
+    mount namespace, a file replaced since) is not taken for it."""
+
+    path: str
+    size: int
+    mtime_ns: int
 
 
 @dataclass
@@ -56,11 +85,13 @@ class CreateSpec:
     name: str
     from_: str | None = None
     files: dict[str, str] | None = None
+    local_files: dict[str, LocalFile] | None = None
     template: str | None = None
     system: str | None = None
     parameters: dict[str, Any] | None = None
     messages: list[dict[str, Any]] | None = None
     license: str | list[str] | None = None
+    quantize: str | None = None  # q4_K_M or q8_0: the experts quantized while converting
 
 
 def is_path(text: str) -> bool:
@@ -93,7 +124,22 @@ def _check_messages(messages: list[dict[str, Any]] | None) -> list[dict[str, Any
     return out
 
 
-def _file_type(config: dict[str, Any]) -> str:
+def _file_type(config: dict[str, Any], index: dict[str, Any] | None = None) -> str:
+    """The weights' type as `show` reports it: the quantization `create --quantize` applied
+    (Q4_K_M), else a GGUF's own file type where its tensors kept their types (Q4_K_M), else
+    the block format holding most of the FTW's bytes (Q4_K, Q8_0, FP8_E4M3, …), else the
+    checkpoint's quantization or float dtype."""
+    if (index or {}).get("quantize"):
+        return str(index["quantize"]).upper()
+    source = (index or {}).get("source")
+    if isinstance(source, dict) and source.get("file_type"):
+        return str(source["file_type"])
+    by_bytes: dict[str, int] = {}
+    for t in (index or {}).get("tensors") or []:
+        if isinstance(t, dict) and t.get("quant"):
+            by_bytes[t["quant"]] = by_bytes.get(t["quant"], 0) + int(t.get("nbytes") or 0)
+    if by_bytes:
+        return max(by_bytes, key=by_bytes.__getitem__).upper()
     quant = config.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method"):
         return str(quant["quant_method"]).upper()
@@ -119,7 +165,7 @@ def _model_config(
         "model_family": arch.family,
         "model_families": [arch.family],
         "model_type": size,
-        "file_type": _file_type(config),
+        "file_type": _file_type(config, index),
         "architecture": _GOARCH.get(platform.machine().lower(), platform.machine().lower()),
         "os": platform.system().lower(),
     }
@@ -186,20 +232,32 @@ class CreatePlan:
     name: Name
     model_config: dict[str, Any]
     base_layers: list[mf.Layer] = field(default_factory=list)
-    copy_from: Path | None = None  # a directory to read into blobs
-    copy_names: list[str] = field(default_factory=list)
+    local: dict[str, Path] = field(default_factory=dict)  # name -> a file on this machine
     upload_files: dict[str, str] = field(default_factory=dict)  # name -> digest, already stored
     extra: dict[str, Any] = field(default_factory=dict)  # the small layers: media type -> value
+    quantize: str | None = None
 
     @property
     def needs_conversion(self) -> bool:
         """Weights not yet in FTW are converted, so the store holds what the runner reads."""
-        names = set(self.upload_files) | set(self.copy_names)
-        if self.copy_from is not None and self.copy_from.is_file():
-            return True
-        return bool(names) and FTW_INDEX not in names
+        names = set(self.upload_files) | set(self.local)
+        gguf = any(n.endswith(".gguf") for n in names)
+        return bool(names) and (gguf or FTW_INDEX not in names or self.quantize is not None)
 
     def run(self) -> Iterator[dict[str, Any]]:
+        """Builds the model; uploaded blobs the manifest does not keep are collected after it
+        is written. Pins keep other changes off every blob this create reads meanwhile."""
+        uploads = list(self.upload_files.values())  # one claim each, as the client made them
+        held = set(uploads) | {x.digest for x in self.base_layers}
+        try:
+            with self.store.pin(held):
+                manifest = yield from self._build()
+        finally:
+            self.store.release(uploads)
+        self.store.collect(set(uploads) - manifest.digests())
+        yield {"status": "success"}
+
+    def _build(self) -> Iterator[dict[str, Any]]:
         blobs = self.store.blobs
         blobs.ensure()
         layers = list(self.base_layers)
@@ -208,83 +266,65 @@ class CreatePlan:
         for name, digest in sorted(self.upload_files.items()):
             yield {"status": f"using existing layer {digest}"}
             layers.append(mf.Layer(mf.FILE, digest, blobs.size(digest), name))
-        for name in self.copy_names:
-            assert self.copy_from is not None
-            layer = yield from _copy_file(blobs, self.copy_from / name, name)
+        for name, path in sorted(self.local.items()):
+            layer = yield from link_file(blobs, path, name)
             layers.append(layer)
         for media_type, value in self.extra.items():
             for text in value if media_type == mf.LICENSE else [value]:
-                layer = yield from _small_layer(blobs, media_type, text)
+                layer = yield from small_layer(blobs, media_type, text)
                 layers.append(layer)
-        config = yield from _small_layer(blobs, mf.CONFIG, json.dumps(self.model_config))
+        config = yield from small_layer(blobs, mf.CONFIG, json.dumps(self.model_config))
         yield {"status": "writing manifest"}
-        self.store.write_manifest(self.name, mf.Manifest(config, tuple(layers)))
-        yield {"status": "success"}
+        manifest = mf.Manifest(config, tuple(layers))
+        self.store.write_manifest(self.name, manifest)
+        return manifest
 
     def _converted(self) -> Iterator[dict[str, Any]]:
         """Converts the source to FTW and adds its files as layers (the source is not kept)."""
         blobs = self.store.blobs
-        source: Path | dict[str, Path] = (
-            self.copy_from
-            if self.copy_from is not None
-            else {n: blobs.path(d) for n, d in self.upload_files.items()}
+        source = {n: blobs.path(d) for n, d in self.upload_files.items()} | self.local
+        label = "the uploaded files" if self.upload_files and len(source) > 1 else ""
+        layers, self.model_config = yield from convert_into_store(
+            self.store, source, label, self.quantize
         )
-        layers, self.model_config = yield from convert_into_store(self.store, source)
-        self.upload_files, self.copy_names, self.copy_from = {}, [], None
+        self.upload_files, self.local = {}, {}
         return layers
 
 
-def convert_into_store(store: Store, source: Path | dict[str, Path]) -> Iterator[dict[str, Any]]:
-    """Converts a model directory or GGUF file, or files named like a model's (name -> path),
-    to FTW and moves the FTW files into the blobs; returns (layers, manifest config blob).
+def convert_into_store(
+    store: Store, source: dict[str, Path], label: str = "", quantize: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Converts files named like a model's (name -> path: a Hugging Face directory's files,
+    one GGUF file, or an FTW model's to quantize it) to FTW, its experts quantized where
+    asked, and moves the FTW files into the blobs; returns (layers, manifest config blob).
+    Messages name the source as `label` (default: its one file's name, or its files'
+    folder).
 
     Create and pull (of a GGUF layer) both use it. Raises CreateError.
     """
+    paths = list(source.values())
+    label = label or (paths[0].name if len(paths) == 1 else paths[0].parent.name)
     blobs = store.blobs
     work = convert.work_dir(store.root)
     try:
-        src = source if isinstance(source, Path) else convert.source_of_blobs(source, work)
+        src = convert.source_of_files(source, work)
         out = work / "ftw"
         try:
-            yield from convert.run_converter(src, out)
+            # the converter hashes what it writes, so nothing is read back to name the blobs
+            digests = yield from convert.run_converter(src, out, label, quantize)
         except convert.ConversionFailed as e:
             raise CreateError(str(e)) from None
         config = json.loads((out / "config.json").read_text())
         index = json.loads((out / FTW_INDEX).read_text())
-        model_config = {**_model_config(config, str(src.name), index), "model_format": "ftw"}
+        model_config = {**_model_config(config, label, index), "model_format": "ftw"}
         layers = []
         for f in sorted(out.iterdir()):
-            digest, size, created = blobs.adopt(f)
+            digest, size, created = blobs.adopt(f, digests.get(f.name))
             yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
             layers.append(mf.Layer(mf.FILE, digest, size, f.name))
     finally:
         convert.cleanup(work)
     return layers, model_config
-
-
-def _copy_file(blobs: BlobStore, path: Path, name: str) -> Iterator[dict[str, Any]]:
-    total = path.stat().st_size
-    status = f"copying file {name}"
-    yield {"status": status, "total": total, "completed": 0}
-    done = reported = 0
-    with blobs.writer() as w, open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            w.write(chunk)
-            done += len(chunk)
-            if done - reported >= _PROGRESS_EVERY:
-                reported = done
-                yield {"status": status, "total": total, "completed": done}
-        digest, created = w.commit()
-    yield {"status": status, "digest": digest, "total": total, "completed": total}
-    yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
-    return mf.Layer(mf.FILE, digest, total, name)
-
-
-def _small_layer(blobs: BlobStore, media_type: str, text: str) -> Iterator[dict[str, Any]]:
-    data = text.encode()
-    digest, created = blobs.put_stream([data])
-    yield {"status": f"{'creating new' if created else 'using existing'} layer {digest}"}
-    return mf.Layer(media_type, digest, len(data))
 
 
 def _extra_layers(spec: CreateSpec, base: ModelView | None) -> dict[str, Any]:
@@ -305,12 +345,16 @@ def _extra_layers(spec: CreateSpec, base: ModelView | None) -> dict[str, Any]:
     return out
 
 
+def _check_name(name: str) -> None:
+    if not mf.safe_file_name(name) or name.startswith("~"):
+        raise CreateError(f"invalid file name {name!r}: paths must be relative")
+
+
 def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
     where = "the uploaded files"
     checked: dict[str, str] = {}
     for name, digest in files.items():
-        if not mf.safe_file_name(name) or name.startswith("~"):
-            raise CreateError(f"invalid file name {name!r}: paths must be relative")
+        _check_name(name)
         try:
             digest = parse_digest(str(digest))
         except InvalidName as e:
@@ -330,10 +374,45 @@ def _from_files(store: Store, plan: CreatePlan, files: dict[str, str]) -> None:
     plan.upload_files = checked
 
 
+def _visible(name: str, f: LocalFile) -> Path:
+    """The client's file, if this process sees the same one where the client does."""
+    path = Path(f.path)
+    if not path.is_absolute():
+        raise CreateError(f"local file {name!r}: {f.path!r} is not an absolute path")
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise FilesNotVisible(f"the server cannot see {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+        raise FilesNotVisible(f"the server sees another file at {path} than the client")
+    if not os.access(path, os.R_OK):
+        raise FilesNotVisible(f"the server may not read {path}")
+    return path
+
+
+def _from_local(plan: CreatePlan, files: dict[str, LocalFile]) -> None:
+    """Files of the client's machine that this process can read in place: no upload."""
+    checked: dict[str, Path] = {}
+    for name, f in files.items():
+        _check_name(name)
+        checked[name] = _visible(name, f)
+    where = "the local files"
+
+    def read(name: str) -> Any:
+        try:
+            return json.loads(checked[name].read_text())
+        except (OSError, ValueError) as e:
+            raise CreateError(f"{where}: cannot read {name}: {e}") from None
+
+    size_of = lambda name: checked[name].stat().st_size  # noqa: E731
+    plan.model_config = _check_files(set(checked), read, where, size_of)
+    plan.local = checked
+
+
 def _from_directory(plan: CreatePlan, text: str) -> None:
-    path = Path(text).expanduser()
+    path = Path(text).expanduser().absolute()  # links to its files are made elsewhere
     if path.is_file() and path.suffix == ".gguf":
-        plan.copy_from = path
+        plan.local = {path.name: path}
         return
     if not path.exists():
         raise CreateError(f"directory {str(path)!r} does not exist")
@@ -351,10 +430,8 @@ def _from_directory(plan: CreatePlan, text: str) -> None:
     ggufs = _gguf_names(path)
     size_of = lambda name: (path / name).stat().st_size  # noqa: E731
     plan.model_config = _check_files(set(names) | ggufs, read, where, size_of)
-    if ggufs:
-        plan.copy_from = path / next(iter(ggufs))
-    else:
-        plan.copy_from, plan.copy_names = path, names
+    kept = [next(iter(ggufs))] if ggufs else names
+    plan.local = {name: path / name for name in kept}
 
 
 def _gguf_names(path: Path) -> set[str]:
@@ -365,7 +442,9 @@ def plan_create(store: Store, spec: CreateSpec) -> CreatePlan:
     name = Name.parse(spec.name)
     plan = CreatePlan(store=store, name=name, model_config={})
     base = None
-    if spec.files:
+    if spec.local_files:
+        _from_local(plan, spec.local_files)
+    elif spec.files:
         _from_files(store, plan, spec.files)
     elif spec.from_ and is_path(spec.from_):
         _from_directory(plan, spec.from_)
@@ -375,7 +454,18 @@ def plan_create(store: Store, spec: CreateSpec) -> CreatePlan:
     else:
         raise CreateError("neither 'from' or 'files' was specified")
     plan.extra = _extra_layers(spec, base)
+    if spec.quantize:
+        plan.quantize = _quantize_type(spec.quantize)
+        if base is not None:  # its files are converted again, quantized
+            plan.upload_files = dict(base.files)
     if base is not None:
-        replaced = set(plan.extra)
+        replaced = set(plan.extra) | ({mf.FILE, mf.GGUF} if plan.quantize else set())
         plan.base_layers = [x for x in base.manifest.layers if x.media_type not in replaced]
     return plan
+
+
+def _quantize_type(text: str) -> str:
+    try:
+        return quant.quantize_type(text)
+    except quant.QuantError as e:
+        raise CreateError(str(e)) from None

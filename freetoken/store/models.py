@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,11 @@ from freetoken.store.names import InvalidName, Name
 __all__ = ["ModelNotFound", "ModelView", "Store", "format_parameters", "rfc3339"]
 
 log = logging.getLogger(__name__)
+
+# How long a blob a client uploaded (or found present) is kept for the create that names it.
+# Long enough for the rest of a large model's upload over a slow link; a claim no create
+# takes up only keeps a blob until the next start-up prune.
+CLAIM_S = 6 * 3600.0
 
 
 class ModelNotFound(LookupError):
@@ -112,8 +118,11 @@ class Store:
         # Create, copy and delete change manifests; one writer at a time keeps delete's
         # reference count consistent with a create that is about to reference a blob.
         self.write_lock = threading.RLock()
-        # Blobs a pull has fetched (or found) but not yet named in a manifest.
+        # Blobs a pull or create in progress holds but no manifest names yet.
         self._pins: Counter[str] = Counter()
+        # Blobs clients uploaded or asked about for a create still to come: digest -> the
+        # expiry of each claim (monotonic clock).
+        self._claims: dict[str, list[float]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any = None) -> Store:
@@ -304,10 +313,7 @@ class Store:
             found = self._find(view.name)
             assert found is not None
             self._remove_manifest(found[1])
-            unused = view.manifest.digests() - self.referenced()
-            for digest in unused:
-                self.blobs.remove(digest)
-        return sorted(unused)
+            return self.collect(view.manifest.digests())
 
     def _remove_manifest(self, path: Path) -> None:
         path.unlink(missing_ok=True)
@@ -318,7 +324,8 @@ class Store:
 
     @contextlib.contextmanager
     def pin(self, digests: Iterable[str]) -> Iterator[None]:
-        """Keeps `delete` and `prune` off these blobs while a pull puts a model together."""
+        """Keeps `delete`, `collect` and `prune` off these blobs while a pull or a create
+        puts a model together."""
         digests = list(digests)
         with self.write_lock:
             self._pins.update(digests)
@@ -329,9 +336,47 @@ class Store:
                 self._pins.subtract(digests)
                 self._pins = +self._pins  # drops the zero counts
 
+    def claim(self, digest: str, *, if_present: bool = False) -> bool:
+        """Marks a blob as wanted by a create still to come (an upload, or a client finding it
+        present; with `if_present`, only if it is in the store). True if the blob is in the
+        store. `release` takes one claim back."""
+        with self.write_lock:
+            present = self.blobs.has(digest)
+            if present or not if_present:
+                self._claims.setdefault(digest, []).append(time.monotonic() + CLAIM_S)
+            return present
+
+    def release(self, digests: Iterable[str]) -> None:
+        with self.write_lock:
+            for digest in digests:
+                claims = self._claims.get(digest)
+                if claims:
+                    claims.pop(0)
+                if not claims:
+                    self._claims.pop(digest, None)
+
+    def _claimed(self) -> set[str]:
+        now = time.monotonic()
+        for digest in list(self._claims):
+            self._claims[digest] = [t for t in self._claims[digest] if t > now]
+            if not self._claims[digest]:
+                del self._claims[digest]
+        return set(self._claims)
+
+    def collect(self, digests: Iterable[str]) -> list[str]:
+        """Removes those of `digests` that no manifest names and no pull, create or upload
+        in progress holds: the garbage one change left (a source converted to FTW, the
+        layers of a model deleted or replaced). Returns the digests removed."""
+        with self.write_lock:
+            unused = set(digests) - self.referenced()
+            for digest in unused:
+                self.blobs.remove(digest)
+        return sorted(unused)
+
     def referenced(self) -> set[str]:
-        """Every digest a manifest names or a pull in progress holds."""
-        out: set[str] = set(self._pins)
+        """Every digest a manifest names, a pull or create in progress holds, or a client
+        claimed for a create still to come."""
+        out: set[str] = set(self._pins) | self._claimed()
         for _, path in self._walk():
             try:
                 out |= mf.read(path)[0].digests()

@@ -147,10 +147,13 @@ def train_tokenizer(vocab_size: int = 512):
     return tok
 
 
-def write_tokenizer_files(out: Path, vocab_size: int = 512, template: str = CHAT_TEMPLATE) -> int:
-    """Writes tokenizer.json and tokenizer_config.json; returns the vocabulary size."""
+def write_tokenizer_files(
+    out: Path, vocab_size: int = 512, template: str = CHAT_TEMPLATE, tokenizer: Any = None
+) -> int:
+    """Writes tokenizer.json and tokenizer_config.json (of `tokenizer`, else one trained
+    here); returns the vocabulary size."""
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(vocab_size)
+    tok = tokenizer if tokenizer is not None else train_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -250,13 +253,15 @@ def write_qwen3_moe(
     vocab_size: int = 512,
     dtype: str = "float32",
     template: str = CHAT_TEMPLATE,
+    tokenizer: Any = None,
     **overrides: Any,
 ) -> Path:
-    """A complete random Qwen3-MoE directory: config, weights, tokenizer, generation config."""
+    """A complete random Qwen3-MoE directory: config, weights, tokenizer (`tokenizer`, else
+    one trained to `vocab_size`), generation config."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer_files(out, vocab_size, template)
+    vocab = write_tokenizer_files(out, vocab_size, template, tokenizer)
     cfg = qwen3_moe_config(vocab, torch_dtype=dtype, **overrides)
     tok = json.loads((out / "tokenizer.json").read_text())
     eos = next(a["id"] for a in tok["added_tokens"] if a["content"] == "<|im_end|>")

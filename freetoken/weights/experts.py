@@ -32,9 +32,18 @@ def _normal(t: torch.Tensor, key: ExpertKey) -> torch.Tensor:
 
 
 def assemble(
-    pieces: Iterable[tuple[torch.Tensor, ExpertKey]], num_experts: int, where: str
+    pieces: Iterable[tuple[torch.Tensor, ExpertKey]],
+    num_experts: int,
+    where: str,
+    packed: bool = False,
 ) -> torch.Tensor:
-    """The [E, ...] bank from its pieces (each a tensor and the key naming where it goes)."""
+    """The [E, ...] bank from its pieces (each a tensor and the key naming where it goes).
+
+    packed: the pieces hold quantized blocks (freetoken/quant), whose rows can move but whose
+    last dimension cannot be transposed."""
+    pieces = list(pieces)
+    if packed and any(k.transposed for _, k in pieces):
+        raise WeightsError(f"{where}: quantized blocks stored transposed cannot be read")
     pieces = [(_normal(t, k), k) for t, k in pieces]
     if not pieces:
         raise WeightsError(f"{where}: no tensors")

@@ -2,7 +2,8 @@
 
 This is the slow path: expert pieces scattered over the checkpoint are gathered into
 [E, ...] banks at load time, one (layer, bank) at a time. FTW stores the banks ready-made;
-the converter walks the same `Checkpoint` to write them.
+the converter walks the same `Checkpoint` to write them. FP8 (e4m3, 128×128 block scales)
+and MXFP4 checkpoints stay quantized: their weights come out packed (freetoken/quant).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from freetoken import quant
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
+from freetoken.quant import QuantError, pack
 from freetoken.weights import BankKey, ModelWeights, WeightsError
 from freetoken.weights.experts import assemble
 
@@ -44,17 +47,28 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
 _ITEM_BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
 _ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
+# quantized checkpoints whose blocks the kernels read as they are (freetoken/quant/pack.py)
+KEPT_METHODS = tuple(quant.CHECKPOINT_METHODS)
+FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
+MXFP4_PARTS = ("_blocks", "_scales")  # "<name>_blocks" (codes) beside "<name>_scales"
 
-def _refuse_quantized(config: dict) -> None:
-    """Quantized checkpoints (MXFP4, FP8) hold packed blocks and scales no kernel reads yet:
-    refused before a tensor is read, rather than failing on their tensor names later."""
-    quant = config.get("quantization_config")
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if method:
+
+def quant_method(config: dict) -> str | None:
+    """The checkpoint's quantization (quantization_config), if it is one the kernels keep;
+    others are refused before a tensor is read, rather than failing on their tensor names."""
+    q = config.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if not method:
+        return None
+    if method not in KEPT_METHODS:
         raise WeightsError(
             f"the checkpoint's weights are {method}-quantized (quantization_config), which is "
-            "not supported yet: use its BF16 form"
+            f"not supported (FP8 and MXFP4 are): use its BF16 form"
         )
+    block = q.get("weight_block_size")
+    if method == "fp8" and block is not None and list(block) != [128, 128]:
+        raise WeightsError(f"FP8 blocks of {block} are not supported (128×128 are)")
+    return method
 
 
 class Checkpoint:
@@ -62,30 +76,51 @@ class Checkpoint:
 
     `model_cls` is the model file's `Model` (models/base.py, ModelFile): its `expert_key`
     says which tensors are expert pieces, `dense_key` what the model calls the others and
-    `ignored` which it does not use.
+    `ignored` which it does not use. A quantized checkpoint's scale tensors are never shown
+    to the model: each is read with the weight it scales, which comes out packed.
     """
 
     def __init__(self, files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None):
         self.config = json.loads(Path(files["config.json"]).read_text())
-        _refuse_quantized(self.config)
+        self.method = quant_method(self.config)
         self.experts = num_experts(self.config)
         self.dtype = dtype
         self.dense_key = model_cls.dense_key
         self._stack = ExitStack()
         self.handles: dict[str, object] = {}
+        self.scales: dict[str, str] = {}  # a packed weight's name -> its scale tensor's
         self.dense: list[str] = []
         self.pieces: dict[BankKey, list[tuple[str, ExpertKey]]] = defaultdict(list)
         for path in safetensors_files(files):
             f = self._stack.enter_context(safe_open(str(path), framework="pt"))
             for name in f.keys():
-                if model_cls.ignored(name, self.config):
-                    continue
-                self.handles[name] = f
-                key = model_cls.expert_key(name)
-                if key is None:
-                    self.dense.append(name)
-                else:
-                    self.pieces[(key.layer, key.bank)].append((name, key))
+                if not model_cls.ignored(name, self.config):
+                    self.handles[name] = f
+        self._pair_scales()
+        for name in self.handles:
+            if name in self.scales.values():
+                continue
+            key = model_cls.expert_key(name)
+            if key is None:
+                self.dense.append(name)
+            else:
+                self.pieces[(key.layer, key.bank)].append((name, key))
+
+    def _pair_scales(self) -> None:
+        """Each quantized weight with its scale tensor; one without is an error naming it."""
+        for name, f in self.handles.items():
+            if self.method == "fp8" and name.endswith(FP8_SCALE):
+                self.scales[name.removesuffix(FP8_SCALE) + ".weight"] = name
+            elif self.method == "mxfp4" and name.endswith(MXFP4_PARTS[0]):
+                self.scales[name] = name.removesuffix(MXFP4_PARTS[0]) + MXFP4_PARTS[1]
+            elif f.get_slice(name).get_dtype().startswith("F8_") and name not in self.scales:
+                self.scales[name] = name.removesuffix(".weight") + FP8_SCALE
+        for weight, scale in self.scales.items():
+            for needed in (weight, scale):
+                if needed not in self.handles:
+                    raise WeightsError(
+                        f"tensor {needed} is missing: {weight} is quantized and needs {scale}"
+                    )
 
     def close(self) -> None:
         self._stack.close()
@@ -96,9 +131,24 @@ class Checkpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def tensor(self, name: str) -> torch.Tensor:
+    def tensor(self, name: str) -> tuple[torch.Tensor, str | None]:
+        """A tensor and its block format: packed (freetoken/quant) for a quantized weight."""
+        if name in self.scales:
+            return self._packed(name)
         t = self.handles[name].get_tensor(name)
-        return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+        return (t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t), None
+
+    def _packed(self, name: str) -> tuple[torch.Tensor, str]:
+        scale = self.handles[self.scales[name]].get_tensor(self.scales[name])
+        w = self.handles[name].get_tensor(name)
+        try:
+            if self.method == "mxfp4":
+                return pack.mxfp4_from_hf(w, scale), "mxfp4"
+            if w.dtype != torch.float8_e4m3fn:
+                raise QuantError(f"{w.dtype} weights beside block scales (e4m3 expected)")
+            return pack.fp8_rows(w, scale), "fp8_e4m3"
+        except QuantError as e:
+            raise WeightsError(f"tensor {name}: {e}") from None
 
     def nbytes(self) -> int:
         """Bytes of the tensors the model reads (those it ignores not counted), as stored."""
@@ -114,20 +164,32 @@ class Checkpoint:
     def bank_keys(self) -> list[BankKey]:
         return sorted(self.pieces)
 
-    def bank(self, key: BankKey) -> torch.Tensor:
-        """The [E, ...] bank assembled from its per-expert (or already fused) pieces."""
-        pieces = ((self.tensor(name), k) for name, k in self.pieces[key])
-        return assemble(pieces, self.experts, f"experts of layer {key[0]} bank {key[1]}")
+    def bank(self, key: BankKey) -> tuple[torch.Tensor, str | None]:
+        """The [E, ...] bank assembled from its per-expert (or already fused) pieces, and its
+        block format."""
+        where = f"experts of layer {key[0]} bank {key[1]}"
+        read = [(*self.tensor(name), k) for name, k in self.pieces[key]]
+        fmts = {fmt for _, fmt, _ in read}
+        if len(fmts) != 1:
+            raise WeightsError(f"{where}: pieces in different formats {sorted(map(str, fmts))}")
+        fmt = fmts.pop()
+        return assemble([(t, k) for t, _, k in read], self.experts, where, bool(fmt)), fmt
 
-    def dense_items(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Dense tensors under the model's own names."""
+    def dense_items(self) -> Iterator[tuple[str, torch.Tensor, str | None]]:
+        """Dense tensors under the model's own names, with their block formats."""
         for name in self.dense:
-            yield self.dense_key(name), self.tensor(name)
+            yield self.dense_key(name), *self.tensor(name)
 
 
 def read(files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None) -> ModelWeights:
     with Checkpoint(files, model_cls, dtype) as ck:
         weights = ModelWeights(config=ck.config, source="safetensors")
-        weights.dense = dict(ck.dense_items())
-        weights.banks = {key: ck.bank(key) for key in ck.bank_keys()}
+        for name, t, fmt in ck.dense_items():
+            weights.dense[name] = t
+            if fmt:
+                weights.formats[name] = fmt
+        for key in ck.bank_keys():
+            weights.banks[key], fmt = ck.bank(key)
+            if fmt:
+                weights.formats[key] = fmt
     return weights

@@ -190,6 +190,7 @@ def test_conversation_translation(claude, script):
     options = body["options"]
     assert (options["num_predict"], options["temperature"], options["top_p"]) == (7, 0.3, 0.8)
     assert options["top_k"] == 5 and options["stop"] == ["END"] and body["think"] is True
+    assert body["think_budget"] == 1024  # budget_tokens bounds the thinking
 
 
 def test_silent_stream_is_kept_alive_with_pings(v1_http, script, monkeypatch):

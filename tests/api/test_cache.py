@@ -34,12 +34,18 @@ def test_cache_listing_resize_and_errors(cache_server):
     )
     [m] = http.get("/api/cache").json()["models"]
     assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
+    [before] = http.get("/api/ps").json()["models"]
     assert (
         m["placement"] in ("cache", "layers") and m["books"] == "host"
     )  # no device-kept books on a CPU
     r = http.post("/api/cache/resize", json={"model": "moe", "slots": 8})
     assert r.status_code == 200 and r.json()["slots"] == 8
     assert http.get("/api/cache").json()["models"][0]["cache"]["slots"] == 8
+    # on a CPU the cache is a host-memory pool: the model's size shrinks with it
+    [after] = http.get("/api/ps").json()["models"]
+    freed = before["expert_cache_bytes"] // 3  # 4 of 12 slots
+    assert after["expert_cache_bytes"] == before["expert_cache_bytes"] - freed
+    assert after["size"] == before["size"] - freed and after["size_vram"] == 0
     r = http.post("/api/cache/resize", json={"model": "moe", "slots": 2})
     assert r.status_code == 400 and "below the floor" in r.json()["error"]
     assert http.post("/api/cache/resize", json={"model": "nope", "slots": 8}).status_code == 404

@@ -232,6 +232,9 @@ def test_reasoning_effort_maps_to_think(oai, script, effort, think):
         model="thinker", messages=HI, extra_body={"reasoning": {"effort": effort}}
     )
     assert [b["think"] for b in bodies] == [think, think]
+    # a level's budget (FREETOKEN_THINK_BUDGETS, by default) bounds the thinking
+    budget = {"low": 1024, "medium": 4096, "high": 16384}.get(think)
+    assert [b.get("think_budget") for b in bodies] == [budget, budget]
 
 
 def test_json_object_format_and_sampling_defaults_left_to_the_request(oai, script):

@@ -135,9 +135,9 @@ def test_copy_errors(http):
         ({"model": "bad name!", "from": "tiny"}, 400, "invalid model name"),
         ({"from": "tiny"}, 400, "model is required"),
         (
-            {"model": "x", "from": "tiny", "quantize": "q4_K_M"},
+            {"model": "x", "from": "tiny", "quantize": "q3_K_S"},
             400,
-            "quantize is not supported yet",
+            "unsupported quantization type 'q3_K_S' (supported: q4_K_M, q8_0)",
         ),
     ],
 )

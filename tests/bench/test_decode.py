@@ -137,6 +137,35 @@ def test_the_gpt_oss_shape_benchmarks_with_biased_clamped_experts(capsys):
     assert {b for _, b in sm.banks} == {"gate_up", "down", "gate_up_bias", "down_bias"}
 
 
+@pytest.mark.parametrize(
+    "model,quant",
+    [("tiny", "q4_K_M"), ("tiny-gpt-oss", "mxfp4"), ("tiny-deepseek-v4", "q4_K_M")],
+)
+def test_a_quantized_model_of_a_shape_benchmarks(capsys, model, quant):
+    """--quant builds the shape's experts packed (random blocks): Q4_K_M's Q4_K gate/up
+    beside Q8_0 down (rows of 128 are not whole K-quant blocks), gpt-oss's MXFP4 with its
+    biases, and DeepSeek-V4's clamped experts; the lane and the cache serve them, and S
+    counts packed bytes."""
+    decode.main(
+        ["--model", model, "--quant", quant, "--fractions", "--caps", "0,0.5", "--tokens", "4",
+         "--warmup", "2", "--settle", "4", "--settle-fixed", "2", "--repeats", "1",
+         "--policies", "lru-pcie,adaptive:lane", "--routing", "uniform", "--bw-seconds", "0.1",
+         "--json"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    by = {(r["policy"], r["cap"]): r for r in rows}
+    assert by[("lru-pcie", 0.5)]["misses_per_token"] > 0
+    lane = by[("adaptive:lane", 0)]
+    assert lane["lane_served"] > 0 and lane["lane_failed"] == 0
+    sm = synthmodel.build(model, torch.device("cpu"), quant=quant)
+    want = {"q4_K_M": {"q4_k", "q8_0"}, "mxfp4": {"mxfp4"}}[quant]
+    assert set(sm.formats.values()) == want
+    c = synthmodel.SHAPES[model]
+    bf16 = 3 * c["hidden_size"] * (c.get("moe_intermediate_size") or c["intermediate_size"]) * 2
+    assert f"S = {bf16 / 1e6:.2f} MB" not in out  # packed bytes, fewer than bf16's
+
+
 @pytest.mark.parametrize("shape,moe_layers", [("tiny-deepseek-v4", 4), ("tiny-glm-5.2", 2)])
 def test_the_sparse_attention_shapes_benchmark_alike(capsys, shape, moe_layers):
     """DeepSeek-V4's layers (compressed attention, hash routing, hyper-connections, clamped

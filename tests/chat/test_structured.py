@@ -1,4 +1,5 @@
-"""What `format` and `tool_choice` make of a request: the effective choice and the grammars."""
+"""What `format` and `tool_choice` make of a request: the effective choice and the grammars
+(compiled by the engine over a vocabulary of single bytes, so any text is a token walk)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,9 @@ import pytest
 from freetoken import options as opts
 from freetoken.chat.formats.parser import OutputParser
 from freetoken.chat.formats.qwen import QwenFormat
-from freetoken.chat.jsonfsm import Matcher
-from freetoken.chat.structured import (
-    SchemaError,
-    call_alternatives,
-    format_grammar,
-    tool_call_grammar,
-    tool_choice,
-)
+from freetoken.chat.grammar import Lark, json_format, lit
+from freetoken.chat.structured import SchemaError, forced_tools, named_calls, tool_choice
+from tests.chat.formats.util import accepts
 
 TOOLS = [
     {
@@ -78,14 +74,8 @@ def test_tool_choice_is_an_option_a_modelfile_may_set():
         opts.validate({"tool_choice": 1})
 
 
-def accepts(grammar, text: str) -> bool:
-    m = Matcher(grammar)
-    state = m.feed(m.initial(), text.encode())
-    return bool(state) and m.is_done(state)
-
-
-def test_tool_call_grammar():
-    g = tool_call_grammar(TOOLS, None, "<tool_call>", "</tool_call>")
+def test_forced_calls_follow_the_tools_schemas():
+    g = QwenFormat().call_grammar(forced_tools(TOOLS, None))
     good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     assert accepts(g, good)
     assert accepts(g, '<tool_call>{"name": "now", "arguments": {"any": [1]}}</tool_call>')
@@ -93,17 +83,21 @@ def test_tool_call_grammar():
     assert not accepts(g, '<tool_call>{"name": "other", "arguments": {}}</tool_call>')
     assert not accepts(g, '{"name": "now", "arguments": {}}')
     assert not accepts(g, good + " and more")
+    # whitespace is bounded: the compact layout only, no newlines or tabs inside the JSON
+    assert not accepts(g, '<tool_call>{"name": "now",\n\t"arguments": {}}</tool_call>')
+    assert not accepts(g, '<tool_call>{"name":"now", "arguments": {}}</tool_call>')
     parser = OutputParser(QwenFormat(), tools=True)
     events = parser.feed(good) + parser.finish()
     assert events == [
         {"tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     ]
-    named = tool_call_grammar(TOOLS, "now", None, None)  # a template without call markers
+    bare = QwenFormat(call_open=None, call_close=None)  # a template without call markers
+    named = bare.call_grammar(forced_tools(TOOLS, "now"))
     assert accepts(named, '{"name": "now", "arguments": {}}')
     assert not accepts(named, '{"name": "get_weather", "arguments": {"city": "x"}}')
 
 
-def test_tool_call_grammar_with_a_nullable_anyof_beside_a_type():
+def test_a_forced_call_with_a_nullable_anyof_beside_a_type():
     # the shape of OpenClaw's tool_search parameters: only the string branch is possible
     tool = {
         "type": "function",
@@ -121,26 +115,36 @@ def test_tool_call_grammar_with_a_nullable_anyof_beside_a_type():
             },
         },
     }
-    g = tool_call_grammar([tool], None, "<tool_call>", "</tool_call>")
+    g = QwenFormat().call_grammar(forced_tools([tool], None))
     assert accepts(g, '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>')
     assert not accepts(g, '<tool_call>{"name": "search", "arguments": {"q": null}}</tool_call>')
 
 
-def test_tool_call_grammar_refusals():
+def test_tool_choice_refusals():
     with pytest.raises(SchemaError, match="needs tools"):
-        tool_call_grammar([], None, None, None)
+        forced_tools([], None)
     with pytest.raises(SchemaError, match="not among"):
-        tool_call_grammar(TOOLS, "nope", None, None)
-    bad = [{"type": "function", "function": {"name": "x", "parameters": {"type": "nope"}}}]
+        forced_tools(TOOLS, "nope")
+    bad = [{"type": "function", "function": {"name": "x", "parameters": "nope"}}]
     with pytest.raises(SchemaError, match='tool "x"'):
-        tool_call_grammar(bad, None, None, None)
+        QwenFormat().call_grammar(forced_tools(bad, None))
 
 
 def test_format_grammar():
-    assert accepts(format_grammar("json"), json.dumps({"a": [1, None]}))
-    assert not accepts(format_grammar("json"), "[1]")  # "json" means an object
+    assert accepts(json_format("json"), json.dumps({"a": [1, None]}))
+    assert not accepts(json_format("json"), "[1]")  # "json" means an object
+    assert not accepts(json_format("json"), '{"a":1}')  # the compact layout: ", " and ": "
     with pytest.raises(SchemaError):
-        format_grammar("yaml")
+        json_format("yaml")
+
+
+def test_objects_that_list_properties_take_no_others_unless_merged():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert not accepts(json_format(schema), '{"a": 1, "b": 2}')
+    opened = {**schema, "additionalProperties": True}
+    assert accepts(json_format(opened), '{"a": 1, "b": 2}')
+    merged = {"allOf": [schema, {"properties": {"b": {"type": "integer"}}}]}
+    assert accepts(json_format(merged), '{"a": 1, "b": 2}')
 
 
 def test_the_grammar_side_never_imports_torch():
@@ -148,25 +152,33 @@ def test_the_grammar_side_never_imports_torch():
     import sys
 
     code = (
-        "import sys, freetoken.chat.structured, freetoken.chat.jsonfsm, freetoken.chat.schema\n"
+        "import sys, freetoken.chat.structured, freetoken.chat.grammar, freetoken.chat.formats\n"
         "assert 'torch' not in sys.modules"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
-def test_call_alternatives_name_the_tool_in_the_markup():
+def test_named_calls_name_the_tool_in_the_markup():
     tools = [
         {"name": "get", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
         {"name": "get_all", "parameters": {"type": "object", "additionalProperties": False}},
     ]
-    g = call_alternatives(tools, None, lambda fn: (f"<call {fn}>", f"</call {fn}>"))
+
+    def grammar(fns):
+        lark = Lark()
+
+        def around(fn):
+            return lit(f"<call {fn}>"), lit(f"</call {fn}>")
+
+        return lark.grammar(named_calls(lark, fns, False, around))
+
+    g = grammar(forced_tools(tools, None))
     assert accepts(g, '<call get>{"a": 1}</call get>')
-    assert accepts(g, "<call get_all> {} </call get_all>")
+    assert accepts(g, "<call get_all>{}</call get_all>")
     assert not accepts(g, "<call get>{}</call get_all>")  # each tool its own close
     assert not accepts(g, '<call get_all>{"a": 1}</call get_all>')
     assert not accepts(g, '<call get>{"a": "x"}</call get>')
-    only = call_alternatives(tools, "get_all", lambda fn: (fn + ":", ""))
-    assert accepts(only, "get_all:{}") and not accepts(only, 'get:{"a": 1}')
-    with pytest.raises(SchemaError, match="not among the tools"):
-        call_alternatives(tools, "nope", lambda fn: ("", ""))
+    only = grammar(forced_tools(tools, "get_all"))
+    assert accepts(only, "<call get_all>{}</call get_all>")
+    assert not accepts(only, '<call get>{"a": 1}</call get>')

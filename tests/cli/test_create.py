@@ -5,8 +5,9 @@ import json
 import httpx
 import pytest
 
+from freetoken.cli.client import Client
 from freetoken.cli.create import build_request, create, model_files, resolve_path
-from freetoken.cli.errors import CommandError
+from freetoken.cli.errors import CommandError, ServerError
 from freetoken.cli.progress import Progress
 
 from .conftest import ndjson
@@ -203,3 +204,67 @@ def test_create_streams_server_statuses(api, client, tmp_path):
     ]
     assert api.bodies("POST", "/api/create") == [{"model": "mine", "from": "base"}]
     assert json.loads(api.requests[-1].content)["model"] == "mine"
+
+
+def local_client(api):
+    return Client("http://127.0.0.1:11434", transport=httpx.MockTransport(api))
+
+
+@pytest.mark.parametrize(
+    "url, local",
+    [
+        ("http://127.0.0.1:11434", True),
+        ("http://127.8.0.1:80", True),
+        ("http://localhost:11434", True),
+        ("http://[::1]:11434", True),
+        ("http://10.0.0.2:11434", False),
+        ("https://models.example.com", False),
+    ],
+)
+def test_a_loopback_server_is_on_this_machine(url, local):
+    assert Client(url).is_local is local
+
+
+def test_a_server_on_this_machine_is_offered_the_files_in_place(api, model_dir):
+    project, files = model_dir
+    mf = write_modelfile(project, "FROM ./weights\n")
+    request = build_request(local_client(api), "demo", mf, Progress(io.StringIO(), tty=False))
+    weights = project / "weights"
+    assert request["model"] == "demo" and "files" not in request
+    assert request["local_files"]["model.safetensors"] == {
+        "path": str(weights / "model.safetensors"),
+        "size": 1000,
+        "mtime_ns": (weights / "model.safetensors").stat().st_mtime_ns,
+    }
+    assert sorted(request["local_files"]) == [p.name for p in model_files(weights)]
+    assert not [r for r in api.requests if "/api/blobs" in r.url.path]  # nothing uploaded
+
+
+def test_files_the_server_cannot_read_are_uploaded(api, model_dir):
+    project, files = model_dir
+    mf = write_modelfile(project, "FROM ./weights\n")
+    blobs_present(api, set())
+
+    def create_route(request):
+        if "local_files" in json.loads(request.content):
+            return httpx.Response(412, json={"error": "the server cannot see /x: No such file"})
+        return ndjson({"status": "success"})
+
+    api.on("POST", "/api/create", create_route)
+    out = io.StringIO()
+    create(local_client(api), "demo", mf, Progress(out, tty=False))
+    first, second = api.bodies("POST", "/api/create")
+    assert "local_files" in first and "files" not in first
+    assert second["files"]["model.safetensors"] == sha(files["model.safetensors"])
+    assert "local_files" not in second
+    assert "uploading: the server cannot see /x" in out.getvalue()
+    assert out.getvalue().rstrip().endswith("success")
+
+
+def test_other_errors_of_an_in_place_create_are_not_retried(api, model_dir):
+    project, _ = model_dir
+    mf = write_modelfile(project, "FROM ./weights\n")
+    api.on("POST", "/api/create", httpx.Response(400, json={"error": "unknown parameter"}))
+    with pytest.raises(ServerError, match="unknown parameter"):
+        create(local_client(api), "demo", mf, Progress(io.StringIO(), tty=False))
+    assert len(api.bodies("POST", "/api/create")) == 1

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from freetoken.ftw.convert import convert
+from freetoken.kernels import reference
 from tests import fixtures
 from tests.fixtures_gguf import dequantized_state, write_gguf
 from tests.runtime.engine_util import files_of, full_logits, generate, make_engine
@@ -61,12 +62,15 @@ def test_quantized_gguf_loads_the_dequantized_weights(k_quant_model, tmp_path, q
     path, hf = k_quant_model
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype)
     out = convert(gguf, tmp_path / "ftw")
-    engine = make_engine(out)
-    # the weights are exactly gguf's own dequantization
+    engine = make_engine(out, dtype="float32")
+    # the weights are exactly gguf's own dequantization (packed ones, once decoded)
     ref = dequantized_state(gguf)
-    bank = engine.model.model.layers[0].mlp.experts.backend.banks.banks[0]["gate_up"]
+    host = engine.model.model.layers[0].mlp.experts.backend.banks
+    bank, fmt = host.banks[0]["gate_up"], host.specs[0].format_of("gate_up")
+    assert fmt == ("" if qtype in ("F16", "BF16") else qtype.lower())
+    values = reference.dequantize(bank, fmt) if fmt else bank
     assert torch.equal(
-        bank, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1)
+        values, torch.cat([ref["blk.0.ffn_gate_exps.weight"], ref["blk.0.ffn_up_exps.weight"]], 1)
     )
     # and the logits stay near the unquantized model's
     assert _rel(full_logits(engine, PROMPT), fixtures.hf_logits(hf, PROMPT)) <= tol

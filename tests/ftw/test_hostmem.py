@@ -65,7 +65,7 @@ def test_pageable_banks_fill_the_cache_through_the_ring(refusing):
         raw[(layer, "down")] = torch.randn((E, H, I), generator=g)
     hb = HostBanks(raw, torch.float32, pin=True, spec=ExpertSpec(H, I))
     assert not hb.pinned and hb.ring is not None
-    cache = ExpertCache(L, E, 5, hb.rows, torch.float32, torch.device("cpu"))
+    cache = ExpertCache(L, E, 5, hb.rows, hb.dtypes, torch.device("cpu"))
     state = PlacementState(hb, cache, torch.device("cpu"))
     experts = np.array([4, 1, 3])
     slots = cache.allocate(1, experts, np.empty(0, dtype=np.int64))
@@ -74,3 +74,27 @@ def test_pageable_banks_fill_the_cache_through_the_ring(refusing):
         for e, s in zip(experts.tolist(), slots.tolist()):
             assert torch.equal(cache.slots[bank][s], raw[(1, bank)][e])
     assert hb.ring.bytes == 3 * hb.expert_bytes
+
+
+def test_packed_experts_narrower_than_their_slots_go_through_the_ring(refusing):
+    """A layer in Q4_K beside one in Q6_K: slots are as wide as Q6_K's, so a run of Q4_K
+    experts fills a strided part of them, which the ring copies a row at a time."""
+    from freetoken.moe.cache import expert_part
+    from tests.kernels.experts import packed_banks
+
+    L, E, H, I = 2, 4, 256, 256
+    g = torch.Generator().manual_seed(1)
+    raw, formats = {}, {}
+    for layer, fmt in enumerate(("q6_k", "q4_k")):
+        spec = ExpertSpec(H, I, formats=(fmt, fmt))
+        for b, t in packed_banks(E, spec, g).items():
+            raw[(layer, b)], formats[(layer, b)] = t, fmt
+    hb = HostBanks(raw, torch.float32, pin=True, spec=ExpertSpec(H, I), formats=formats)
+    assert hb.ring is not None
+    cache = ExpertCache(L, E, 4, hb.rows, hb.dtypes, torch.device("cpu"))
+    for bank in ("gate_up", "down"):
+        src = hb.banks[1][bank][1:4]
+        dst = expert_part(cache.slots[bank], slice(0, 3), src)
+        assert not dst.is_contiguous()
+        hb.h2d(dst, src, False)
+        assert torch.equal(dst, src)

@@ -148,3 +148,18 @@ def test_o_direct_refusal_falls_back_to_buffered_reads(tmp_path, monkeypatch, ca
     w = reader.read(_files(out), stats=stats)
     assert not stats.direct and "refuses O_DIRECT" in caplog.text
     assert w.dense["a"].shape == (100,)
+
+
+def test_digests_name_every_file_as_written(tmp_path):
+    import hashlib
+
+    tensors = [("dense", f"t{i}", torch.randn(700 + i)) for i in range(6)]
+    w = Writer(tmp_path / "m", 2 * ALIGN)
+    for _, name, t in tensors:
+        w.add_dense(name, t)
+    (tmp_path / "config.json").write_text("{}")
+    out = w.close({"model_type": "test"}, {"config.json": tmp_path / "config.json"})
+    files = sorted(p.name for p in out.iterdir())
+    assert len([f for f in files if f.startswith("ftw-")]) > 1 and sorted(w.digests) == files
+    for name, digest in w.digests.items():
+        assert digest == "sha256:" + hashlib.sha256((out / name).read_bytes()).hexdigest()

@@ -37,3 +37,46 @@ def banks(
             t = t / rows[1] ** 0.5
         out[name] = t.to(dtype)
     return out
+
+
+# the smallest rows each format packs (K-quants 256 weights, FP8 128, the others 32)
+ROW_MULTIPLE = {
+    "q8_0": 32,
+    "q4_0": 32,
+    "mxfp4": 32,
+    "fp8_e4m3": 128,
+    "q4_k": 256,
+    "q5_k": 256,
+    "q6_k": 256,
+}
+
+
+def pack(w: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Float weights [..., cols] in a block format: FreeToken's quantizers where it has one,
+    gguf's for Q4_0 and MXFP4, FP8 with a random multiplier per 128×128 block."""
+    from freetoken.quant import pack as packing
+    from freetoken.quant.quantize import quantize
+
+    if fmt in ("q8_0", "q4_k", "q5_k", "q6_k"):
+        return quantize(w, fmt)
+    if fmt == "fp8_e4m3":
+        from tests.fixtures_quant import fp8_blocks
+
+        flat = w.reshape(-1, w.shape[-1])
+        q, scale = fp8_blocks(flat)
+        return packing.fp8_rows(q, scale).reshape(*w.shape[:-1], -1)
+    import gguf
+
+    q = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType[fmt.upper()])
+    return torch.from_numpy(q)
+
+
+def packed_banks(
+    E: int, s: ExpertSpec, g: torch.Generator, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """[E, ...] banks of `s` with its matrices packed in `s.formats` (biases in `dtype`)."""
+    out = banks(E, s, torch.float32, g, scale=True)
+    for name, t in out.items():
+        fmt = s.format_of(name)
+        out[name] = pack(t, fmt) if fmt else t.to(dtype)
+    return out

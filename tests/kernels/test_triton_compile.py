@@ -22,8 +22,49 @@ def _ptxas() -> bool:
 
 def _kernels():
     return (
-        _dense_kernels() + _expert_kernels() + _mla_kernels() + _delta_kernels() + _sparse_kernels()
+        _dense_kernels()
+        + _expert_kernels()
+        + _packed_expert_kernels()
+        + _mla_kernels()
+        + _delta_kernels()
+        + _sparse_kernels()
     )
+
+
+def _packed_expert_kernels():
+    """The packed-slot kernels for every format (Qwen3-30B-A3B's experts; gpt-oss's biased,
+    clamped MXFP4 ones; DeepSeek-V4's clamped SwiGLU in Q4_K), the per-expert decoder, and
+    the fetch into wider slots."""
+    from freetoken import quant
+    from freetoken.kernels.triton import fetch, moe_quant
+
+    out = [(fetch.fetch_kernel, {"src_ptr": "*u8", "dst_ptr": "*u8", "expert_ptr": "*i32",
+            "slot_ptr": "*i32", "row": "i32", "stride": "i32"}, {"BLOCK": 4096})]  # fmt: skip
+    cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
+    cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
+    cases.append((quant.get("q4_k"), 4096, 2048, False, 2))  # DeepSeek-V4's clamped SwiGLU
+    for f, H, I, bias, act in cases:
+        fmt = {"FMT": f.code, "QB": f.block, "QBYTES": f.block_bytes}
+        pool = {"bias_ptr": "*bf16", "slot_ptr": "*i32"}
+        out.append((
+            moe_quant.gate_up_q_kernel,
+            {**pool, "x_ptr": "*bf16", "gu_ptr": "*u8", "h_ptr": "*fp32", "alpha": "fp32",
+             "limit": "fp32"},
+            {**fmt, "H": H, "I": I, "K": 8, "SLOT": 2 * I * f.row_bytes(H), "BLOCK_I": 16,
+             "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
+        ))  # fmt: skip
+        out.append((
+            moe_quant.down_q_kernel,
+            {**pool, "h_ptr": "*fp32", "dn_ptr": "*u8", "w_ptr": "*bf16", "out_ptr": "*fp32"},
+            {**fmt, "H": H, "I": I, "SLOT": H * f.row_bytes(I), "BLOCK_H": 32, "BLOCK_I": 256,
+             "HAS_BIAS": bias},
+        ))  # fmt: skip
+        out.append((
+            moe_quant.dequant_kernel,
+            {"src_ptr": "*u8", "dst_ptr": "*bf16"},
+            {**fmt, "ROWS": 2 * I, "COLS": H, "BLOCK_R": 32, "BLOCK_C": 64},
+        ))  # fmt: skip
+    return out
 
 
 def _delta_kernels():

@@ -76,11 +76,13 @@ def batched_matches_single(path: Path, hf) -> None:
         assert s.output_ids == fixtures.hf_greedy(hf, p, 16)
 
 
-def policies_match_resident(path: Path, num_experts: int, moe_layers: int) -> None:
+def policies_match_resident(
+    path: Path, num_experts: int, moe_layers: int, dtype: str = "auto"
+) -> None:
     """Every policy at a cache too small for every expert, prefill streaming, and decode
     after shrinking and growing the cache: the resident model's logits and tokens."""
     every = num_experts * moe_layers
-    resident = make_engine(path, policy="resident", slots=every)
+    resident = make_engine(path, policy="resident", slots=every, dtype=dtype)
     ref, ref_long = full_logits(resident, PROMPT), full_logits(resident, LONG)
     (want,) = generate(resident, [PROMPT], 12)
     small = max(num_experts + 1, every // 2)
@@ -91,11 +93,12 @@ def policies_match_resident(path: Path, num_experts: int, moe_layers: int) -> No
         ("adaptive", 0),
         ("static-layers", num_experts),
     ]:
-        engine = make_engine(path, policy=policy, slots=slots)
-        assert rel(full_logits(engine, PROMPT), ref) <= 1e-5, policy
+        engine = make_engine(path, policy=policy, slots=slots, dtype=dtype)
+        err = rel(full_logits(engine, PROMPT), ref)
+        assert err <= 1e-5, (policy, err)
         (seq,) = generate(engine, [PROMPT], 12)
         assert seq.output_ids == want.output_ids, policy
-    streamed = make_engine(path, policy="lru-pcie", slots=max(2 * num_experts, small))
+    streamed = make_engine(path, policy="lru-pcie", slots=max(2 * num_experts, small), dtype=dtype)
     assert experts_of(streamed).streamer is not None
     assert rel(full_logits(streamed, LONG), ref_long) <= 1e-5
     for size in (num_experts, every):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from freetoken.kernels import reference
 from freetoken.models import gpt_oss
 from tests import fixtures
 from tests.models import family
@@ -168,20 +170,23 @@ def _with_experts(hf, weights: dict[str, torch.Tensor]):
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "MXFP4"])
 def test_gguf_with_rounded_experts_loads_them_as_they_are(for_gguf, tmp_path, qtype):
-    """Expert tensors in F16, BF16 or MXFP4 (llama.cpp's gpt-oss files are MXFP4; it is
-    dequantized at create): the banks hold gguf's own values, biases included, and the
-    logits are transformers' with those experts."""
+    """Expert tensors in F16, BF16 or MXFP4 (llama.cpp's gpt-oss files are MXFP4, kept
+    packed): the banks hold gguf's own values, biases included, and the logits are
+    transformers' with those experts."""
     from freetoken.ftw.convert import convert
     from tests.fixtures_gguf import dequantized_state, write_gguf
 
     path, hf = for_gguf
     gguf = write_gguf(hf, path, tmp_path / "m.gguf", qtype, arch="gpt-oss")
-    engine = make_engine(convert(gguf, tmp_path / "ftw"))
+    engine = make_engine(convert(gguf, tmp_path / "ftw"), dtype="float32")
     ref = dequantized_state(gguf)
-    banks = family.experts_of(engine).banks.banks[1]
+    host = family.experts_of(engine).banks
+    banks, fmt = host.banks[1], host.specs[1].format_of("down")
     halves = [ref[f"blk.1.ffn_{p}_exps.bias"] for p in ("gate", "up")]
     assert torch.equal(banks["gate_up_bias"], torch.cat(halves, 1))
-    assert torch.equal(banks["down"].float(), ref["blk.1.ffn_down_exps.weight"])
+    assert fmt == ("mxfp4" if qtype == "MXFP4" else "")  # kept packed
+    down = reference.dequantize(banks["down"], fmt) if fmt else banks["down"].float()
+    assert torch.equal(down, ref["blk.1.ffn_down_exps.weight"])
     want = fixtures.hf_logits(_with_experts(hf, ref), family.PROMPT)
     assert family.rel(full_logits(engine, family.PROMPT), want) <= 1e-4
 
@@ -249,8 +254,9 @@ def test_checkpoint_names():
     assert (
         gpt_oss.Model.dense_key("model.layers.3.mlp.router.bias") == "model.layers.3.mlp.gate.bias"
     )
-    with pytest.raises(ValueError, match="MXFP4"):
-        key("model.layers.3.mlp.experts.gate_up_proj_blocks")
+    blocks = key("model.layers.3.mlp.experts.gate_up_proj_blocks")  # [E, 2I, H/32, 16]
+    assert (blocks.bank, blocks.transposed, blocks.interleaved) == ("gate_up", False, True)
+    assert not key("model.layers.3.mlp.experts.down_proj_blocks").transposed
     gguf = gpt_oss.Model.gguf_key
     assert gguf("blk.2.ffn_up_exps.bias").bank == "gate_up_bias"
     assert gguf("blk.2.ffn_up_exps.bias").half == 1
@@ -313,3 +319,52 @@ def test_router_matches_transformers_router():
 @pytest.mark.gpu
 def test_on_a_gpu_with_fused_kernels_and_graphs(hub):
     family.gpu_matches(*hub)
+
+
+def _hf_mxfp4_decoded(blocks: np.ndarray, scales: np.ndarray) -> torch.Tensor:
+    """gpt-oss's MXFP4 layout decoded directly: weight 2b in byte b's low nibble, 2^(s-127)."""
+    from freetoken.kernels.reference import E2M1
+
+    b = torch.from_numpy(blocks)
+    codes = torch.stack([b & 15, b >> 4], dim=-1).flatten(-2).long()
+    values = (
+        torch.tensor(E2M1)[codes] * torch.exp2(torch.from_numpy(scales).float() - 127)[..., None]
+    )
+    return values.flatten(-2)
+
+
+def test_mxfp4_checkpoint_keeps_its_blocks(for_gguf, tmp_path):
+    """gpt-oss's released layout (`*_blocks`, `*_scales`): banks stay MXFP4 and the logits
+    are transformers' with the experts those blocks decode to."""
+    from safetensors.torch import load_file, save_file
+
+    from freetoken.ftw.convert import convert
+    from tests.fixtures_quant import mxfp4_hf
+
+    path, hf = for_gguf
+    src = tmp_path / "mxfp4"
+    src.mkdir()
+    for f in path.iterdir():
+        if f.suffix != ".safetensors":
+            (src / f.name).write_bytes(f.read_bytes())
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (src / "config.json").write_text(json.dumps(config))
+    tensors, ref = load_file(path / "model.safetensors"), copy.deepcopy(hf)
+    for i, layer in enumerate(ref.model.layers):
+        for part in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{i}.mlp.experts.{part}"
+            blocks, scales = mxfp4_hf(tensors.pop(name).transpose(1, 2).numpy())  # [E, out, in]
+            tensors[name + "_blocks"] = torch.from_numpy(blocks)
+            tensors[name + "_scales"] = torch.from_numpy(scales)
+            with torch.no_grad():
+                getattr(layer.mlp.experts, part).copy_(
+                    _hf_mxfp4_decoded(blocks, scales).transpose(1, 2)
+                )
+    save_file(tensors, src / "model.safetensors")
+    out = convert(src, tmp_path / "ftw")
+    index = {t["name"]: t for t in json.loads((out / "ftw.json").read_text())["tensors"]}
+    assert index["gate_up#L00002"]["quant"] == index["down#L00000"]["quant"] == "mxfp4"
+    engine = make_engine(out, dtype="float32")
+    want = fixtures.hf_logits(ref, family.PROMPT)
+    assert family.rel(full_logits(engine, family.PROMPT), want) <= 1e-4

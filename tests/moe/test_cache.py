@@ -11,6 +11,8 @@ import torch
 
 from freetoken.moe.cache import CacheFull, ExpertCache
 
+F32 = {"gate_up": torch.float32, "down": torch.float32}  # each bank's slot dtype
+
 
 class ReferenceLRU:
     def __init__(self, capacity: int):
@@ -43,7 +45,7 @@ def _check_invariants(c: ExpertCache) -> None:
 def test_matches_reference_lru(seed):
     rng = random.Random(seed)
     L, E, cap, k = 4, 16, 20, 4
-    c = ExpertCache(L, E, cap, {"gate_up": (2,), "down": (1,)}, torch.float32, torch.device("cpu"))
+    c = ExpertCache(L, E, cap, {"gate_up": (2,), "down": (1,)}, F32, torch.device("cpu"))
     ref = ReferenceLRU(cap)
     lookups = 0
     for step in range(3000):
@@ -68,7 +70,7 @@ def test_matches_reference_lru(seed):
 
 
 def test_fixed_slots_are_never_evicted_and_overflow_is_an_error():
-    c = ExpertCache(2, 8, 10, {"gate_up": (2,)}, torch.float32, torch.device("cpu"))
+    c = ExpertCache(2, 8, 10, {"gate_up": (2,)}, F32, torch.device("cpu"))
     fixed = c.fix(0, np.arange(8))
     for step in range(50):
         experts = np.array([step % 8, (step + 3) % 8])

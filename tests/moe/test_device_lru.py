@@ -31,7 +31,7 @@ def banks(seed: int = 0) -> HostBanks:
 
 def setup(slots: int) -> tuple[HostBanks, ExpertCache, DeviceLRU]:
     hb = banks()
-    cache = ExpertCache(L, E, slots, hb.rows, torch.float32, torch.device("cpu"))
+    cache = ExpertCache(L, E, slots, hb.rows, hb.dtypes, torch.device("cpu"))
     return hb, cache, DeviceLRU(cache, hb, torch.device("cpu"))
 
 
@@ -163,7 +163,7 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
     lrus = []
     for _ in range(2):
         hb = banks()
-        cache = ExpertCache(L, E, slots, hb.rows, torch.float32, dev)
+        cache = ExpertCache(L, E, slots, hb.rows, hb.dtypes, dev)
         cache.fix(0, np.array([1]))  # one slot that is never a victim
         lrus.append(DeviceLRU(cache, hb, dev))
     ops, fused = lrus

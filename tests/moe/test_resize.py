@@ -15,11 +15,13 @@ from tests.runtime.engine_util import full_logits, generate, make_engine
 
 PROMPT = [5, 17, 99, 3, 250, 11, 7, 300, 42, 128]
 
+F32 = {"gate_up": torch.float32, "down": torch.float32}  # each bank's slot dtype
+
 
 def test_bookkeeping_invariants_across_random_resizes():
     rng = random.Random(0)
     L, E, k = 4, 16, 4
-    c = ExpertCache(L, E, 24, {"gate_up": (3,), "down": (2,)}, torch.float32, torch.device("cpu"))
+    c = ExpertCache(L, E, 24, {"gate_up": (3,), "down": (2,)}, F32, torch.device("cpu"))
 
     # each slot's content names its expert, so a wrong move is visible
     def stamp(slots, layer, experts):

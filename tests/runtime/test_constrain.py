@@ -1,37 +1,39 @@
-"""Token masks from grammars: the vocabulary as bytes, the trie walk, masks against brute
-force, and the engine generating under a grammar with the random-weight model."""
+"""Constrained decoding on the grammar engine: the vocabulary as bytes, masks against a
+brute-force check of every token along random walks, thinking before the grammar and its
+budget, and the engine generating under grammars with the random-weight model, among them
+random schemas whose every output must validate."""
 
 from __future__ import annotations
 
 import json
 import random
 
-import jsonschema
 import pytest
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
+from freetoken.chat.formats import GlmFormat, HarmonyFormat, QwenFormat
 from freetoken.chat.formats.parser import OutputParser
-from freetoken.chat.formats.qwen import QwenFormat
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.schema import ANY_OBJECT
-from freetoken.chat.structured import format_grammar, tool_call_grammar
-from freetoken.runtime.constrain import Constraint, GrammarMasks, MaskCache
+from freetoken.chat.grammar import SchemaError, json_format
+from freetoken.chat.structured import forced_tools, offered_tools
+from freetoken.runtime.constrain import Constraint, Grammars, Masker, Thinking
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
-from freetoken.runtime.vocab import Trie, Vocab, token_bytes
+from freetoken.runtime.vocab import Vocab, token_bytes
+from tests.runtime import schemas
 from tests.runtime.engine_util import make_engine
 
 SCHEMA = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer"},
+        "age": {"type": "integer", "minimum": 0, "exclusiveMaximum": 130},
         "ok": {"type": "boolean"},
+        "day": {"type": "string", "format": "date"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{2,3}$"},
         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-        "score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+        "score": {"anyOf": [{"type": "number", "multipleOf": 0.5}, {"type": "null"}]},
     },
-    "required": ["name", "age", "ok"],
+    "required": ["name", "age", "ok", "day", "code"],
 }
 TOOLS = [
     {
@@ -60,6 +62,7 @@ TOOLS = [
         },
     },
 ]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +71,9 @@ def engine(tiny_model):
 
 
 @pytest.fixture(scope="module")
-def cache(engine):
-    return MaskCache(Vocab.from_tokenizer(engine.tokenizer.tok, engine.model.args.vocab_size))
+def grammars(engine):
+    vocab = Vocab.from_tokenizer(engine.tokenizer.tok, engine.model.args.vocab_size)
+    return Grammars(vocab, engine.tokenizer.eos_ids)
 
 
 # -- the vocabulary --------------------------------------------------------------------------
@@ -86,26 +90,9 @@ def test_token_bytes_reassemble_any_text(tiny_model):
     assert any(len(b) == 1 and b[0] >= 0x80 for b in data)  # bytes of split characters
 
 
-def test_trie_walk_finds_exactly_the_accepted_tokens():
-    rng = random.Random(0)
-    words = sorted(
-        {bytes(rng.choice(b"abc") for _ in range(rng.randint(1, 5))) for _ in range(300)}
-    )
-    items = [(w, i) for i, w in enumerate(words)] + [(words[0], 999)]  # two ids, same bytes
-
-    def advance(last: int, b: int) -> int | None:
-        """Words over {a, b} without "bb"; the state is the last byte (1 at the start)."""
-        return None if b == ord("c") or (b == last == ord("b")) else b
-
-    out: list[int] = []
-    visited = Trie(items).walk(1, advance, out)
-    want = [i for w, i in items if b"c" not in w and b"bb" not in w]
-    assert sorted(out) == sorted(want)
-    assert visited < sum(len(w) for w in words)  # rejected prefixes were skipped whole
-
-
 def tricky_vocab() -> Vocab:
-    """Every single byte, and tokens that cross JSON structure and UTF-8 characters."""
+    """Every single byte, and tokens that cross JSON structure and UTF-8 characters; the last
+    three ids are no text (the end token is the last)."""
     pieces = [bytes((b,)) for b in range(256)] + [
         b'{"',
         b'":',
@@ -155,104 +142,155 @@ def tricky_vocab() -> Vocab:
     return Vocab(pieces + [b""], len(pieces) + 3)
 
 
-def brute_force(gm: GrammarMasks, state) -> torch.Tensor:
-    m, v = gm.matcher, gm.vocab
-    return torch.tensor([bool(b) and bool(m.feed(state, b)) for b in v.bytes])
+TRICKY = tricky_vocab()
+END = TRICKY.size - 1
+TRICKY_GRAMMARS = Grammars(TRICKY, [END])
+
+
+def allowed(c: Constraint) -> set[int]:
+    return set(Masker().compute([c])[0].allowed().tolist())
+
+
+def brute_force(c: Constraint) -> set[int]:
+    """Every token the matcher takes by itself, token by token (not through its mask), and
+    the end where the grammar is complete (forcing is off: even where the grammar leaves
+    one way to go, every token that keeps to it is in the mask)."""
+    m = c.matcher
+    found = {t for t in range(TRICKY.size) if TRICKY.bytes[t] and m.validate_tokens([t]) == 1}
+    return found | ({END} if m.is_accepting() else set())
 
 
 @pytest.mark.parametrize(
-    "grammar",
+    "grammar, schema",
     [
-        format_grammar(SCHEMA),
-        format_grammar("json"),
-        Grammar(ANY_OBJECT),
-        format_grammar(
-            {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}}
-        ),
-        tool_call_grammar(TOOLS, None, "<tool_call>", "</tool_call>"),
+        (json_format(SCHEMA), SCHEMA),
+        (json_format("json"), {"type": "object"}),
+        (json_format({"type": "array", "items": {"type": "string", "maxLength": 3}}), None),
+        (QwenFormat().call_grammar(forced_tools(TOOLS, None)), None),
+        (QwenFormat().auto_grammar(offered_tools(TOOLS)), None),
+        (GlmFormat().call_grammar(forced_tools(TOOLS, None)), None),
+        (HarmonyFormat().auto_grammar(offered_tools(TOOLS)), None),
     ],
-    ids=["schema", "json", "any", "strings", "tools"],
+    ids=["schema", "json", "strings", "forced", "auto", "glm", "harmony"],
 )
-def test_masks_equal_brute_force_along_random_walks(grammar):
-    gm = GrammarMasks(grammar, tricky_vocab())
-    m, rng = gm.matcher, random.Random(1)
-    for _ in range(6):
-        state = m.initial()
-        for _ in range(60):
-            mask = torch.from_numpy(gm.mask(state))
-            assert torch.equal(mask, brute_force(gm, state))
-            allowed = mask.nonzero().flatten().tolist()
-            if not allowed:
-                assert m.is_final(state)
+def test_masks_equal_brute_force_along_random_walks(grammar, schema):
+    rng = random.Random(1)
+    for _ in range(3):
+        c = Constraint(TRICKY_GRAMMARS.matcher(grammar), TRICKY, [END], [END])
+        text = b""
+        for _ in range(40):
+            mask = allowed(c)
+            assert mask == brute_force(c)
+            token = rng.choice(sorted(mask))
+            if token == END:
                 break
-            state = m.feed(state, gm.vocab.bytes[rng.choice(allowed)])
-            assert state  # an allowed token never breaks the prefix
+            c.advance(token)
+            text += TRICKY.bytes[token]
+        if schema is not None and c.matcher.is_accepting():
+            schemas.validate(json.loads(text), schema)
 
 
-@pytest.mark.parametrize(
-    "schema, prefix",
-    [
-        ({"type": "string"}, b'"a\\'),
-        ({"type": "string", "maxLength": 3}, b'"ab\\'),
-        ("json", b'{"k\\'),
-        ("json", b'{"k": "\\u00'),
-        ({"type": "string"}, b'"\xe6'),
-        ({"type": "string"}, b'"\xe6\x97'),
-        ({"type": "string"}, b'"\xed'),
-        ({"type": "array", "items": {"type": "string", "minLength": 2}}, b'["a'),
-    ],
-)
-def test_masks_equal_brute_force_inside_strings(schema, prefix):
-    gm = GrammarMasks(format_grammar(schema), tricky_vocab())
-    state = gm.matcher.feed(gm.matcher.initial(), prefix)
-    assert state
-    assert torch.equal(torch.from_numpy(gm.mask(state)), brute_force(gm, state))
+def test_keywords_the_engine_cannot_enforce_are_refused_by_name():
+    cases = [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
+        ({"type": "string", "format": "colour"}, 'format "colour"'),
+        ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "oneOf"),
+    ]
+    for schema, keyword in cases:
+        with pytest.raises(SchemaError, match=keyword):
+            TRICKY_GRAMMARS.matcher(json_format(schema))
+    tool = {"name": "t", "parameters": {"type": "object", "properties": {"x": cases[0][0]}}}
+    with pytest.raises(SchemaError, match='tool "t": schema keyword uniqueItems'):
+        TRICKY_GRAMMARS.matcher(QwenFormat().call_grammar([tool]))
+    # a tool offered under auto is held to what can be enforced; a strict one is not
+    TRICKY_GRAMMARS.matcher(QwenFormat().auto_grammar([tool]))
+    with pytest.raises(SchemaError, match="uniqueItems"):
+        TRICKY_GRAMMARS.matcher(QwenFormat().auto_grammar([{**tool, "strict": True}]))
 
 
-def test_masks_cache_by_state():
-    gm = GrammarMasks(format_grammar({"type": "string"}), tricky_vocab())
-    state = gm.matcher.feed(gm.matcher.initial(), b'"ab')
-    first = gm.mask(state)
-    walked = gm.walked
-    again = gm.mask(gm.matcher.feed(state, b"cd"))  # the same state inside the string
-    assert gm.walked == walked and (first == again).all()
+# -- thinking ----------------------------------------------------------------------------------
 
 
-def test_constraint_waits_for_the_end_of_thinking():
-    v = tricky_vocab()  # ids 0..255 are the single bytes
-    gm = GrammarMasks(format_grammar("json"), v)
-    c = Constraint(gm, frozenset({v.size - 1}), thinking=True, think_close=b"</think>")
+def think(**kw) -> Thinking:
+    return Thinking(b"<think>", b"</think>", TRICKY.encode("</think>"), **kw)
+
+
+def feed(c: Constraint, text: bytes) -> None:
+    for b in text:  # ids 0..255 are the single bytes
+        c.advance(b)
+
+
+def test_the_grammar_waits_for_the_end_of_thinking():
+    c = Constraint(
+        TRICKY_GRAMMARS.matcher(json_format("json")), TRICKY, [END], [END], think(inside=True)
+    )
     for b in b"hmm, {not json} </think":
-        assert c.mask() is None
+        assert c.plan() is None  # thinking: free
         c.advance(b)
     c.advance(ord(">"))
-    for b in b"\n\n":  # whitespace before the answer
-        assert c.mask() is not None
-        c.advance(b)
-    mask = c.mask()
-    assert bool(mask[ord("{")]) and not bool(mask[ord("a")]) and not bool(mask[v.size - 1])
+    feed(c, b"\n\n")  # the line break before the answer, which the parser drops
+    mask = allowed(c)
+    assert ord("{") in mask and ord("a") not in mask and END not in mask and 10 not in mask
+    feed(c, b"{}")
+    assert c.finished
 
 
-def test_constraint_lets_the_first_token_open_thinking():
+def test_the_first_token_may_open_thinking():
     v = Vocab([b"{", b"}", b"<think>", b"</think>", b"x", b""], 6)
-    gm = GrammarMasks(format_grammar("json"), v)
-    c = Constraint(gm, frozenset({5}), think_close=b"</think>", think_open_ids=frozenset({2}))
-    assert c.mask().tolist() == [True, False, True, False, False, False]
+    g = Grammars(v, [5])
+    c = Constraint(g.matcher(json_format("json")), v, [5], [5], think_on(v))
+    assert allowed_in(c) == {0, 2}
     c.advance(2)
-    assert c.mask() is None  # thinking: free
+    assert c.plan() is None  # thinking: free
     c.advance(4)
     c.advance(3)
-    assert c.mask().tolist() == [True, False, False, False, False, False]  # no second <think>
+    assert allowed_in(c) == {0}  # no second <think>
     c.advance(0)
     c.advance(1)
     assert c.finished
 
 
+def think_on(v: Vocab) -> Thinking:
+    return Thinking(b"<think>", b"</think>", [3], open_ids=[2])
+
+
+def allowed_in(c: Constraint) -> set[int]:
+    return set(Masker().compute([c])[0].allowed().tolist())
+
+
+def test_a_spent_budget_forces_the_close_marker():
+    v = Vocab([b"{", b"}", b"<think>", b"</think>", b"x", b""], 6)
+    c = Constraint(None, v, [5], [5], Thinking(b"<think>", b"</think>", [3], budget=3, inside=True))
+    for _ in range(3):
+        assert c.plan() is None
+        c.advance(4)
+    assert allowed_in(c) == {3}  # the budget is spent: the thinking ends
+    c.advance(3)
+    assert c.plan() is None and not c.think.inside
+
+
+def test_harmony_analysis_may_open_anywhere_and_its_budget_ends_it():
+    t = Thinking(b"<|channel|>analysis<|message|>", b"<|end|>", [7], budget=2, anywhere=True)
+    for piece in [b"<|channel|>", b"final", b"<|message|>", b"hi"]:
+        t.advance(0, piece)
+        assert not t.inside
+    for piece in [b"<|end|><|start|>assistant<|chan", b"nel|>analysis<|message|>"]:
+        t.advance(0, piece)
+    assert t.inside and not t.over
+    t.advance(0, b"so")
+    t.advance(0, b" then")
+    assert t.over
+    t.advance(7, b"<|end|>")
+    assert not t.inside
+
+
 # -- the engine --------------------------------------------------------------------------------
 
 
-def run(engine, prompt, params, constraint=None, top_logprobs=None):
-    seq = Sequence(list(prompt), params, 400, engine.tokenizer.eos_ids)
+def run(engine, prompt, params, constraint=None, top_logprobs=None, limit=400):
+    seq = Sequence(list(prompt), params, limit, engine.tokenizer.eos_ids)
     seq.constraint = constraint
     seq.top_logprobs = top_logprobs
     engine.submit(seq, lambda *_: None)
@@ -265,69 +303,101 @@ def chat_prompt(engine, text="hi"):
     return engine.tokenizer.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
-def test_random_model_writes_valid_json_for_a_schema(engine, cache, temperature):
-    masks = cache.get(["format", SCHEMA], lambda: format_grammar(SCHEMA))
-    for seed in range(4):
-        p = SamplingParams(temperature=temperature, seed=seed, top_k=0 if seed % 2 else 40)
-        seq = run(
-            engine,
-            chat_prompt(engine, f"person {seed}"),
-            p,
-            Constraint(masks, engine.tokenizer.eos_ids),
-        )
-        text = engine.tokenizer.decode(seq.output_ids)
-        assert seq.finish_reason == "stop", text
-        jsonschema.validate(json.loads(text), SCHEMA)
+def constrained(engine, grammars, grammar, think=None):
+    eos = engine.tokenizer.eos_ids
+    return Constraint(grammars.matcher(grammar), grammars.vocab, eos, grammars.eos_ids, think)
 
 
-def test_format_json_gives_an_object(engine, cache):
+@pytest.mark.parametrize("case", range(12))
+def test_random_schemas_give_valid_instances(engine, grammars, case):
+    rng = random.Random(case)
+    schema = schemas.random_schema(rng)
+    if case % 3 == 2:
+        schema = schemas.with_ref(schema)
+    p = SamplingParams(
+        temperature=rng.choice([0.0, 0.7, 1.2]), seed=case, top_k=rng.choice([0, 40])
+    )
+    seq = run(
+        engine,
+        chat_prompt(engine, f"item {case}"),
+        p,
+        constrained(engine, grammars, json_format(schema)),
+    )
+    text = engine.tokenizer.decode(seq.output_ids)
+    assert seq.finish_reason == "stop", (schema, text)
+    assert "\n" not in text and "\t" not in text  # the compact layout
+    schemas.validate(json.loads(text), schema)
+
+
+def test_format_json_gives_an_object(engine, grammars):
     # A random model at temperature 0.9 wanders: some walks close the object within the
     # budget and some do not, and which ones do shifts with floating-point summation order.
-    # So judge several walks: every one is an object from its first character, every one
-    # that stopped parses as an object, and most stop.
-    masks = cache.get(["format", "json"], lambda: format_grammar("json"))
+    # So judge several walks: every one is compact JSON from its first character (a JSON
+    # string holds no raw newline), every one that stopped parses as an object, some stop.
     stopped = 0
     for seed in range(6):
         seq = run(
             engine,
             chat_prompt(engine),
             SamplingParams(temperature=0.9, seed=seed),
-            Constraint(masks, engine.tokenizer.eos_ids),
+            constrained(engine, grammars, json_format("json")),
         )
         text = engine.tokenizer.decode(seq.output_ids)
-        assert text.lstrip().startswith("{"), text
+        assert text.startswith("{") and "\n" not in text and "\t" not in text, text
         if seq.finish_reason == "stop":
             stopped += 1
             assert isinstance(json.loads(text), dict), text
-    assert stopped >= 3
+    assert stopped >= 2
+
+
+def calls_of(engine, seq, style):
+    parser = OutputParser(style, tools=True)
+    return parser.feed(engine.tokenizer.decode(seq.output_ids)) + parser.finish()
 
 
 @pytest.mark.parametrize("name", [None, "add"])
-def test_forced_tool_call_parses_and_validates(engine, cache, name):
+def test_forced_tool_calls_parse_and_validate(engine, grammars, name):
     style = QwenFormat(think_open=None, think_close=None)
-    masks = cache.get(
-        ["call", TOOLS, name],
-        lambda: tool_call_grammar(TOOLS, name, style.call_open, style.call_close),
-    )
-    params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    grammar = style.call_grammar(forced_tools(TOOLS, name), parallel=False)
     for seed in range(3):
+        p = SamplingParams(temperature=1.0, seed=seed)
         seq = run(
-            engine,
-            chat_prompt(engine, "weather?"),
-            SamplingParams(temperature=1.0, seed=seed),
-            Constraint(masks, engine.tokenizer.eos_ids),
+            engine, chat_prompt(engine, "weather?"), p, constrained(engine, grammars, grammar)
         )
-        parser = OutputParser(style, tools=True)
-        events = parser.feed(engine.tokenizer.decode(seq.output_ids)) + parser.finish()
-        calls = [c for e in events for c in e.get("tool_calls", [])]
-        assert len(calls) == 1 and not [e for e in events if e.get("content", "").strip()], events
-        fn = calls[0]["function"]
-        assert fn["name"] == (name or fn["name"]) and fn["name"] in params
-        jsonschema.validate(fn["arguments"], params[fn["name"]])
+        events = calls_of(engine, seq, style)
+        calls = [c["function"] for e in events for c in e.get("tool_calls", [])]
+        assert seq.finish_reason == "stop" and len(calls) == 1, events
+        assert not [e for e in events if e.get("content", "").strip()], events
+        for fn in calls:
+            assert fn["name"] == (name or fn["name"]) and fn["name"] in PARAMS
+            schemas.validate(fn["arguments"], PARAMS[fn["name"]])
 
 
-def test_the_grammar_applies_once_thinking_ends(engine, cache, monkeypatch):
+def test_a_call_opened_under_auto_follows_its_schema(engine, grammars, monkeypatch):
+    style = QwenFormat(think_open=None, think_close=None)
+    opener = engine.tokenizer.tok.token_to_id("<tool_call>")
+    logits = engine.model.logits
+
+    def eager_to_call(hidden):
+        out = logits(hidden)
+        out[:, opener] += 8.0  # so the random model opens a call soon
+        return out
+
+    monkeypatch.setattr(engine.model, "logits", eager_to_call)
+    grammar = style.auto_grammar(offered_tools(TOOLS))
+    for seed in range(3):
+        c = constrained(engine, grammars, grammar)
+        seq = run(
+            engine, chat_prompt(engine), SamplingParams(temperature=1.0, seed=seed), c, limit=120
+        )
+        events = calls_of(engine, seq, style)
+        calls = [c["function"] for e in events for c in e.get("tool_calls", [])]
+        assert calls, events
+        for fn in calls:
+            schemas.validate(fn["arguments"], PARAMS[fn["name"]])
+
+
+def test_the_grammar_applies_once_thinking_ends(engine, grammars, monkeypatch):
     tok = engine.tokenizer
     close = tok.tok.token_to_id("</think>")
     logits = engine.model.logits
@@ -339,26 +409,33 @@ def test_the_grammar_applies_once_thinking_ends(engine, cache, monkeypatch):
 
     monkeypatch.setattr(engine.model, "logits", eager_to_stop_thinking)
     prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
-    masks = cache.get(["format", SCHEMA], lambda: format_grammar(SCHEMA))
     for seed in range(3):
-        c = Constraint(masks, tok.eos_ids, thinking=True, think_close=b"</think>")
+        t = Thinking(b"<think>", b"</think>", [close], inside=True)
+        c = constrained(engine, grammars, json_format(SCHEMA), t)
         seq = run(engine, prompt, SamplingParams(temperature=1.0, seed=seed), c)
         parser = OutputParser(QwenFormat(), thinking=True)
         events = parser.feed(tok.decode(seq.output_ids)) + parser.finish()
         assert seq.finish_reason == "stop" and close in seq.output_ids
         answer = "".join(e.get("content", "") for e in events)
-        jsonschema.validate(json.loads(answer), SCHEMA)
+        schemas.validate(json.loads(answer), SCHEMA)
 
 
-def test_unconstrained_sequences_are_untouched(engine, cache):
+def test_a_thinking_budget_bounds_the_thinking(engine, grammars):
+    tok = engine.tokenizer
+    close = tok.tok.token_to_id("</think>")
+    prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    t = Thinking(b"<think>", b"</think>", [close], budget=5, inside=True)
+    c = Constraint(None, grammars.vocab, tok.eos_ids, grammars.eos_ids, t)
+    seq = run(engine, prompt, SamplingParams(temperature=1.0, seed=3, num_predict=30), c, limit=30)
+    assert seq.output_ids.index(close) <= 5
+
+
+def test_unconstrained_sequences_are_untouched(engine, grammars):
     prompt = chat_prompt(engine)
-    free = run(engine, prompt, SamplingParams(temperature=0.0, num_predict=20))
-    masks = cache.get(["format", "json"], lambda: format_grammar("json"))
+    free = run(engine, prompt, SamplingParams(temperature=0.0), limit=20)
     seq = Sequence(list(prompt), SamplingParams(temperature=0.0), 30, engine.tokenizer.eos_ids)
-    seq.constraint = Constraint(masks, engine.tokenizer.eos_ids)
-    together = Sequence(
-        list(prompt), SamplingParams(temperature=0.0), 400, engine.tokenizer.eos_ids
-    )
+    seq.constraint = constrained(engine, grammars, json_format("json"))
+    together = Sequence(list(prompt), SamplingParams(temperature=0.0), 20, engine.tokenizer.eos_ids)
     for s in (seq, together):
         engine.submit(s, lambda *_: None)
     while not (seq.is_finished and together.is_finished):

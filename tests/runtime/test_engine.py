@@ -3,9 +3,11 @@ options, token ids or grammar used to end every stream of the batch with its err
 
 from __future__ import annotations
 
-import pytest
-import torch
+from types import SimpleNamespace
 
+import pytest
+
+from freetoken.runtime import constrain
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from tests.runtime.engine_util import make_engine
@@ -19,15 +21,27 @@ def engine(tiny_model):
 
 
 class _Broken:
-    """A grammar whose mask cannot be computed."""
+    """A constraint whose mask cannot be planned (on the engine thread)."""
 
     finished = False
 
-    def mask(self) -> torch.Tensor:
+    def plan(self):
         raise RuntimeError("broken grammar")
 
     def advance(self, token: int) -> None:
         pass
+
+
+class _BrokenMatcher(_Broken):
+    """A constraint whose grammar's mask the worker cannot compute."""
+
+    matcher = object()  # not a matcher: the engine's batched call refuses it
+
+    def __init__(self, size: int):
+        self.vocab = SimpleNamespace(size=size)
+
+    def plan(self):
+        return constrain._GRAMMAR
 
 
 def _run(engine, seqs, outputs=None):
@@ -60,6 +74,16 @@ def test_a_broken_grammar_fails_its_sequence_alone(engine):
     assert good.finish_reason == "length" and len(good.output_ids) == 6
     assert other.finish_reason == "length" and other.output_ids == good.output_ids
     assert engine.kv.pool.num_free == engine.kv.pool.num_pages  # every page came back
+
+
+def test_a_grammar_the_mask_worker_cannot_compute_fails_its_sequence_alone(engine):
+    good, bad, planless = _seq(), _seq(), _seq()
+    bad.constraint = _BrokenMatcher(engine.vocab_size)
+    planless.constraint = _Broken()
+    _run(engine, [good, bad, planless])
+    assert bad.finish_reason == "error" and planless.finish_reason == "error"
+    assert good.finish_reason == "length" and len(good.output_ids) == 6
+    assert engine.kv.pool.num_free == engine.kv.pool.num_pages
 
 
 def test_out_of_vocabulary_ids_fail_their_sequence_before_the_step(engine):

@@ -7,7 +7,7 @@ import pytest
 
 from freetoken.chat import formats
 from freetoken.protocol import CompletionRequest
-from freetoken.runtime.constrain import MaskCache
+from freetoken.runtime.constrain import Grammars, Masker
 from freetoken.runtime.prompt import PromptBuilder
 from freetoken.runtime.requests import RequestBuilder, RequestError
 from freetoken.runtime.tokenizer import Tokenizer
@@ -46,9 +46,8 @@ def tokenizer(tmp_path_factory):
 
 def builder(tokenizer: Tokenizer, architecture: str | None) -> RequestBuilder:
     vocab = Vocab.from_tokenizer(tokenizer.tok, tokenizer.vocab_size, formats.MARKERS)
-    return RequestBuilder(
-        tokenizer, PromptBuilder(tokenizer, SHOW), MaskCache(vocab), 512, architecture
-    )
+    grammars = Grammars(vocab, tokenizer.eos_ids)
+    return RequestBuilder(tokenizer, PromptBuilder(tokenizer, SHOW), grammars, 512, architecture)
 
 
 def chat(**kw) -> CompletionRequest:
@@ -68,16 +67,16 @@ def test_the_architecture_chooses_the_parser(tokenizer):
 
 
 @pytest.mark.parametrize(
-    "architecture, constrained",
-    [("deepseek_v3", True), ("mixtral", True), ("gpt_oss", True), ("qwen3_moe", True)]
-    + [("glm4_moe", False), ("minimax_m2", False)],
+    "architecture", ["deepseek_v3", "mixtral", "gpt_oss", "qwen3_moe", "glm4_moe", "minimax_m2"]
 )
-def test_forced_calls_are_constrained_where_the_format_has_a_grammar(
-    tokenizer, architecture, constrained
-):
+def test_calls_are_constrained_in_every_format(tokenizer, architecture):
     choice = {"type": "function", "function": {"name": "get_day"}}
     prepared = builder(tokenizer, architecture).prepare(chat(tools=TOOLS, tool_choice=choice))
-    assert (prepared.seq.constraint is not None) == constrained
+    assert prepared.seq.constraint.matcher is not None
+    # under auto, the calls the model opens are constrained too, where a marker opens them
+    # (this template shows none of Qwen's: its calls would be bare JSON, nothing to wait for)
+    auto = builder(tokenizer, architecture).prepare(chat(tools=TOOLS, think=False))
+    assert (auto.seq.constraint is not None) == (architecture != "qwen3_moe")
     with pytest.raises(RequestError, match="not among the tools"):
         builder(tokenizer, architecture).prepare(
             chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
@@ -87,8 +86,8 @@ def test_forced_calls_are_constrained_where_the_format_has_a_grammar(
 def test_a_harmony_grammar_may_write_its_control_tokens(tokenizer):
     choice = {"type": "function", "function": {"name": "get_day"}}
     prepared = builder(tokenizer, "gpt_oss").prepare(chat(tools=TOOLS, tool_choice=choice))
-    mask = prepared.seq.constraint.mask()
-    assert mask[tokenizer.tok.token_to_id("<|channel|>")]
+    mask = Masker().compute([prepared.seq.constraint])[0]
+    assert tokenizer.tok.token_to_id("<|channel|>") in mask.allowed()
     assert prepared.seq.shown_ids == tokenizer.special_ids(
         ["<|channel|>", "<|message|>", "<|start|>"]
     )
@@ -114,3 +113,12 @@ def test_the_think_setting_reaches_the_template_as_the_format_names_it(
     prepared = b.prepare(chat(tools=TOOLS, think=think))
     assert tokenizer.decode(prepared.seq.prompt_ids) == shown
     assert b.count(chat(tools=TOOLS, think=think)) == len(prepared.seq.prompt_ids)
+
+
+def test_a_thinking_budget_bounds_the_thinking(tokenizer):
+    b = builder(tokenizer, "qwen3_moe")
+    assert b.prepare(chat(think="low")).seq.constraint is None  # the server sets budgets
+    assert b.prepare(chat(think=True, think_budget=9)).seq.constraint.think.budget == 9
+    # Harmony: its analysis messages are the thinking, the grammar writes them
+    harmony = builder(tokenizer, "gpt_oss").prepare(chat(think_budget=5)).seq.constraint
+    assert harmony.think.budget == 5 and harmony.think.anywhere and harmony.grammar_thinks

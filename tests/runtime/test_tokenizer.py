@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
+from freetoken.chat.grammar import Grammar
+from freetoken.runtime.constrain import Constraint, Grammars, Masker
 from freetoken.runtime.detok import Detokenizer
 from freetoken.runtime.tokenizer import Tokenizer
 from freetoken.runtime.vocab import Vocab, token_bytes
@@ -32,17 +33,18 @@ def test_shown_control_tokens_decode_as_text(files):
     assert tok.decode(wide, shown=tok.special_ids(["<｜tool▁sep｜>"])) == "é<｜tool▁sep｜>ü"
 
 
-def test_marker_tokens_have_bytes_but_are_never_string_content(files):
+def test_marker_tokens_are_text_to_grammars_and_other_control_tokens_are_not(files):
     tok = Tokenizer(files).tok
     channel, hidden = tok.token_to_id("<|channel|>"), tok.token_to_id("<|hidden|>")
     assert token_bytes(tok)[channel] == b""
     assert token_bytes(tok, ["<|channel|>"])[channel] == b"<|channel|>"
     vocab = Vocab.from_tokenizer(tok, tok.get_vocab_size(), ["<|channel|>"])
     assert vocab.bytes[channel] == b"<|channel|>" and vocab.bytes[hidden] == b""
-    plain = vocab.string_content(0, None)
-    assert not plain[channel] and plain[tok.token_to_id("a")]
-    assert not vocab.escaped_content(None)[channel]
-    found: list[int] = []
-    vocab.string_exits.walk(None, lambda s, b: True, found)
-    assert channel not in found
-    assert np.count_nonzero(plain) > 100
+    # free text: a marker may be written (a grammar writes markers as text), a hidden
+    # control token never
+    grammars = Grammars(vocab, [tok.token_to_id("<|im_end|>")])
+    free = Grammar("start: /(.|\\n)*/\n")
+    c = Constraint(grammars.matcher(free), vocab, [], grammars.eos_ids)
+    on = set(Masker().compute([c])[0].allowed().tolist())
+    assert channel in on and hidden not in on and tok.token_to_id("a") in on
+    assert len(on) > 400

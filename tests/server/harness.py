@@ -92,11 +92,12 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """`with LiveServer(cfg) as srv:` serves the API at `srv.url` until the block ends."""
+    """`with LiveServer(cfg) as srv:` serves the API at `srv.url` until the block ends;
+    `residency` stands in a Residency of the test's (with its own memory figures)."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, residency: Any = None):
         self.cfg = cfg
-        self.app = create_app(cfg)
+        self.app = create_app(cfg, residency=residency)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(

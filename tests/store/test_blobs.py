@@ -67,3 +67,24 @@ def test_bad_digests_are_rejected(blobs, bad):
 def test_dash_and_colon_forms_name_the_same_blob(blobs):
     d = blobs.put_bytes(b"a")
     assert blobs.has(d.replace(":", "-")) and blobs.has(d.upper().replace("SHA256", "sha256"))
+
+
+def test_a_linked_file_is_published_under_its_digest_once(blobs, tmp_path):
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"w" * 10_000)
+    staged, how = blobs.stage_link(src)
+    assert how in ("reflink", "hard link") and staged.parent == blobs.root
+    assert blobs.digests() == set()  # a temporary name until published
+    d = digest(src.read_bytes())
+    assert blobs.publish(staged, d) and blobs.read_bytes(d) == src.read_bytes()
+    again, _ = blobs.stage_link(src)
+    assert not blobs.publish(again, d) and not again.exists()
+    assert [p.name for p in blobs.root.iterdir()] == [blobs.path(d).name]
+
+
+def test_adopt_takes_a_digest_computed_while_writing(blobs, tmp_path):
+    blobs.ensure()
+    f = blobs.root / "converted"
+    f.write_bytes(b"ftw shard")
+    d, size, created = blobs.adopt(f, digest(b"ftw shard"))
+    assert (d, size, created) == (digest(b"ftw shard"), 9, True) and not f.exists()

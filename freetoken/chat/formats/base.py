@@ -3,9 +3,10 @@ calls, and what its template reads.
 
 A format makes the parser that splits a request's output into events (protocol.Event:
 `content`, `thinking`, `tool_calls`, and `tool_call_start`/`tool_call_delta` while a call's
-arguments stream), the grammar a forced call follows, and the template variables a think
-setting becomes. Which format a model has is declared by its architecture (formats/
-__init__.py); the template's markers decide only for models no architecture claims.
+arguments stream, `tool_call_truncated` for a call the token limit cut), the grammars its
+calls follow (forced, and under `auto` from the call's opening marker on), and the template
+variables a think setting becomes. Which format a model has is declared by its architecture
+(formats/__init__.py); the template's markers decide only for models no architecture claims.
 
 Every parser keeps to the same rules: markup never reaches content or thinking (text that
 may be the start of a marker is held back until it is decided), content before a call
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from freetoken.chat.template import think_variables
 
 if TYPE_CHECKING:
-    from freetoken.chat.jsonfsm import Grammar
+    from freetoken.chat.grammar import Grammar
 
 __all__ = ["CallSection", "ChatFormat", "Event", "ParseOptions", "Parser"]
 
@@ -46,8 +47,9 @@ class Parser(Protocol):
     def feed(self, text: str) -> list[Event]:
         """Events for what the new text decides (text that may be a marker waits)."""
 
-    def finish(self) -> list[Event]:
-        """Events for whatever is left once the output has ended."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """Events for whatever is left once the output has ended; `cut`: the token limit
+        ended it, so a call in progress is a `tool_call_truncated` event, never content."""
 
 
 class CallSection(ABC):
@@ -62,9 +64,10 @@ class CallSection(ABC):
     def feed(self, body: str) -> tuple[list[Event], int]: ...
 
     @abstractmethod
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         """The output ended inside the section: what is left, and where the section really
-        ended (before the text's end when a marker was hidden by a string never closed)."""
+        ended (before the text's end when a marker was hidden by a string never closed).
+        `cut`: the token limit ended it; the call in progress is reported truncated."""
 
 
 class ChatFormat(ABC):
@@ -83,14 +86,33 @@ class ChatFormat(ABC):
     @abstractmethod
     def parser(self, opts: ParseOptions) -> Parser: ...
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar | None:
-        """The grammar of one forced call to `name` (or any of `tools`), in this format's
-        markup; None where the format's calls cannot be written as one (the request is then
-        served unconstrained, the tools offered as usual)."""
+    # the grammars include the thinking (else a grammar applies once the thinking has ended)
+    grammar_thinks: ClassVar[bool] = False
+
+    def call_grammar(
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
+    ) -> Grammar | None:
+        """The grammar of an answer that is a call (or several: `parallel`) to `tools`
+        (functions: name, parameters), in this format's markup; None where the format has
+        no calls. `lenient`: keywords the engine cannot enforce are not checked; `think`
+        False: no thinking before the calls, where the grammar writes it (`grammar_thinks`)."""
+        return None
+
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar | None:
+        """Free text in which a call, once its opening marker is written, follows its
+        tool's schema to its end (None: nothing marks a call's start)."""
         return None
 
     def thinking_bounds(self) -> tuple[str, str] | None:
-        """The markers around thinking, where a forced call's grammar waits for its end."""
+        """The markers around thinking: a grammar waits for its end (unless
+        `grammar_thinks`), and a thinking budget is spent between them."""
         return None
 
     def template_variables(self, think: bool | str | None) -> dict[str, Any]:

@@ -5,7 +5,8 @@ DeepSeek's special tokens,
 
 where V3 and R1 write a CALL as `function<｜tool▁sep｜>NAME` and the arguments in a fenced
 JSON block, and V3.1 as `NAME<｜tool▁sep｜>ARGUMENTS`. Both are read; a forced call is
-written as the model's template writes calls. V3.1's template reads `thinking`.
+written as the model's template writes calls, and so is a call's grammar (one section of
+any number of calls). V3.1's template reads `thinking`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
 from freetoken.chat.formats.scan import call_event
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import call_alternatives
+from freetoken.chat.grammar import Lark, lit
+from freetoken.chat.structured import named_calls
 
 __all__ = ["DeepSeekFormat"]
 
@@ -79,14 +80,18 @@ class DeepSeekFormat(DelimitedFormat):
             return None
         return call_event(name, value) if name and isinstance(value, dict) else None
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         def around(fn: str) -> tuple[str, str]:
             if self.fenced:
-                head = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}{fn}\n```json\n"
-                return head, f"```{CALL_END}{CALLS_END}"
-            return f"{CALLS_BEGIN}{CALL_BEGIN}{fn}{SEP}", f"{CALL_END}{CALLS_END}"
+                head = lit(f"{CALL_BEGIN}function{SEP}{fn}\n```json\n")
+                return head, f'"\\n"? {lit("```" + CALL_END)}'
+            return lit(f"{CALL_BEGIN}{fn}{SEP}"), lit(CALL_END)
 
-        return call_alternatives(tools, name, around)
+        call = named_calls(lark, tools, lenient, around)
+        more = f'("\\n"? {call})*' if parallel else ""
+        return lark.rule(f"{call} {more} {lit(CALLS_END)}")
 
     def template_variables(self, think: bool | str | None) -> dict[str, Any]:
         out = super().template_variables(think)

@@ -9,8 +9,9 @@
 the parameter is not a string and it parses as JSON, else the text as written: the
 template writes strings bare and everything else as JSON.
 
-A forced call has no grammar here: the values are bare text, which the JSON grammar cannot
-express, so such a request is served unconstrained with the tools offered.
+A call's grammar writes string values as bare text up to `</arg_value>` and the others as
+JSON of their schema, one pair per parameter in the schema's order; parallel calls are
+consecutive `<tool_call>` sections.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value
+from freetoken.chat.formats.scan import (
+    call_event,
+    open_object,
+    parameter_schema,
+    typed_value,
+)
+from freetoken.chat.grammar import Lark, lit, tagged_arguments
 
 __all__ = ["GlmFormat"]
 
@@ -61,3 +68,23 @@ class GlmFormat(DelimitedFormat):
         if rest[pos:].strip():
             return None  # a pair cut short, or text that is no pair
         return call_event(name, args)
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        name, key, rest = text.partition(_KEY)
+        args, pos = {}, 0
+        while m := _PAIR.match(key + rest, pos):
+            args[m.group(1).strip()] = m.group(2)
+            pos = m.end()
+        return name.strip(), open_object(args)
+
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
+        def pair(key: str, value: str) -> str:
+            return f'"<arg_key>" {key} "</arg_key>" "\\n"? "<arg_value>" {value} "\\n"?'
+
+        alts = [
+            f'{lit(fn["name"])} "\\n"? {tagged_arguments(lark, fn, pair, "</arg_value>", lenient)}'
+            for fn in tools
+        ]
+        return lark.rule(f"({' | '.join(alts)}) {lit(self.call_close)}")

@@ -9,7 +9,10 @@ channel are content. The prompt usually ends with `<|start|>assistant`, so the o
 begins with `<|channel|>`. `<|return|>` and `<|call|>` end the output (they are the model's
 stop tokens), `<|end|>` ends a message. Text that is no header at all is content.
 
-Harmony templates read the think level as `reasoning_effort`.
+Harmony templates read the think level as `reasoning_effort`. Thinking is part of the
+message structure, so grammars write it: a forced answer is analysis messages, then calls;
+under `auto`, analysis and preamble messages, then a final answer or calls. A message body
+holds no `<|`, so no header can hide in one; a thinking budget ends the analysis message.
 """
 
 from __future__ import annotations
@@ -20,9 +23,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.base import ChatFormat, Event, ParseOptions
-from freetoken.chat.formats.scan import ArgumentStream, call_event, partial_suffix, without
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import call_alternatives
+from freetoken.chat.formats.scan import (
+    ArgumentStream,
+    call_event,
+    partial_suffix,
+    truncated_call,
+    without,
+)
+from freetoken.chat.grammar import Grammar, Lark, lit
+from freetoken.chat.structured import named_calls
 
 __all__ = ["HarmonyFormat", "HarmonyParser"]
 
@@ -32,6 +41,7 @@ _ENDS = (END, CALL, RETURN)  # end a message
 _OPENS = (START, CHANNEL)  # begin a header (also where the model left a message open)
 _MARKERS = (*_ENDS, *_OPENS, MESSAGE, CONSTRAIN)
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+_BODY = r"([^<]|<[^|])*"  # message text: no marker starts in it
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]+)")
 
 
@@ -40,14 +50,51 @@ class HarmonyFormat(ChatFormat):
     name: ClassVar[str] = "harmony"
     markers: ClassVar[tuple[str, ...]] = _MARKERS
 
+    grammar_thinks: ClassVar[bool] = True
+
     def parser(self, opts: ParseOptions) -> HarmonyParser:
         return HarmonyParser(opts, *_opening(opts.prompt))
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
-        def around(fn: str) -> tuple[str, str]:
-            return f"{CHANNEL}commentary to=functions.{fn} {CONSTRAIN}json{MESSAGE}", ""
+    def thinking_bounds(self) -> tuple[str, str]:
+        return f"{CHANNEL}analysis{MESSAGE}", END
 
-        return call_alternatives(tools, name, around)
+    def call_grammar(
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
+    ) -> Grammar:
+        # one call a message, and `<|call|>` ends the output: never parallel
+        lark = Lark()
+        call = self._call(lark, tools, lenient)
+        return lark.grammar(f"{_message(lark, 'analysis')}* {call}" if think else call)
+
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar:
+        lark = Lark()
+        call = self._call(lark, tools, True)
+        kinds = ("analysis", "commentary") if think else ("commentary",)
+        notes = f"({' | '.join(_message(lark, k) for k in kinds)})*"
+        final = f"{lit(CHANNEL + 'final' + MESSAGE)} /{_BODY}<?/"
+        return lark.grammar(f"{notes} ({final} | {call})?")
+
+    @staticmethod
+    def _call(lark: Lark, tools: list[dict[str, Any]], lenient: bool) -> str:
+        """A call message's header and JSON arguments (`<|call|>`, a stop token, ends it)."""
+
+        def around(fn: str) -> tuple[str, str]:
+            return lit(f"{CHANNEL}commentary to=functions.{fn} {CONSTRAIN}json{MESSAGE}"), '""'
+
+        return named_calls(lark, tools, lenient, around)
+
+
+def _message(lark: Lark, channel: str) -> str:
+    """A whole message on `channel` and the next message's start."""
+    body = lark.rule(f"/{_BODY}<\\|end\\|>/", "[lazy]")
+    return lark.rule(f"{lit(CHANNEL + channel + MESSAGE)} {body} {lit(START + 'assistant')}")
 
 
 def _opening(prompt: str) -> tuple[str, str]:
@@ -81,14 +128,17 @@ class HarmonyParser:
             pass
         return out
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Event]:
         out: list[Event] = []
         rest, self.buf = self.buf, ""
         if self.mode == "body":
             self._text(out, rest)
-            self._close(out)
+            self._close(out, cut)
         elif not any(m in self.head + rest for m in _MARKERS):
             self._text(out, rest.strip())  # an answer with no header at all
+        elif cut and self.opts.tools and (to := _RECIPIENT.search(self.head + rest)):
+            name = to.group(1).removeprefix("functions.")  # a call's header the limit cut
+            out.append(truncated_call(self.calls, name, ""))
         return out
 
     def _head(self, out: list[Event]) -> bool:
@@ -148,8 +198,8 @@ class HarmonyParser:
         else:
             out.append({"content": text})
 
-    def _close(self, out: list[Event]) -> None:
-        """The message ended: a call's arguments are complete."""
+    def _close(self, out: list[Event], cut: bool = False) -> None:
+        """The message ended: a call's arguments are complete (unless the limit `cut` it)."""
         if self.kind != "call":
             return
         streamed = self.args is not None and self.args.started
@@ -158,6 +208,9 @@ class HarmonyParser:
             args = json.loads(self.body)
         except ValueError:
             args = None
+        if not isinstance(args, dict) and cut:
+            out.append(truncated_call(self.calls, self.name, self.body.lstrip()))
+            return
         if not isinstance(args, dict):
             shown = without(self.body, _MARKERS)  # shown, not lost
             out += [{"content": shown}] if shown else []

@@ -17,8 +17,10 @@ from freetoken.chat.formats.scan import (
     ArgumentStream,
     MarkerScan,
     partial_suffix,
+    truncated_call,
     without,
 )
+from freetoken.chat.grammar import FREE_TEXT, Grammar, Lark, lit, until
 
 __all__ = ["DelimitedFormat", "DelimitedSection", "MarkupFormat"]
 
@@ -29,6 +31,7 @@ class MarkupFormat(ChatFormat):
     think_close: str | None = None
     call_open: str | None = None  # opens a tool-call section (None: calls are not parsed)
     bare_calls: ClassVar[bool] = False  # an answer that is one bare JSON object is a call
+    calls_between: ClassVar[str] = '"\\n"?'  # Lark: between two sections of parallel calls
 
     @abstractmethod
     def section(self, index: int, opts: ParseOptions) -> CallSection:
@@ -37,6 +40,11 @@ class MarkupFormat(ChatFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         """The call a whole answer is, for formats with `bare_calls`."""
         return None
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        """A call's name and its arguments' JSON text so far, from a call's text the token
+        limit cut ("" where not yet written)."""
+        return "", ""
 
     def readable(self, text: str) -> str:
         """A call that does not parse, as content: its text without the markup."""
@@ -59,6 +67,41 @@ class MarkupFormat(ChatFormat):
             return self.think_open, self.think_close
         return None
 
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str | None:
+        """The rule of one call section after its open marker, to its end (None: the format
+        cannot write one); `parallel`: a section may hold several calls."""
+        return None
+
+    def call_grammar(
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
+    ) -> Grammar | None:
+        lark = Lark()
+        rest = self.call_rules(lark, tools, lenient, parallel) if self.call_open else None
+        if rest is None:
+            return None
+        one = f"{lit(self.call_open or '')} {rest}"
+        return lark.grammar(f"{one} ({self.calls_between} {one})*" if parallel else one)
+
+    def auto_grammar(
+        self, tools: list[dict[str, Any]], *, parallel: bool = True, think: bool = True
+    ) -> Grammar | None:
+        lark = Lark()
+        rest = self.call_rules(lark, tools, True, parallel) if self.call_open else None
+        if rest is None:
+            return None
+        # free text up to the first open marker, then the call: a lazy lexeme ends there
+        opened = lark.rule(until(self.call_open or ""), "[lazy]")
+        if not parallel:
+            return lark.grammar(f"{FREE_TEXT} | {opened} {rest}")
+        return lark.grammar(f"({opened} {rest})* {FREE_TEXT}")
+
 
 @dataclass(frozen=True)
 class DelimitedFormat(MarkupFormat):
@@ -76,6 +119,10 @@ class DelimitedFormat(MarkupFormat):
         """Where a call's JSON arguments start in its text so far, and the call's name;
         None while that is not yet written (formats that stream arguments)."""
         return None
+
+    def partial_call(self, text: str) -> tuple[str, str]:
+        found = self.arguments_start(text)
+        return (found[1], text[found[0] :]) if found else ("", "")
 
     def section(self, index: int, opts: ParseOptions) -> CallSection:
         return DelimitedSection(self, index, opts)
@@ -122,12 +169,15 @@ class DelimitedSection(CallSection):
                 return out, -1
             self._open(self.pos + begin + len(fmt.call_begin or ""))
 
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         out, end = self.feed(body)
         if end >= 0 or self.start < 0:
             return out, end if end >= 0 else len(body)
-        # the output ended inside a call: a string never closed may have hidden its end
         text = body[self.start :]
+        if cut and self.fmt.parse_call(text, self.opts.schemas) is None:
+            out += self.args.feed(text) if self.args is not None else []
+            return out + [truncated_call(self.index, *self.fmt.partial_call(text))], len(body)
+        # the output ended inside a call: a string never closed may have hidden its end
         cuts = [(i, m) for m in {self.end, self.fmt.call_close} if (i := text.find(m)) >= 0]
         if not cuts:
             return out + self._call(text), len(body)
@@ -137,7 +187,7 @@ class DelimitedSection(CallSection):
         if marker == self.fmt.call_close:
             return out, after
         self.pos, self.start = after, -1
-        more, end = self.finish(body)
+        more, end = self.finish(body, cut)
         return out + more, end
 
     def _call(self, text: str) -> list[Event]:

@@ -9,8 +9,8 @@
 with any number of invokes (parallel calls) in one section. A value is JSON where the
 tool's schema says the parameter is not a string and it parses as JSON, else the text.
 
-A forced call has no grammar here (the values are bare text): such a request is served
-unconstrained with the tools offered.
+A call's grammar writes string values as bare text up to `</parameter>` and the others as
+JSON of their schema, one parameter per argument in the schema's order.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from freetoken.chat.formats.markup import DelimitedFormat
-from freetoken.chat.formats.scan import call_event, parameter_schema, typed_value, without
+from freetoken.chat.formats.scan import (
+    call_event,
+    open_object,
+    parameter_schema,
+    typed_value,
+    without,
+)
+from freetoken.chat.grammar import Lark, lit, tagged_arguments
 
 __all__ = ["MiniMaxFormat"]
 
@@ -62,5 +69,30 @@ class MiniMaxFormat(DelimitedFormat):
             return None
         return call_event(name, args)
 
+    def partial_call(self, text: str) -> tuple[str, str]:
+        m = _INVOKE.match(text)
+        if m is None:
+            return "", ""
+        body, pos, args = m.group(4), 0, {}
+        while p := _PARAM.match(body, pos):
+            args[next(g for g in p.groups()[:3] if g is not None)] = p.group(4)
+            pos = p.end()
+        return next(g for g in m.groups()[:3] if g is not None), open_object(args)
+
     def readable(self, text: str) -> str:
         return without(_TAG.sub(" ", text), self.markers)
+
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
+        def pair(key: str, value: str) -> str:
+            return f'"<parameter name=\\"" {key} "\\">" {value} "\\n"?'
+
+        alts = []
+        for fn in tools:
+            head = lit(f'<invoke name="{fn["name"]}">')
+            args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)
+            alts.append(f'{head} "\\n"? {args} "</invoke>"')
+        invoke = lark.rule(" | ".join(f"({a})" for a in alts))
+        more = f'("\\n"? {invoke})*' if parallel else ""
+        return lark.rule(f'"\\n"? {invoke} {more} "\\n"? {lit(self.call_close)}')

@@ -19,9 +19,16 @@ from typing import Any, ClassVar
 
 from freetoken.chat.formats.base import CallSection, Event, ParseOptions
 from freetoken.chat.formats.markup import MarkupFormat
-from freetoken.chat.formats.scan import ArgumentStream, JsonEnd, call_event, json_call, regex_head
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import call_alternatives, tool_call_grammar
+from freetoken.chat.formats.scan import (
+    ArgumentStream,
+    JsonEnd,
+    call_event,
+    json_call,
+    regex_head,
+    truncated_call,
+)
+from freetoken.chat.grammar import Lark, lit
+from freetoken.chat.structured import json_calls, named_calls
 
 __all__ = ["MistralFormat"]
 
@@ -30,6 +37,25 @@ _LIST = re.compile(r"\s*\[\s*[{\]]")
 _UNDECIDED = re.compile(r"\s*\[?\s*")
 _NAMED = re.compile(r"\s*([^\[\]\s{}]+)\s*(?:\[CALL_ID\][^\[]*)?\[ARGS\]\s*")
 _HEAD = regex_head(_NAMED)
+_ITEM_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def _whole_items(body: str) -> tuple[list[dict[str, Any]], str]:
+    """The calls of a JSON list whose end was cut, as far as they are whole, and the text
+    of the one after them."""
+    pos, calls, decoder = body.find("[") + 1, [], json.JSONDecoder()
+    while True:
+        while pos < len(body) and body[pos] in " \n\t,":
+            pos += 1
+        try:
+            item, end = decoder.raw_decode(body, pos)
+        except ValueError:
+            return calls, body[pos:]
+        call = json_call(item)
+        if call is None:
+            return calls, body[pos:]
+        calls.append(call)
+        pos = end
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,7 @@ class MistralFormat(MarkupFormat):
 
     name: ClassVar[str] = "mistral"
     markers: ClassVar[tuple[str, ...]] = (CALLS, ARGS, CALL_ID)
+    calls_between: ClassVar[str] = '""'
 
     @classmethod
     def from_template(cls, template: str | None) -> MistralFormat:
@@ -47,10 +74,14 @@ class MistralFormat(MarkupFormat):
     def section(self, index: int, opts: ParseOptions) -> CallSection:
         return _Calls(self, index, opts.stream_calls)
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
         if self.listed:
-            return tool_call_grammar(tools, name, CALLS + "[", "]")
-        return call_alternatives(tools, name, lambda fn: (f"{CALLS}{fn}{ARGS}", ""))
+            call = json_calls(lark, tools, lenient)
+            more = f'(", " {call})*' if parallel else ""
+            return lark.rule(f'"[" {call} {more} "]"')
+        return named_calls(lark, tools, lenient, lambda fn: (lit(fn + ARGS), '""'))
 
 
 class _Calls(CallSection):
@@ -77,12 +108,25 @@ class _Calls(CallSection):
             return out, -1
         return out + self._named(head[1], body[head[0] : end]), end
 
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         out, end = self.feed(body)
         if end >= 0:
             return out, end
+        if cut:
+            return out + self._cut(body), len(body)
         shown = self.fmt.readable(body)  # cut short: shown, not lost
         return out + ([{"content": shown}] if shown else []), len(body)
+
+    def _cut(self, body: str) -> list[Event]:
+        """The limit cut the section: the whole calls of a list, then the one it cut."""
+        if _LIST.match(body) or _UNDECIDED.fullmatch(body):
+            calls, rest = _whole_items(body)
+            m = _ITEM_HEAD.match(rest)
+            name, args = (json.loads(m.group(1)), rest[m.end() :]) if m else ("", "")
+            cut = truncated_call(self.index + len(calls), name, args)
+            return [{"tool_calls": [c]} for c in calls] + [cut]
+        head = _HEAD(body)
+        return [truncated_call(self.index, *((head[1], body[head[0] :]) if head else ("", "")))]
 
     def _named(self, name: str, args: str) -> list[Event]:
         streamed = self.args is not None and self.args.started

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from freetoken.chat.formats.base import CallSection, Event, ParseOptions
-from freetoken.chat.formats.scan import partial_suffix
+from freetoken.chat.formats.scan import partial_suffix, truncated_call
 
 if TYPE_CHECKING:
     from freetoken.chat.formats.markup import MarkupFormat
@@ -56,11 +56,11 @@ class OutputParser:
             pass
         return out
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Event]:
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         if self._mode == "call":
-            events, end = self._section.finish(rest)
+            events, end = self._section.finish(rest, cut)
             self._take(out, events)
             self._mode, self._section = "", None
             if end < len(rest):
@@ -68,7 +68,7 @@ class OutputParser:
                 self._buf = rest[end:]
                 while self._step(out):
                     pass
-                return out + self.finish()
+                return out + self.finish(cut)
         elif self._mode == "think":
             self._emit(out, "thinking", rest)
         else:
@@ -78,8 +78,14 @@ class OutputParser:
             self._lead = ""
         if self._held:
             call = self.fmt.bare_call(self._held)
-            # an answer that is one bare JSON call is a call; anything else was content after all
-            out.append({"tool_calls": [call]} if call else {"content": self._held})
+            # an answer that is one bare JSON call is a call; anything else was content after
+            # all, unless the limit cut the call short
+            if call:
+                out.append({"tool_calls": [call]})
+            elif cut:
+                out.append(truncated_call(self._calls, *self.fmt.partial_call(self._held)))
+            else:
+                out.append({"content": self._held})
             self._held = ""
         return out
 

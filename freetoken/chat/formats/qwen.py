@@ -26,12 +26,14 @@ from freetoken.chat.formats.scan import (
     call_event,
     json_call,
     regex_head,
+    truncated_call,
 )
-from freetoken.chat.jsonfsm import Grammar
-from freetoken.chat.structured import tool_call_grammar
+from freetoken.chat.grammar import Grammar, Lark, lit, tagged_arguments
+from freetoken.chat.structured import json_calls
 
 __all__ = ["QwenFormat", "parse_call"]
 
+_XML_NAME = re.compile(r"<function=([^>\s]+)>")
 _XML_FUNC = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -66,6 +68,7 @@ class QwenFormat(MarkupFormat):
     think_close: str | None = "</think>"
     call_open: str | None = "<tool_call>"
     call_close: str | None = "</tool_call>"
+    xml: bool = False  # forced calls in the XML function form (the template shows it)
 
     name: ClassVar[str] = "qwen"
     markers: ClassVar[tuple[str, ...]] = ("<think>", "</think>", "<tool_call>", "</tool_call>")
@@ -82,6 +85,7 @@ class QwenFormat(MarkupFormat):
             think_close="</think>" if thinks else None,
             call_open="<tool_call>" if calls else None,
             call_close="</tool_call>" if calls else None,
+            xml="<function=" in t,
         )
 
     def section(self, index: int, opts: ParseOptions) -> CallSection:
@@ -90,9 +94,44 @@ class QwenFormat(MarkupFormat):
     def bare_call(self, text: str) -> dict[str, Any] | None:
         return parse_call(text)
 
-    def call_grammar(self, tools: list[Any], name: str | None) -> Grammar:
-        # without call markers, the call is the bare JSON object
-        return tool_call_grammar(tools, name, self.call_open, self.call_close)
+    def partial_call(self, text: str) -> tuple[str, str]:
+        head = _HEAD(text)
+        if head is not None:
+            return head[1], text[head[0] :]
+        m = _XML_NAME.search(text)
+        return (m.group(1), "") if m else ("", "")
+
+    def call_grammar(
+        self,
+        tools: list[dict[str, Any]],
+        *,
+        parallel: bool = True,
+        lenient: bool = False,
+        think: bool = True,
+    ) -> Grammar | None:
+        if self.call_open:
+            return super().call_grammar(tools, parallel=parallel, lenient=lenient)
+        lark = Lark()  # without call markers, the call is the bare JSON object
+        return lark.grammar(json_calls(lark, tools, lenient))
+
+    def call_rules(
+        self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
+    ) -> str:
+        if self.xml:
+            calls = lark.rule(" | ".join(f"({_xml_call(lark, fn, lenient)})" for fn in tools))
+        else:
+            calls = json_calls(lark, tools, lenient)
+        return lark.rule(f'"\\n"? {calls} "\\n"? {lit(self.call_close or "")}')
+
+
+def _xml_call(lark: Lark, fn: dict[str, Any], lenient: bool) -> str:
+    """`<function=NAME>` and one `<parameter=KEY>` pair per argument (Qwen3-Coder's form)."""
+
+    def pair(key: str, value: str) -> str:
+        return f'"<parameter=" {key} ">" "\\n"? {value} "\\n"?'
+
+    args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)
+    return f'{lit("<function=" + fn["name"] + ">")} "\\n"? {args} "</function>"'
 
 
 _HEAD = regex_head(_CALL_HEAD, _json_name)
@@ -102,7 +141,7 @@ class _QwenCall(CallSection):
     """One call, up to the close marker."""
 
     def __init__(self, fmt: QwenFormat, index: int, stream: bool):
-        self.fmt = fmt
+        self.fmt, self.index = fmt, index
         self.close = fmt.call_close or ""
         self.scan = MarkerScan(self.close, json=None)
         self.args = ArgumentStream(index, _HEAD) if stream else None
@@ -113,8 +152,11 @@ class _QwenCall(CallSection):
             return self._end(body[:at], self.close), at + len(self.close)
         return (self.args.feed(body) if self.args is not None else []), -1
 
-    def finish(self, body: str) -> tuple[list[Event], int]:
+    def finish(self, body: str, cut: bool = False) -> tuple[list[Event], int]:
         close = self.close
+        if cut and not (close and close in body) and parse_call(body) is None:
+            out = self.args.feed(body) if self.args is not None else []
+            return out + [truncated_call(self.index, *self.fmt.partial_call(body))], len(body)
         if close and close in body and parse_call(body) is None:
             # a string that never closed hid the marker: the call ended there after all
             at = body.index(close)

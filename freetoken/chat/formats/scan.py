@@ -21,8 +21,10 @@ __all__ = [
     "call_event",
     "json_call",
     "parameter_schema",
+    "open_object",
     "partial_suffix",
     "regex_head",
+    "truncated_call",
     "typed_value",
     "without",
 ]
@@ -47,6 +49,18 @@ def without(text: str, markers: Iterable[str]) -> str:
 
 def call_event(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"function": {"name": name, "arguments": arguments}}
+
+
+def open_object(args: Mapping[str, Any]) -> str:
+    """The JSON text of the pairs written so far of arguments the limit cut: the object
+    without its closing brace (what a JSON call would show at that point)."""
+    return json.dumps(dict(args), ensure_ascii=False)[:-1] if args else "{"
+
+
+def truncated_call(index: int, name: str, arguments: str) -> Event:
+    """A call the token limit cut: its name (if written) and its arguments' JSON text as
+    far as it got. Never content: the API reports it as a cut call."""
+    return {"tool_call_truncated": {"index": index, "name": name, "arguments": arguments}}
 
 
 def json_call(obj: Any) -> dict[str, Any] | None:

@@ -39,7 +39,7 @@ _ext = None
 _failed = False
 
 
-SOURCES = ("moe_experts.cpp", "lane.cpp")
+SOURCES = ("moe_experts.cpp", "quant_dot.cpp", "quant_avx512.cpp", "lane.cpp")
 
 
 def _build_dir(sources: list[Path]) -> Path:
@@ -228,15 +228,16 @@ def moe_experts(
 ) -> torch.Tensor:
     """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
 
-    x: [T, H]; `banks` one layer's (reference.py names them), bf16 or fp32 in host memory;
-    `spec` what each expert computes.
+    x: [T, H]; `banks` one layer's (reference.py names them) in host memory: bf16 or fp32,
+    or packed in the block format `spec` gives each (read in place); `spec` what each expert
+    computes.
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out
     ext = extension()
     if ext is None or isa == "torch":
         for t, e, w in zip(tok.tolist(), exp.tolist(), weights.tolist()):
-            rows = {b: v[e].float() for b, v in banks.items()}
+            rows = reference.expert_weights(banks, e, spec, torch.float32)
             out[t] += w * reference.expert_ffn(xf[t : t + 1], rows, spec)[0]
         return out
     level = -1 if isa is None else TIERS.index(isa)
@@ -254,5 +255,7 @@ def moe_experts(
         spec.activation_code,
         spec.alpha,
         spec.limit,
+        spec.format_code("gate_up"),
+        spec.format_code("down"),
     )
     return out

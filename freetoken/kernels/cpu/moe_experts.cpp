@@ -9,7 +9,8 @@
 // and writes h = act(g, u); pass 2 walks (token, 16-row tile of H) and sums the routes' down
 // projections. Threads take tasks one at a time from a shared counter, so a thread that the
 // OS runs less (another process's, or the host's own thread waiting on the GPU) takes fewer
-// instead of holding up the pass. Weights are bf16 or fp32 (biases in the weights' dtype);
+// instead of holding up the pass. Weights are bf16 or fp32, or packed blocks of a quantized
+// format read in place (quant_dot.cpp), each bank its own; biases are bf16 or fp32;
 // accumulation is fp32. The instruction set is chosen at run time: AVX-512-BF16, AVX-512,
 // AVX2+FMA, or plain C++.
 #include <torch/extension.h>
@@ -23,6 +24,11 @@
 #include <atomic>
 #include <type_traits>
 #include <vector>
+
+// quant_dot.cpp
+int64_t quant_row_bytes(int64_t fmt, int64_t cols);
+void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
+                    float* y, float (*dot)(const float*, const float*, int64_t), bool avx512);
 
 namespace {
 
@@ -265,15 +271,16 @@ struct Act {
   }
 };
 
-template <typename W>
-inline float bias_at(const W* b, int64_t i) {
-  if (b == nullptr) return 0.f;
-  if constexpr (std::is_same_v<W, uint16_t>) {
-    return bf16_to_f32(b[i]);
-  } else {
-    return b[i];
+// A float vector bank (a bias) of bf16 or fp32, or none.
+struct Vec {
+  const void* p = nullptr;
+  bool bf16 = false;
+
+  inline float at(int64_t i) const {
+    if (p == nullptr) return 0.f;
+    return bf16 ? bf16_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
   }
-}
+};
 
 // f(task) for every task in [0, n), each once, over the intra-op threads.
 template <typename F>
@@ -315,27 +322,51 @@ inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const flo
   }
 }
 
-template <typename W>
-void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, const W* gu_bias,
-         const W* dn_bias, const int64_t* tok, const int64_t* exp, const float* wt, int64_t R,
-         int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act) {
+// One matrix bank [E, rows, cols]: bf16 or fp32 weights, or packed blocks (fmt > 0).
+struct Mat {
+  const uint8_t* p;
+  int64_t fmt;  // 0: float (bf16 tells which); else the packed format's code
+  bool bf16;
+  int64_t expert_bytes;  // bytes from one expert to the next
+};
+
+// y[j] = row (row0 + j) of expert e's matrix . x, for j < rows.
+inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
+                     float* y, DotBf16 dbf, DotF32 df, int tier) {
+  const uint8_t* base = m.p + e * m.expert_bytes;
+  if (m.fmt) {
+    quant_rows_dot(m.fmt, base, row0, rows, n, x, y, df, tier >= AVX512);
+  } else if (m.bf16) {
+    rows_dot(reinterpret_cast<const uint16_t*>(base), row0, rows, n, x, xb, y, dbf, df, tier);
+  } else {
+    rows_dot(reinterpret_cast<const float*>(base), row0, rows, n, x, nullptr, y, dbf, df, std::min(tier, int(AVX512)));
+  }
+}
+
+struct Experts {
+  Mat gate_up, down;
+  Vec gu_bias, dn_bias;  // rows of E x 2I and E x H
+};
+
+void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* tok, const int64_t* exp,
+         const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act) {
   DotBf16 dbf = pick_bf16(tier);
   DotF32 df = pick_f32(tier);
+  const bool h_bf16 = xb != nullptr && w.down.bf16 && !w.down.fmt;  // down's bf16 dot takes bf16 h
   std::vector<float> h(R * I);
-  std::vector<uint16_t> hb(tier == AVX512BF16 ? R * I : 0);
+  std::vector<uint16_t> hb(h_bf16 ? R * I : 0);
   const int64_t itiles = (I + kTile - 1) / kTile;
   for_tasks(R * itiles, [&](int64_t task) {
     float g[kTile], u[kTile];
     const int64_t r = task / itiles, i0 = (task % itiles) * kTile;
     const int rows = static_cast<int>(std::min<int64_t>(kTile, I - i0));
-    const W* gu = gate_up + exp[r] * 2 * I * H;
     const float* xr = x + tok[r] * H;
     const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
-    rows_dot(gu, i0, rows, H, xr, xbr, g, dbf, df, tier);
-    rows_dot(gu, I + i0, rows, H, xr, xbr, u, dbf, df, tier);
-    const W* bgu = gu_bias ? gu_bias + exp[r] * 2 * I : nullptr;
+    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, g, dbf, df, tier);
+    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, u, dbf, df, tier);
+    const int64_t b0 = exp[r] * 2 * I;
     for (int j = 0; j < rows; ++j) {
-      float v = act(g[j] + bias_at(bgu, i0 + j), u[j] + bias_at(bgu, I + i0 + j));
+      float v = act(g[j] + w.gu_bias.at(b0 + i0 + j), u[j] + w.gu_bias.at(b0 + I + i0 + j));
       h[r * I + i0 + j] = v;
       if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
     }
@@ -350,45 +381,60 @@ void run(const float* x, const uint16_t* xb, const W* gate_up, const W* down, co
     const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
     float acc[kTile] = {0};
     for (int64_t r : by_tok[t]) {
-      const W* dn = down + exp[r] * H * I;
-      rows_dot(dn, r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df, tier);
-      const W* bd = dn_bias ? dn_bias + exp[r] * H : nullptr;
-      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * (y[j] + bias_at(bd, r0 + j));
+      mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df,
+               tier);
+      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * (y[j] + w.dn_bias.at(exp[r] * H + r0 + j));
     }
     for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
   });
+}
+
+// A bank as the kernel reads it, checked against its expected shape: [E, rows, cols] of float,
+// or [E, rows, row bytes] of uint8 blocks in format fmt.
+Mat mat_of(const torch::Tensor& t, int64_t fmt, int64_t rows, int64_t cols, const char* name) {
+  TORCH_CHECK(t.is_contiguous() && t.dim() == 3 && t.size(1) == rows, name, ": bad bank shape");
+  if (fmt) {
+    TORCH_CHECK(t.dtype() == torch::kUInt8, name, ": packed banks are uint8");
+    const int64_t rb = quant_row_bytes(fmt, cols);
+    TORCH_CHECK(rb > 0 && t.size(2) * t.size(1) >= rb * rows, name, ": not whole blocks of its format");
+  } else {
+    TORCH_CHECK(t.size(2) == cols, name, ": bank shapes disagree");
+    TORCH_CHECK(t.dtype() == torch::kBFloat16 || t.dtype() == torch::kFloat32, name, ": bfloat16 or float32");
+  }
+  return Mat{static_cast<const uint8_t*>(t.data_ptr()), fmt, t.dtype() == torch::kBFloat16,
+             t.stride(0) * static_cast<int64_t>(t.element_size())};
+}
+
+Vec vec_of(const c10::optional<torch::Tensor>& b, int64_t E, int64_t n, const char* name) {
+  if (!b.has_value() || !b->defined()) return Vec{};
+  TORCH_CHECK(b->is_contiguous() && b->size(0) == E && b->size(1) == n, "bad ", name);
+  TORCH_CHECK(b->dtype() == torch::kBFloat16 || b->dtype() == torch::kFloat32, name, ": bfloat16 or float32");
+  return Vec{b->data_ptr(), b->dtype() == torch::kBFloat16};
 }
 
 }  // namespace
 
 int64_t cpu_tier() { return best_tier(); }
 
-// x [T, H] float32, gate_up [E, 2I, H], down [E, H, I] (bf16 or float32, contiguous), the
-// optional biases gu_bias [E, 2I] and dn_bias [E, H] in the same dtype, tok/exp [R] int64,
-// weights [R] float32, out [T, H] float32 (accumulated into); act: ExpertSpec's code.
+// x [T, H] float32; gate_up [E, 2I, H] and down [E, H, I] contiguous, each bf16 or float32 or
+// packed (uint8 [E, rows, row bytes] in format gu_fmt / dn_fmt, freetoken/quant's codes; an
+// expert's bytes start its row, which may be wider); the optional biases gu_bias [E, 2I] and
+// dn_bias [E, H] in bf16 or float32; tok/exp [R] int64, weights [R] float32, out [T, H] float32
+// (accumulated into); act: ExpertSpec's code.
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
-                 int64_t tier, int64_t act, double alpha, double limit) {
+                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32");
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.sizes() == x.sizes(), "bad out");
-  TORCH_CHECK(gate_up.is_contiguous() && down.is_contiguous(), "banks must be contiguous");
-  TORCH_CHECK(gate_up.dtype() == down.dtype(), "banks must share a dtype");
   TORCH_CHECK(tok.dtype() == torch::kInt64 && exp.dtype() == torch::kInt64, "routes must be int64");
   TORCH_CHECK(weights.dtype() == torch::kFloat32, "route weights must be float32");
   TORCH_CHECK(act >= 0 && act <= 2, "unknown expert activation");
-  const int64_t T = x.size(0), H = x.size(1), I = down.size(2), R = tok.numel(), E = gate_up.size(0);
-  TORCH_CHECK(gate_up.size(1) == 2 * I && gate_up.size(2) == H && down.size(1) == H, "bank shapes disagree");
-  const bool has_gb = gu_bias.has_value() && gu_bias->defined();
-  const bool has_db = dn_bias.has_value() && dn_bias->defined();
-  if (has_gb) {
-    TORCH_CHECK(gu_bias->is_contiguous() && gu_bias->dtype() == gate_up.dtype() && gu_bias->size(0) == E &&
-                    gu_bias->size(1) == 2 * I, "bad gate_up bias");
-  }
-  if (has_db) {
-    TORCH_CHECK(dn_bias->is_contiguous() && dn_bias->dtype() == down.dtype() && dn_bias->size(0) == E &&
-                    dn_bias->size(1) == H, "bad down bias");
-  }
+  TORCH_CHECK(gate_up.dim() == 3 && gate_up.size(1) % 2 == 0, "gate_up must be [E, 2I, ...]");
+  const int64_t T = x.size(0), H = x.size(1), I = gate_up.size(1) / 2, R = tok.numel(), E = gate_up.size(0);
+  TORCH_CHECK(down.size(0) == E, "banks disagree on the expert count");
+  const Experts w{mat_of(gate_up, gu_fmt, 2 * I, H, "gate_up"), mat_of(down, dn_fmt, H, I, "down"),
+                  vec_of(gu_bias, E, 2 * I, "gate_up bias"), vec_of(dn_bias, E, H, "down bias")};
   auto tk = tok.data_ptr<int64_t>();
   auto ex = exp.data_ptr<int64_t>();
   for (int64_t r = 0; r < R; ++r) {
@@ -399,30 +445,21 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
   TORCH_CHECK(tier <= best_tier(), "this CPU does not support the requested instruction set");
   Act a{act, static_cast<float>(alpha), static_cast<float>(limit)};
   const float* xp = x.data_ptr<float>();
-  if (gate_up.dtype() == torch::kBFloat16) {
-    std::vector<uint16_t> xb;
-    if (tier == AVX512BF16) {
-      xb.resize(T * H);
-      for (int64_t i = 0; i < T * H; ++i) xb[i] = f32_to_bf16(xp[i]);
-    }
-    auto u16 = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    run<uint16_t>(xp, xb.empty() ? nullptr : xb.data(), u16(gate_up), u16(down), has_gb ? u16(*gu_bias) : nullptr,
-                  has_db ? u16(*dn_bias) : nullptr, tk, ex, weights.data_ptr<float>(), R, T, H, I,
-                  out.data_ptr<float>(), tier, a);
-  } else {
-    TORCH_CHECK(gate_up.dtype() == torch::kFloat32, "banks must be bfloat16 or float32");
-    run<float>(xp, nullptr, gate_up.data_ptr<float>(), down.data_ptr<float>(),
-               has_gb ? gu_bias->data_ptr<float>() : nullptr, has_db ? dn_bias->data_ptr<float>() : nullptr, tk,
-               ex, weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(), std::min<int64_t>(tier, AVX512),
-               a);
+  std::vector<uint16_t> xb;  // bf16 activations for AVX-512-BF16's dot products of bf16 weights
+  if (tier == AVX512BF16 && (w.gate_up.bf16 || w.down.bf16)) {
+    xb.resize(T * H);
+    for (int64_t i = 0; i < T * H; ++i) xb[i] = f32_to_bf16(xp[i]);
   }
+  run(xp, xb.empty() ? nullptr : xb.data(), w, tk, ex, weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(),
+      tier, a);
 }
 
 // lane.cpp
 void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::Tensor wts, torch::Tensor x,
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
-                std::vector<int64_t> cpus, int64_t tier, int64_t act, double alpha, double limit);
+                std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
+                int64_t act, double alpha, double limit);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_experts", &moe_experts, "routed gated experts on the CPU",

@@ -11,7 +11,9 @@ import triton.language as tl
 
 
 @triton.jit
-def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, row, BLOCK: tl.constexpr):
+def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, row, stride, BLOCK: tl.constexpr):
+    """row: elements of one expert in src; stride: of one slot in dst (>= row: a packed
+    expert fills the first bytes of a slot sized for the widest format)."""
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
     if slot < 0:
@@ -20,4 +22,4 @@ def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, row, BLOCK: tl.constexp
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row
     v = tl.load(src_ptr + e * row + offs, mask=mask)
-    tl.store(dst_ptr + slot.to(tl.int64) * row + offs, v, mask=mask)
+    tl.store(dst_ptr + slot.to(tl.int64) * stride + offs, v, mask=mask)

@@ -13,9 +13,9 @@ from freetoken.chat.formats.deepseek import (
     DeepSeekFormat,
 )
 from tests.chat.formats.util import (
-    TOOLS,
     accepts,
     calls,
+    forced,
     options,
     parse,
     run,
@@ -118,12 +118,12 @@ def test_without_tools_markup_is_text_and_think_false_drops_thinking():
 
 @pytest.mark.parametrize("fmt, call", [(V3, v3_call), (V31, v31_call)])
 def test_forced_calls_follow_the_templates_form(fmt, call):
-    grammar = fmt.call_grammar(TOOLS, None)
+    grammar = forced(fmt)
     one = f"{CALLS_BEGIN}{call('get_weather', PARIS)}{CALLS_END}"
     assert accepts(grammar, one)
     assert accepts(grammar, f"{CALLS_BEGIN}{call('get_time', TOKYO)}{CALLS_END}")
     assert not accepts(grammar, f"{CALLS_BEGIN}{call('get_weather', '{}')}{CALLS_END}")
-    assert not accepts(fmt.call_grammar(TOOLS, "get_time"), one)
+    assert not accepts(forced(fmt, "get_time"), one)
     assert calls(parse(fmt, one)) == WANT[:1]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freetoken.chat.formats.glm import GlmFormat
-from tests.chat.formats.util import TOOLS, calls, options, parse, run
+from tests.chat.formats.util import TOOLS, accepts, calls, forced, options, parse, run
 
 GLM = GlmFormat()
 
@@ -73,5 +73,17 @@ def test_prompt_opened_thinking_and_no_tools():
     assert run(lambda: GLM.parser(options(tools=False)), text) == [{"content": text}]
 
 
-def test_forced_calls_have_no_grammar():
-    assert GLM.call_grammar(TOOLS, "get_time") is None
+def test_calls_follow_the_schema_with_bare_text_values():
+    grammar = forced(GLM)
+    good = call("get_weather", {"city": "Paris </arg_key> x", "days": "3"})
+    assert accepts(grammar, good) and calls(parse(GLM, good))[0]["arguments"]["days"] == 3
+    assert accepts(grammar, call("get_weather", {"city": "Rome"}, sep=""))  # GLM-4.7's form
+    assert accepts(grammar, good + "\n" + call("get_time", {"n": "[1, 2]"}))  # parallel
+    assert not accepts(grammar, call("get_weather", {"days": "3"}))  # city is required
+    assert not accepts(grammar, call("get_weather", {"city": "a", "days": "x"}))  # an integer
+    assert not accepts(grammar, call("get_weather", {"city": "a", "when": "now"}))  # no such key
+    assert not accepts(forced(GLM, "get_time"), good)
+    # under auto: free text, and a call once its marker is written
+    auto = GLM.auto_grammar([t["function"] for t in TOOLS])
+    assert accepts(auto, "Let me see. " + good + " Done.")
+    assert not accepts(auto, "Let me see. " + call("get_weather", {"days": "3"}))

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from freetoken.chat.formats.harmony import HarmonyFormat
-from tests.chat.formats.util import TOOLS, accepts, calls, options, parse, run, streamed_arguments
+from tests.chat.formats.util import (
+    accepts,
+    calls,
+    forced,
+    options,
+    parse,
+    run,
+    streamed_arguments,
+)
 
 HARMONY = HarmonyFormat()
 OPENED = "<|start|>user<|message|>hi<|end|><|start|>assistant"
@@ -94,12 +102,12 @@ def test_broken_arguments_are_shown_without_markup():
 
 
 def test_forced_calls_and_reasoning_effort():
-    grammar = HARMONY.call_grammar(TOOLS, None)
+    grammar = forced(HARMONY)
     good = (
         "<|channel|>commentary to=functions.get_weather <|constrain|>json"
         '<|message|>{"city": "Paris"}'
     )
     assert accepts(grammar, good) and calls(parse(HARMONY, good, prompt=OPENED))
-    assert not accepts(HARMONY.call_grammar(TOOLS, "get_time"), good)
+    assert not accepts(forced(HARMONY, "get_time"), good)
     assert HARMONY.template_variables("max")["reasoning_effort"] == "high"
     assert "reasoning_effort" not in HARMONY.template_variables(True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from freetoken.chat.formats.minimax import MiniMaxFormat
-from tests.chat.formats.util import TOOLS, calls, parse
+from tests.chat.formats.util import accepts, calls, forced, parse
 
 MINIMAX = MiniMaxFormat()
 
@@ -62,5 +62,11 @@ def test_broken_and_cut_calls_are_shown_without_markup():
     ]
 
 
-def test_forced_calls_have_no_grammar():
-    assert MINIMAX.call_grammar(TOOLS, None) is None
+def test_calls_follow_the_schema_with_bare_text_values():
+    grammar = forced(MINIMAX)
+    both = invoke("get_weather", {"city": "Paris", "days": "2"}) + invoke("get_time", {})
+    good = f"<minimax:tool_call>\n{both}</minimax:tool_call>"
+    assert accepts(grammar, good) and len(calls(parse(MINIMAX, good))) == 2
+    bad = invoke("get_weather", {"city": "Paris", "days": "two"})
+    assert not accepts(grammar, f"<minimax:tool_call>\n{bad}</minimax:tool_call>")
+    assert not accepts(forced(MINIMAX, "get_time"), good)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from freetoken.chat.formats.mistral import MistralFormat
-from tests.chat.formats.util import TOOLS, accepts, calls, parse, streamed_arguments
+from tests.chat.formats.util import accepts, calls, forced, parse, streamed_arguments
 
 LISTED = MistralFormat()
 NAMED = MistralFormat(listed=False)
@@ -64,10 +64,10 @@ def test_an_empty_list_is_no_call():
 def test_forced_calls_follow_the_templates_form():
     assert MistralFormat.from_template("{{ '[TOOL_CALLS]' + name + '[ARGS]' }}") == NAMED
     assert MistralFormat.from_template("[TOOL_CALLS]") == LISTED
-    listed = LISTED.call_grammar(TOOLS, None)
+    listed = forced(LISTED)
     good = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
     assert accepts(listed, good) and calls(parse(LISTED, good))
-    named = NAMED.call_grammar(TOOLS, "get_weather")
+    named = forced(NAMED, "get_weather")
     assert accepts(named, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}')
     assert not accepts(named, "[TOOL_CALLS]get_time[ARGS]{}")
-    assert accepts(NAMED.call_grammar(TOOLS, None), "[TOOL_CALLS]get_time[ARGS]{}")
+    assert accepts(forced(NAMED), "[TOOL_CALLS]get_time[ARGS]{}")

@@ -55,3 +55,63 @@ def test_content_before_a_call_is_out_before_the_call_is_complete(fmt, opening):
     parser = fmt.parser(options(prompt=prompt))
     out = parser.feed("Let me check. ") + parser.feed(opening)
     assert out == [{"content": "Let me check. "}]
+
+
+@pytest.mark.parametrize(
+    "fmt, cut, name, arguments",
+    [
+        (
+            QwenFormat(),
+            '<tool_call>{"name": "get_time", "arguments": {"zone": "UT',
+            "get_time",
+            '{"zone": "UT',
+        ),
+        (
+            QwenFormat(xml=True),
+            "<tool_call>\n<function=get_time>\n<parameter=zone>\nUT",
+            "get_time",
+            "",
+        ),
+        (
+            DeepSeekFormat(),
+            '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"zone": ',
+            "get_time",
+            '{"zone": ',
+        ),
+        (
+            GlmFormat(),
+            "<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n<arg_key>n",
+            "get_time",
+            '{"zone": "UTC"',
+        ),
+        (
+            MiniMaxFormat(),
+            '<minimax:tool_call><invoke name="get_time"><parameter name="zone">UT',
+            "get_time",
+            "{",
+        ),
+        (MistralFormat(), '[TOOL_CALLS]get_time[ARGS]{"zone": "U', "get_time", '{"zone": "U'),
+        (
+            HarmonyFormat(),
+            '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"zo',
+            "get_time",
+            '{"zo',
+        ),
+    ],
+)
+def test_a_call_the_limit_cut_is_reported_truncated_never_as_content(fmt, cut, name, arguments):
+    out = parse(fmt, "Checking. " + cut if fmt.name != "harmony" else cut, cut=True)
+    truncated = [e["tool_call_truncated"] for e in out if "tool_call_truncated" in e]
+    assert truncated == [{"index": 0, "name": name, "arguments": arguments}]
+    assert not [e for e in out if "content" in e and e["content"] != "Checking. "]
+    # not cut (the model stopped there): shown as text, as before
+    assert not [e for e in run(lambda: fmt.parser(options()), cut) if "tool_call_truncated" in e]
+
+
+def test_whole_calls_before_the_cut_one_are_calls():
+    text = '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x'
+    out = parse(MistralFormat(), text, cut=True)
+    assert out == [
+        {"tool_calls": [{"function": {"name": "a", "arguments": {}}}]},
+        {"tool_call_truncated": {"index": 1, "name": "b", "arguments": '{"x'}},
+    ]

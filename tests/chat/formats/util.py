@@ -76,20 +76,23 @@ def pieces(text: str, seed: int | None) -> list[str]:
     return out
 
 
-def run(make: Callable[[], Parser], text: str, seed: int | None = None) -> list[Event]:
+def run(
+    make: Callable[[], Parser], text: str, seed: int | None = None, cut: bool = False
+) -> list[Event]:
     parser = make()
     events: list[Event] = []
     for piece in pieces(text, seed):
         events += parser.feed(piece)
-    return merge(events + parser.finish())
+    return merge(events + parser.finish(cut))
 
 
-def parse(fmt: ChatFormat, text: str, **kw: Any) -> list[Event]:
-    """The events of `text`, checked to be the same in every cutting and free of markup."""
+def parse(fmt: ChatFormat, text: str, cut: bool = False, **kw: Any) -> list[Event]:
+    """The events of `text`, checked to be the same in every cutting and free of markup;
+    `cut`: the token limit ended the output there."""
     make = lambda: fmt.parser(options(**kw))  # noqa: E731
-    whole = run(make, text)
+    whole = run(make, text, cut=cut)
     for seed in (-1, 0, 1, 2, 3):
-        assert run(make, text, seed) == whole, f"cut {seed} differs"
+        assert run(make, text, seed, cut) == whole, f"cut {seed} differs"
     assert_no_markup(whole)
     return whole
 
@@ -115,10 +118,23 @@ def streamed_arguments(events: list[Event]) -> dict[int, Any]:
     return {i: json.loads(t) for i, t in text.items()}
 
 
+_BYTES = None  # grammars compiled over a vocabulary of the 256 bytes (any text is tokens)
+
+
 def accepts(grammar: Any, text: str) -> bool:
     """Whether `text` is a whole sentence of the grammar."""
-    from freetoken.chat.jsonfsm import Matcher
+    from freetoken.runtime.constrain import Grammars
+    from freetoken.runtime.vocab import Vocab
 
-    m = Matcher(grammar)
-    state = m.feed(m.initial(), text.encode())
-    return bool(state) and m.is_done(state)
+    global _BYTES
+    if _BYTES is None:
+        _BYTES = Grammars(Vocab([bytes((b,)) for b in range(256)] + [b""], 257), [256])
+    m = _BYTES.matcher(grammar)
+    return m.consume_tokens(list(text.encode())) and m.is_accepting()
+
+
+def forced(fmt: ChatFormat, name: str | None = None, tools: list[Any] = TOOLS) -> Any:
+    """The format's grammar of an answer that calls `name` (any of the tools: None)."""
+    from freetoken.chat.structured import forced_tools
+
+    return fmt.call_grammar(forced_tools(tools, name))

@@ -1,0 +1,252 @@
+"""`freetoken bench grammar`: what constrained decoding costs, on a vocabulary the size of a
+production model's (tools/synthvocab.py: 151,643 byte-level tokens by default).
+
+Masks: each grammar is compiled once (its compile time is reported), then its masks are
+timed token by token along an answer it accepts, as the engine computes them (the work a
+worker thread does while the model step runs): a JSON schema with pattern, format, numeric
+bounds, an enum and a long string; a forced tool call; free text in which a tool call opens
+(`auto`, what every request with tools decodes under).
+
+Decode: the engine over a random-weight model of the `tiny` shape with that vocabulary, the
+same number of tokens free, under the `auto` grammar and under a JSON schema, the modes
+alternated `--repeats` times; tok/s are over the decode steps, the ratio is to free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from freetoken.bench import common
+from freetoken.chat.formats import QwenFormat
+from freetoken.chat.grammar import Grammar, json_format
+from freetoken.chat.structured import forced_tools, offered_tools
+from freetoken.runtime import loader
+from freetoken.runtime.constrain import Constraint, Grammars, Masker
+from freetoken.runtime.engine import Engine
+from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.sampling import SamplingParams
+from freetoken.runtime.sequence import Sequence
+from freetoken.runtime.tokenizer import Tokenizer
+from freetoken.runtime.vocab import Vocab, token_bytes
+from freetoken.tools import synth, synthvocab
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"},
+        "tags": {"type": "array", "items": {"enum": ["math", "poetry", "engines"]}},
+        "bio": {"type": "string"},
+        "score": {"type": "number", "exclusiveMinimum": 0, "multipleOf": 0.25},
+    },
+    "required": ["name", "age", "email", "code", "tags", "bio", "score"],
+}
+INSTANCE = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "email": "ada@example.com",
+    "code": "AL-1843",
+    "tags": ["math", "poetry", "engines"],
+    "bio": "She wrote the first published algorithm intended for a machine, the Analytical "
+    "Engine, and saw that it could act on more than numbers: 日本語 too.",
+    "score": 9.75,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "search", "parameters": SCHEMA}},
+]
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius", "days": 3}}'
+FREE = (
+    "Let me look that up. The weather in Paris is usually mild in spring, and the forecast "
+    "for the next few days should say whether to take an umbrella.\n\n"
+)
+COLUMNS_MASKS = [
+    ("grammar", "grammar"),
+    ("tokens", "tokens"),
+    ("compile_ms", "compile ms"),
+    ("mean_us", "mask µs/token"),
+    ("p50_us", "p50"),
+    ("p99_us", "p99"),
+    ("max_us", "max"),
+]
+COLUMNS_DECODE = [
+    ("mode", "decode"),
+    ("tokens", "tokens"),
+    ("tok_s", "tok/s"),
+    ("spread", "±"),
+    ("ratio", "/free"),
+]
+
+
+def _arguments() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="freetoken bench grammar", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--vocab", type=int, default=151_643, help="byte-level tokens")
+    ap.add_argument("--tokens", type=int, default=128, help="decoded per mode and repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--work", default="", help="where the checkpoint is written (default: a temp dir)"
+    )
+    ap.add_argument("--json", action="store_true")
+    return ap
+
+
+def _walks(qwen: QwenFormat) -> list[tuple[str, Grammar, str]]:
+    answer = json.dumps(INSTANCE, ensure_ascii=False)
+    call = f"<tool_call>\n{CALL}\n</tool_call>"
+    return [
+        ("json schema", json_format(SCHEMA), answer),
+        ("forced call", qwen.call_grammar(forced_tools(TOOLS, None)), call),
+        ("auto (text, then a call)", qwen.auto_grammar(offered_tools(TOOLS)), FREE + call),
+    ]
+
+
+def masks(grammars: Grammars, qwen: QwenFormat) -> list[dict[str, Any]]:
+    """Mask time per token along each grammar's walk."""
+    rows, masker, vocab = [], Masker(), grammars.vocab
+    for name, grammar, text in _walks(qwen):
+        t0 = time.perf_counter()
+        grammars.matcher(grammar)  # compiled and kept; the walk starts from a copy
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        c = Constraint(grammars.matcher(grammar), vocab, [], grammars.eos_ids)
+        times = []
+        for token in vocab.encode(text):
+            t = time.perf_counter()
+            mask = masker.compute([c])[0]
+            times.append((time.perf_counter() - t) * 1e6)
+            if mask is None or token not in mask.allowed():
+                raise SystemExit(f"{name}: the mask rules out token {token} of its own walk")
+            c.advance(token)
+        us = np.array(times)
+        rows.append(
+            {
+                "grammar": name,
+                "tokens": len(times),
+                "compile_ms": compile_ms,
+                "mean_us": float(us.mean()),
+                "p50_us": float(np.percentile(us, 50)),
+                "p99_us": float(np.percentile(us, 99)),
+                "max_us": float(us.max()),
+            }
+        )
+    return rows
+
+
+def _model(work: Path, size: int) -> Path:
+    out = work / f"grammar-tiny-{size}"
+    if (out / "config.json").exists():
+        return out
+    tok = synthvocab.tokenizer(size)
+    synth.write_qwen3_moe(out, template=synth.CHAT_TEMPLATE, tokenizer=tok)
+    return out
+
+
+def _engine(path: Path) -> Engine:
+    files = {p.name: p for p in path.iterdir() if p.is_file()}
+    loaded = loader.load(files, "cpu", "auto")
+    kv = KVCache(loaded.model.kv_layout(), 256, 16, loaded.dtype, loaded.device)
+    loader.place_experts(loaded, loader.Placement("adaptive", 0, None, 0, "auto", "auto"))
+    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, 4096, 1, 2048)
+
+
+def _decode(engine: Engine, prompt: list[int], n: int, make: Any) -> tuple[int, float]:
+    """Tokens decoded and seconds taken, over sequences of at most n tokens until n are
+    decoded (a grammar that completes starts over)."""
+    done, seconds = 0, 0.0
+    while done < n:
+        seq = Sequence(
+            list(prompt), SamplingParams(temperature=1.0, seed=done), n - done, frozenset()
+        )
+        seq.constraint = make()
+        engine.submit(seq, lambda *_: None)
+        engine.step()  # the prefill and first token: not a decode step
+        t0 = time.perf_counter()
+        while not seq.is_finished:
+            engine.step()
+        seconds += time.perf_counter() - t0
+        done += max(len(seq.output_ids), 1)
+    return done, seconds
+
+
+def decode(
+    engine: Engine, grammars: Grammars, qwen: QwenFormat, n: int, repeats: int
+) -> list[dict[str, Any]]:
+    prompt = engine.tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    strings = json_format({"type": "array", "items": {"type": "string"}})
+    modes = {
+        "free": lambda: None,
+        "auto": lambda: Constraint(
+            grammars.matcher(qwen.auto_grammar(offered_tools(TOOLS))),
+            grammars.vocab,
+            [],
+            grammars.eos_ids,
+        ),
+        "json": lambda: Constraint(grammars.matcher(strings), grammars.vocab, [], grammars.eos_ids),
+    }
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(repeats):
+        for mode, make in modes.items():
+            tokens, seconds = _decode(engine, prompt, n, make)
+            rates[mode].append(tokens / seconds)
+    free = statistics.median(rates["free"])
+    return [
+        {
+            "mode": mode,
+            "tokens": n,
+            "tok_s": statistics.median(r),
+            "spread": (max(r) - min(r)) / 2,
+            "ratio": statistics.median(r) / free,
+        }
+        for mode, r in rates.items()
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments().parse_args(argv)
+    head = common.header("grammar")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work) if args.work else Path(tmp)
+        path = _model(work, args.vocab)
+        engine = _engine(path)
+        vocab = Vocab(
+            token_bytes(engine.tokenizer.tok, QwenFormat.markers), engine.model.args.vocab_size
+        )
+        t0 = time.perf_counter()
+        grammars = Grammars(vocab, engine.tokenizer.eos_ids)
+        took = time.perf_counter() - t0
+        print(f"# vocabulary: {vocab.size} tokens, read by the grammar engine in {took:.1f} s")
+        qwen = QwenFormat()
+        common.emit(masks(grammars, qwen), COLUMNS_MASKS, args.json, head)
+        rows = decode(engine, grammars, qwen, args.tokens, args.repeats)
+        common.emit(rows, COLUMNS_DECODE, args.json, head)
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    main()

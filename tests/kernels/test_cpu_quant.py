@@ -1,0 +1,86 @@
+"""The C++ CPU expert kernel on packed banks (every block format, read in place) against
+decode-then-matmul in fp32 (kernels/reference.py), decode and prefill shapes, every tier."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from freetoken import quant
+from freetoken.kernels import cpu, reference
+from tests.kernels import experts
+from tests.kernels.test_cpu_moe import _tiers
+
+FORMATS = list(quant.FORMATS)
+
+
+def _case(fmts, variant, T, k, E=6, seed=0, dtype=torch.bfloat16):
+    """Packed banks (biases and any float bank in `dtype`), activations and routes."""
+    mult = max(experts.ROW_MULTIPLE.get(f, 1) for f in fmts)
+    spec = experts.spec(variant, 2 * mult, mult)  # H and I differ: a swapped one shows
+    spec = dataclasses.replace(spec, formats=fmts)
+    g = torch.Generator().manual_seed(seed)
+    banks = experts.packed_banks(E, spec, g, dtype)
+    x = torch.randn(T, spec.hidden, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    w = torch.rand(T, k, generator=g)
+    return spec, banks, x, ids, w
+
+
+def _run(spec, banks, x, ids, w, isa):
+    T, k = ids.shape
+    tok = torch.arange(T).repeat_interleave(k)
+    return cpu.moe_experts(x, banks, tok, ids.reshape(-1), w.reshape(-1), spec, isa=isa)
+
+
+@pytest.mark.parametrize("isa", _tiers())
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("T,k", [(1, 2), (5, 3)])  # a decode step, a prefill chunk
+def test_packed_banks_match_decode_then_matmul(fmt, isa, T, k):
+    spec, banks, x, ids, w = _case((fmt, fmt), "swiglu", T, k, seed=T)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    out = _run(spec, banks, x, ids, w, isa)
+    assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
+@pytest.mark.parametrize("fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", "")])
+def test_mixed_formats_and_biases(fmts):
+    """gate_up and down in different formats (a Q4_K_M layer), gpt-oss's clamped experts with
+    biases on MXFP4 (bf16 biases), and a packed gate_up beside an fp32 down (AVX-512-BF16
+    would round h for a bf16 one)."""
+    variant = "clamped+bias" if fmts[0] == "mxfp4" else "swiglu+bias"
+    dtype = torch.float32 if "" in fmts else torch.bfloat16
+    spec, banks, x, ids, w = _case(fmts, variant, 3, 2, seed=7, dtype=dtype)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    out = _run(spec, banks, x, ids, w, None)
+    assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
+def test_a_wider_row_holds_a_narrower_format():
+    """A slot sized for the widest format holds a narrower one from its first byte."""
+    spec, banks, x, ids, w = _case(("q4_k", "q4_k"), "swiglu", 2, 2, seed=3)
+    wide = {
+        b: torch.zeros(t.shape[0], t.shape[1], t.shape[2] * 2, dtype=t.dtype)
+        for b, t in banks.items()
+    }
+    for b, t in banks.items():
+        wide[b].view(t.shape[0], -1)[:, : t[0].numel()] = t.reshape(t.shape[0], -1)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    assert float((reference.moe_experts(x, ids, w, wide, spec) - ref).norm() / ref.norm()) == 0
+    assert float((_run(spec, wide, x, ids, w, None) - ref).norm() / ref.norm()) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "fp8_e4m3"])
+def test_clamped_silu_on_packed_banks(fmt):
+    """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed: the limit lowered so that the
+    clamp is reached, which the unclamped form shows by differing."""
+    spec, banks, x, ids, w = _case((fmt, fmt), "silu-clamped", 4, 2, seed=5)
+    spec = dataclasses.replace(spec, limit=0.5)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    plain = reference.moe_experts(x, ids, w, banks, dataclasses.replace(spec, activation="silu"))
+    assert float((plain - ref).norm() / ref.norm()) > 0.05
+    for isa in _tiers():
+        out = _run(spec, banks, x, ids, w, isa)
+        assert float((out - ref).norm() / ref.norm()) <= 1e-5

@@ -1,0 +1,132 @@
+"""The Triton kernels over packed slots (kernels/triton/quant.py, moe_quant.py) against
+decode-then-matmul in fp32 (kernels/reference.py): every format, a decode step and a small
+batch through the on-the-fly kernels, a prefill chunk through per-expert decoding, slots
+wider than their expert (a pool sized for the widest layer's format). In Triton's
+interpreter on host tensors, and on a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from freetoken import quant
+from freetoken.kernels import moe_gpu, reference
+from tests.kernels import experts
+from tests.kernels.test_moe_gpu import DEVICES
+
+FORMATS = list(quant.FORMATS)
+
+
+def _pool(fmts, variant, S, seed, device, wide=1):
+    """A slot pool of packed experts, each slot `wide` times its expert's bytes."""
+    mult = max(experts.ROW_MULTIPLE.get(f, 1) for f in fmts)
+    spec = dataclasses.replace(experts.spec(variant, mult, mult), formats=fmts)
+    g = torch.Generator().manual_seed(seed)
+    banks = experts.packed_banks(S, spec, g)
+    pool = {}
+    for b, t in banks.items():
+        if spec.format_of(b):
+            slots = torch.zeros(S, t.shape[1], t.shape[2] * wide, dtype=t.dtype)
+            slots.view(S, -1)[:, : t[0].numel()] = t.reshape(S, -1)
+            t = slots
+        pool[b] = t.to(device)
+    return spec, pool, g
+
+
+def _routes(T, k, S, H, g, device):
+    x = torch.randn(T, H, generator=g)
+    slots = torch.stack([torch.randperm(S, generator=g)[:k] for _ in range(T)])
+    slots[0, 0] = -1  # a route the CPU serves: nothing here
+    return x.to(device), slots.to(device), torch.rand(T, k, generator=g).to(device)
+
+
+def _rel(out, ref) -> float:
+    return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("T", [1, 3])
+def test_small_batch_kernels_decode_on_the_fly(device, fmt, T):
+    spec, pool, g = _pool((fmt, fmt), "swiglu", 5, quant.get(fmt).code, device, wide=2)
+    x, slots, w = _routes(T, 2, 5, spec.hidden, g, device)
+    out = moe_gpu._triton_small(x, slots, w, pool, spec)
+    ref = reference.moe_experts(x, slots, w, pool, spec)
+    assert _rel(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", "")])
+def test_mixed_formats_biases_and_float_banks(device, fmts):
+    variant = "clamped+bias" if fmts[0] == "mxfp4" else "swiglu+bias"
+    spec, pool, g = _pool(fmts, variant, 4, 11, device)
+    x, slots, w = _routes(2, 2, 4, spec.hidden, g, device)
+    out = moe_gpu._triton_small(x, slots, w, pool, spec)
+    assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4"])
+def test_clamped_silu_on_packed_slots(device, fmt):
+    """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed, the limit lowered so that the
+    clamp is reached, which the unclamped form shows by differing."""
+    spec, pool, g = _pool((fmt, fmt), "silu-clamped", 4, 13, device, wide=2)
+    spec = dataclasses.replace(spec, limit=0.5)
+    x, slots, w = _routes(3, 2, 4, spec.hidden, g, device)
+    ref = reference.moe_experts(x, slots, w, pool, spec)
+    plain = reference.moe_experts(x, slots, w, pool, dataclasses.replace(spec, activation="silu"))
+    assert _rel(plain, ref) > 0.05
+    assert _rel(moe_gpu._triton_small(x, slots, w, pool, spec), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_decodes_each_expert_with_triton(device, fmt):
+    spec, pool, _ = _pool((fmt, fmt), "swiglu", 3, 5, device, wide=2)
+    for slot in range(3):
+        got = moe_gpu.triton_expert_weights(pool, slot, spec, torch.float32)
+        want = reference.expert_weights(pool, slot, spec, torch.float32)
+        assert all(torch.equal(got[b].cpu(), want[b].cpu()) for b in want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fmt,variant",
+    [("q4_k", "swiglu"), ("mxfp4", "swiglu"), ("fp8_e4m3", "swiglu"), ("q4_k", "silu-clamped")],
+)
+def test_prefill_chunk_matches_in_bf16(fmt, variant):
+    """A chunk of 40 tokens (the grouped path) in bf16 against the fp32 definition; DeepSeek-
+    V4's clamped experts with a limit the chunk reaches."""
+    spec, pool, g = _pool((fmt, fmt), variant, 6, 2, "cuda", wide=2)
+    if variant == "silu-clamped":
+        spec = dataclasses.replace(spec, limit=0.5)
+    x, slots, w = _routes(40, 3, 6, spec.hidden, g, "cuda")
+    ref = reference.moe_experts(x, slots, w, pool, spec)
+    out = moe_gpu.experts_from_slots(x.bfloat16(), slots, w, pool, spec)
+    assert _rel(out, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fetch_fills_the_first_bytes_of_wider_slots(device):
+    """Fetching packed experts into slots sized for a wider format (the fetch kernel, run by
+    Triton's interpreter on the CPU)."""
+    from freetoken.kernels.triton import fetch
+
+    g = torch.Generator().manual_seed(0)
+    bank = torch.randint(0, 256, (6, 4, 34), generator=g, dtype=torch.uint8).to(device)
+    pool = torch.zeros(5, 4, 50, dtype=torch.uint8, device=device)
+    experts_ = torch.tensor([3, 1, 4], dtype=torch.int32, device=device)
+    slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    if device == "cpu":  # the kernel itself: fetch_experts copies without it on the CPU
+        fetch.fetch_kernel[(3, 1)](bank, pool, experts_, slots, 4 * 34, 4 * 50, BLOCK=256)
+    else:
+        moe_gpu.fetch_experts(bank, pool, experts_, slots)
+    flat = pool.view(5, -1)
+    assert torch.equal(flat[2, :136], bank[3].reshape(-1)) and not flat[2, 136:].any()
+    assert torch.equal(flat[0, :136], bank[4].reshape(-1))
+    assert not flat[[1, 3, 4]].any()
+    cpu_pool = torch.zeros(5, 4, 50, dtype=torch.uint8)
+    moe_gpu.fetch_experts(bank.cpu(), cpu_pool, experts_.cpu(), slots.cpu())
+    assert torch.equal(cpu_pool, pool.cpu())

@@ -1,0 +1,56 @@
+"""Creating models from quantized GGUF files: what the store reports, what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from freetoken.store import CreateError
+from tests import fixtures
+from tests.fixtures_gguf import write_gguf
+from tests.ftw.test_quantized import _patch_type
+
+from .conftest import create
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf")
+    return path, fixtures.hf_qwen3_moe(path, seed=3)
+
+
+def test_a_quantized_gguf_is_stored_packed(store, hf, tmp_path):
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "Q8_0")
+    statuses = [e["status"] for e in create(store, "q", from_=str(gguf))]
+    assert statuses[-1] == "success" and not any("dequantizing" in s for s in statuses)
+    assert store.resolve("q").info["file_type"] == "Q8_0"
+
+
+def test_a_gguf_reports_its_own_file_type(store, hf, tmp_path):
+    """llama.cpp's name for the file's mix (general.file_type), as Ollama reports it; not
+    where a type was decoded (the FTW no longer holds that mix)."""
+    from gguf import LlamaFileType
+
+    kind = int(LlamaFileType.MOSTLY_MXFP4_MOE)
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "MXFP4", file_type=kind)
+    create(store, "q", from_=str(gguf))
+    assert store.resolve("q").info["file_type"] == "MXFP4_MOE"
+    kind = int(LlamaFileType.MOSTLY_Q5_0)
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "d.gguf", "Q5_0", file_type=kind)
+    create(store, "d", from_=str(gguf))
+    assert store.resolve("d").info["file_type"] == "BF16"
+
+
+def test_types_without_a_kernel_are_decoded_and_the_create_says_so(store, hf, tmp_path):
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "Q5_0")
+    statuses = [e["status"] for e in create(store, "q", from_=str(gguf))]
+    assert "dequantizing Q5_0 tensors to BF16 (no kernel reads them packed)" in statuses
+    assert store.resolve("q").info["file_type"] == "BF16"
+
+
+def test_a_bad_tensor_is_named_and_nothing_is_stored(store, hf, tmp_path):
+    gguf = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "Q8_0")
+    _patch_type(gguf, "blk.1.ffn_up_exps.weight", 77)
+    with pytest.raises(CreateError, match="tensor blk.1.ffn_up_exps.weight: unknown GGUF"):
+        create(store, "q", from_=str(gguf))
+    assert store.list_models() == []
+    assert not store.blobs.root.exists() or not any(store.blobs.root.iterdir())
