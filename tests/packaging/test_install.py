@@ -51,7 +51,9 @@ def installed(tmp_path_factory) -> Path:
     prefix = tmp_path_factory.mktemp("install")
     r = subprocess.run(
         [str(ROOT / "packaging/install.sh"), "--prefix", str(prefix), "--bin", str(prefix / "bin")],
-        env=_clean_env(PYTHON=sys.executable),
+        # a cache of its own, as on a fresh machine: the kernel it builds is never the one
+        # this checkout's tests load (they may run beside it)
+        env=_clean_env(PYTHON=sys.executable, FREETOKEN_CACHE_DIR=str(prefix / "cache")),
         capture_output=True,
         text=True,
         timeout=900,
@@ -90,6 +92,7 @@ def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
     shutil.copytree(embedded, root)
     reg_port, port = _free_port(), _free_port()
     env = _clean_env(
+        FREETOKEN_CACHE_DIR=str(installed / "cache"),
         FREETOKEN_HOST=f"127.0.0.1:{port}",
         FREETOKEN_MODELS=str(tmp_path / "models"),
         FREETOKEN_REGISTRY=f"http://127.0.0.1:{reg_port}",
