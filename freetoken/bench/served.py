@@ -24,7 +24,7 @@ from freetoken import config
 from freetoken.models.shapes import SHAPES
 from freetoken.store import CreateSpec, Store
 
-__all__ = ["add_arguments", "checkpoint", "ensure_model", "server"]
+__all__ = ["add_arguments", "checkpoint", "ensure_model", "free_port", "server", "wait_ready"]
 
 
 def add_arguments(p: Any) -> None:
@@ -72,16 +72,29 @@ def ensure_model(store: Store, name: str, source: Path) -> None:
     print(f"# created {name} from {source} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def wait_ready(proc: subprocess.Popen, probe: str, what: str, log: Path, seconds: float) -> None:
+    """Returns once `probe` answers 200; exits naming `what` and its log if the child
+    process ends first or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(probe, timeout=2).status_code == 200:
+                return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start (see {log})")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
     """`freetoken serve` on a free loopback port over `store_dir`; yields its URL."""
-    port = _free_port()
+    port = free_port()
     settings = {"FREETOKEN_HOST": f"127.0.0.1:{port}", "FREETOKEN_MODELS": str(store_dir)}
     environ = config.child_environment(settings | dict(e.split("=", 1) for e in env))
     cmd = [sys.executable, "-m", "freetoken", "serve"]
@@ -89,14 +102,7 @@ def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
         proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/api/version", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"the server did not start (see {log})")
-            time.sleep(0.2)
+        wait_ready(proc, url + "/api/version", "the server", log, 60)
         yield url
     finally:
         proc.terminate()

@@ -19,10 +19,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,17 +29,12 @@ import httpx
 
 from freetoken import config
 from freetoken.bench import common
+from freetoken.bench.served import free_port, wait_ready
 from freetoken.store import CreateSpec, Store
 
 __all__ = ["Server", "main", "prepare_store"]
 
 MODEL = "demo"  # the model every run serves (freetoken.bench.fuzz names it too)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def demo_weights(work: Path) -> Path:
@@ -89,14 +82,8 @@ class Server:
             self.proc = subprocess.Popen(
                 cmd, env=config.child_environment(settings), stdout=out, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(self.url + "/api/version", timeout=2).status_code == 200:
-                    return self
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start (see {self.log})")
-            time.sleep(0.2)
+        wait_ready(self.proc, self.url + "/api/version", "the server", self.log, 60)
+        return self
 
     def runners(self) -> list[int]:
         """Process ids of the server's runners (its children running the runner module)."""

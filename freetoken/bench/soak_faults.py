@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 
-from freetoken.bench.soak import MODEL, Server, demo_weights, free_port, reference_chat
+from freetoken.bench.served import free_port
+from freetoken.bench.soak import MODEL, Server, demo_weights, reference_chat
 from freetoken.bench.soak_fuzz import registry
 from freetoken.store import Store
 

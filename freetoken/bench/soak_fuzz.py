@@ -30,7 +30,8 @@ import httpx
 
 from freetoken import config
 from freetoken.bench import fuzz
-from freetoken.bench.soak import free_port, reference_chat, serving
+from freetoken.bench.served import free_port, wait_ready
+from freetoken.bench.soak import reference_chat, serving
 
 __all__ = ["registry", "run"]
 
@@ -50,14 +51,7 @@ def registry(root: Path, log: Path) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/v2/", timeout=2).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the registry did not start (see {log})")
-            time.sleep(0.2)
+        wait_ready(proc, url + "/v2/", "the registry", log, 30)
         yield url
     finally:
         proc.terminate()
