@@ -110,7 +110,7 @@ class QwenFormat(MarkupFormat):
         think: bool = True,
     ) -> Grammar | None:
         if self.call_open:
-            return super().call_grammar(tools, parallel=parallel, lenient=lenient)
+            return super().call_grammar(tools, parallel=parallel, lenient=lenient, think=think)
         lark = Lark()  # without call markers, the call is the bare JSON object
         return lark.grammar(json_calls(lark, tools, lenient))
 
