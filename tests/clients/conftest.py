@@ -11,7 +11,8 @@ Qwen3-MoE with a 64k context (agent prompts run to 16k tokens):
 - `tiny`: plain, with short answers;
 - `agent`: PARAMETER tool_choice "required", so while the conversation's last message is not
   a tool result the model must answer with one well-formed tool call (constrained decoding);
-  after the tool result it answers freely. An agent loop thus gets exactly one tool call.
+  after the tool result it answers (the harness sends `tool_choice: "none"` then, as a random
+  model may otherwise open another call). An agent loop thus gets exactly one tool call.
 A recording middleware keeps every request and response, so a test can check what the
 client sent and what it got back.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.store import CreateSpec, Store
-from tests.clients.harness import Log, Recorder, Served
+from tests.clients.harness import AnswersAfterTools, Log, Recorder, Served
 from tests.fixtures import SYNTH_TINY
 from tests.server.harness import LiveServer, make_config
 
@@ -57,6 +58,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             pass
     server = LiveServer(make_config(work / "store"))
     log = Log()
+    # the recorder, added last, is outermost: it logs what the client sent
+    server.app.add_middleware(AnswersAfterTools)
     server.app.add_middleware(Recorder, log=log)
     with server:
         yield Served(server, log)

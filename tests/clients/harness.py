@@ -264,6 +264,59 @@ class Recorder:
             self.log.add(ex)
 
 
+class AnswersAfterTools:
+    """ASGI middleware that sends `tool_choice: "none"` with a chat request whose last message
+    is a tool result.
+
+    A trained model answers once it has its tool's result; a random-weight one, free to call
+    under "auto", sometimes opens another call, and an agent loop (OpenCode's repeated-call
+    guard, OpenClaw's turn) then goes on. This makes each client turn one call and one
+    answer, as the tests assert; the recorder outside it keeps what the client sent."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        body = _answer_after_tool(scope["path"], body)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        sent = False
+
+        async def recv() -> Any:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app({**scope, "headers": headers}, recv, send)
+
+
+def _answer_after_tool(path: str, body: bytes) -> bytes:
+    try:
+        req = json.loads(body)
+    except ValueError:
+        return body
+    messages = req.get("messages") if isinstance(req, dict) else None
+    if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)):
+        return body
+    if messages[-1].get("role") != "tool":
+        return body
+    if path == "/api/chat":  # Ollama's API takes it as an option
+        options = req.get("options") if isinstance(req.get("options"), dict) else {}
+        return json.dumps({**req, "options": {**options, "tool_choice": "none"}}).encode()
+    return json.dumps({**req, "tool_choice": "none"}).encode()
+
+
 @dataclass
 class Served:
     server: LiveServer
