@@ -51,6 +51,9 @@ class SeqSpan:
     q_len: int  # tokens of this sequence in the step
     ctx_len: int  # tokens of context after this step (cached + new)
     ctx_slots: torch.Tensor  # [ctx_len] slot of every context token, in order
+    # recurrent layers keep a copy of their state after each of these many tokens of the
+    # span (anchors inside a prefill chunk: runtime/anchors.py)
+    marks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class StepContext:
     # `decode`); None: no state kept, every sequence starts at position 0 in this step
     state: StateStore | None = None
     state_slots: torch.Tensor | None = None
+    # filled by recurrent layers: (sequence index, mark) -> {layer: (conv, recurrent) state}
+    marked: dict = field(default_factory=dict)
 
 
 _current: StepContext | None = None

@@ -156,12 +156,45 @@ class GatedDeltaNet(nn.Module):
             conv0, rec0 = self._initial(ctx, i, s)
             y, conv1 = causal_conv1d(qkv[rows], weight, conv0)
             q, k, v = self.split_heads(y)
-            out[rows], rec1 = chunk_rule(q, k, v, g[rows], beta[rows], rec0)
+            if s.marks:
+                out[rows], rec1 = self._marked(
+                    qkv[rows], conv0, (q, k, v), g[rows], beta[rows], rec0, s.marks, ctx.marked, i
+                )
+            else:
+                out[rows], rec1 = chunk_rule(q, k, v, g[rows], beta[rows], rec0)
             if ctx.state is not None:
                 slot = ctx.state_slots[i]
                 ctx.state.conv[self.layer][slot] = conv1
                 ctx.state.recurrent[self.layer][slot] = rec1
         return out
+
+    def _marked(
+        self,
+        x: torch.Tensor,
+        conv0: torch.Tensor,
+        qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        rec0: torch.Tensor,
+        marks: tuple[int, ...],
+        marked: dict,
+        i: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """chunk_rule over one sequence's span cut at `marks`, each piece continuing from
+        the state the last one left; the state after each mark is kept in `marked`. The
+        convolution's state after m tokens is its last K-1 inputs: x's rows before m."""
+        q, k, v = qkv
+        window = torch.cat((conv0.to(x.dtype), x.t()), dim=1)  # [C, K-1+T]
+        K1 = conv0.shape[-1]
+        out, rec, lo = [], rec0, 0
+        for hi in (*marks, x.shape[0]):
+            o, rec = chunk_rule(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], rec)
+            out.append(o)
+            if hi < x.shape[0]:
+                conv = window[:, hi : hi + K1].clone()
+                marked.setdefault((i, hi), {})[self.layer] = (conv, rec.clone())
+            lo = hi
+        return torch.cat(out), rec
 
     def _steps(
         self,

@@ -18,9 +18,12 @@ the step that computes them.
 - during decode, after a tool-call opener or the end of a thinking block (each decode
   step's state is available), and the end of the sequence when it finishes, which the
   next turn's history repeats when the client sends the answer back as generated.
-Earlier message boundaries of a long prompt are not cut out of its chunks (a chunk streams
-every expert once, so cutting costs prefill time); each of them was the end of an earlier
-turn's prompt and was saved then.
+- message boundaries inside a long stretch the prompt computes, at most one every
+  MARK_SPACING tokens: a turn that edits or re-renders history inside what an earlier turn
+  prefilled in one piece (a re-rendered history, a pasted file) then resumes near the edit
+  rather than at that earlier turn's start. Chunks are not cut there (a chunk streams every
+  expert once, so a cut costs prefill time): the recurrent layers run their span in pieces
+  and keep a copy of the state at each mark (layers/deltanet.py), at the cost of that copy.
 
 The store is LRU under a byte budget (FREETOKEN_ANCHOR_CACHE_SIZE, by default a tenth of
 the memory free at load, at most 16 GiB): one checkpoint of Qwen3-Next-80B is ~75 MB, so a
@@ -37,7 +40,12 @@ import torch
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.state_cache import StateCache
 
-__all__ = ["Anchor", "AnchorStore", "Anchoring", "default_budget"]
+__all__ = ["MARK_SPACING", "Anchor", "AnchorStore", "Anchoring", "default_budget"]
+
+# Tokens between anchors kept inside a prefill chunk: a history edited there re-computes at
+# most this many tokens more than it changed (5 % of a 10k-token turn), and a long prefill
+# keeps one checkpoint (~75 MB for Qwen3-Next-80B) per this many tokens.
+MARK_SPACING = 512
 
 
 @dataclass(eq=False, slots=True)
@@ -105,13 +113,45 @@ class Anchoring:
     `ids`: the tokens after which a position is a boundary (message ends, a tool-call
     opener, the end of a thinking block); `state`: the recurrent state slots."""
 
-    def __init__(self, store: AnchorStore, state: StateCache, ids: frozenset[int]):
-        self.store, self.state, self.ids = store, state, ids
+    def __init__(
+        self,
+        store: AnchorStore,
+        state: StateCache,
+        ids: frozenset[int],
+        spacing: int = MARK_SPACING,
+    ):
+        self.store, self.state, self.ids, self.spacing = store, state, ids, spacing
 
     def positions(self, prompt: list[int]) -> frozenset[int]:
         """The prompt positions to keep: its end, and its last boundary before that."""
         last = next((i + 1 for i in range(len(prompt) - 1, -1, -1) if prompt[i] in self.ids), 0)
         return frozenset(p for p in (last, len(prompt)) if p > 0)
+
+    def marks(self, prompt: list[int]) -> tuple[int, ...]:
+        """Message boundaries inside the prompt to keep without cutting a chunk there: one
+        at least every `spacing` tokens, none of `positions`."""
+        cut, kept, last = self.positions(prompt), [], 0
+        for i, t in enumerate(prompt):
+            p = i + 1
+            if t in self.ids and p - last >= self.spacing and p not in cut:
+                kept.append(p)
+                last = p
+        return tuple(kept)
+
+    def span_marks(self, seq: Sequence, start: int, n: int) -> tuple[int, ...]:
+        """The marks of tokens [start, start + n) of `seq` whose state is not kept yet, as
+        counts of the span's tokens."""
+        inside = (p for p in seq.mark_at if start < p < start + n)
+        return tuple(p - start for p in inside if not self.store.has(seq.tokens[:p]))
+
+    def keep_marked(self, seqs: list[Sequence], starts: list[int], marked: dict) -> None:
+        """Saves the states the recurrent layers kept at marks (StepContext.marked) as
+        anchors, in `snapshot`'s order: every layer's conv state, then every recurrent."""
+        for (i, m), layers in marked.items():
+            order = sorted(layers)
+            conv = [layers[layer][0].to("cpu", copy=True) for layer in order]
+            rec = [layers[layer][1].to("cpu", copy=True) for layer in order]
+            self.store.save(seqs[i].tokens[: starts[i] + m], conv + rec)
 
     def after_step(self, seq: Sequence, ended: bool = False) -> None:
         """Keeps the sequence's state if where it now stands is an anchor: a planned prompt

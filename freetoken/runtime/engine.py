@@ -83,6 +83,7 @@ class Engine:
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
         if self.anchoring is not None:
             seq.anchor_at = self.anchoring.positions(seq.prompt_ids)
+            seq.mark_at = self.anchoring.marks(seq.prompt_ids)
         req = Request(
             seq,
             on_output,
@@ -184,9 +185,8 @@ class Engine:
             ids += seq.tokens[start : start + n]
             positions += range(start, start + n)
             ctx_slots = self.kv.slots_of(seq.pages, 0, start + n, self.device)
-            spans.append(
-                SeqSpan(q_start=len(ids) - n, q_len=n, ctx_len=start + n, ctx_slots=ctx_slots)
-            )
+            marks = self.anchoring.span_marks(seq, start, n) if self.anchoring else ()
+            spans.append(SeqSpan(len(ids) - n, n, start + n, ctx_slots, marks))
             slots.append(ctx_slots[start:])
             if start + n == seq.num_tokens:
                 sample_rows.append(len(ids) - 1)
@@ -202,6 +202,9 @@ class Engine:
         )
         with step_context(ctx):
             hidden = self.model(torch.tensor(ids, device=dev), ctx.positions)
+            if ctx.marked:
+                seqs = [seq for seq, _ in plan]
+                self.anchoring.keep_marked(seqs, [s.num_cached for s in seqs], ctx.marked)
             if not sample_rows:
                 return torch.empty(0)
             return self.model.logits(hidden[ctx.logits_index])

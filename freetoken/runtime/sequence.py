@@ -35,6 +35,7 @@ class Sequence:
     trie_node: Any = None
     trie_pages: int = 0
     anchor_at: frozenset[int] = frozenset()  # prompt positions whose state is kept
+    mark_at: tuple[int, ...] = ()  # positions kept from inside a prefill chunk
     resume: Any = None  # the anchor's state its slot starts from (hybrid models)
     state_slot: int | None = None  # its recurrent state's slot (models with recurrent layers)
     status: Status = Status.WAITING

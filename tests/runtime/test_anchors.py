@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.runtime.anchors import AnchorStore
+from freetoken.runtime.anchors import MARK_SPACING, AnchorStore
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from tests.models.test_qwen3_next import INTERVAL, _build
@@ -106,3 +106,21 @@ def test_resumed_sequences_decode_as_fresh_ones(engine):
     resumed = generate(engine, prompts, 6)
     assert [s.output_ids for s in resumed] == fresh
     assert all(s.cached_tokens >= len(base) for s in resumed)
+
+
+def test_an_edit_inside_a_long_prefill_resumes_from_a_mark_in_it(engine):
+    """Boundaries inside one prefill chunk are kept without cutting it (the recurrent
+    layers' state at each mark): an edit after one resumes there, not at the start."""
+    engine.anchoring.spacing = 8
+    try:
+        parts = [_prompt(12, 20 + i) + [BOUNDARY] for i in range(4)]
+        turn1 = [t for part in parts for t in part] + _prompt(6, 30)
+        saved = engine.anchoring.store.saved
+        generate(engine, [turn1], 2)
+        assert engine.anchoring.store.saved - saved >= 3  # marks at 13 and 26, then the cuts
+        edited = turn1[:26] + _prompt(9, 31)  # the third message replaced
+        got, seq = _first_logits(engine, edited)
+        assert seq.cached_tokens == 26
+        torch.testing.assert_close(got, full_logits(engine, edited)[-1], rtol=1e-4, atol=1e-4)
+    finally:
+        engine.anchoring.spacing = MARK_SPACING
