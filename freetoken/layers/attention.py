@@ -203,22 +203,31 @@ def sdpa_with_sinks(
 
     The sink becomes a key every query sees: q gains a dimension holding sink/scale, a key
     of zeros with a 1 there is put first, its value zero. Its score is then the sink, GQA's
-    shared keys still serve every head, and SDPA's fused kernels still run."""
+    shared keys still serve every head, and SDPA's fused kernels still run.
+
+    v is widened with zeros to q and k's width and the output cut back, so that the call has
+    one head dim, the form CUDA's fused kernels are known exact on: an fp32 call with GQA
+    and a mask runs the memory-efficient kernel, and on an H200 gpt-oss's prefill (v
+    narrower than q/k) was wrong where Mixtral's (GQA, a window's mask, one head dim) and
+    MLA's (no GQA, v narrower) were exact. Zero columns add exact zeros: every backend
+    gives the same first Dv columns."""
     B, H, n, D = qh.shape
-    KVH, S = kh.shape[1], kh.shape[2]
-    W = -(-(D + 1) // 8) * 8  # the kernels want head dims in multiples of 8
+    KVH, S, Dv = kh.shape[1], kh.shape[2], vh.shape[-1]
+    W = -(-max(D + 1, Dv) // 8) * 8  # the kernels want head dims in multiples of 8
     qa = qh.new_zeros((B, H, n, W))
     qa[..., :D] = qh
     qa[..., D] = (sinks.float() / scale).to(qh.dtype)[None, :, None]
     ka = kh.new_zeros((B, KVH, S + 1, W))
     ka[:, :, 1:, :D] = kh
     ka[:, :, 0, D] = 1.0
-    va = torch.cat((vh.new_zeros((B, KVH, 1, vh.shape[-1])), vh), dim=2)
+    va = vh.new_zeros((B, KVH, S + 1, W))
+    va[:, :, 1:, :Dv] = vh
     if mask is not None:
         mask = torch.cat((mask.new_ones((*mask.shape[:-1], 1)), mask), dim=-1)
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         qa, ka, va, attn_mask=mask, scale=scale, enable_gqa=H != KVH
     )
+    return out[..., :Dv]
 
 
 def store_kv(

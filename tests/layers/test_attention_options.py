@@ -148,16 +148,54 @@ PREFILL = [
 ]
 
 
-@pytest.mark.parametrize("n,ctx_len,KVH,window,sinks", PREFILL)
-def test_prefill_matches_the_explicit_softmax(n, ctx_len, KVH, window, sinks):
+def prefill_matches(n, ctx_len, KVH, window, sinks, device="cpu", D=16):
     g = torch.Generator().manual_seed(n * 100 + ctx_len)
-    H, D = 4, 16
+    H = 4
     q = 2 * torch.randn((n, H, D), generator=g)
     k, v = torch.randn((ctx_len, KVH, D), generator=g), torch.randn((ctx_len, KVH, D), generator=g)
     s = 2 * torch.randn(H, generator=g) if sinks else None
-    got = attention.prefill_attention(q, k, v, ctx_len, D**-0.5, window, s)
+    on = [None if t is None else t.to(device) for t in (q, k, v, s)]
+    got = attention.prefill_attention(*on[:3], ctx_len, D**-0.5, window, on[3])
     qpos, kpos = torch.arange(ctx_len - n, ctx_len), torch.arange(ctx_len)
-    assert close(got, explicit(q, k, v, qpos, kpos, D**-0.5, window, s), torch.float32)
+    return close(got, explicit(q, k, v, qpos, kpos, D**-0.5, window, s), torch.float32)
+
+
+@pytest.mark.parametrize("n,ctx_len,KVH,window,sinks", PREFILL)
+def test_prefill_matches_the_explicit_softmax(n, ctx_len, KVH, window, sinks):
+    assert prefill_matches(n, ctx_len, KVH, window, sinks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [16, 32, 64])
+@pytest.mark.parametrize("n,ctx_len,KVH,window,sinks", PREFILL)
+def test_prefill_options_match_on_a_gpu(n, ctx_len, KVH, window, sinks, D):
+    """fp32 on CUDA: whichever SDPA backend runs (memory-efficient, for GQA with a mask)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert prefill_matches(n, ctx_len, KVH, window, sinks, "cuda", D)
+
+
+def test_sinks_give_sdpa_one_head_dim(monkeypatch):
+    """The sink path hands SDPA q, k and v of one head dim, in prefill and decode, and still
+    gives the explicit softmax: of the families' SDPA calls on an H200, the one with v
+    narrower than q/k beside GQA and a mask (CUDA's memory-efficient kernel in fp32) was
+    the one whose logits were wrong (see sdpa_with_sinks)."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    for n, ctx_len, KVH, window in [(12, 12, 2, 5), (12, 12, 2, 0), (7, 30, 1, 9)]:
+        assert prefill_matches(n, ctx_len, KVH, window, True, D=32)
+    q, k, v, view, s = decode_case((1, 37, 64), 64, 8, 2, 32, True, torch.float32, "cpu")
+    with fused.disabled():
+        view.derive()
+        got = attention.decode_attention(q, k, v, view, 32**-0.5, 16, s)
+    assert close(got, decode_reference(q, k, v, view, 32**-0.5, 16, s), torch.float32)
+    assert len(seen) == 4 and all(dq == dk == dv for dq, dk, dv in seen), seen
 
 
 def test_sinks_mean_what_gpt_oss_means():

@@ -118,15 +118,33 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
         backend.lane.stop()
 
 
+# How far BF16 logits may stray from fp32's, from BF16 compute measured alone on the CPU
+# (make_engine(dtype="bfloat16") against "float32", PROMPT): qwen3moe 0.012. OLMoE's file
+# gives 0.063 on the CPU as on a GPU: its first layer routes token 5 between experts whose
+# fp32 logits differ by 0.0024, BF16's rounding of the router input (0.8%, as in
+# transformers' own BF16 model) swaps them, and that row then differs by 0.19. A broken
+# kernel gives errors of order 1.
+BF16_TOL = {"qwen3_moe": 3e-2, "olmoe": 0.1}
+
+
+def test_bf16_on_the_cpu_is_within_its_margin(quantized):
+    """BF16_TOL's measurement, kept: BF16 compute alone, on the CPU."""
+    _, out, _, config, _ = quantized
+    want = full_logits(make_engine(out, dtype="float32"), family.PROMPT)
+    got = full_logits(make_engine(out, dtype="bfloat16"), family.PROMPT)
+    assert family.rel(got, want) <= BF16_TOL[config.model_type]
+
+
 @pytest.mark.gpu
 def test_on_a_gpu_in_bf16(quantized):
     """The default compute dtype (BF16) on a GPU with graphs, the decode kernels decoding on
     the fly: logits near fp32's on the CPU, and decode steps that agree with them."""
-    _, out, _, _, _ = quantized
+    _, out, _, config, _ = quantized
     engine = make_engine(out, device="cuda", graphs="capture")
     assert engine.model.model.embed_tokens.weight.dtype == torch.bfloat16
     want = full_logits(make_engine(out, dtype="float32"), family.PROMPT)
-    assert family.rel(full_logits(engine, family.PROMPT), want) <= 3e-2
+    tol = BF16_TOL[config.model_type]
+    assert family.rel(full_logits(engine, family.PROMPT), want) <= tol
     (seq,) = generate(engine, [family.PROMPT], 8)
     (cpu,) = generate(make_engine(out, dtype="float32"), [family.PROMPT], 8)
     assert seq.output_ids[:2] == cpu.output_ids[:2]
