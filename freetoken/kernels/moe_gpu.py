@@ -19,6 +19,14 @@ if TYPE_CHECKING:  # kernels sit below models: the spec is read, never built, he
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
+# packed slots (kernels/triton/moe_quant.py): rows per program of each small-batch kernel
+# (each step of a program reads its rows' next 256 weights), of the prefill decoder, and the
+# weights a step spans (quant.STEP)
+GATE_UP_ROWS, DOWN_ROWS, DEQUANT_ROWS, QUANT_STEP = 16, 16, 16, 256
+# warps per program: formats whose threads keep a product per code (all but the K-quants
+# with mins, quant._summed) hold twice the registers, so they spread over twice the threads
+# (about 100 registers a thread either way, on sm_90)
+SUMMED_WARPS, PER_CODE_WARPS = 4, 8
 
 
 def experts_from_slots(
@@ -31,7 +39,7 @@ def experts_from_slots(
     """x [T, H]; slots/weights [T, k]; `pool` the slot pool's banks (gate_up [S, 2I, H],
     down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype."""
     T, k = slots.shape
-    if x.is_cuda and T <= SMALL_BATCH:
+    if x.is_cuda and T <= SMALL_BATCH and slots_aligned(pool, spec):
         return _triton_small(x, slots, weights, pool, spec)
     return _grouped(x, slots, weights, pool, spec)
 
@@ -39,9 +47,20 @@ def experts_from_slots(
 def _grouped(x, slots, weights, pool, spec) -> torch.Tensor:
     # masked routes (slot -1) are skipped, not computed at weight 0: a slot never filled
     # may hold bytes that decode to NaN, and NaN · 0 is NaN
-    packed = x.is_cuda and any(spec.formats)
+    packed = x.is_cuda and any(spec.formats) and slots_aligned(pool, spec)
     expert = triton_expert_weights if packed else reference.expert_weights
     return reference.moe_experts(x, slots, weights, pool, spec, expert)
+
+
+def slots_aligned(pool: reference.Banks, spec: ExpertSpec) -> bool:
+    """Whether every packed bank's slots start 4-byte aligned: the Triton decoders read
+    scales as int16/int32 words (kernels/triton/quant.py). Real pools always are (their
+    rows are even in number); any other takes the plain-torch decoding."""
+    return all(
+        t.data_ptr() % 4 == 0 and t.stride(0) % 4 == 0  # a slot's bytes: packed banks are uint8
+        for name, t in pool.items()
+        if spec.format_of(name)
+    )
 
 
 def triton_expert_weights(
@@ -60,9 +79,12 @@ def triton_expert_weights(
             continue
         (rows, cols), f = spec.rows()[name], quant.get(fmt)
         dst = torch.empty((rows, cols), dtype=dtype, device=t.device)
-        grid = (triton_cdiv(rows, 32), triton_cdiv(cols, 64))
+        grid = (triton_cdiv(rows, DEQUANT_ROWS), triton_cdiv(cols, QUANT_STEP))
+        # unfused, so that its weights are the reference's to the bit
         moe_quant.dequant_kernel[grid](
-            t[slot], dst, rows, cols, f.code, f.block, f.block_bytes, BLOCK_R=32, BLOCK_C=64
+            *(t[slot], dst, rows, cols, f.code, f.block, f.block_bytes),
+            BLOCK_R=DEQUANT_ROWS,
+            enable_fp_fusion=False,
         )
         out[name] = dst
     return out
@@ -128,10 +150,19 @@ def _format_args(spec: ExpertSpec, bank: str) -> tuple[int, int, int]:
     return (f.code, f.block, f.block_bytes) if f else (0, 1, 1)
 
 
-def _triton_small_packed(x, slots, weights, pool, spec) -> torch.Tensor:
-    """_triton_small over packed slots: the same two passes, each weight decoded where it is
-    read (kernels/triton/moe_quant.py)."""
+def _warps(code: int) -> int:
+    return SUMMED_WARPS if code in (3, 4) else PER_CODE_WARPS  # q4_k, q5_k: quant._summed
+
+
+def _triton_small_packed(
+    x, slots, weights, pool, spec, rows: tuple[int, int] | None = None, num_warps: int = 0
+) -> torch.Tensor:
+    """_triton_small over packed slots: the same two passes, each step of whole blocks decoded
+    in registers where it is read (kernels/triton/moe_quant.py). `rows` (rows per program of
+    the gate_up and down kernels) and `num_warps` override the defaults (for benchmarks)."""
     from freetoken.kernels.triton import moe_quant
+
+    gu_rows, dn_rows = rows or (GATE_UP_ROWS, DOWN_ROWS)
 
     gate_up, down = pool["gate_up"], pool["down"]
     T, k = slots.shape
@@ -144,20 +175,20 @@ def _triton_small_packed(x, slots, weights, pool, spec) -> torch.Tensor:
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
     gu_fmt, dn_fmt = _format_args(spec, "gate_up"), _format_args(spec, "down")
-    moe_quant.gate_up_q_kernel[(T * k, triton_cdiv(I, 16))](
+    moe_quant.gate_up_q_kernel[(T * k, triton_cdiv(I, gu_rows))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
         *(H, I, k, gate_up[0].numel(), *gu_fmt),
-        BLOCK_I=16,
-        BLOCK_H=256,
+        BLOCK_I=gu_rows,
         HAS_BIAS=spec.bias,
         ACT=spec.activation_code,
+        num_warps=num_warps or _warps(gu_fmt[0]),
     )
-    moe_quant.down_q_kernel[(T * k, triton_cdiv(H, 32))](
+    moe_quant.down_q_kernel[(T * k, triton_cdiv(H, dn_rows))](
         *(h, down, dn_bias, flat_slots, flat_w, out),
         *(H, I, down[0].numel(), *dn_fmt),
-        BLOCK_H=32,
-        BLOCK_I=256,
+        BLOCK_H=dn_rows,
         HAS_BIAS=spec.bias,
+        num_warps=num_warps or _warps(dn_fmt[0]),
     )
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
 

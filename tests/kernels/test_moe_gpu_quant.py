@@ -19,10 +19,12 @@ from tests.kernels.test_moe_gpu import DEVICES
 FORMATS = list(quant.FORMATS)
 
 
-def _pool(fmts, variant, S, seed, device, wide=1):
-    """A slot pool of packed experts, each slot `wide` times its expert's bytes."""
+def _pool(fmts, variant, S, seed, device, wide=1, shape=None):
+    """A slot pool of packed experts, each slot `wide` times its expert's bytes; experts of
+    `shape` (H, I), else the smallest the formats allow."""
     mult = max(experts.ROW_MULTIPLE.get(f, 1) for f in fmts)
-    spec = dataclasses.replace(experts.spec(variant, mult, mult), formats=fmts)
+    H, I = shape or (mult, mult)
+    spec = dataclasses.replace(experts.spec(variant, H, I), formats=fmts)
     g = torch.Generator().manual_seed(seed)
     banks = experts.packed_banks(S, spec, g)
     pool = {}
@@ -35,10 +37,15 @@ def _pool(fmts, variant, S, seed, device, wide=1):
     return spec, pool, g
 
 
-def _routes(T, k, S, H, g, device):
+def _routes(T, k, S, H, g, device, cpu_share=0.0):
+    """x, slots and weights for T tokens of k routes each: route (0, 0) and about `cpu_share`
+    of the others served by the CPU (slot -1, nothing here), the last one never."""
     x = torch.randn(T, H, generator=g)
     slots = torch.stack([torch.randperm(S, generator=g)[:k] for _ in range(T)])
-    slots[0, 0] = -1  # a route the CPU serves: nothing here
+    last = int(slots[-1, -1])
+    slots[torch.rand(T, k, generator=g) < cpu_share] = -1
+    slots[0, 0] = -1
+    slots[-1, -1] = last
     return x.to(device), slots.to(device), torch.rand(T, k, generator=g).to(device)
 
 
@@ -89,6 +96,70 @@ def test_prefill_decodes_each_expert_with_triton(device, fmt):
         got = moe_gpu.triton_expert_weights(pool, slot, spec, torch.float32)
         want = reference.expert_weights(pool, slot, spec, torch.float32)
         assert all(torch.equal(got[b].cpu(), want[b].cpu()) for b in want)
+
+
+# expert shapes (H, I) spanning several 256-weight steps, and for 32-weight blocks a step
+# cut short by the row's end and row counts that 64-row tiles do not divide; each case with
+# its model's kind of expert (gpt-oss's biased clamped MXFP4, DeepSeek-V4's clamped Q4_K)
+STEPPED = [
+    (("q8_0", "q8_0"), (288, 96), "swiglu+bias"),
+    (("q4_0", "q4_0"), (288, 96), "swiglu"),
+    (("mxfp4", "mxfp4"), (288, 96), "clamped+bias"),
+    (("q4_k", "q6_k"), (512, 256), "silu-clamped"),
+    (("q5_k", "q5_k"), (512, 256), "swiglu+bias"),
+    (("q6_k", "q6_k"), (512, 256), "swiglu"),
+    (("fp8_e4m3", "fp8_e4m3"), (384, 128), "swiglu"),
+    (("q8_0", ""), (288, 96), "swiglu+bias"),  # float down rows: a float step cut short
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmts,shape,variant", STEPPED)
+def test_steps_tails_and_row_tiles(device, fmts, shape, variant):
+    """Rows of several steps (and a last step cut short), tiles of 64 rows that the rows do
+    not fill, routes left to the CPU: the small-batch kernels against decode-then-matmul,
+    and the prefill decoder's every weight against the reference's."""
+    spec, pool, g = _pool(fmts, variant, 3, 7, device, wide=2, shape=shape)
+    if variant == "silu-clamped":
+        spec = dataclasses.replace(spec, limit=0.5)
+    x, slots, w = _routes(2, 2, 3, spec.hidden, g, device, cpu_share=0.3)
+    out = moe_gpu._triton_small_packed(x, slots, w, pool, spec, rows=(64, 64))
+    assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
+    got = moe_gpu.triton_expert_weights(pool, 1, spec, torch.float32)
+    want = reference.expert_weights(pool, 1, spec, torch.float32)
+    assert all(torch.equal(got[b].cpu(), want[b].cpu()) for b in want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4"])
+@pytest.mark.parametrize("T,k", [(1, 1), (1, 8), (8, 2)])
+def test_batch_sizes_and_top_k(device, fmt, T, k):
+    """Decode batches up to 8 tokens and from 1 to 8 routes per token: each route reads its
+    own token's x, and tokens may share an expert."""
+    S = 9
+    spec, pool, g = _pool((fmt, fmt), "swiglu", S, T * 10 + k, device, shape=(256, 256))
+    x, slots, w = _routes(T, k, S, spec.hidden, g, device, cpu_share=0.25 if T * k > 1 else 0)
+    if T > 1:  # the first token's last expert, for the last token too
+        slots[-1, 0] = slots[0, -1]
+    out = moe_gpu._triton_small_packed(x, slots, w, pool, spec, rows=(64, 64))
+    assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pools_off_four_byte_alignment_decode_in_torch(device):
+    """The kernels read scales as int16/int32 words: a pool whose slots do not start 4-byte
+    aligned is refused by the check and served by the plain-torch decoding instead."""
+    spec, pool, g = _pool(("q4_k", "q4_k"), "swiglu", 3, 3, device)
+    assert moe_gpu.slots_aligned(pool, spec)
+    shifted = {}
+    for b, t in pool.items():  # the same bytes two bytes into their storage
+        raw = torch.zeros(t.numel() + 2, dtype=t.dtype, device=device)
+        raw[2:] = t.reshape(-1)
+        shifted[b] = raw[2:].view(t.shape)
+    assert not moe_gpu.slots_aligned(shifted, spec)
+    x, slots, w = _routes(2, 2, 3, spec.hidden, g, device)
+    out = moe_gpu.experts_from_slots(x, slots, w, shifted, spec)
+    assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
 
 
 @pytest.mark.gpu

@@ -51,18 +51,18 @@ def _packed_expert_kernels():
             {**pool, "x_ptr": "*bf16", "gu_ptr": "*u8", "h_ptr": "*fp32", "alpha": "fp32",
              "limit": "fp32"},
             {**fmt, "H": H, "I": I, "K": 8, "SLOT": 2 * I * f.row_bytes(H), "BLOCK_I": 16,
-             "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
+             "HAS_BIAS": bias, "ACT": act},
         ))  # fmt: skip
         out.append((
             moe_quant.down_q_kernel,
             {**pool, "h_ptr": "*fp32", "dn_ptr": "*u8", "w_ptr": "*bf16", "out_ptr": "*fp32"},
-            {**fmt, "H": H, "I": I, "SLOT": H * f.row_bytes(I), "BLOCK_H": 32, "BLOCK_I": 256,
+            {**fmt, "H": H, "I": I, "SLOT": H * f.row_bytes(I), "BLOCK_H": 16,
              "HAS_BIAS": bias},
         ))  # fmt: skip
         out.append((
             moe_quant.dequant_kernel,
             {"src_ptr": "*u8", "dst_ptr": "*bf16"},
-            {**fmt, "ROWS": 2 * I, "COLS": H, "BLOCK_R": 32, "BLOCK_C": 64},
+            {**fmt, "ROWS": 2 * I, "COLS": H, "BLOCK_R": 16},
         ))  # fmt: skip
     return out
 
