@@ -3,13 +3,17 @@ production model's (tools/synthvocab.py: 151,643 byte-level tokens by default).
 
 Masks: each grammar is compiled once (its compile time is reported), then its masks are
 timed token by token along an answer it accepts, as the engine computes them (the work a
-worker thread does while the model step runs): a JSON schema with pattern, format, numeric
-bounds, an enum and a long string; a forced tool call; free text in which a tool call opens
-(`auto`, what every request with tools decodes under).
+worker thread does while the model step runs: the bitmask row and its stop-token bits): a
+JSON schema with pattern, format, numeric bounds, an enum and a long string; a forced tool
+call; free text in which a tool call opens (`auto`, what every request with tools decodes
+under).
 
-Decode: the engine over a random-weight model of the `tiny` shape with that vocabulary, the
+Decode: the engine over a random-weight model of the `tiny` shape with that vocabulary, on
+the GPU when there is one (with CUDA graphs, as the server runs it) else on the CPU, the
 same number of tokens free, under the `auto` grammar and under a JSON schema, the modes
-alternated `--repeats` times; tok/s are over the decode steps, the ratio is to free.
+alternated `--repeats` times; tok/s count the tokens of timed decode steps only (not the
+one the prefill samples), the ratio is to free. On the CPU the model step and the mask
+worker share the cores, so the ratio there also prices the mask's CPU time.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from freetoken.chat.structured import forced_tools, offered_tools
 from freetoken.runtime import loader
 from freetoken.runtime.constrain import Constraint, Grammars, Masker
 from freetoken.runtime.engine import Engine
+from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
@@ -98,6 +103,7 @@ COLUMNS_DECODE = [
     ("mode", "decode"),
     ("tokens", "tokens"),
     ("tok_s", "tok/s"),
+    ("step_ms", "ms/step"),
     ("spread", "±"),
     ("ratio", "/free"),
 ]
@@ -110,6 +116,9 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=151_643, help="byte-level tokens")
     ap.add_argument("--tokens", type=int, default=128, help="decoded per mode and repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--device", default="auto", help="where the decode runs: auto (a GPU if any), cpu, cuda"
+    )
     ap.add_argument(
         "--work", default="", help="where the checkpoint is written (default: a temp dir)"
     )
@@ -138,9 +147,9 @@ def masks(grammars: Grammars, qwen: QwenFormat) -> list[dict[str, Any]]:
         times = []
         for token in vocab.encode(text):
             t = time.perf_counter()
-            mask = masker.compute([c])[0]
+            step = masker.fill([c])
             times.append((time.perf_counter() - t) * 1e6)
-            if mask is None or token not in mask.allowed():
+            if not step.allows(0, token):
                 raise SystemExit(f"{name}: the mask rules out token {token} of its own walk")
             c.advance(token)
         us = np.array(times)
@@ -167,30 +176,34 @@ def _model(work: Path, size: int) -> Path:
     return out
 
 
-def _engine(path: Path) -> Engine:
+def _engine(path: Path, device: str) -> Engine:
     files = {p.name: p for p in path.iterdir() if p.is_file()}
-    loaded = loader.load(files, "cpu", "auto")
-    kv = KVCache(loaded.model.kv_layout(), 256, 16, loaded.dtype, loaded.device)
+    loaded = loader.load(files, device, "auto")
+    dev = loaded.device
+    kv = KVCache(loaded.model.kv_layout(), 256, 16, loaded.dtype, dev)
     loader.place_experts(loaded, loader.Placement("adaptive", 0, None, 0, "auto", "auto"))
-    return Engine(loaded.model, Tokenizer(files), kv, loaded.device, 4096, 1, 2048)
+    graphs = DecodeGraphs(loaded.model, kv, dev, 4096, max_batch=1) if dev.type == "cuda" else None
+    return Engine(loaded.model, Tokenizer(files), kv, dev, 4096, 1, 2048, graphs)
 
 
 def _decode(engine: Engine, prompt: list[int], n: int, make: Any) -> tuple[int, float]:
-    """Tokens decoded and seconds taken, over sequences of at most n tokens until n are
-    decoded (a grammar that completes starts over)."""
+    """Decode steps run and seconds taken, over sequences until n steps are run (a grammar
+    that completes starts over). The prefill's step, which samples the first token, is
+    neither timed nor counted."""
     done, seconds = 0, 0.0
     while done < n:
         seq = Sequence(
-            list(prompt), SamplingParams(temperature=1.0, seed=done), n - done, frozenset()
+            list(prompt), SamplingParams(temperature=1.0, seed=done), n - done + 1, frozenset()
         )
         seq.constraint = make()
         engine.submit(seq, lambda *_: None)
         engine.step()  # the prefill and first token: not a decode step
-        t0 = time.perf_counter()
+        steps, t0 = 0, time.perf_counter()
         while not seq.is_finished:
             engine.step()
+            steps += 1
         seconds += time.perf_counter() - t0
-        done += max(len(seq.output_ids), 1)
+        done += max(steps, 1)  # a sequence done at its first token still moves on
     return done, seconds
 
 
@@ -220,6 +233,7 @@ def decode(
             "mode": mode,
             "tokens": n,
             "tok_s": statistics.median(r),
+            "step_ms": 1e3 / statistics.median(r),
             "spread": (max(r) - min(r)) / 2,
             "ratio": statistics.median(r) / free,
         }
@@ -233,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         path = _model(work, args.vocab)
-        engine = _engine(path)
+        engine = _engine(path, args.device)
         vocab = Vocab(
             token_bytes(engine.tokenizer.tok, QwenFormat.markers), engine.model.args.vocab_size
         )
@@ -241,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
         grammars = Grammars(vocab, engine.tokenizer.eos_ids)
         took = time.perf_counter() - t0
         print(f"# vocabulary: {vocab.size} tokens, read by the grammar engine in {took:.1f} s")
+        where = engine.device.type
+        threads = f", {torch.get_num_threads()} torch threads" if where == "cpu" else ""
+        print(f"# decode on {where}{threads}, CUDA graphs: {engine.graphs is not None}")
         qwen = QwenFormat()
         common.emit(masks(grammars, qwen), COLUMNS_MASKS, args.json, head)
         rows = decode(engine, grammars, qwen, args.tokens, args.repeats)

@@ -8,11 +8,13 @@ A `Constraint` follows one sequence: a grammar that waits for the thinking secti
 when the output starts with one, and a thinking budget that forces the section's close
 marker once it is spent (the format's `thinking_bounds`).
 
-`Masker.start` computes the masks of a step's sampled rows on a worker thread, as bitmask
-rows the engine computes in Rust without the GIL, while the engine thread launches (and on
-the CPU runs) the model step; `Masks.wait` hands them to sampling as the shorter of two
-lists, the tokens allowed or the tokens ruled out, so applying one costs a scatter of the
-few (a JSON grammar allows a handful of tokens; free text rules out a handful).
+`Masker.start` computes the masks of a step's sampled rows on a worker thread while the
+engine thread launches (on the CPU: runs) the model step. The grammar engine writes them in
+Rust, without the GIL, as bitmask rows (a bit per token) into host memory that is pinned
+for a GPU; `StepMasks.apply` copies the step's rows to the logits' device in one
+non-blocking copy and rules out the clear bits there with a few kernels. Nothing on either
+thread walks the vocabulary in Python: the worker only sets or clears the bits of a few
+tokens (stop tokens, a forced token), so it hardly takes the GIL from the engine thread.
 """
 
 from __future__ import annotations
@@ -24,11 +26,23 @@ from dataclasses import dataclass
 
 import llguidance
 import numpy as np
+import torch
 
 from freetoken.chat.grammar import Grammar, SchemaError, explain
+from freetoken.runtime import sampling
 from freetoken.runtime.vocab import Vocab
 
-__all__ = ["Constraint", "Grammars", "Mask", "Masker", "Masks", "Thinking"]
+__all__ = [
+    "EMPTY",
+    "MASKED",
+    "Constraint",
+    "Grammars",
+    "Mask",
+    "Masker",
+    "Masks",
+    "StepMasks",
+    "Thinking",
+]
 
 _GRAMMAR = "grammar"  # a row whose mask the matcher computes
 
@@ -160,11 +174,11 @@ class Constraint:
             return None
         return _GRAMMAR
 
-    def adjust(self, row: np.ndarray) -> None:
-        """Stop tokens end the output only where the grammar is complete (the engine's
-        eos bits are the request's to set); the first token may open the thinking, and
-        the answer after a thinking section may begin with a line break or two."""
-        bits = row.view(np.uint8)
+    def adjust(self, bits: np.ndarray) -> None:
+        """Corrects the grammar's bitmask row (uint32 words): stop tokens end the output only
+        where the grammar is complete (the engine's eos bits are the request's to set); the
+        first token may open the thinking, and the answer after a thinking section may begin
+        with a line break or two."""
         _set(bits, self.eos_ids, False)
         _set(bits, self.stop_ids, self.matcher.is_accepting())
         t = self.think
@@ -194,18 +208,26 @@ class Constraint:
         self.matcher.consume_token(token)  # a token the mask ruled out leaves it in error
 
 
-def _set(bits: np.ndarray, ids: np.ndarray, on: bool) -> None:
-    ids = ids[ids < bits.size * 8]
+def _set(words: np.ndarray, ids: np.ndarray, on: bool) -> None:
+    """Sets (on) or clears the bits of `ids` in a row of uint32 words, llguidance's layout:
+    token t is bit t % 32 of word t // 32."""
+    ids = ids[ids < words.size * 32]
+    bit = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
     if on:
-        np.bitwise_or.at(bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+        np.bitwise_or.at(words, ids >> 5, bit)
     else:
-        np.bitwise_and.at(bits, ids >> 3, ~(1 << (ids & 7)).astype(np.uint8))
+        np.bitwise_and.at(words, ids >> 5, ~bit)
+
+
+MASKED, EMPTY = "masked", "empty"  # a row's mask is in the step's bits / it allows nothing
+_ALL = np.uint32(0xFFFFFFFF)  # a free row's words
+_NOTHING = (False, np.empty(0, dtype=np.int64))  # a host plan that rules nothing out
 
 
 @dataclass(frozen=True, slots=True)
 class Mask:
-    """One row's mask: the tokens allowed (`allow`) or those ruled out, whichever are
-    fewer, out of `size`."""
+    """One row's mask as token ids (tests and the bench read it so): those allowed
+    (`allow`) or those ruled out, whichever are fewer, out of `size`."""
 
     ids: np.ndarray  # int64 token ids
     allow: bool
@@ -228,80 +250,190 @@ class Mask:
         return cls(np.flatnonzero(~on), False, size)
 
 
+class _Rows:
+    """Host rows the worker writes a step's bitmasks into: pinned where the logits are on a
+    GPU, so the copy out of them waits for nothing, with the event of that copy (the worker
+    writes them again only once it is done)."""
+
+    def __init__(self, pin: bool):
+        self.pin, self.bits, self.copied = pin, torch.empty(0, 0, dtype=torch.int32), None
+
+    def take(self, rows: int, words: int) -> torch.Tensor:
+        if self.copied is not None:
+            self.copied.synchronize()  # two steps old: long done, unless no token was read
+            self.copied = None
+        if self.bits.shape[0] < rows or self.bits.shape[1] != words:
+            rows = max(rows, 2 * self.bits.shape[0])  # pinning costs: grow seldom
+            self.bits = torch.empty(rows, words, dtype=torch.int32, pin_memory=self.pin)
+        return self.bits
+
+
+class StepMasks:
+    """A step's masks. `state[i]` of each sampled row: None (free), MASKED, EMPTY (its grammar
+    allows nothing: the sequence cannot go on) or the exception its constraint raised (that
+    sequence alone ends with it). Where any row is constrained, row i of `bits` (host int32
+    words) is sampled row i's bitmask, all ones for a free row (what a failed or empty row
+    holds there is never read: it draws no token)."""
+
+    def __init__(
+        self,
+        state: list,
+        bits: torch.Tensor | None = None,
+        size: int = 0,
+        source: _Rows | None = None,
+        plans: list | None = None,
+    ) -> None:
+        self.state, self.bits, self.size, self._source = state, bits, size, source
+        self.plans = plans  # each row's sampling.host_plan, for logits on the CPU
+
+    @property
+    def rows(self) -> int:
+        return len(self.state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [rows, V] with what each mask rules out at -inf, on the logits' device:
+        one copy of the step's words and a few kernels over the batch (none where every row
+        is free), whatever the masks hold."""
+        scores = logits.float()
+        if self.bits is None:
+            return scores
+        plans = self.plans if scores.shape[-1] == self.size else None
+        sampling.mask_bits(scores, self.bits[: self.rows], plans)
+        if scores.is_cuda and self._source is not None:
+            self._source.copied = torch.cuda.Event()  # its rows' copy: see _Rows
+            self._source.copied.record()
+        return scores
+
+    def words(self, i: int) -> np.ndarray:
+        """Row i's bitmask as uint32 words."""
+        return self.bits[i].numpy().view(np.uint32)
+
+    def allows(self, i: int, token: int) -> bool:
+        return self.state[i] is MASKED and bool(self.words(i)[token >> 5] >> (token & 31) & 1)
+
+    def mask(self, i: int) -> Mask | Exception | None:
+        s = self.state[i]
+        if s is None or _failed(s):
+            return s
+        if s is EMPTY:
+            return Mask(np.empty(0, dtype=np.int64), True, self.size)
+        return Mask.of_bits(self.words(i), self.size)
+
+
 class Masks:
-    """A step's masks, one per sampled row (None: free; an exception: that row's grammar
-    failed, and its sequence alone ends with it)."""
+    """A step's masks, being computed (a future) or ready."""
 
-    def __init__(self, rows: int, future: Future | None = None, ready: list | None = None):
-        self.rows, self._future, self._ready = rows, future, ready
+    def __init__(self, ready: StepMasks | None = None, future: Future | None = None):
+        self._ready, self._future = ready, future
 
-    def wait(self) -> list[Mask | Exception | None]:
-        if self._future is None:
-            return list(self._ready) if self._ready is not None else [None] * self.rows
-        return self._future.result()
+    def wait(self) -> StepMasks:
+        return self._ready if self._future is None else self._future.result()
 
 
 class Masker:
-    """Computes masks off the engine thread (one worker; the engine computes its rows in
-    parallel where it has cores). A row whose constraint raises gets the exception in
-    place of its mask; the other rows keep theirs."""
+    """Computes a step's masks on one worker thread while the engine thread runs the model
+    step. The grammar engine writes them as bitmask rows in Rust without the GIL (several
+    rows in parallel where it has cores); what is left in Python is a few bits per row
+    (stop tokens, forced tokens), so the worker barely contends with the engine thread for
+    the GIL. Two sets of rows alternate, so a step's rows are written while the previous
+    step's may still be on their way to the device. For logits on the CPU the worker also
+    makes each row's host plan (the few ids to scatter), so the engine thread only
+    scatters them."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        device = torch.device(device)
         self._pool: ThreadPoolExecutor | None = None
         self._executor: llguidance.LLExecutor | None = None
+        self._sets = [_Rows(device.type == "cuda"), _Rows(device.type == "cuda")]
+        self._turn = 0
+        self._host = device.type == "cpu"
 
     def start(self, rows: list[Constraint | None]) -> Masks:
         """Begins computing the masks of a step's sampled rows (their constraints)."""
         plans = _plans(rows)
-        if all(p is None or isinstance(p, Exception) for p in plans):
-            return Masks(len(rows), ready=plans)
+        first = _first(plans)
+        if first is None:
+            return Masks(StepMasks(plans))
+        self._turn ^= 1
+        target = self._sets[self._turn]
+        bits = target.take(len(rows), _words(rows[first]))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-masks")
-        return Masks(len(rows), self._pool.submit(self._compute, rows, plans))
+        return Masks(future=self._pool.submit(self._fill, rows, plans, bits, target))
+
+    def fill(self, rows: list[Constraint | None]) -> StepMasks:
+        """The same masks, on the calling thread (the worker's work, as the bench times it)."""
+        plans = _plans(rows)
+        first = _first(plans)
+        if first is None:
+            return StepMasks(plans)
+        bits = torch.empty(len(rows), _words(rows[first]), dtype=torch.int32)
+        return self._fill(rows, plans, bits)
 
     def compute(self, rows: list[Constraint | None]) -> list[Mask | Exception | None]:
-        """The same masks, on the calling thread."""
-        return self._compute(rows, _plans(rows))
+        """Each row's mask as token ids (tests)."""
+        step = self.fill(rows)
+        return [step.mask(i) for i in range(step.rows)]
 
-    def _compute(
-        self, rows: list[Constraint | None], plans: list[tuple[int, ...] | str | Exception | None]
-    ) -> list[Mask | Exception | None]:
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        out: list[Mask | Exception | None] = list(plans)  # free rows and failures stand
-        live = [i for i, p in enumerate(plans) if p is not None and not isinstance(p, Exception)]
-        if not live:
-            return out
-        size = rows[live[0]].vocab.size
-        words = (size + 31) // 32
-        bits = np.zeros((len(rows), words), dtype=np.int32)
-        grammar = [(rows[i].matcher, i) for i in live if plans[i] == _GRAMMAR]
-        if grammar:
-            try:
-                self._executor.unsafe_compute_mask_ptr(
-                    grammar, bits.ctypes.data, words * 4, len(rows)
-                )
-            except Exception:  # one matcher's fault: each row alone, so the others go on
-                for one in grammar:
-                    try:
-                        self._executor.unsafe_compute_mask_ptr(
-                            [one], bits.ctypes.data, words * 4, len(rows)
-                        )
-                    except Exception as e:
-                        out[one[1]] = e
-        for i in live:
-            if isinstance(out[i], Exception):
+    def _fill(
+        self, rows: list, plans: list, bits: torch.Tensor, target: _Rows | None = None
+    ) -> StepMasks:
+        state: list = list(plans)  # free rows and failures stand
+        words = bits.numpy().view(np.uint32)
+        grammar = [(rows[i].matcher, i) for i, p in enumerate(plans) if p == _GRAMMAR]
+        failed = self._grammar_rows(grammar, bits)
+        size = rows[_first(plans)].vocab.size
+        host: list | None = [_NOTHING] * len(rows) if self._host else None
+        for i, p in enumerate(plans):
+            if p is None or _failed(p) or i in failed:
+                words[i] = _ALL  # drawn as they are (a failed row is not drawn)
+                state[i] = failed.get(i, p)
                 continue
-            c, p = rows[i], plans[i]
             try:
                 if p == _GRAMMAR:
-                    c.adjust(bits[i])
+                    rows[i].adjust(words[i])
                 else:
-                    _set(bits[i].view(np.uint8), np.array(p, dtype=np.int64), True)
-                out[i] = Mask.of_bits(bits[i], size)
+                    words[i] = 0
+                    _set(words[i], np.array(p, dtype=np.int64), True)
+                state[i] = MASKED if words[i].any() else EMPTY
+                if host is not None:
+                    host[i] = sampling.host_plan(words[i], size)
             except Exception as e:
-                out[i] = e
-        return out
+                state[i] = e
+        return StepMasks(state, bits, size, target, host)
+
+    def _grammar_rows(self, grammar: list, bits: torch.Tensor) -> dict[int, Exception]:
+        """Writes the grammar rows' bitmasks (row k of `bits` for each (matcher, k)); the
+        exception of each row whose matcher failed, by row."""
+        if not grammar:
+            return {}
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        where = (bits.data_ptr(), bits.shape[1] * 4, bits.shape[0])
+        try:
+            self._executor.unsafe_compute_mask_ptr(grammar, *where)
+            return {}
+        except Exception:  # one matcher's fault: each row alone, so the others go on
+            failed = {}
+            for one in grammar:
+                try:
+                    self._executor.unsafe_compute_mask_ptr([one], *where)
+                except Exception as e:
+                    failed[one[1]] = e
+            return failed
+
+
+def _failed(state: object) -> bool:
+    return isinstance(state, Exception)
+
+
+def _first(plans: list) -> int | None:
+    """The first row with a mask to compute (None: every row is free or failed)."""
+    return next((i for i, p in enumerate(plans) if p is not None and not _failed(p)), None)
+
+
+def _words(c: Constraint) -> int:
+    return (c.vocab.size + 31) // 32
 
 
 def _plans(rows: list[Constraint | None]) -> list[tuple[int, ...] | str | Exception | None]:

@@ -20,7 +20,7 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.anchors import Anchoring
-from freetoken.runtime.constrain import Mask, Masker
+from freetoken.runtime.constrain import EMPTY, Masker, StepMasks
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
@@ -77,7 +77,7 @@ class Engine:
         self._lock = threading.Condition()
         self.steps = 0
         self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
-        self.masker = Masker()
+        self.masker = Masker(device)
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -130,7 +130,7 @@ class Engine:
         masks = pending.wait()
         self._postprocess(plan, logits, masks, t0, t1)
         self.steps += 1
-        self.decoded += len(masks)
+        self.decoded += masks.rows
         return sum(n for _, n in plan)
 
     def _drain_inbox(self) -> None:
@@ -225,10 +225,11 @@ class Engine:
         self,
         plan: Plan,
         logits: torch.Tensor,
-        masks: list[Mask | Exception | None],
+        masks: StepMasks,
         t0: int,
         t1: int,
     ) -> None:
+        logits = masks.apply(logits)  # fp32, each constrained row's mask applied
         row, drawn = 0, []
         for seq, n in plan:
             seq.num_cached += n
@@ -238,7 +239,7 @@ class Engine:
             if seq.num_cached < seq.num_tokens:
                 continue  # prefill chunk that did not reach the end of the prompt
             req = self.requests[seq.id]
-            scores, mask = logits[row].float(), masks[row]
+            scores, mask = logits[row], masks.state[row]
             row += 1
             if not seq.output_ids:
                 seq.prefill_ns = t1 - req.t_submit
@@ -260,18 +261,17 @@ class Engine:
                 self._fail_one(req, e)
 
     def _draw(
-        self, req: Request, scores: torch.Tensor, mask: Mask | Exception | None
+        self, req: Request, scores: torch.Tensor, mask: object
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sequence's scores under its mask and its next token, drawn on the logits'
-        device (None: it has ended)."""
+        """The sequence's next token, drawn on the logits' device from its scores (its mask
+        already applied), with those scores (None: it has ended). `mask`: its row's state in
+        StepMasks."""
         seq = req.seq
         if isinstance(mask, Exception):  # its grammar's mask could not be computed
             raise mask
-        if mask is not None:
-            if mask.empty:  # cannot happen with a sound grammar; never sample NaN
-                self._finish(req, "stop")
-                return None
-            scores = sampling.masked(scores, mask.ids, mask.allow)
+        if mask is EMPTY:  # cannot happen with a sound grammar; never sample NaN
+            self._finish(req, "stop")
+            return None
         return scores, sampling.draw(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
 
     def _take(self, req: Request, scores: torch.Tensor, token: int) -> None:

@@ -13,6 +13,7 @@ top_p or min_p nothing is sorted at all.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,20 +106,128 @@ def _softmax(
     return torch.where(torch.isfinite(probs).all(), probs, sure)
 
 
-def masked(logits: torch.Tensor, ids: np.ndarray, allow: bool) -> torch.Tensor:
-    """fp32 logits [V] with only the tokens `ids` left (`allow`), or with `ids` ruled out
-    (set to -inf in place): a scatter of the shorter list, not a pass over the vocabulary's
-    mask, since this is on the path of every constrained step. The ids go to the logits'
-    device without waiting for it (a host array is staged at once), so the step's one
-    readback stays the only wait."""
-    index = torch.from_numpy(ids).to(logits.device, non_blocking=True)
-    if allow:
-        out = torch.full_like(logits, float("-inf"))
-        out[index] = logits[index]
-        return out
-    with torch.inference_mode():  # the step's logits may be an inference tensor
-        logits[index] = float("-inf")
-    return logits
+# a byte of a bitmask -> the bounds of its 8 tokens: +inf where the bit is set, else -inf
+_BOUND = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, np.inf, -np.inf)
+_BOUND = _BOUND.astype(np.float32)
+
+
+class _Scratch:
+    """A device's tensors for applying bitmasks, kept between steps (on the CPU a fresh
+    one would be a fresh allocation, which page-faults, on every step); one set a thread."""
+
+    def __init__(self, device: torch.device):
+        self.bound = torch.from_numpy(_BOUND).to(device)
+        self.index = torch.empty(0, dtype=torch.int32, device=device)
+        self.bounds = torch.empty(0, 8, device=device)
+        self.host = np.empty((0, 8), dtype=np.float32)  # the CPU's, with numpy
+
+    @torch.inference_mode(False)  # kept tensors: writable in and out of the mode
+    def take(self, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.index.numel() < nbytes:
+            self.index = torch.empty(nbytes, dtype=torch.int32, device=self.bound.device)
+            self.bounds = torch.empty(nbytes, 8, device=self.bound.device)
+        return self.index[:nbytes], self.bounds[:nbytes]
+
+    def take_host(self, nbytes: int) -> np.ndarray:
+        if len(self.host) < nbytes:
+            self.host = np.empty((nbytes, 8), dtype=np.float32)
+        return self.host[:nbytes]
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(device: torch.device) -> _Scratch:
+    kept = getattr(_LOCAL, "kept", None)
+    if kept is None:
+        kept = _LOCAL.kept = {}
+    if device not in kept:
+        with torch.inference_mode(False):
+            kept[device] = _Scratch(device)
+    return kept[device]
+
+
+@torch.inference_mode()  # the step's logits may be an inference tensor
+def mask_bits(logits: torch.Tensor, bits: torch.Tensor, plans: list | None = None) -> None:
+    """Rules out (-inf, in place) in fp32 logits [B, V] the tokens whose bit is clear in
+    `bits`, host int32 words [B, W] in llguidance's layout (token t: bit t % 32 of word
+    t // 32; tokens from 32·W on are ruled out; a free row is all ones), on every
+    constrained step's path. On a GPU: one copy of the words and three kernels over the
+    batch, whatever the masks hold. On the CPU: each row by its `host_plan` (`plans`: made
+    beforehand, by the mask worker while the step ran).
+
+    Where a whole row is passed over, each token's logit becomes the minimum of it and its
+    bound (+inf or -inf), branchless: a masked fill or `where` by a bool mask mispredicts a
+    branch a token on the CPU (40 times slower there), and `fmin` is not vectorized; a NaN
+    logit stays NaN there (the draw's guard deals with rows that are not finite)."""
+    B, V = logits.shape
+    width = min(V, bits.shape[1] * 32)
+    if width < V:
+        logits[:, width:] = float("-inf")
+    if logits.device.type != "cpu":
+        _mask_device(logits, bits, width)
+        return
+    # numpy on this thread: after the step torch's OpenMP threads have gone to sleep, and
+    # waking them for a pass of microseconds costs more than the pass
+    out, words = logits.numpy(), bits.numpy().view(np.uint32)
+    for r in range(B):
+        plan = plans[r] if plans is not None else host_plan(words[r], width)
+        _mask_row(out[r, :width], words[r], plan)
+
+
+_ALL = np.uint32(0xFFFFFFFF)
+
+
+def host_plan(words: np.ndarray, size: int) -> tuple[bool, np.ndarray] | None:
+    """How a row's mask (uint32 words over `size` tokens) is best applied on the host:
+    (False, the ids ruled out) or (True, the ids allowed) where few words hold them, else
+    None: the row is passed over whole. Right after the step the logits are out of the
+    cache and the memory is busy, so what counts is the bytes touched; grammars' masks rule
+    out tokens in a few words (free text, a JSON string: a few hundred of 4,740) or allow
+    tokens in a few (between JSON values)."""
+    few = len(words) // 8
+    part = np.flatnonzero(words != _ALL)  # words that rule a token out
+    if len(part) <= few:
+        return False, _ids(~words, part, size)
+    some = np.flatnonzero(words)  # words that allow a token
+    if len(some) <= few:
+        return True, _ids(words, some, size)
+    return None
+
+
+def _mask_row(out: np.ndarray, words: np.ndarray, plan: tuple[bool, np.ndarray] | None) -> None:
+    if plan is None:
+        bounds = _scratch(torch.device("cpu")).take_host(words.size * 4)
+        np.take(_BOUND, words.view(np.uint8), axis=0, out=bounds)
+        np.minimum(out, bounds.reshape(-1)[: out.size], out=out)
+    elif plan[0]:
+        keep = out[plan[1]]
+        out[:] = float("-inf")
+        out[plan[1]] = keep
+    else:
+        out[plan[1]] = float("-inf")
+
+
+def _ids(words: np.ndarray, where: np.ndarray, limit: int) -> np.ndarray:
+    """The token ids below `limit` of the set bits of words[where]."""
+    on = np.unpackbits(words[where].view(np.uint8), bitorder="little").reshape(-1, 32)
+    row, bit = np.nonzero(on)
+    ids = where[row] * 32 + bit
+    return ids[ids < limit]
+
+
+def _mask_device(logits: torch.Tensor, bits: torch.Tensor, width: int) -> None:
+    """On the logits' device: one copy, which waits for nothing where `bits` is pinned, and
+    three kernels over the batch."""
+    dev, B = logits.device, logits.shape[0]
+    scratch = _scratch(dev)
+    # little-endian words read as bytes keep the token order: byte j holds tokens 8j..8j+7
+    data = bits.to(dev, non_blocking=True).view(torch.uint8).view(-1)
+    index, bounds = scratch.take(data.numel())
+    index.copy_(data)
+    torch.index_select(scratch.bound, 0, index, out=bounds)
+    head = logits[:, :width]
+    torch.minimum(head, bounds.view(B, -1)[:, :width], out=head)
 
 
 def draw(
