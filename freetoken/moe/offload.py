@@ -126,6 +126,11 @@ class OffloadExperts(ExpertBackend):
         """Adaptive's chooser: it serves from the placement learned here before, else the
         one the bandwidths predict, and saves what it measures for the next load."""
         modes, known = self._modes(lru), self._known()
+        if modes is None and lru is not None:
+            # every expert cached: nothing to choose, and every route hits, so the books stay
+            # on the device and a step is one graph (the host-kept books would cost a round
+            # trip a layer for no miss)
+            self.placement.mode = Mode.DEVICE
         start = None
         if modes and known and known["mode"] in modes:
             start = Mode(known["mode"])

@@ -111,3 +111,15 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     (seq,) = generate(engine, [long_prompt], 8)
     assert seen[0] == ("cache", []) and seen[-1] == ("layers", [0])
     assert seq.output_ids == fixtures.hf_greedy(hf, long_prompt, 8)
+
+
+def test_adaptive_with_every_expert_cached_keeps_the_books_on_the_device(tiny_model):
+    """Nothing to choose when the cache holds every expert: the books stay on the device
+    (one graph a step on a GPU), not on the host with a round trip a layer for no miss."""
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=16, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    assert backend.placement.mode == "device"
+    (seq,) = generate(engine, [PROMPT], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
+    assert backend.lru is not None and backend.lru.live
