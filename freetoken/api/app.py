@@ -16,7 +16,6 @@ from starlette.routing import Route
 from freetoken import config
 from freetoken.api import anthropic, cache, completion, embed, ollama, openai, responses
 from freetoken.api.guard import RequestGuard
-from freetoken.api.hangup import CancelOnHangup
 from freetoken.api.middleware import CORS, HostGuard, is_loopback_bind
 from freetoken.api.state import Services
 from freetoken.server.residency import Residency
@@ -94,7 +93,6 @@ def create_app(
         Middleware(HostGuard, enabled=is_loopback_bind(cfg.host.host)),
         Middleware(CORS, origins=cfg.origins),
         Middleware(RequestGuard, max_body=cfg.max_request_size),
-        Middleware(CancelOnHangup),
     ]
     app = Starlette(
         routes=routes,
