@@ -39,7 +39,7 @@ _ext = None
 _failed = False
 
 
-SOURCES = ("moe_experts.cpp", "quant_dot.cpp", "quant_avx512.cpp", "lane.cpp")
+SOURCES = ("moe_experts.cpp", "float_dot.cpp", "quant_dot.cpp", "quant_avx512.cpp", "lane.cpp")
 
 
 def _build_dir(sources: list[Path]) -> Path:

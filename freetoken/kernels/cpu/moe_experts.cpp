@@ -12,7 +12,7 @@
 // instead of holding up the pass. Weights are bf16 or fp32, or packed blocks of a quantized
 // format read in place (quant_dot.cpp), each bank its own; biases are bf16 or fp32;
 // accumulation is fp32. The instruction set is chosen at run time: AVX-512-BF16, AVX-512,
-// AVX2+FMA, or plain C++.
+// AVX2+FMA, or plain C++ (float_dot.cpp).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -22,9 +22,12 @@
 #include <cstring>
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 #include <vector>
 
+// float_dot.cpp
+float (*float_dot(int tier))(const float*, const float*, int64_t);
+void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t n, const float* x,
+                    const uint16_t* xb, float* y, int tier);
 // quant_dot.cpp
 int64_t quant_row_bytes(int64_t fmt, int64_t cols);
 void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
@@ -48,203 +51,6 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even
   std::memcpy(&bits, &f, 4);
   bits += 0x7FFF + ((bits >> 16) & 1);
   return static_cast<uint16_t>(bits >> 16);
-}
-
-// ---- dot products: weights w[n] (bf16 as uint16 or fp32) with activations ----------------
-
-float dot_scalar_bf16(const uint16_t* w, const float* x, const uint16_t*, int64_t n) {
-  float acc = 0.f;
-  for (int64_t i = 0; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
-  return acc;
-}
-
-float dot_scalar_f32(const float* w, const float* x, int64_t n) {
-  float acc = 0.f;
-  for (int64_t i = 0; i < n; ++i) acc += w[i] * x[i];
-  return acc;
-}
-
-__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-
-__attribute__((target("avx2,fma"))) float dot_avx2_bf16(const uint16_t* w, const float* x, const uint16_t*,
-                                                        int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
-    a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float acc = hsum256(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
-  return acc;
-}
-
-__attribute__((target("avx2,fma"))) float dot_avx2_f32(const float* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float acc = hsum256(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) acc += w[i] * x[i];
-  return acc;
-}
-
-__attribute__((target("avx512f,avx512bw"))) float dot_avx512_bf16(const uint16_t* w, const float* x,
-                                                                  const uint16_t*, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
-    __m512i w1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 16)));
-    a0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), _mm512_loadu_ps(x + i + 16), a1);
-  }
-  float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
-  return acc;
-}
-
-__attribute__((target("avx512f"))) float dot_avx512_f32(const float* w, const float* x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-  }
-  float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) acc += w[i] * x[i];
-  return acc;
-}
-
-// bf16 x bf16 pairs accumulated in fp32 (vdpbf16ps); xb is the activation rounded to bf16.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) float dot_avx512bf16(const uint16_t* w, const float* x,
-                                                                           const uint16_t* xb, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m512i w0 = _mm512_loadu_si512(w + i), w1 = _mm512_loadu_si512(w + i + 32);
-    __m512i x0 = _mm512_loadu_si512(xb + i), x1 = _mm512_loadu_si512(xb + i + 32);
-    a0 = _mm512_dpbf16_ps(a0, (__m512bh)w0, (__m512bh)x0);
-    a1 = _mm512_dpbf16_ps(a1, (__m512bh)w1, (__m512bh)x1);
-  }
-  float acc = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) acc += bf16_to_f32(w[i]) * x[i];
-  return acc;
-}
-
-// Four rows at once: four independent accumulator chains share each activation load, which
-// keeps enough loads in flight to run at memory speed instead of FMA-latency speed.
-__attribute__((target("avx512f,avx512bw"))) void dot4_avx512_bf16(const uint16_t* w, int64_t stride,
-                                                                  const float* x, int64_t n, float* y) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) {
-      __m512i wv = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * stride + i)));
-      a[r] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(wv, 16)), xv, a[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = _mm512_reduce_add_ps(a[r]);
-    for (int64_t j = i; j < n; ++j) acc += bf16_to_f32(w[r * stride + j]) * x[j];
-    y[r] = acc;
-  }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot4_avx512bf16(const uint16_t* w, int64_t stride,
-                                                                           const float* x, const uint16_t* xb,
-                                                                           int64_t n, float* y) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512i xv = _mm512_loadu_si512(xb + i);
-    for (int r = 0; r < 4; ++r) {
-      __m512i wv = _mm512_loadu_si512(w + r * stride + i);
-      a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)wv, (__m512bh)xv);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = _mm512_reduce_add_ps(a[r]);
-    for (int64_t j = i; j < n; ++j) acc += bf16_to_f32(w[r * stride + j]) * x[j];
-    y[r] = acc;
-  }
-}
-
-__attribute__((target("avx2,fma"))) void dot4_avx2_bf16(const uint16_t* w, int64_t stride, const float* x,
-                                                       int64_t n, float* y) {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 xv = _mm256_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) {
-      __m256i wv = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i)));
-      a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = hsum256(a[r]);
-    for (int64_t j = i; j < n; ++j) acc += bf16_to_f32(w[r * stride + j]) * x[j];
-    y[r] = acc;
-  }
-}
-
-__attribute__((target("avx512f"))) void dot4_avx512_f32(const float* w, int64_t stride, const float* x,
-                                                        int64_t n, float* y) {
-  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * stride + i), xv, a[r]);
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = _mm512_reduce_add_ps(a[r]);
-    for (int64_t j = i; j < n; ++j) acc += w[r * stride + j] * x[j];
-    y[r] = acc;
-  }
-}
-
-__attribute__((target("avx2,fma"))) void dot4_avx2_f32(const float* w, int64_t stride, const float* x,
-                                                      int64_t n, float* y) {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 xv = _mm256_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * stride + i), xv, a[r]);
-  }
-  for (int r = 0; r < 4; ++r) {
-    float acc = hsum256(a[r]);
-    for (int64_t j = i; j < n; ++j) acc += w[r * stride + j] * x[j];
-    y[r] = acc;
-  }
-}
-
-using DotBf16 = float (*)(const uint16_t*, const float*, const uint16_t*, int64_t);
-using DotF32 = float (*)(const float*, const float*, int64_t);
-
-DotBf16 pick_bf16(int tier) {
-  switch (tier) {
-    case AVX512BF16: return dot_avx512bf16;
-    case AVX512: return dot_avx512_bf16;
-    case AVX2: return dot_avx2_bf16;
-    default: return dot_scalar_bf16;
-  }
-}
-
-DotF32 pick_f32(int tier) {
-  if (tier >= AVX512) return dot_avx512_f32;
-  if (tier == AVX2) return dot_avx2_f32;
-  return dot_scalar_f32;
 }
 
 int best_tier() {
@@ -294,34 +100,6 @@ void for_tasks(int64_t n, const F& f) {
   });
 }
 
-// One row-tile of a matrix-vector product: y[j] = W[row0 + j, :] . x for j < rows.
-template <typename W>
-inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     float* y, DotBf16 dbf, DotF32 df, int tier) {
-  int j = 0;
-  if (tier >= AVX2) {
-    for (; j + 4 <= rows; j += 4) {
-      const W* w = base + (row0 + j) * n;
-      if constexpr (std::is_same_v<W, uint16_t>) {
-        if (tier == AVX512BF16) dot4_avx512bf16(w, n, x, xb, n, y + j);
-        else if (tier == AVX512) dot4_avx512_bf16(w, n, x, n, y + j);
-        else dot4_avx2_bf16(w, n, x, n, y + j);
-      } else {
-        if (tier >= AVX512) dot4_avx512_f32(w, n, x, n, y + j);
-        else dot4_avx2_f32(w, n, x, n, y + j);
-      }
-    }
-  }
-  for (; j < rows; ++j) {
-    const W* w = base + (row0 + j) * n;
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      y[j] = dbf(w, x, xb, n);
-    } else {
-      y[j] = df(w, x, n);
-    }
-  }
-}
-
 // One matrix bank [E, rows, cols]: bf16 or fp32 weights, or packed blocks (fmt > 0).
 struct Mat {
   const uint8_t* p;
@@ -332,14 +110,12 @@ struct Mat {
 
 // y[j] = row (row0 + j) of expert e's matrix . x, for j < rows.
 inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     float* y, DotBf16 dbf, DotF32 df, int tier) {
+                     float* y, int tier) {
   const uint8_t* base = m.p + e * m.expert_bytes;
   if (m.fmt) {
-    quant_rows_dot(m.fmt, base, row0, rows, n, x, y, df, tier >= AVX512);
-  } else if (m.bf16) {
-    rows_dot(reinterpret_cast<const uint16_t*>(base), row0, rows, n, x, xb, y, dbf, df, tier);
+    quant_rows_dot(m.fmt, base, row0, rows, n, x, y, float_dot(tier), tier >= AVX512);
   } else {
-    rows_dot(reinterpret_cast<const float*>(base), row0, rows, n, x, nullptr, y, dbf, df, std::min(tier, int(AVX512)));
+    float_rows_dot(base, m.bf16, row0, rows, n, x, xb, y, tier);
   }
 }
 
@@ -350,8 +126,6 @@ struct Experts {
 
 void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* tok, const int64_t* exp,
          const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act) {
-  DotBf16 dbf = pick_bf16(tier);
-  DotF32 df = pick_f32(tier);
   const bool h_bf16 = xb != nullptr && w.down.bf16 && !w.down.fmt;  // down's bf16 dot takes bf16 h
   std::vector<float> h(R * I);
   std::vector<uint16_t> hb(h_bf16 ? R * I : 0);
@@ -362,8 +136,8 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
     const int rows = static_cast<int>(std::min<int64_t>(kTile, I - i0));
     const float* xr = x + tok[r] * H;
     const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
-    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, g, dbf, df, tier);
-    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, u, dbf, df, tier);
+    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, g, tier);
+    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, u, tier);
     const int64_t b0 = exp[r] * 2 * I;
     for (int j = 0; j < rows; ++j) {
       float v = act(g[j] + w.gu_bias.at(b0 + i0 + j), u[j] + w.gu_bias.at(b0 + I + i0 + j));
@@ -381,8 +155,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
     const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
     float acc[kTile] = {0};
     for (int64_t r : by_tok[t]) {
-      mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, dbf, df,
-               tier);
+      mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, tier);
       for (int j = 0; j < rows; ++j) acc[j] += wt[r] * (y[j] + w.dn_bias.at(exp[r] * H + r0 + j));
     }
     for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
