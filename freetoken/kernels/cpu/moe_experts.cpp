@@ -6,13 +6,13 @@
 //   (u + 1) * g * sigmoid(alpha * g) (gpt-oss) or silu(g) * u. The biases are optional.
 //
 // Two passes over tasks shared by the intra-op threads: pass 1 walks (route, 16-row tile of I)
-// and writes h = act(g, u); pass 2 walks (token, 16-row tile of H) and sums the routes' down
-// projections. Threads take tasks one at a time from a shared counter, so a thread that the
-// OS runs less (another process's, or the host's own thread waiting on the GPU) takes fewer
-// instead of holding up the pass. Weights are bf16 or fp32, or packed blocks of a quantized
-// format read in place (quant_dot.cpp), each bank its own; biases are bf16 or fp32;
-// accumulation is fp32. The instruction set is chosen at run time: AVX-512-BF16, AVX-512,
-// AVX2+FMA, or plain C++ (float_dot.cpp).
+// and writes h = act(g, u); pass 2 walks (route, 16-row tile of H) for the down projections,
+// which each token then sums over its routes. Threads take tasks one at a time from a shared
+// counter, so a thread that the OS runs less (another process's, or the host's own thread
+// waiting on the GPU) takes fewer instead of holding up the pass. Weights are bf16 or fp32, or
+// packed blocks of a quantized format read in place (quant_dot.cpp), each bank its own;
+// biases are bf16 or fp32; accumulation is fp32. The instruction set is chosen at run time:
+// AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++ (float_dot.cpp).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -145,20 +145,28 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
       if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
     }
   });
+  // Pass 2 walks (route, tile of H) like pass 1, so that consecutive tasks read one expert's
+  // rows in order: walking every route's tile per token read 8 runs of a few KB by turns,
+  // which the prefetchers followed badly. Each token then sums its routes in order.
+  std::vector<float> y(R * H);
+  const int64_t htiles = (H + kTile - 1) / kTile;
+  for_tasks(R * htiles, [&](int64_t task) {
+    const int64_t r = task / htiles, r0 = (task % htiles) * kTile;
+    const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
+    mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I,
+             y.data() + r * H + r0, tier);
+  });
   // routes of each token, in order (routes arrive grouped by nothing in particular)
   std::vector<std::vector<int64_t>> by_tok(T);
   for (int64_t r = 0; r < R; ++r) by_tok[tok[r]].push_back(r);
-  const int64_t htiles = (H + kTile - 1) / kTile;
-  for_tasks(T * htiles, [&](int64_t task) {
-    float y[kTile];
-    const int64_t t = task / htiles, r0 = (task % htiles) * kTile;
-    const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
-    float acc[kTile] = {0};
-    for (int64_t r : by_tok[t]) {
-      mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, y, tier);
-      for (int j = 0; j < rows; ++j) acc[j] += wt[r] * (y[j] + w.dn_bias.at(exp[r] * H + r0 + j));
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < H; ++j) {
+        float acc = 0.f;
+        for (int64_t r : by_tok[t]) acc += wt[r] * (y[r * H + j] + w.dn_bias.at(exp[r] * H + j));
+        out[t * H + j] += acc;
+      }
     }
-    for (int j = 0; j < rows; ++j) out[t * H + r0 + j] += acc[j];
   });
 }
 
