@@ -2,7 +2,8 @@
 
 B_P: host->GPU expert gather from pinned banks into cache slots (the fetch path).
 B_H: the CPU expert kernel on experts read from DRAM (banks far larger than the caches),
-in BF16 and in each block format (GB/s of the bytes it reads, experts/s against BF16's).
+in BF16 and in each block format (GB/s of the bytes it reads, experts/s against BF16's; a
+BF16 model's int8 activations, the default for quantized models, and fp32 ones).
 Each alone and both at once (they share the host's DRAM). The result is stored as this
 machine's profile; runners start their split from it.
 """
@@ -79,7 +80,11 @@ def measure_pcie(
 
 
 def measure_cpu(
-    banks: Banks, seconds: float, isa: str | None = None, stop: threading.Event | None = None
+    banks: Banks,
+    seconds: float,
+    isa: str | None = None,
+    stop: threading.Event | None = None,
+    compute_dtype: torch.dtype = torch.bfloat16,
 ) -> float:
     rng = np.random.default_rng(1)
     x = torch.randn(1, H)
@@ -89,7 +94,9 @@ def measure_cpu(
     while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
         layer = banks.layers[rng.integers(len(banks.layers))]
         exp = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64))
-        cpu_kernel.moe_experts(x, layer, tok, exp, w, banks.spec, isa=isa)
+        cpu_kernel.moe_experts(
+            x, layer, tok, exp, w, banks.spec, isa=isa, compute_dtype=compute_dtype
+        )
         moved += K * banks.expert_bytes
     return moved / (time.perf_counter() - t0) / 1e9
 
@@ -130,7 +137,9 @@ def concurrent(banks: Banks, seconds: float) -> tuple[float, float]:
 
 def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: float) -> dict:
     """The CPU kernel on banks of each block format (as large as the BF16 ones): GB/s of the
-    packed bytes it reads, experts/s, and experts/s against BF16's (the bound moves by that)."""
+    packed bytes it reads, experts/s, and experts/s against BF16's (the bound moves by that),
+    for a BF16 model (int8 activations where the CPU has VNNI); `exact_gbps` with the fp32
+    activations of an fp32 model."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
@@ -139,8 +148,14 @@ def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: f
         banks = packed.PackedBanks.make(fmt, E, H, I, layers)
         measure_cpu(banks, 0.3)
         gbps = measure_cpu(banks, seconds)
+        exact = measure_cpu(banks, seconds / 2, compute_dtype=torch.float32)
         rate = gbps * 1e9 / banks.expert_bytes
-        out[fmt] = {"gbps": gbps, "experts_per_s": rate, "vs_bf16": rate / bf16_rate}
+        out[fmt] = {
+            "gbps": gbps,
+            "experts_per_s": rate,
+            "vs_bf16": rate / bf16_rate,
+            "exact_gbps": exact,
+        }
         del banks
     return out
 
@@ -223,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         {
             "path": f"CPU expert kernel, {fmt}",
             "gbps": f["gbps"],
-            "note": f"{f['experts_per_s']:.0f} experts/s, {f['vs_bf16']:.2f}x BF16's",
+            "note": f"{f['experts_per_s']:.0f} experts/s, {f['vs_bf16']:.2f}x BF16's; "
+            f"fp32 activations {f['exact_gbps']:.1f} GB/s",
         }
         for fmt, f in r["formats"].items()
     ]

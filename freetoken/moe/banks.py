@@ -73,7 +73,7 @@ class HostBanks:
             cuda = torch.cuda.is_available()
             self.ring = StagingRing(torch.device("cuda" if cuda else "cpu"))
         self.num_experts = next(iter(self.banks.values()))["gate_up"].shape[0]
-        self.dtype = dtype
+        self.dtype = dtype  # the model's compute dtype: float banks are kept in it
         first = self.banks[layers[0]]
         self.dtypes = {b: t.dtype for b, t in first.items()}
         # a slot holds any layer's expert: each bank's rows as wide as the widest format's

@@ -84,7 +84,13 @@ class CpuLane:
                 for name in MATRICES
             ),
         )
-        self._act = (spec.activation_code, spec.alpha, spec.limit)
+        # what the experts compute, and whether packed banks take int8 activations
+        self._act = (
+            spec.activation_code,
+            spec.alpha,
+            spec.limit,
+            cpu_kernel.int8_activations(banks.dtype),
+        )
         self._all: dict[int, torch.Tensor] = {}
         self._thread: threading.Thread | None = None
 

@@ -84,6 +84,7 @@ class CpuPath:
             ids.reshape(-1).cpu(),
             weights.reshape(-1).float().cpu(),
             self.s.banks.specs[layer],
+            compute_dtype=self.s.banks.dtype,
         )
         self.s.counters.account(len(torch.unique(ids)), 0, T * k)
         return out.to(device=x.device, dtype=x.dtype)
@@ -116,6 +117,7 @@ class CpuPath:
             w_h,
             s.banks.specs[layer],
             out=out,
+            compute_dtype=s.banks.dtype,
         )
         s.split.cpu.observe(len(cpu_experts), time.perf_counter() - t0)
         return result

@@ -84,3 +84,74 @@ def test_clamped_silu_on_packed_banks(fmt):
     for isa in _tiers():
         out = _run(spec, banks, x, ids, w, isa)
         assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
+# ---- int8 activations (quant_act.cpp, quant_vnni.cpp): BF16 models' packed banks ----------
+
+INT8_FORMATS = [f for f in FORMATS if f != "fp8_e4m3"]
+# A dot product's relative error from 8-bit activations with a scale per 32: each code is off
+# by at most half its block's step (max|x| / 254), about 0.5% of a Gaussian vector's norm. An
+# expert quantizes x and then h: about 1.1% of its output on these random banks, every format.
+INT8_TOLERANCE = 2e-2
+
+
+def _int8_kernel(fmt: str) -> bool:
+    ext = cpu.extension()
+    return ext is not None and ext.has_int8_kernel(quant.get(fmt).code)
+
+
+def _representable(cols: int, g: torch.Generator) -> torch.Tensor:
+    """Activations that int8 codes with a scale per 32 hold exactly: codes in [-127, 127], one
+    of each 32 at ±127, times a power of two (so the scale max|x| / 127 is exact)."""
+    q = torch.randint(-127, 128, (cols // 32, 32), generator=g)
+    q[:, 7] = 127 * (torch.randint(0, 2, (cols // 32,), generator=g) * 2 - 1)
+    scale = 2.0 ** torch.randint(-6, 2, (cols // 32, 1), generator=g)
+    return (q * scale).reshape(-1).float()
+
+
+@pytest.mark.parametrize("fmt", INT8_FORMATS)
+@pytest.mark.parametrize("blocks", [1, 3, 5, 9, 12])
+def test_int8_kernels_are_exact_where_the_activations_are(fmt, blocks):
+    """On activations the quantization keeps exactly, the int8 kernels' dot products are
+    decode-then-matmul's up to fp32 rounding: every code, scale and order is right. Odd row
+    counts, and rows of a few blocks (32-weight formats go four blocks a step, then singly)."""
+    if not _int8_kernel(fmt):
+        pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
+    cols = blocks * quant.get(fmt).block
+    g = torch.Generator().manual_seed(blocks)
+    rows = experts.pack(torch.randn(7, cols, generator=g) / cols**0.5, fmt)
+    x = _representable(cols, g)
+    ref = reference.dequantize(rows, fmt).double() @ x.double()
+    out = cpu.extension().quant_matvec(rows, x, quant.get(fmt).code, -1, True)
+    assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
+
+
+@pytest.mark.parametrize("isa", _tiers())
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("T,k", [(1, 4), (5, 3)])
+def test_bf16_models_take_int8_activations_within_tolerance(fmt, isa, T, k):
+    """A BF16 model's packed banks: through the int8 kernels where the CPU has them, from the
+    AVX-512 tier up (within INT8_TOLERANCE of decode-then-matmul in fp32, and not equal to
+    it), else exactly as an fp32 model's; an fp32 model's stay exact."""
+    spec, banks, x, ids, w = _case((fmt, fmt), "swiglu", T, k, seed=11 + T)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    tok = torch.arange(T).repeat_interleave(k)
+    args = (x, banks, tok, ids.reshape(-1), w.reshape(-1), spec)
+    out = cpu.moe_experts(*args, isa=isa, compute_dtype=torch.bfloat16)
+    err = float((out - ref).norm() / ref.norm())
+    if _int8_kernel(fmt) and isa.startswith("avx512"):
+        assert 1e-6 < err <= INT8_TOLERANCE
+    else:
+        assert err <= 1e-5
+    assert float((cpu.moe_experts(*args, isa=isa) - ref).norm() / ref.norm()) <= 1e-5
+
+
+def test_int8_activations_with_a_float_bank_beside():
+    """Only the packed bank quantizes its activations: a Q4_K gate_up beside an fp32 down."""
+    spec, banks, x, ids, w = _case(("q4_k", ""), "swiglu+bias", 3, 2, seed=2, dtype=torch.float32)
+    ref = reference.moe_experts(x, ids, w, banks, spec)
+    tok = torch.arange(3).repeat_interleave(2)
+    int8 = cpu.moe_experts(
+        x, banks, tok, ids.reshape(-1), w.reshape(-1), spec, compute_dtype=torch.bfloat16
+    )
+    assert float((int8 - ref).norm() / ref.norm()) <= INT8_TOLERANCE

@@ -113,6 +113,31 @@ def test_the_loop_computes_every_kind_of_expert(variant):
         lane.stop()
 
 
+def test_a_bf16_models_packed_banks_are_served_as_the_kernel_serves_them():
+    """The compute dtype travels to the loop: a BF16 model's Q4_K banks get int8 activations
+    there too (where the CPU has the kernels), the answers moe_experts gives for BF16."""
+    spec = ExpertSpec(512, 256, formats=("q4_k", "q4_k"))
+    g = torch.Generator().manual_seed(6)
+    raw, formats = {}, {}
+    for layer in range(2):
+        for b, t in experts.packed_banks(4, spec, g).items():
+            raw[(layer, b)], formats[(layer, b)] = t, "q4_k"
+    hb = HostBanks(raw, torch.bfloat16, pin=False, spec=ExpertSpec(512, 256), formats=formats)
+    lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    lane.start()
+    try:
+        x, ids, w = torch.randn((1, 512), generator=g), torch.tensor([[0, 2, 3]]), torch.rand(1, 3)
+        lane.post(1, x, ids, w)
+        got = lane.collect(torch.zeros(1, 512))
+        args = (x, hb.banks[1], torch.zeros(3, dtype=torch.int64), ids[0], w[0], hb.specs[1])
+        want = cpu_kernel.moe_experts(*args, compute_dtype=torch.bfloat16)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        if cpu_kernel.extension().has_int8_kernel(3):  # not fp32 activations' answer
+            assert not torch.allclose(got, cpu_kernel.moe_experts(*args), rtol=1e-5, atol=1e-5)
+    finally:
+        lane.stop()
+
+
 def test_a_request_posted_before_the_loop_starts_is_served():
     hb = banks()
     lane = CpuLane(hb, torch.device("cpu"), threads=1)

@@ -39,7 +39,15 @@ _ext = None
 _failed = False
 
 
-SOURCES = ("moe_experts.cpp", "float_dot.cpp", "quant_dot.cpp", "quant_avx512.cpp", "lane.cpp")
+SOURCES = (
+    "moe_experts.cpp",
+    "float_dot.cpp",
+    "quant_dot.cpp",
+    "quant_avx512.cpp",
+    "quant_act.cpp",
+    "quant_vnni.cpp",
+    "lane.cpp",
+)
 
 
 def _build_dir(sources: list[Path]) -> Path:
@@ -216,6 +224,15 @@ def tier() -> str:
     return TIERS[ext.cpu_tier()] if ext is not None else "torch"
 
 
+def int8_activations(compute_dtype: torch.dtype) -> bool:
+    """Whether packed banks may take their activations quantized to int8 for a model that
+    computes in `compute_dtype`: in BF16, whose activations carry 8 significant bits, the
+    integer kernels' error (8-bit codes with a scale per 32: about 0.5% of a dot product, 1%
+    of an expert's output) is of the order of the model's own rounding; fp32 and fp16 models
+    keep exact activations (the tests compare fp32 models with transformers token by token)."""
+    return compute_dtype == torch.bfloat16
+
+
 def moe_experts(
     x: torch.Tensor,
     banks: reference.Banks,
@@ -225,12 +242,14 @@ def moe_experts(
     spec: ExpertSpec,
     out: torch.Tensor | None = None,
     isa: str | None = None,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
 
     x: [T, H]; `banks` one layer's (reference.py names them) in host memory: bf16 or fp32,
     or packed in the block format `spec` gives each (read in place); `spec` what each expert
-    computes.
+    computes; `compute_dtype` the model's (see int8_activations: with AVX-512 VNNI, packed
+    banks of a BF16 model take int8 activations).
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out
@@ -257,5 +276,6 @@ def moe_experts(
         spec.limit,
         spec.format_code("gate_up"),
         spec.format_code("down"),
+        int8_activations(compute_dtype),
     )
     return out

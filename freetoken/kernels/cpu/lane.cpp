@@ -26,7 +26,7 @@
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
-                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt);
+                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt, bool int8);
 
 // The banks of every layer the lane serves, their formats, and what their experts compute.
 struct LaneBanks {
@@ -34,6 +34,7 @@ struct LaneBanks {
   std::vector<int64_t> gu_fmts, dn_fmts;  // each layer's packed format codes (0: float)
   int64_t act;
   double alpha, limit;
+  bool int8;  // packed banks may take int8 activations (moe_experts)
 };
 
 namespace {
@@ -74,7 +75,7 @@ int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const to
   if (!b.gu_biases.empty()) gb = b.gu_biases[pos];
   if (!b.dn_biases.empty()) db = b.dn_biases[pos];
   moe_experts(x.view({1, H}), b.gate_ups[pos], b.downs[pos], gb, db, tok, e, wt, out.view({1, H}), tier, b.act,
-              b.alpha, b.limit, b.gu_fmts[pos], b.dn_fmts[pos]);
+              b.alpha, b.limit, b.gu_fmts[pos], b.dn_fmts[pos], b.int8);
   return n;
 }
 
@@ -97,7 +98,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
-                int64_t act, double alpha, double limit) {
+                int64_t act, double alpha, double limit, bool int8) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() == 1, "lane: bad layer position");
@@ -107,7 +108,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   TORCH_CHECK(gu_biases.empty() || gu_biases.size() == gate_ups.size(), "lane: biases disagree");
   TORCH_CHECK(dn_biases.empty() || dn_biases.size() == gate_ups.size(), "lane: biases disagree");
   TORCH_CHECK(gu_fmts.size() == gate_ups.size() && dn_fmts.size() == gate_ups.size(), "lane: formats disagree");
-  const LaneBanks banks{gate_ups, downs, gu_biases, dn_biases, gu_fmts, dn_fmts, act, alpha, limit};
+  const LaneBanks banks{gate_ups, downs, gu_biases, dn_biases, gu_fmts, dn_fmts, act, alpha, limit, int8};
   at::init_num_threads();
   if (!cpus.empty()) pin_team(cpus);
   int64_t* c = ctl.data_ptr<int64_t>();

@@ -12,7 +12,10 @@
 // waiting on the GPU) takes fewer instead of holding up the pass. Weights are bf16 or fp32, or
 // packed blocks of a quantized format read in place (quant_dot.cpp), each bank its own;
 // biases are bf16 or fp32; accumulation is fp32. The instruction set is chosen at run time:
-// AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++ (float_dot.cpp).
+// AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++ (float_dot.cpp). Where the caller allows it
+// (a model computing in BF16) and the CPU has AVX-512 VNNI, packed banks take their
+// activations quantized to int8, once per token for gate_up and once per route for down
+// (quant_act.cpp, quant_vnni.cpp).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -32,6 +35,12 @@ void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t
 int64_t quant_row_bytes(int64_t fmt, int64_t cols);
 void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
                     float* y, float (*dot)(const float*, const float*, int64_t), bool avx512);
+// quant_act.cpp, quant_vnni.cpp
+int64_t quant_act_bytes(int64_t fmt, int64_t n);
+void quant_act_prepare(int64_t fmt, const float* x, int64_t n, uint8_t* buf);
+bool quant_int8_ok(int64_t fmt);
+void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const uint8_t* act,
+                         float* y);
 
 namespace {
 
@@ -108,11 +117,34 @@ struct Mat {
   int64_t expert_bytes;  // bytes from one expert to the next
 };
 
-// y[j] = row (row0 + j) of expert e's matrix . x, for j < rows.
+// Activations of one bank prepared for its int8 kernel, a buffer per row of x [rows, n]; none
+// (`at` null) where the bank takes fp32 activations: a float bank, fp32 compute, no VNNI.
+struct Int8Act {
+  std::vector<uint8_t> mem;
+  const uint8_t* base = nullptr;
+  int64_t stride = 0;
+
+  Int8Act(const Mat& m, bool allowed, int tier, const float* x, int64_t rows, int64_t n) {
+    if (!allowed || !m.fmt || tier < AVX512 || !quant_int8_ok(m.fmt)) return;
+    stride = quant_act_bytes(m.fmt, n);  // a multiple of 64
+    mem.resize(rows * stride + 64);
+    base = mem.data() + (64 - reinterpret_cast<uintptr_t>(mem.data()) % 64) % 64;
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) quant_act_prepare(m.fmt, x + r * n, n, const_cast<uint8_t*>(at(r)));
+    });
+  }
+
+  const uint8_t* at(int64_t row) const { return base ? base + row * stride : nullptr; }
+};
+
+// y[j] = row (row0 + j) of expert e's matrix . x, for j < rows; `q` is x prepared for the
+// bank's int8 kernel, or null.
 inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     float* y, int tier) {
+                     const uint8_t* q, float* y, int tier) {
   const uint8_t* base = m.p + e * m.expert_bytes;
-  if (m.fmt) {
+  if (m.fmt && q) {
+    quant_rows_dot_int8(m.fmt, base, row0, rows, n, q, y);
+  } else if (m.fmt) {
     quant_rows_dot(m.fmt, base, row0, rows, n, x, y, float_dot(tier), tier >= AVX512);
   } else {
     float_rows_dot(base, m.bf16, row0, rows, n, x, xb, y, tier);
@@ -125,7 +157,9 @@ struct Experts {
 };
 
 void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* tok, const int64_t* exp,
-         const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act) {
+         const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act,
+         bool int8) {
+  const Int8Act xq(w.gate_up, int8, tier, x, T, H);
   const bool h_bf16 = xb != nullptr && w.down.bf16 && !w.down.fmt;  // down's bf16 dot takes bf16 h
   std::vector<float> h(R * I);
   std::vector<uint16_t> hb(h_bf16 ? R * I : 0);
@@ -136,8 +170,8 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
     const int rows = static_cast<int>(std::min<int64_t>(kTile, I - i0));
     const float* xr = x + tok[r] * H;
     const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
-    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, g, tier);
-    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, u, tier);
+    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, xq.at(tok[r]), g, tier);
+    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, xq.at(tok[r]), u, tier);
     const int64_t b0 = exp[r] * 2 * I;
     for (int j = 0; j < rows; ++j) {
       float v = act(g[j] + w.gu_bias.at(b0 + i0 + j), u[j] + w.gu_bias.at(b0 + I + i0 + j));
@@ -145,6 +179,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
       if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
     }
   });
+  const Int8Act hq(w.down, int8, tier, h.data(), R, I);
   // Pass 2 walks (route, tile of H) like pass 1, so that consecutive tasks read one expert's
   // rows in order: walking every route's tile per token read 8 runs of a few KB by turns,
   // which the prefetchers followed badly. Each token then sums its routes in order.
@@ -153,7 +188,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
   for_tasks(R * htiles, [&](int64_t task) {
     const int64_t r = task / htiles, r0 = (task % htiles) * kTile;
     const int rows = static_cast<int>(std::min<int64_t>(kTile, H - r0));
-    mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I,
+    mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, hq.at(r),
              y.data() + r * H + r0, tier);
   });
   // routes of each token, in order (routes arrive grouped by nothing in particular)
@@ -201,11 +236,13 @@ int64_t cpu_tier() { return best_tier(); }
 // packed (uint8 [E, rows, row bytes] in format gu_fmt / dn_fmt, freetoken/quant's codes; an
 // expert's bytes start its row, which may be wider); the optional biases gu_bias [E, 2I] and
 // dn_bias [E, H] in bf16 or float32; tok/exp [R] int64, weights [R] float32, out [T, H] float32
-// (accumulated into); act: ExpertSpec's code.
+// (accumulated into); act: ExpertSpec's code; int8: packed banks may take int8 activations
+// (about 0.5% relative error on a dot product: for models computing in BF16).
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
-                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt) {
+                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt,
+                 bool int8) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32");
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.sizes() == x.sizes(), "bad out");
   TORCH_CHECK(tok.dtype() == torch::kInt64 && exp.dtype() == torch::kInt64, "routes must be int64");
@@ -232,7 +269,25 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
     for (int64_t i = 0; i < T * H; ++i) xb[i] = f32_to_bf16(xp[i]);
   }
   run(xp, xb.empty() ? nullptr : xb.data(), w, tk, ex, weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(),
-      tier, a);
+      tier, a, int8);
+}
+
+// y = rows . x for packed rows [n, row bytes] in format fmt (x: cols float32): the packed dot
+// products alone, for tests; int8 takes the int8 kernel where this CPU has one.
+torch::Tensor quant_matvec(torch::Tensor rows, torch::Tensor x, int64_t fmt, int64_t tier, bool int8) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1, "x must be float32 [cols]");
+  TORCH_CHECK(rows.dtype() == torch::kUInt8 && rows.is_contiguous() && rows.dim() == 2,
+              "rows must be uint8 [n, row bytes]");
+  const int64_t n = rows.size(0), cols = x.numel();
+  TORCH_CHECK(quant_row_bytes(fmt, cols) > 0 && rows.size(1) == quant_row_bytes(fmt, cols), "rows and x disagree");
+  if (tier < 0) tier = best_tier();
+  TORCH_CHECK(tier <= best_tier(), "this CPU does not support the requested instruction set");
+  auto y = torch::empty({n}, x.options());
+  const Mat m{rows.data_ptr<uint8_t>(), fmt, false, 0};
+  const Int8Act q(m, int8, static_cast<int>(tier), x.data_ptr<float>(), 1, cols);
+  mat_rows(m, 0, 0, static_cast<int>(n), cols, x.data_ptr<float>(), nullptr, q.at(0), y.data_ptr<float>(),
+           static_cast<int>(tier));
+  return y;
 }
 
 // lane.cpp
@@ -240,12 +295,14 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
-                int64_t act, double alpha, double limit);
+                int64_t act, double alpha, double limit, bool int8);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_experts", &moe_experts, "routed gated experts on the CPU",
         py::call_guard<py::gil_scoped_release>());
   m.def("lane_serve", &lane_serve, "serve expert requests posted by GPU kernels until told to stop",
         py::call_guard<py::gil_scoped_release>());
+  m.def("quant_matvec", &quant_matvec, "packed rows . x (the packed dot products alone, for tests)");
+  m.def("has_int8_kernel", &quant_int8_ok, "whether this CPU has an int8-activation kernel for a format code");
   m.def("cpu_tier", &cpu_tier, "best instruction-set tier of this CPU (0 scalar .. 3 AVX-512-BF16)");
 }

@@ -1,0 +1,339 @@
+// Packed rows dotted with int8 activations (quant_act.cpp) by AVX-512 VNNI: vpdpbusd multiplies
+// 64 unsigned weight codes by 64 signed activation codes into 16 int32 lanes, each lane within
+// one (sub-)block, so a (sub-)block's scales apply once to its lanes in fp32. Per 64 weights that
+// is a few instructions to unpack the codes, one vpdpbusd, one conversion and one FMA, where the
+// fp32 kernels (quant_avx512.cpp) widen every 16 codes to fp32 lanes.
+//
+// Weights stored with a bias (Q4_0's q - 8, Q6_K's q - 32) or signed (Q8_0, MXFP4, made unsigned
+// by adding one) multiply as unsigned codes; each lane starts from the activations' `corr`,
+// which takes the bias back out. Q4_K's and Q5_K's mins, -dmin·m·Σx per sub-block, come from
+// the sums `xs` of the quantized activations.
+//
+// One row at a time, with two accumulation chains: rows taken two at a time (sharing the
+// activation loads) read two runs of bytes side by side, which the hardware prefetchers
+// followed worse (one core, DRAM-sized Q6_K rows: 6 against 18 GB/s). Each row's kernel leaves
+// a vector whose lanes sum to its dot product, and a tile's 16 vectors are summed together.
+// Layouts: docs/ftw.md (freetoken/quant).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
+
+enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6 };
+
+inline int64_t up64(int64_t n) { return (n + 63) / 64 * 64; }
+
+// A prepared activation vector's parts (quant_act.cpp).
+struct Act {
+  const int8_t* q;
+  const float* dx;
+  const float* xs;
+  const int32_t* corr;
+};
+
+Act act_of(const uint8_t* buf, int64_t n) {
+  const int64_t at = up64(n), s = up64(n / 32 * 4);
+  return {reinterpret_cast<const int8_t*>(buf), reinterpret_cast<const float*>(buf + at),
+          reinterpret_cast<const float*>(buf + at + s), reinterpret_cast<const int32_t*>(buf + at + 2 * s)};
+}
+
+inline uint64_t u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Four fp16 values at p, p + stride, ... as fp32.
+VNNI inline __m128 f16x4(const uint8_t* p, int stride) {
+  const uint64_t h = u16(p) | u16(p + stride) << 16 | u16(p + 2 * stride) << 32 | u16(p + 3 * stride) << 48;
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
+}
+
+VNNI inline float f16(const uint8_t* p) { return _cvtsh_ss(static_cast<unsigned short>(u16(p))); }
+
+VNNI inline __m512i ld(const void* p) { return _mm512_loadu_si512(p); }
+VNNI inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+VNNI inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// lane i of the result = lane idx[i] of v: the scale of each lane's (sub-)block
+VNNI inline __m512 pick(__m512 v, __m512i idx) { return _mm512_permutexvar_ps(idx, v); }
+
+// acc + lanes · scale, lanes an int32 dot product
+VNNI inline __m512 fma_i(__m512i lanes, __m512 scale, __m512 acc) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), scale, acc);
+}
+
+// Index vectors: lane i takes lane a (i < 8) or b (i >= 8); lane i takes lane base + i / 2^shift.
+VNNI inline __m512i halves(int a, int b) {
+  return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(a), _mm512_set1_epi32(b));
+}
+VNNI inline __m512i spread(int shift, int base) {
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_add_epi32(_mm512_srli_epi32(iota, shift), _mm512_set1_epi32(base));
+}
+
+// ---- Q4_K and Q5_K ---------------------------------------------------------------------------
+
+// A K-quant block's 8 scales and 8 mins (6 bits each, docs/ftw.md) as one vector
+// [d·sc[j]·dx[j] | dmin·m[j]·xs[j]]: `p` holds [dx | xs] of the block's 8 sub-blocks.
+VNNI inline __m512 k_scales(const uint8_t* b, __m512 p) {
+  const uint32_t lo = u32(b + 4), mn = u32(b + 8), hi = u32(b + 12);
+  const uint64_t sc = (lo & 0x3f3f3f3fu) | uint64_t{(hi & 0x0f0f0f0fu) | ((lo >> 2) & 0x30303030u)} << 32;
+  const uint64_t m = (mn & 0x3f3f3f3fu) | uint64_t{((hi >> 4) & 0x0f0f0f0fu) | ((mn >> 2) & 0x30303030u)} << 32;
+  const __m512i codes = _mm512_cvtepu8_epi32(_mm_set_epi64x(static_cast<int64_t>(m), static_cast<int64_t>(sc)));
+  const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u32(b))));  // d, dmin
+  const __m512 d = pick(_mm512_castps128_ps512(dd), halves(0, 1));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(codes), d), p);
+}
+
+// Q5_K's fifth bits: bit s of byte l of qh is weight l of sub-block s; `h` is qh in both
+// halves, `s0` the sub-block of q's first half (s0 + 2 its second's). Sets bit 4 of the codes.
+VNNI inline __m512i fifth(__m512i q, __m512i h, int s0) {
+  const __m512i bits = _mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, _mm512_set1_epi8(static_cast<char>(1 << s0)),
+                                              _mm512_set1_epi8(static_cast<char>(1 << (s0 + 2))));
+  return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bits), q, _mm512_set1_epi8(16));
+}
+
+// 256 weights a block in 8 sub-blocks of 32: one 64-byte load of codes holds sub-blocks 2c
+// and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones (activations in that order).
+template <bool FIVE>
+VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a) {
+  constexpr int kBytes = FIVE ? 176 : 144, kQs = FIVE ? 48 : 16;
+  const __m512i low = _mm512_set1_epi8(15);
+  const __m512i idx[4] = {halves(0, 2), halves(1, 3), halves(4, 6), halves(5, 7)};
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, mins = _mm512_setzero_ps();
+  for (int64_t k = 0; k < nb; ++k) {
+    const int8_t* xq = a.q + 256 * k;
+    const __m512 p = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a.dx + 8 * k)),
+                                        _mm256_loadu_ps(a.xs + 8 * k), 1);
+    const uint8_t* b = row + k * kBytes;
+    const __m512 s = k_scales(b, p);
+    mins = _mm512_add_ps(mins, s);
+    const __m512i v0 = ld(b + kQs), v1 = ld(b + kQs + 64);
+    __m512i q[4] = {_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
+                    _mm512_and_si512(v1, low), _mm512_and_si512(_mm512_srli_epi16(v1, 4), low)};
+    if constexpr (FIVE) {
+      const __m512i h = _mm512_broadcast_i64x4(ld256(b + 16));
+      for (int c = 0; c < 4; ++c) q[c] = fifth(q[c], h, (c >> 1) * 4 + (c & 1));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], ld(xq + 64 * c));
+      acc[c & 1] = fma_i(lanes, pick(s, idx[c]), acc[c & 1]);
+    }
+  }
+  const __m512 sum = _mm512_add_ps(acc[0], acc[1]);
+  return _mm512_mask_sub_ps(sum, 0xFF00, sum, mins);  // the mins' terms are mins' high lanes
+}
+
+// ---- Q6_K ------------------------------------------------------------------------------------
+
+// Per half of 128 weights, one 64-byte load of ql holds weights 0-63 in low nibbles and 64-127
+// in high ones; their top 2 bits are pairs of bits of the same 32 qh bytes.
+VNNI __m512 q6k_row(const uint8_t* row, int64_t nb, const Act& a) {
+  const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  // bits 2c..2c+1 of qh to bits 4..5: left by 4 and 2 (weights 0-63), right by 0 and 2 (64-127)
+  const __m512i up = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
+  const __m512i down = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_setzero_si512(), _mm512_set1_epi16(2));
+  const __m512i idx[4] = {spread(2, 0), spread(2, 4), spread(2, 8), spread(2, 12)}, pairs = spread(1, 0);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t k = 0; k < nb; ++k) {
+    const int8_t* xq = a.q + 256 * k;
+    const int32_t* cr = a.corr + 64 * k;
+    const uint8_t* b = row + k * 210;
+    const __m512 dx = pick(_mm512_castps256_ps512(_mm256_loadu_ps(a.dx + 8 * k)), pairs);  // per 16 weights
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ld128(b + 192)));
+    const __m512 s = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(f16(b + 208))), dx);
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = ld(b + 64 * h), qh = _mm512_broadcast_i64x4(ld256(b + 128 + 32 * h));
+      const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(_mm512_sllv_epi16(qh, up), top));
+      const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low),
+                                         _mm512_and_si512(_mm512_srlv_epi16(qh, down), top));
+      acc[0] = fma_i(_mm512_dpbusd_epi32(ld(cr + 32 * h), q0, ld(xq + 128 * h)), pick(s, idx[2 * h]), acc[0]);
+      const __m512i lanes = _mm512_dpbusd_epi32(ld(cr + 32 * h + 16), q1, ld(xq + 128 * h + 64));
+      acc[1] = fma_i(lanes, pick(s, idx[2 * h + 1]), acc[1]);
+    }
+  }
+  return _mm512_add_ps(acc[0], acc[1]);
+}
+
+// ---- Q8_0 ------------------------------------------------------------------------------------
+
+// Two Q8_0 blocks' codes at b, unsigned (q + 128).
+VNNI inline __m512i q8_pair(const uint8_t* b, __m512i flip) {
+  return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(ld256(b + 2)), ld256(b + 36), 1), flip);
+}
+
+// Four blocks (136 bytes) a step, two to a register; codes made unsigned by flipping the sign
+// bit (q + 128). A row's last blocks past a multiple of four go one at a time in 256 bits.
+VNNI __m512 q8_0_row(const uint8_t* row, int64_t nb, const Act& a) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i i01 = halves(0, 1), i23 = halves(2, 3);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m256 tail = _mm256_setzero_ps();
+  const int64_t groups = nb / 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 136;
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(f16x4(b, 34), _mm_loadu_ps(a.dx + 4 * g)));
+    const __m512i lanes0 = _mm512_dpbusd_epi32(ld(a.corr + 32 * g), q8_pair(b, flip), ld(a.q + 128 * g));
+    const __m512i lanes1 = _mm512_dpbusd_epi32(ld(a.corr + 32 * g + 16), q8_pair(b + 68, flip), ld(a.q + 128 * g + 64));
+    acc[0] = fma_i(lanes0, pick(s, i01), acc[0]);
+    acc[1] = fma_i(lanes1, pick(s, i23), acc[1]);
+  }
+  for (int64_t k = groups * 4; k < nb; ++k) {
+    const uint8_t* b = row + k * 34;
+    const __m256i w = _mm256_xor_si256(ld256(b + 2), _mm512_castsi512_si256(flip));
+    const __m256i lanes = _mm256_dpbusd_epi32(ld256(a.corr + 8 * k), w, ld256(a.q + 32 * k));
+    tail = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(f16(b) * a.dx[k]), tail);
+  }
+  return _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_zextps256_ps512(tail));
+}
+
+// ---- Q4_0 and MXFP4 --------------------------------------------------------------------------
+
+// Block of 32: a scale (fp16 d, or MXFP4's e8m0 exponent), then 16 bytes whose low nibbles are
+// weights 0-15 and high nibbles 16-31. Four blocks a step: their 16-byte runs side by side give
+// 64 low and 64 high codes, both multiplied into the same lanes (lane group i is block i).
+// MXFP4's e2m1 codes become 2·value + 12 (0..24) by a byte shuffle; its scales are halved.
+template <int FMT>
+struct Nib {
+  static constexpr bool kMx = FMT == MXFP4;
+  static constexpr int kBytes = kMx ? 17 : 18, kAt = kMx ? 1 : 2;
+
+  VNNI static inline __m512i table() {
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  }
+
+  VNNI static inline __m512i codes(__m512i nib, __m512i t) { return kMx ? _mm512_shuffle_epi8(t, nib) : nib; }
+
+  // 2^(e - 127) is the float whose exponent field is e; e = 0 is 2^-127, a subnormal
+  VNNI static inline __m128 e8m0(__m128i e) {
+    const __mmask8 zero = _mm_cmpeq_epi32_mask(e, _mm_setzero_si128());
+    const __m128i bits = _mm_mask_blend_epi32(zero, _mm_slli_epi32(e, 23), _mm_set1_epi32(1 << 22));
+    return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0.5f));
+  }
+
+  // the scales of the four blocks at b, in fp32 (MXFP4's halved)
+  VNNI static inline __m128 scales(const uint8_t* b) {
+    if constexpr (kMx) {
+      const uint32_t e = b[0] | b[17] << 8 | b[34] << 16 | uint32_t{b[51]} << 24;
+      return e8m0(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(e))));
+    } else {
+      return f16x4(b, 18);
+    }
+  }
+
+  VNNI static inline float scale(const uint8_t* b) {
+    if constexpr (kMx) return _mm_cvtss_f32(e8m0(_mm_cvtsi32_si128(b[0])));
+    else return f16(b);
+  }
+
+  // a block's 16 bytes of nibbles at q as 32 codes, weights 0-15 then 16-31
+  VNNI static inline __m256i codes32(const uint8_t* q, __m512i t) {
+    const __m128i v = ld128(q);
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1),
+                                         _mm256_set1_epi8(15));
+    return _mm512_castsi512_si256(codes(_mm512_castsi256_si512(nib), t));
+  }
+};
+
+template <int FMT>
+VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a) {
+  using N = Nib<FMT>;
+  const __m512i low = _mm512_set1_epi8(15), t = N::table(), idx = spread(2, 0);
+  __m512 acc = _mm512_setzero_ps();
+  __m256 tail = _mm256_setzero_ps();
+  const int64_t groups = nb / 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = row + g * 4 * N::kBytes;
+    const uint8_t* q = b + N::kAt;
+    __m512i v = _mm512_castsi128_si512(ld128(q));
+    v = _mm512_inserti32x4(v, ld128(q + N::kBytes), 1);
+    v = _mm512_inserti32x4(v, ld128(q + 2 * N::kBytes), 2);
+    v = _mm512_inserti32x4(v, ld128(q + 3 * N::kBytes), 3);
+    const __m512i lo = N::codes(_mm512_and_si512(v, low), t);
+    const __m512i hi = N::codes(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), t);
+    const __m512i lanes = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld(a.corr + 32 * g), lo, ld(a.q + 128 * g)), hi,
+                                              ld(a.q + 128 * g + 64));
+    const __m128 s = _mm_mul_ps(N::scales(b), _mm_loadu_ps(a.dx + 4 * g));
+    acc = fma_i(lanes, pick(_mm512_castps128_ps512(s), idx), acc);
+  }
+  for (int64_t k = groups * 4; k < nb; ++k) {
+    const uint8_t* b = row + k * N::kBytes;
+    const __m256i lanes = _mm256_dpbusd_epi32(ld256(a.corr + 8 * k), N::codes32(b + N::kAt, t), ld256(a.q + 32 * k));
+    tail = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(N::scale(b) * a.dx[k]), tail);
+  }
+  return _mm512_add_ps(acc, _mm512_zextps256_ps512(tail));
+}
+
+// ---- rows ------------------------------------------------------------------------------------
+
+// The sums of 16 vectors' lanes as one vector, lane j the sum of v[j]: pairs of vectors
+// interleaved and added, then pairs of those, then 128-bit lanes, 45 instructions in all.
+VNNI inline __m512 sums16(const __m512* v) {
+  __m512 u[8], w[4];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3]
+    u[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: the lane's sums of vectors 4i .. 4i + 3
+    const __m512 a = u[2 * i], b = u[2 * i + 1];
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  }
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x44), _mm512_shuffle_f32x4(w[0], w[1], 0xEE));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x44), _mm512_shuffle_f32x4(w[2], w[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+}
+
+using Row = __m512 (*)(const uint8_t*, int64_t, const Act&);
+
+struct Kernel {
+  Row row;
+  int block, bytes;
+};
+
+Kernel kernel_of(int64_t fmt) {
+  switch (fmt) {
+    case Q8_0: return {q8_0_row, 32, 34};
+    case Q4_0: return {nib_row<Q4_0>, 32, 18};
+    case Q4_K: return {k_row<false>, 256, 144};
+    case Q5_K: return {k_row<true>, 256, 176};
+    case Q6_K: return {q6k_row, 256, 210};
+    case MXFP4: return {nib_row<MXFP4>, 32, 17};
+    default: return {nullptr, 0, 0};
+  }
+}
+
+}  // namespace
+
+// Whether rows of format fmt have an int8-activation kernel on this CPU (AVX-512 VNNI).
+bool quant_int8_ok(int64_t fmt) {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return vnni && kernel_of(fmt).row != nullptr;
+}
+
+// y[j] = row(row0 + j) . activations, for j < rows; `act` prepared for fmt by quant_act_prepare.
+VNNI void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols,
+                              const uint8_t* act, float* y) {
+  const Kernel k = kernel_of(fmt);
+  const int64_t nb = cols / k.block, stride = nb * k.bytes;
+  const Act a = act_of(act, cols);
+  for (int j0 = 0; j0 < rows; j0 += 16) {
+    const int n = rows - j0 < 16 ? rows - j0 : 16;
+    __m512 v[16];
+    for (int j = 0; j < 16; ++j) v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a) : _mm512_setzero_ps();
+    _mm512_mask_storeu_ps(y + j0, static_cast<__mmask16>((1u << n) - 1), sums16(v));
+  }
+}
