@@ -9,7 +9,8 @@
 #include <vector>
 
 // quant_avx512.cpp
-float quant_dot_avx512(int64_t fmt, const uint8_t* row, const float* x, int64_t cols);
+void quant_rows_avx512(int64_t fmt, const uint8_t* row, int64_t row_bytes, int rows, const float* x, int64_t cols,
+                       float* y);
 
 namespace {
 
@@ -71,8 +72,16 @@ void decode_q4_0(const uint8_t* b, float* out) {
   }
 }
 
+// 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
+inline float e8m0(uint8_t e) {
+  const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 void decode_mxfp4(const uint8_t* b, float* out) {
-  const float s = std::ldexp(1.f, static_cast<int>(b[0]) - 127);
+  const float s = e8m0(b[0]);
   for (int j = 0; j < 16; ++j) {
     out[j] = kE2M1[b[1 + j] & 15] * s;
     out[j + 16] = kE2M1[b[1 + j] >> 4] * s;
@@ -170,7 +179,7 @@ void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, in
   const Layout l = layout(static_cast<int>(fmt));
   const int64_t row_bytes = cols / l.block * l.bytes;
   if (avx512) {
-    for (int j = 0; j < rows; ++j) y[j] = quant_dot_avx512(fmt, base + (row0 + j) * row_bytes, x, cols);
+    quant_rows_avx512(fmt, base + row0 * row_bytes, row_bytes, rows, x, cols, y);
     return;
   }
   thread_local std::vector<float> buf;
