@@ -275,14 +275,22 @@ def run(args) -> list[dict[str, Any]]:
             if regime in REGIMES:
                 for streams in (int(s) for s in args.streams.split(",")):
                     for api in args.api.split(","):
-                        rows.append(decode_row(client, args, regime, api, streams, dense_ms))
+                        new = [decode_row(client, args, regime, api, streams, dense_ms)]
+                        _progress(rows, new)
             elif regime == "agent":
-                rows += agent_rows(client, args)
+                _progress(rows, agent_rows(client, args))
             elif regime == "first":
-                rows.append(first_answer_row(client, args))
+                _progress(rows, [first_answer_row(client, args)])
             else:
                 raise SystemExit(f"unknown regime {regime!r}")
     return rows
+
+
+def _progress(rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
+    """Keeps `new` and prints it at once, so a run cut short still reports what it measured."""
+    rows += new
+    for r in new:
+        print("# row " + json.dumps(r), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
