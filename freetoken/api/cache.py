@@ -30,6 +30,10 @@ def _summary(name: str, stats: dict) -> dict:
         "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
         "placement": (experts.get("placement") or {}).get("mode"),
         "books": experts.get("books"),
+        # what adaptive measured: step time per placement and per PCIe share, and the lane
+        "placement_step_ms": (experts.get("placement") or {}).get("step_ms"),
+        "pcie_share": experts.get("pcie_share"),
+        "lane": experts.get("lane"),
         "recent": stats.get("recent"),
         "decoded": stats.get("decoded"),  # tokens sampled since load
         "steps": stats.get("steps"),  # hit rate and misses per token, last few hundred tokens

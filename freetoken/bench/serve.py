@@ -253,7 +253,7 @@ def dense_probe(client, args) -> float | None:
     try:
         s = _ollama(client, args.model, STORY, 128, resident)
     except httpx.HTTPStatusError as e:
-        print(f"# the resident model did not load ({e.response.text[:200]}): no bound")
+        print(f"# the resident model did not load (HTTP {e.response.status_code}): no bound")
         return None
     finally:  # unloaded, so the next request loads it as served
         unload(client, args.model)

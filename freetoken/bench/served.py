@@ -35,26 +35,37 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--shape", default="", help=f"a synthetic checkpoint: {', '.join(SHAPES)}")
     p.add_argument("--layers", type=int, default=0, help="the shape cut to this many layers")
     p.add_argument("--dtype", default="bfloat16", help="the synthetic checkpoint's dtype")
+    p.add_argument(
+        "--embed-std",
+        type=float,
+        default=0.0,
+        help="the synthetic token embedding's scale (1: routing follows the sampled tokens, "
+        "so the uniform regime routes near-uniformly; default: it follows the context, hot)",
+    )
     p.add_argument("--work", default="", help="where checkpoints and the store are kept")
     p.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for a server started here"
     )
 
 
-def checkpoint(shape: str, layers: int, work: Path, dtype: str = "bfloat16") -> Path:
+def checkpoint(
+    shape: str, layers: int, work: Path, dtype: str = "bfloat16", embed_std: float = 0.0
+) -> Path:
     """A random-weight checkpoint of `shape` (cut to `layers`), written once into `work`."""
     from freetoken.tools import synth
 
     cfg = dict(SHAPES[shape])
     if layers:
         cfg["num_hidden_layers"] = layers
-    name = f"{shape}-{cfg['num_hidden_layers']}l-{dtype}"
+    name = f"{shape}-{cfg['num_hidden_layers']}l-{dtype}" + (
+        f"-e{embed_std:g}" if embed_std else ""
+    )
     out = work / "checkpoints" / name
     if (out / "config.json").exists():
         return out
     partial = out.with_name(name + ".partial")
     try:
-        synth.write_checkpoint(partial, cfg, dtype)
+        synth.write_checkpoint(partial, cfg, dtype, embed_std)
     except ValueError as e:
         raise SystemExit(f"{e}: pass --from DIR") from None
     partial.rename(out)
@@ -122,7 +133,7 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
         return
     store = Store(work / "store")
     if args.shape:
-        source = checkpoint(args.shape, args.layers, work, args.dtype)
+        source = checkpoint(args.shape, args.layers, work, args.dtype, args.embed_std)
         name = args.model or source.name.lower()
     elif args.source:
         source, name = Path(args.source), args.model or Path(args.source).name.lower()

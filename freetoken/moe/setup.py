@@ -101,11 +101,13 @@ def build(
     own GPU and PCIe link, but they share the host's DRAM bandwidth and cores, so each
     starts its split from an equal share of B_H.
     """
-    Policy.parse(placement.policy)  # an unknown policy fails before the banks are pinned
+    policy = Policy.parse(placement.policy)  # an unknown policy fails before banks are pinned
     host = HostBanks(banks, dtype, pin=device.type == "cuda", spec=spec, formats=formats)
     cache = None
     slots = placement.slots
-    if device.type == "cuda" and not slots:
+    # A slot count sizes the cache; the resident policy asks for every expert on the GPU
+    # instead, so it sizes from the VRAM budget (and fails there if they do not fit).
+    if device.type == "cuda" and (not slots or policy is Policy.RESIDENT):
         slots = cache_slots(
             placement.vram_budget, host.slot_bytes, len(host.layers), host.num_experts, device
         )

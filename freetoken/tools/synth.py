@@ -203,7 +203,9 @@ def qwen3_moe_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any]:
+def _random_tensors(
+    cfg: dict[str, Any], seed: int, dtype: str, embed_std: float = 0.0
+) -> dict[str, Any]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -223,7 +225,7 @@ def _random_tensors(cfg: dict[str, Any], seed: int, dtype: str) -> dict[str, Any
         cfg["num_experts"],
     )
     t: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": mat(v, h),
+        "model.embed_tokens.weight": _embedding(v, h, embed_std, g).to(tdtype),
         "model.norm.weight": norm(h),
         "lm_head.weight": mat(v, h),
     }
@@ -254,10 +256,11 @@ def write_qwen3_moe(
     dtype: str = "float32",
     template: str = CHAT_TEMPLATE,
     tokenizer: Any = None,
+    embed_std: float = 0.0,
     **overrides: Any,
 ) -> Path:
     """A complete random Qwen3-MoE directory: config, weights, tokenizer (`tokenizer`, else
-    one trained to `vocab_size`), generation config."""
+    one trained to `vocab_size`), generation config; `embed_std` as in `_embedding`."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -270,22 +273,39 @@ def write_qwen3_moe(
     gen = {"eos_token_id": [eos], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
     save_file(
-        _random_tensors(cfg, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"}
+        _random_tensors(cfg, seed, dtype, embed_std),
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
     )
     return out
 
 
-def write_checkpoint(out: Path, config: dict[str, Any], dtype: str = "bfloat16") -> Path:
+def write_checkpoint(
+    out: Path, config: dict[str, Any], dtype: str = "bfloat16", embed_std: float = 0.0
+) -> Path:
     """A random checkpoint of a Hub-style config (a benchmark shape), with the synthetic
     tokenizer and the thinking template; ValueError for a family without a writer here."""
     cfg = dict(config)
     model_type = cfg.pop("model_type")
     cfg.pop("vocab_size", None)  # the synthetic tokenizer's
+    kw = {"dtype": dtype, "template": CHAT_TEMPLATE_THINKING, "embed_std": embed_std}
     if model_type == "qwen3_next":
-        return write_qwen3_next(out, dtype=dtype, template=CHAT_TEMPLATE_THINKING, **cfg)
+        return write_qwen3_next(out, **kw, **cfg)
     if model_type != "qwen3_moe":
         raise ValueError(f"no synthetic checkpoint writer for {model_type!r}")
-    return write_qwen3_moe(out, dtype=dtype, template=CHAT_TEMPLATE_THINKING, **cfg)
+    return write_qwen3_moe(out, **kw, **cfg)
+
+
+def _embedding(vocab: int, hidden: int, std: float, g: Any) -> Any:
+    """The token embedding. By default scaled like every matrix (1/sqrt(hidden)): the
+    token's row is then small beside what the layers add, so routing follows the context
+    and barely the token, and even random sampling routes to the same experts step after
+    step (a hot cache). With `std` (1.0: the scale of a normalised hidden state) the token
+    steers routing, and sampling near-random tokens routes near-uniformly."""
+    import torch
+
+    x = torch.randn(vocab, hidden, generator=g)
+    return x * std if std else x / math.sqrt(hidden)
 
 
 # Qwen3-Next's checkpoint names its shared expert and gate so; the model file, otherwise
@@ -302,6 +322,7 @@ def write_qwen3_next(
     vocab_size: int = 512,
     dtype: str = "bfloat16",
     template: str = CHAT_TEMPLATE,
+    embed_std: float = 0.0,
     **overrides: Any,
 ) -> Path:
     """A random Qwen3-Next directory (a hybrid of Gated DeltaNet and gated attention layers):
@@ -323,7 +344,10 @@ def write_qwen3_next(
     for name, p in model.named_parameters():
         for ours, theirs in _QWEN3_NEXT_NAMES:
             name = name.replace(ours, theirs)
-        tensors[name] = _random_like(tuple(p.shape), name, g).to(tdtype)
+        if name == "model.embed_tokens.weight":
+            tensors[name] = _embedding(*p.shape, embed_std, g).to(tdtype)
+        else:
+            tensors[name] = _random_like(tuple(p.shape), name, g).to(tdtype)
     for layer, spec in model.expert_specs().items():
         for x in range(cfg["num_experts"]):
             q = f"model.layers.{layer}.mlp.experts.{x}."

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from freetoken.bench import serve
+from freetoken.bench import serve, served
 from freetoken.store import Store
 from tests.server.harness import LiveServer, add_model, make_config
 
@@ -68,3 +68,18 @@ def test_every_regime_runs_through_both_apis(url):
     assert not agent[1]["note"].startswith("follow-up: 0 of")  # the history was reused
     (first,) = [r for r in rows if r["regime"] == "first"]
     assert first["tok_s"] > 0 and "first / settled" in first["note"]
+
+
+def test_embed_std_sets_the_synthetic_token_embeddings_scale(tmp_path):
+    from safetensors import safe_open
+
+    def embedding(path):
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            return f.get_tensor("model.embed_tokens.weight").float()
+
+    context = served.checkpoint("tiny", 1, tmp_path, "float32")
+    tokens = served.checkpoint("tiny", 1, tmp_path, "float32", embed_std=1.0)
+    assert context != tokens  # two checkpoints, each written once
+    hidden = embedding(context).shape[1]
+    assert embedding(context).std().item() == pytest.approx(hidden**-0.5, rel=0.05)
+    assert embedding(tokens).std().item() == pytest.approx(1.0, rel=0.05)
