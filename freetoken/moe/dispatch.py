@@ -234,6 +234,11 @@ class ModeChooser:
         else:
             self.mode = self._plan[0]
 
+    def adopt(self, mode: str) -> None:
+        """Serves from `mode` from now on, unless a measurement is under way (it decides)."""
+        if not self._plan and mode in self.modes:
+            self.mode = self.home = mode
+
     @property
     def best(self) -> str:
         """Where to serve between visits: the mode that served before the measurement, until

@@ -36,7 +36,13 @@ from freetoken.moe.placement import PlacementState
 from freetoken.moe.policy import POLICIES, Mode, Policy
 from freetoken.moe.prefill import LayerStreamer
 from freetoken.moe.staging import Staging
-from freetoken.moe.tuning import DECODE_TOKENS, PREFILL_TOKENS, AdaptiveTuner, predict
+from freetoken.moe.tuning import (
+    DECODE_TOKENS,
+    PREFILL_TOKENS,
+    AdaptiveTuner,
+    LocalityCheck,
+    predict,
+)
 
 __all__ = ["POLICIES", "OffloadExperts"]
 
@@ -137,6 +143,10 @@ class OffloadExperts(ExpertBackend):
         elif modes:
             E, L = self.banks.num_experts, len(self.banks.layers)
             start = predict(modes, L, E, self.cache.capacity, *self._costs())
+            if Mode.DEVICE in modes and start is not Mode.DEVICE:
+                uniform = 1 - self.cache.capacity / (L * E)
+                self.tuner.locality = LocalityCheck(start, uniform)
+                start = Mode.DEVICE
         self.tuner.modes = self.tuner.mode_chooser(
             modes, start, learned=start is not None and bool(known)
         )
@@ -186,6 +196,11 @@ class OffloadExperts(ExpertBackend):
             steps["m"] += misses
             steps["q"] += fetched
 
+    def _lookups(self) -> tuple[int, int]:
+        """The cache's hits and misses so far, the device-kept books' included."""
+        st = self.cache.stats(self._unpulled())
+        return st["hits"], st["misses"]
+
     def _unpulled(self) -> tuple[int, int, int, int]:
         """Hits, misses, evictions and fetches the device-kept books counted that the host
         has not."""
@@ -231,6 +246,8 @@ class OffloadExperts(ExpertBackend):
             return m
         if self.policy is Policy.CPU_MISSES:
             return 0
+        if self.placement.mode is Mode.DEVICE:  # a batch of streams in device: every miss too
+            return m
         if T <= DECODE_TOKENS:
             return round(self.tuner.share * m)
         return self.split.choose(m)
@@ -254,6 +271,8 @@ class OffloadExperts(ExpertBackend):
         if self.tuner is not None and self.tuner.step_started(tokens, p.mode):
             if self.lru is not None:  # read by the books on the device, also in captured steps
                 self.lru.share.fill_(self.tuner.share)
+        if self.tuner is not None and self.tuner.locality is not None and tokens <= DECODE_TOKENS:
+            self.tuner.judge_locality(self._lookups)
         if self.lane is not None:
             self.lane.start()
         if self.tuner is not None:

@@ -4,7 +4,9 @@ import random
 
 import pytest
 
+from freetoken.moe import dispatch
 from freetoken.moe.dispatch import PathCost, Split, q_star
+from freetoken.moe.policy import Mode
 
 
 def test_q_star_balances_and_rounds_to_the_faster_side():
@@ -170,3 +172,25 @@ def test_prediction_prefers_both_paths_then_pcie():
     assert predict(modes, 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.SPLIT
     assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.LAYERS
     assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.05e-3, 0.5e-3) is Mode.DEVICE
+
+
+def test_locality_keeps_device_unless_misses_come_near_uniform():
+    from freetoken.moe.tuning import NEAR_UNIFORM, LocalityCheck
+
+    check = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25)  # a cache of 75 % of experts
+    assert check.verdict(hits=990, misses=10) is Mode.DEVICE  # a hot cache: keep what it holds
+    near = int(1000 * 0.25 * NEAR_UNIFORM) + 1
+    assert check.verdict(hits=1000 - near, misses=near) is Mode.SPLIT
+    assert check.verdict(hits=0, misses=0) is Mode.DEVICE  # nothing seen: nothing to move for
+
+
+def test_a_chooser_adopts_a_mode_between_measurements_only():
+    chooser = dispatch.ModeChooser(modes=("device", "split"), start="device", explore_after=100)
+    chooser.adopt("split")
+    assert chooser.mode == "split" and chooser.best == "split"
+    chooser.adopt("cache")  # not one of its modes
+    assert chooser.mode == "split"
+    measuring = dispatch.ModeChooser(modes=("device", "split"))  # measures from the start
+    first = measuring.mode
+    measuring.adopt("split" if first == "device" else "device")
+    assert measuring.mode == first

@@ -123,3 +123,26 @@ def test_adaptive_with_every_expert_cached_keeps_the_books_on_the_device(tiny_mo
     (seq,) = generate(engine, [PROMPT], 16)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
     assert backend.lru is not None and backend.lru.live
+
+
+@pytest.mark.parametrize("near_uniform, settles_in", [(1e9, "device"), (0.0, "predicted")])
+def test_adaptive_starts_in_device_and_judges_the_routings_locality(
+    tiny_model, monkeypatch, near_uniform, settles_in
+):
+    """With nothing learned, the first answer starts in device (every miss kept); after a few
+    decode steps it moves to the bandwidths' prediction only where the misses came near what
+    uniform routing gives, and the tokens stay those of transformers throughout."""
+    from freetoken.moe import tuning
+
+    monkeypatch.setattr(tuning, "LOCALITY_STEPS", 4)
+    monkeypatch.setattr(tuning, "NEAR_UNIFORM", near_uniform)
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    check = backend.tuner.locality
+    assert backend.tuner.modes.mode == "device" and check.predicted != "device"
+    (seq,) = generate(engine, [PROMPT], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
+    assert backend.tuner.locality is None  # judged once
+    want = "device" if settles_in == "device" else check.predicted
+    assert backend.tuner.modes.mode == want and backend.placement.mode == want
