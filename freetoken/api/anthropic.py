@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from freetoken.api import completion
 from freetoken.api.compat import (
@@ -32,7 +32,7 @@ from freetoken.api.compat import (
     v1_handler,
 )
 from freetoken.api.errors import APIError
-from freetoken.api.sse import event
+from freetoken.api.sse import JSONResult, event
 from freetoken.api.state import services
 from freetoken.api.types import ChatRequest, field_of, parse_json
 
@@ -372,4 +372,8 @@ async def count_tokens(request: Request) -> Response:
     call = messages_request(parse_json(await request.body()), counting=True)
     plan = await completion.prepare(svc, call.req)
     body = completion.chat_body(plan, call.req, **call.extra)
-    return JSONResponse({"input_tokens": await completion.count_tokens(svc, plan, body)})
+
+    async def make() -> dict[str, Any]:  # inside the response: a hangup ends the model's wait
+        return {"input_tokens": await completion.count_tokens(svc, plan, body)}
+
+    return JSONResult(make, anthropic_error)

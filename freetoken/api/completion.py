@@ -18,10 +18,11 @@ from typing import Any
 import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from freetoken import options as opts
 from freetoken.api.errors import APIError, handler
+from freetoken.api.sse import JSONResult
 from freetoken.api.state import Services, resolve, services
 from freetoken.api.stream import NDJSONResponse
 from freetoken.api.types import (
@@ -95,14 +96,31 @@ async def prepare(svc: Services, req: GenerateRequest | ChatRequest) -> Plan:
     return plan
 
 
-async def _load_or_unload(svc: Services, plan: Plan, keep_alive: float | None) -> str:
-    """An empty prompt loads the model; with keep_alive 0 it unloads it instead."""
-    if keep_alive == 0:
-        await svc.residency.unload(plan.view)
-        return "unload"
-    lease = await svc.residency.acquire(plan.view, plan.spec, keep_alive)
-    lease.release()
-    return "load"
+def ollama_error(err: APIError) -> dict[str, Any]:
+    return {"error": err.message}
+
+
+def _load_or_unload(
+    svc: Services, plan: Plan, keep_alive: float | None, answer: dict[str, Any]
+) -> JSONResult:
+    """An empty prompt loads the model; with keep_alive 0 it unloads it instead. Awaited
+    inside the response, so a client that hangs up while the model loads (or waits its turn)
+    ends the wait: nobody is left to load it for."""
+
+    async def make() -> dict[str, Any]:
+        if keep_alive == 0:
+            await svc.residency.unload(plan.view)
+            return {
+                "model": answer["model"],
+                "created_at": now(),
+                **answer,
+                "done_reason": "unload",
+            }
+        lease = await svc.residency.acquire(plan.view, plan.spec, keep_alive)
+        lease.release()
+        return {"model": answer["model"], "created_at": now(), **answer, "done_reason": "load"}
+
+    return JSONResult(make, ollama_error)
 
 
 async def events(
@@ -205,15 +223,15 @@ async def generate(request: Request) -> Response:
     req = GenerateRequest.parse(parse_json(await request.body()))
     plan = await prepare(svc, req)
     if not req.prompt and not req.suffix:
-        reason = await _load_or_unload(svc, plan, req.keep_alive)
-        return JSONResponse(
+        return _load_or_unload(
+            svc,
+            plan,
+            req.keep_alive,
             {
                 "model": req.model,
-                "created_at": now(),
                 "response": "",
                 "done": True,
-                "done_reason": reason,
-            }
+            },
         )
     body = generate_body(plan, req, **req.runner_fields())
     chunks = _generate_chunks(req, events(svc, plan, req.keep_alive, body))
@@ -251,15 +269,15 @@ async def chat(request: Request) -> Response:
     req = ChatRequest.parse(parse_json(await request.body()))
     plan = await prepare(svc, req)
     if not req.messages:
-        reason = await _load_or_unload(svc, plan, req.keep_alive)
-        return JSONResponse(
+        return _load_or_unload(
+            svc,
+            plan,
+            req.keep_alive,
             {
                 "model": req.model,
-                "created_at": now(),
                 "message": {"role": "assistant", "content": ""},
                 "done": True,
-                "done_reason": reason,
-            }
+            },
         )
     body = chat_body(plan, req, **req.runner_fields())
     chunks = _chat_chunks(req, events(svc, plan, req.keep_alive, body))

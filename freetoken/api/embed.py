@@ -16,11 +16,12 @@ from typing import Any
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from freetoken.api import completion
 from freetoken.api.compat import openai_error, v1_handler
 from freetoken.api.errors import APIError, handler
+from freetoken.api.sse import JSONResult
 from freetoken.api.state import Services, services
 from freetoken.api.types import (
     EmbeddingsRequest,
@@ -93,38 +94,46 @@ async def embed_texts(
 @handler
 async def embed(request: Request) -> Response:
     req = EmbedRequest.parse(parse_json(await request.body()))
-    got = await embed_texts(
-        services(request),
-        req.model,
-        req.input,
-        truncate=req.truncate,
-        dimensions=req.dimensions,
-        keep_alive=req.keep_alive,
-        options=req.options,
-    )
-    return JSONResponse(
-        {
+    svc = services(request)
+
+    async def make() -> dict[str, Any]:
+        got = await embed_texts(
+            svc,
+            req.model,
+            req.input,
+            truncate=req.truncate,
+            dimensions=req.dimensions,
+            keep_alive=req.keep_alive,
+            options=req.options,
+        )
+        return {
             "model": req.model,
             "embeddings": got.embeddings,
             "total_duration": got.total_ns,
             "load_duration": got.load_ns,
             "prompt_eval_count": got.prompt_eval_count,
         }
-    )
+
+    return JSONResult(make, completion.ollama_error)
 
 
 @handler
 async def embeddings(request: Request) -> Response:
     req = EmbeddingsRequest.parse(parse_json(await request.body()))
-    got = await embed_texts(
-        services(request),
-        req.model,
-        [req.prompt] if req.prompt else [],
-        keep_alive=req.keep_alive,
-        options=req.options,
-        normalize=False,
-    )
-    return JSONResponse({"embedding": got.embeddings[0] if got.embeddings else []})
+    svc = services(request)
+
+    async def make() -> dict[str, Any]:
+        got = await embed_texts(
+            svc,
+            req.model,
+            [req.prompt] if req.prompt else [],
+            keep_alive=req.keep_alive,
+            options=req.options,
+            normalize=False,
+        )
+        return {"embedding": got.embeddings[0] if got.embeddings else []}
+
+    return JSONResult(make, completion.ollama_error)
 
 
 def _v1_input(value: Any) -> list[str]:
@@ -154,10 +163,19 @@ async def v1_embeddings(request: Request) -> Response:
     dims = field_of(body, "dimensions", int)
     if dims is not None and dims <= 0:
         raise APIError(400, "dimensions must be a positive integer")
-    got = await embed_texts(services(request), model, _v1_input(body.get("input")), dimensions=dims)
-    data = [
-        {"object": "embedding", "embedding": _base64(v) if encoding == "base64" else v, "index": i}
-        for i, v in enumerate(got.embeddings)
-    ]
-    usage = {"prompt_tokens": got.prompt_eval_count, "total_tokens": got.prompt_eval_count}
-    return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})
+    inputs, svc = _v1_input(body.get("input")), services(request)
+
+    async def make() -> dict[str, Any]:  # inside the response: a hangup ends the model's wait
+        got = await embed_texts(svc, model, inputs, dimensions=dims)
+        data = [
+            {
+                "object": "embedding",
+                "embedding": _base64(v) if encoding == "base64" else v,
+                "index": i,
+            }
+            for i, v in enumerate(got.embeddings)
+        ]
+        usage = {"prompt_tokens": got.prompt_eval_count, "total_tokens": got.prompt_eval_count}
+        return {"object": "list", "data": data, "model": model, "usage": usage}
+
+    return JSONResult(make, openai_error)
