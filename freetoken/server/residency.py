@@ -63,6 +63,14 @@ def default_num_ctx(requested: int | None, model_max: int | None, configured: in
 
 
 @dataclass(eq=False)
+class _Waiter:
+    """A request waiting in its model's line for a runner that fits it."""
+
+    view: ModelView
+    spec: RunnerSpec
+
+
+@dataclass(eq=False)
 class Lease:
     """One request's hold on a loaded model; `release` exactly once (it is idempotent)."""
 
@@ -102,6 +110,8 @@ class Residency:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._loads: set[asyncio.Future[Any]] = set()
         self._stopping: set[Entry] = set()
+        # Each model's requests still waiting for a runner, in arrival order (see _entry_for)
+        self._waiting: dict[tuple[str, ...], list[_Waiter]] = {}
 
     @property
     def max_loaded(self) -> int:
@@ -169,16 +179,42 @@ class Residency:
         return all(entry.spec.options.get(k) == v for k, v in spec.options.items())
 
     async def _entry_for(self, view: ModelView, spec: RunnerSpec) -> Entry:
+        """The entry to lease, in turn: a model's requests are served in arrival order, as
+        Ollama queues them. Only the first in line may replace the current runner, and a
+        request the runner can serve waits while an earlier one needs a different runner
+        (else a stream of requests with the loaded options, or the races during a
+        replacement's awaits, could pass a waiting request forever)."""
         key = view.name.key
+        me = _Waiter(view, spec)
+        queue = self._waiting.setdefault(key, [])
+        queue.append(me)
+        try:
+            return await self._entry_in_turn(key, me, queue)
+        finally:
+            queue.remove(me)
+            if not queue and self._waiting.get(key) is queue:
+                del self._waiting[key]
+            self._notify()  # the next in line may go now
+
+    async def _entry_in_turn(
+        self, key: tuple[str, ...], me: _Waiter, queue: list[_Waiter]
+    ) -> Entry:
+        view, spec = me.view, me.spec
         while True:
             entry = self._models.get(key)
             if entry is not None and entry.dead:
                 await self._unload(entry)
                 continue
             if entry is not None and not entry.retiring and self._fits(entry, view, spec):
-                if entry.loaded:
+                if not entry.loaded:
+                    await asyncio.shield(entry.ready)  # raises if the load fails
+                elif any(not self._serves(entry, w) for w in queue[: queue.index(me)]):
+                    await self._wait_changed()  # an earlier request needs another runner
+                else:
                     return entry
-                await asyncio.shield(entry.ready)  # raises if the load fails
+                continue
+            if queue[0] is not me:  # only the first in line replaces the runner
+                await self._wait_changed()
                 continue
             if entry is not None:
                 entry.retiring = True
@@ -204,6 +240,9 @@ class Residency:
             if not all(k in self._models and self._models[k].idle for k in room.victims):
                 continue  # a request took one of them meanwhile
             self._begin_load(key, view, spec, room)
+
+    def _serves(self, entry: Entry, waiter: _Waiter) -> bool:
+        return not entry.retiring and self._fits(entry, waiter.view, waiter.spec)
 
     def _idlest(self) -> Entry | None:
         idle = [e for e in self._models.values() if e.refs == 0 and e.ready.done()]
