@@ -135,16 +135,21 @@ def concurrent(banks: Banks, seconds: float) -> tuple[float, float]:
     return out["pcie"], out["cpu"]
 
 
+# Banks of each block format are made on the CPU, which took the eight formats past 100 s at
+# 8 GiB each on the GPU machine; 2 GiB is still many times any CPU's last-level cache.
+FORMAT_GIB = 2.0
+
+
 def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: float) -> dict:
-    """The CPU kernel on banks of each block format (as large as the BF16 ones): GB/s of the
-    packed bytes it reads, experts/s, and experts/s against BF16's (the bound moves by that),
-    for a BF16 model (int8 activations where the CPU has VNNI); `exact_gbps` with the fp32
-    activations of an fp32 model."""
+    """The CPU kernel on banks of each block format (as large as the BF16 ones, up to
+    FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
+    (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
+    `exact_gbps` with the fp32 activations of an fp32 model."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
         per = packed.PackedBanks.make(fmt, E, H, I, 1).expert_bytes
-        layers = max(2, int(gib * 2**30 // (E * per)))
+        layers = max(2, int(min(gib, FORMAT_GIB) * 2**30 // (E * per)))
         banks = packed.PackedBanks.make(fmt, E, H, I, layers)
         measure_cpu(banks, 0.3)
         gbps = measure_cpu(banks, seconds)
