@@ -19,7 +19,7 @@ from freetoken.doctor.fit import HOST_SHARE, VRAM_SHARE, Needs, gib, needs
 from freetoken.doctor.machine import Machine
 from freetoken.doctor.model import ModelFacts
 from freetoken.moe.policy import Mode, Policy
-from freetoken.moe.tuning import predict
+from freetoken.moe.tuning import LOCALITY_STEPS, predict
 
 __all__ = ["AGENT_CONTEXT", "Verdict", "judge"]
 
@@ -110,9 +110,16 @@ def _on_gpu(v: Verdict, machine: Machine, model: ModelFacts, need: Needs, cfg: A
         start = predict(modes, L, E, slots, pcie, cpu)
         v.mode = str(start)
         per_miss = {Mode.DEVICE: pcie, Mode.LAYERS: cpu}.get(start, pcie * cpu / (pcie + cpu))
+        judged = start is not Mode.DEVICE and Mode.DEVICE in modes
+        first = (
+            f"serves its first {LOCALITY_STEPS} decode steps from 'device' (every miss kept), "
+            f"then, where routing proves near-uniform, from '{start}'"
+            if judged
+            else f"starts in '{start}'"
+        )
         v.facts.append(
-            f"placement: {f:.0%} of the experts cached on the GPU; policy adaptive starts in "
-            f"'{start}' (misses at {_MODE_COST[start]}) and measures the others while serving"
+            f"placement: {f:.0%} of the experts cached on the GPU; policy adaptive {first} "
+            f"(misses at {_MODE_COST[start]}) and measures the others while serving"
         )
     else:
         v.mode = str(policy)

@@ -62,7 +62,9 @@ def test_a_model_larger_than_the_gpu_fits_with_a_cache_and_a_bound(cfg):
     assert v.fits and v.warnings == []
     assert v.mode in ("device", "split", "layers")
     assert v.tok_s is not None and 10 < v.tok_s < 1000
-    assert any(f.startswith("placement: ") and "adaptive starts in" in f for f in v.facts)
+    [fact] = [f for f in v.facts if f.startswith("placement: ")]
+    # served from device until the routing is judged, the prediction named where it differs
+    assert "policy adaptive" in fact and f"'{v.mode}'" in fact and "'device'" in fact
     # a bigger GPU caches more experts: fewer misses, a higher bound
     big = judge(machine(gpus=[Gpu(0, "big", 80 * GiB, 50 * GiB)]), qwen30b(), AGENT_CONTEXT, cfg)
     assert big.tok_s is None or big.tok_s > v.tok_s
