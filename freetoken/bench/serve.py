@@ -293,6 +293,18 @@ def _progress(rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:
         print("# row " + json.dumps(r), flush=True)
 
 
+def context_for_prompts(env: list[str], tokens: int) -> list[str]:
+    """A server started here gets a context long enough for the agent and first-answer
+    prompts (the default 4096 would cut an 8000-token prompt, and its answer with it),
+    unless `--env` sets one."""
+    if any(e.startswith("FREETOKEN_CONTEXT_LENGTH=") for e in env):
+        return env
+    n = 4096
+    while n < tokens + 512:  # room for the template and the follow-up turn
+        n *= 2
+    return [*env, f"FREETOKEN_CONTEXT_LENGTH={n}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="freetoken bench serve", description=__doc__.split("\n\n")[0])
     served.add_arguments(p)
@@ -306,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    args.env = context_for_prompts(args.env, args.prompt_tokens + args.tokens)
     with served.target(args) as (args.url, args.model, _):
         rows = run(args)
     common.emit(rows, COLUMNS, args.json, common.header("serve") | {"model": args.model})

@@ -83,3 +83,10 @@ def test_embed_std_sets_the_synthetic_token_embeddings_scale(tmp_path):
     hidden = embedding(context).shape[1]
     assert embedding(context).std().item() == pytest.approx(hidden**-0.5, rel=0.05)
     assert embedding(tokens).std().item() == pytest.approx(1.0, rel=0.05)
+
+
+def test_a_server_started_here_gets_a_context_for_the_long_prompts():
+    assert serve.context_for_prompts([], 8000 + 256) == ["FREETOKEN_CONTEXT_LENGTH=16384"]
+    assert serve.context_for_prompts(["A=1"], 100) == ["A=1", "FREETOKEN_CONTEXT_LENGTH=4096"]
+    mine = ["FREETOKEN_CONTEXT_LENGTH=32768"]
+    assert serve.context_for_prompts(mine, 8256) == mine
