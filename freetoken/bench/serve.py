@@ -47,6 +47,7 @@ COLUMNS = [
     ("hit_rate", "hit"),
     ("misses_per_token", "miss/tok"),
     ("placement", "placement"),
+    ("lane_ms", "lane ms"),
     ("bound_tok_s", "bound"),
     ("ratio_to_bound", "/bound"),
     ("note", "note"),
@@ -141,7 +142,19 @@ def window(before: dict, after: dict) -> dict[str, Any]:
         "misses_per_token": misses / tokens,
         "misses_per_step": misses / steps,
         "placement": after.get("placement"),
+        **lane_window(before.get("lane") or {}, after.get("lane") or {}, steps),
     }
+
+
+def lane_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
+    """The CPU lane's requests a step and its milliseconds a request over the window (the
+    runner reports totals: served, and the mean time of all it served)."""
+    served = (after.get("served") or 0) - (before.get("served") or 0)
+    if served <= 0:
+        return {}
+    busy = (after.get("served") or 0) * (after.get("cpu_us_per_request") or 0.0)
+    busy -= (before.get("served") or 0) * (before.get("cpu_us_per_request") or 0.0)
+    return {"lane_per_step": served / steps, "lane_ms": busy / served / 1e3}
 
 
 def bound(stats: dict, win: dict, streams: int, dense_ms: float | None) -> float | None:

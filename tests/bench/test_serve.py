@@ -90,3 +90,14 @@ def test_a_server_started_here_gets_a_context_for_the_long_prompts():
     assert serve.context_for_prompts(["A=1"], 100) == ["A=1", "FREETOKEN_CONTEXT_LENGTH=4096"]
     mine = ["FREETOKEN_CONTEXT_LENGTH=32768"]
     assert serve.context_for_prompts(mine, 8256) == mine
+
+
+def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
+    before = {"lane": {"served": 10, "cpu_us_per_request": 100.0}}
+    after = {"lane": {"served": 30, "cpu_us_per_request": 300.0}}
+    # 30 · 300 µs − 10 · 100 µs = 8 ms over the window's 20 requests in 40 steps
+    assert serve.lane_window(before["lane"], after["lane"], 40) == {
+        "lane_per_step": 0.5,
+        "lane_ms": 0.4,
+    }
+    assert serve.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
