@@ -30,6 +30,7 @@ _SCALES: dict[str, dict[int, bytes]] = {
     "q6_k": {208: _F16},
     "mxfp4": {0: bytes([120])},
     "fp8_e4m3": {0: struct.pack("<f", 0.01)},
+    "nvfp4": {0: struct.pack("<f", 0.01), 4: bytes([0x38] * 8)},  # group scales e4m3 1.0
 }
 
 

@@ -90,7 +90,7 @@ def expert_weights(banks: Banks, e: int, spec: ExpertSpec, dtype: torch.dtype) -
 
 # ---- packed block formats (freetoken/quant): the definition of every format's decoding ----
 
-# e2m1 codes 0-15 (sign bit 3): MXFP4's element values
+# e2m1 codes 0-15 (sign bit 3): MXFP4's and NVFP4's element values
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
@@ -178,6 +178,16 @@ def _fp8_e4m3(b: torch.Tensor) -> torch.Tensor:
     return b[:, 4:].contiguous().view(torch.float8_e4m3fn).float() * scale
 
 
+def _nvfp4(b: torch.Tensor) -> torch.Tensor:
+    # the two scales multiplied first: every kernel rounds each weight once, code · scale
+    scale = b[:, 4:12].contiguous().view(torch.float8_e4m3fn).float()
+    scale = scale * b[:, :4].contiguous().view(torch.float32)
+    q = b[:, 12:]
+    codes = torch.stack([q & 15, q >> 4], dim=-1).reshape(-1, 8, 16)  # weight 2i: byte i's low
+    values = torch.tensor(E2M1, device=b.device)[codes.long()]
+    return (values * scale[:, :, None]).reshape(-1, 128)
+
+
 _DECODE = {
     "q8_0": _q8_0,
     "q4_0": _q4_0,
@@ -186,4 +196,5 @@ _DECODE = {
     "q6_k": _q6_k,
     "mxfp4": _mxfp4,
     "fp8_e4m3": _fp8_e4m3,
+    "nvfp4": _nvfp4,
 }

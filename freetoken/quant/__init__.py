@@ -135,6 +135,17 @@ FORMATS: dict[str, QuantFormat] = {
             "fp32 scale, 128 e4m3 weights; w = e4m3·scale. A checkpoint's 128×128 block scale "
             "(weight_scale_inv) is repeated in each of its 128 rows, so rows stand alone",
         ),
+        QuantFormat(
+            "nvfp4",
+            8,
+            128,
+            76,
+            None,
+            "fp32 tensor scale s2 (the checkpoint's weight_scale_2, repeated in every block so "
+            "rows stand alone), 8 e4m3 scales sc[g] (one per 16 weights), 64 bytes of e2m1 "
+            "codes: weight 2i in the low nibble of byte i, 2i + 1 in its high nibble; "
+            "w = e2m1(q)·(sc[i div 16]·s2)",
+        ),
     )
 }
 

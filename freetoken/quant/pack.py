@@ -8,6 +8,11 @@ first, which is the format banks keep.
 FP8 checkpoints (DeepSeek-V3, Qwen3 FP8) keep e4m3 weights [R, C] beside `weight_scale_inv`
 [⌈R/128⌉, ⌈C/128⌉], one fp32 multiplier per 128×128 block. The `fp8_e4m3` format gives each
 row's 128-weight blocks their block's multiplier, so rows stand alone (4 bytes more per 128).
+
+NVIDIA ModelOpt's NVFP4 keeps each linear layer's `weight` as uint8 [R, C/2] (two e2m1 codes
+a byte, the even column in the low nibble), `weight_scale` e4m3 [R, C/16] and the fp32 scalar
+`weight_scale_2`. The `nvfp4` format keeps the codes in that order, so each 128 weights' block
+is the scalar, their 8 scales and their 64 code bytes copied (4 bytes more per 128 weights).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import torch
 
 from freetoken.quant import QuantError
 
-__all__ = ["fp8_rows", "mxfp4_from_hf"]
+__all__ = ["fp8_rows", "mxfp4_from_hf", "nvfp4_from_modelopt"]
 
 FP8_BLOCK = 128
+NVFP4_BLOCK = 128
 
 
 def mxfp4_from_hf(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -49,3 +55,31 @@ def fp8_rows(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     scale_bytes = per_row.contiguous().view(torch.uint8).reshape(*outer, R, C // FP8_BLOCK, 4)
     w = weight.contiguous().view(torch.uint8).reshape(*outer, R, C // FP8_BLOCK, FP8_BLOCK)
     return torch.cat([scale_bytes, w], dim=-1).flatten(-2)
+
+
+def nvfp4_from_modelopt(
+    weight: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor
+) -> torch.Tensor:
+    """ModelOpt's uint8 codes [..., R, C/2], e4m3 scales [..., R, C/16] (or their bytes) and
+    fp32 scalar `weight_scale_2` (one element) as packed nvfp4 [..., R, C/128 · 76]."""
+    *outer, R, half = weight.shape
+    C = 2 * half
+    if weight.dtype != torch.uint8 or C % NVFP4_BLOCK:
+        raise QuantError(
+            f"NVFP4 weight {tuple(weight.shape)} {weight.dtype}: uint8 rows of whole "
+            f"{NVFP4_BLOCK}-weight blocks expected"
+        )
+    if tuple(weight_scale.shape) != (*outer, R, C // 16):
+        raise QuantError(
+            f"NVFP4 weight {tuple(weight.shape)} needs scales {(*outer, R, C // 16)}, "
+            f"found {tuple(weight_scale.shape)}"
+        )
+    if weight_scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise QuantError(f"NVFP4 scales are e4m3, not {weight_scale.dtype}")
+    if weight_scale_2.numel() != 1:
+        raise QuantError(f"NVFP4 weight_scale_2 is one number, not {tuple(weight_scale_2.shape)}")
+    nb = C // NVFP4_BLOCK
+    s2 = weight_scale_2.reshape(1).float().view(torch.uint8).expand(*outer, R, nb, 4)
+    scales = weight_scale.contiguous().view(torch.uint8).reshape(*outer, R, nb, 8)
+    codes = weight.contiguous().reshape(*outer, R, nb, 64)
+    return torch.cat([s2, scales, codes], dim=-1).flatten(-2)

@@ -7,6 +7,9 @@ scale and offset by least squares over a few rounds (start from its range, quant
 the scale and offset to the codes, quantize again), then store the sub-block scales as
 6-bit (Q4_K, Q5_K) or 8-bit (Q6_K) multiples of the block's fp16 scale, and round the weights
 once more against the scales as stored, so that the codes fit what decoding will compute.
+NVFP4 follows NVIDIA's recipe: one tensor scale s2 = amax / (6·448) over the whole tensor
+given (so the largest group scale is e4m3's largest), each 16 weights' scale the e4m3 nearest
+amax16 / (6·s2), and each code the e2m1 value nearest w / (scale·s2).
 
 `expert_format` says which format each expert bank gets under a `--quantize` type.
 """
@@ -152,4 +155,25 @@ def _q6_k(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([*ql, *qh, scales, _f16_bytes(d)], dim=1)
 
 
-_ENCODE = {"q8_0": _q8_0, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+# e2m1 magnitudes, codes 0-7 (code | 8 is the negative)
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E4M3_MAX = 448.0
+
+
+def _nvfp4(x: torch.Tensor) -> torch.Tensor:
+    """All of a tensor's blocks [n, 128]: the tensor scale is theirs together."""
+    amax = x.abs().amax() if x.numel() else torch.tensor(0.0)
+    s2 = (amax / (6 * _E4M3_MAX)).float().reshape(1)
+    s2 = torch.where(s2 > 0, s2, torch.ones_like(s2))  # all zeros: any scale decodes them
+    sub = x.reshape(-1, 8, 16)
+    sc = (sub.abs().amax(dim=2) / (6 * s2)).clamp(max=_E4M3_MAX).to(torch.float8_e4m3fn)
+    step = (sc.float() * s2)[..., None]  # as decoding computes it
+    y = torch.where(step > 0, sub / step, 0).clamp(-6, 6)
+    mag = (y.abs()[..., None] - _E2M1).abs().argmin(dim=-1)  # nearest magnitude
+    codes = (mag | torch.where(y < 0, 8, 0)).to(torch.uint8).reshape(-1, 64, 2)
+    qs = codes[..., 0] | (codes[..., 1] << 4)  # weight 2i in byte i's low nibble
+    s2_bytes = s2.view(torch.uint8).expand(x.shape[0], 4)
+    return torch.cat([s2_bytes, sc.view(torch.uint8), qs], dim=1)
+
+
+_ENCODE = {"q8_0": _q8_0, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k, "nvfp4": _nvfp4}

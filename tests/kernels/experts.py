@@ -45,6 +45,7 @@ ROW_MULTIPLE = {
     "q4_0": 32,
     "mxfp4": 32,
     "fp8_e4m3": 128,
+    "nvfp4": 128,
     "q4_k": 256,
     "q5_k": 256,
     "q6_k": 256,
@@ -57,7 +58,7 @@ def pack(w: torch.Tensor, fmt: str) -> torch.Tensor:
     from freetoken.quant import pack as packing
     from freetoken.quant.quantize import quantize
 
-    if fmt in ("q8_0", "q4_k", "q5_k", "q6_k"):
+    if fmt in ("q8_0", "q4_k", "q5_k", "q6_k", "nvfp4"):
         return quantize(w, fmt)
     if fmt == "fp8_e4m3":
         from tests.fixtures_quant import fp8_blocks
@@ -80,3 +81,20 @@ def packed_banks(
         fmt = s.format_of(name)
         out[name] = pack(t, fmt) if fmt else t.to(dtype)
     return out
+
+
+def random_nvfp4(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Random nvfp4 blocks for logical `shape` whose group scales run through every e4m3 code
+    but NaN (subnormals included), with both signs, and every e2m1 code: what a quantizer's
+    narrow range of scales would leave untested."""
+    from freetoken import quant
+
+    packed = torch.randint(0, 256, quant.get("nvfp4").packed_shape(shape), generator=g)
+    packed = packed.to(torch.uint8)
+    blocks = packed.view(-1, 76)
+    s2 = torch.rand(blocks.shape[0], 1, generator=g) * 1e-3 + 1e-4
+    blocks[:, :4] = s2.view(torch.uint8)
+    scales = torch.arange(blocks.shape[0] * 8) % 127  # magnitudes 0..126: 127 is NaN
+    sign = torch.randint(0, 2, scales.shape, generator=g) << 7
+    blocks[:, 4:12] = (scales | sign).to(torch.uint8).view(-1, 8)
+    return packed

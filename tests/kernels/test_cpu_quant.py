@@ -45,7 +45,9 @@ def test_packed_banks_match_decode_then_matmul(fmt, isa, T, k):
     assert float((out - ref).norm() / ref.norm()) <= 1e-5
 
 
-@pytest.mark.parametrize("fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", "")])
+@pytest.mark.parametrize(
+    "fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", ""), ("nvfp4", "q4_k")]
+)
 def test_mixed_formats_and_biases(fmts):
     """gate_up and down in different formats (a Q4_K_M layer), gpt-oss's clamped experts with
     biases on MXFP4 (bf16 biases), and a packed gate_up beside an fp32 down (AVX-512-BF16
@@ -56,6 +58,21 @@ def test_mixed_formats_and_biases(fmts):
     ref = reference.moe_experts(x, ids, w, banks, spec)
     out = _run(spec, banks, x, ids, w, None)
     assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
+@pytest.mark.parametrize("isa", _tiers())
+def test_nvfp4_every_scale_code_matches_the_reference(isa):
+    """Every e4m3 group scale (subnormal, negative) and e2m1 code, through each tier's dot
+    product, against decode-then-matmul."""
+    ext = cpu.extension()
+    if ext is None:
+        pytest.skip("no C++ kernel")
+    g = torch.Generator().manual_seed(4)
+    rows = experts.random_nvfp4((17, 512), g)
+    x = torch.randn(512, generator=g)
+    ref = reference.dequantize(rows, "nvfp4").double() @ x.double()
+    out = ext.quant_matvec(rows, x, quant.get("nvfp4").code, cpu.TIERS.index(isa), False)
+    assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
 
 
 def test_a_wider_row_holds_a_narrower_format():
@@ -72,7 +89,7 @@ def test_a_wider_row_holds_a_narrower_format():
     assert float((_run(spec, wide, x, ids, w, None) - ref).norm() / ref.norm()) <= 1e-5
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "fp8_e4m3"])
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "fp8_e4m3", "nvfp4"])
 def test_clamped_silu_on_packed_banks(fmt):
     """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed: the limit lowered so that the
     clamp is reached, which the unclamped form shows by differing."""
@@ -88,7 +105,9 @@ def test_clamped_silu_on_packed_banks(fmt):
 
 # ---- int8 activations (quant_act.cpp, quant_vnni.cpp): BF16 models' packed banks ----------
 
-INT8_FORMATS = [f for f in FORMATS if f != "fp8_e4m3"]
+# formats without an int8 kernel: a BF16 model's banks in them keep exact activations
+EXACT_ONLY = ("fp8_e4m3", "nvfp4")
+INT8_FORMATS = [f for f in FORMATS if f not in EXACT_ONLY]
 # A dot product's relative error from 8-bit activations with a scale per 32: each code is off
 # by at most half its block's step (max|x| / 254), about 0.5% of a Gaussian vector's norm. An
 # expert quantizes x and then h: about 1.1% of its output on these random banks, every format.
@@ -107,6 +126,15 @@ def _representable(cols: int, g: torch.Generator) -> torch.Tensor:
     q[:, 7] = 127 * (torch.randint(0, 2, (cols // 32,), generator=g) * 2 - 1)
     scale = 2.0 ** torch.randint(-6, 2, (cols // 32, 1), generator=g)
     return (q * scale).reshape(-1).float()
+
+
+@pytest.mark.parametrize("fmt", EXACT_ONLY)
+def test_formats_without_an_int8_kernel_say_so(fmt):
+    """moe_experts then gives their banks fp32 activations, whatever the model's dtype."""
+    ext = cpu.extension()
+    if ext is None:
+        pytest.skip("no C++ kernel")
+    assert not ext.has_int8_kernel(quant.get(fmt).code)
 
 
 @pytest.mark.parametrize("fmt", INT8_FORMATS)

@@ -65,7 +65,9 @@ def test_small_batch_kernels_decode_on_the_fly(device, fmt, T):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", "")])
+@pytest.mark.parametrize(
+    "fmts", [("q4_k", "q6_k"), ("mxfp4", "mxfp4"), ("q8_0", ""), ("nvfp4", "q4_k")]
+)
 def test_mixed_formats_biases_and_float_banks(device, fmts):
     variant = "clamped+bias" if fmts[0] == "mxfp4" else "swiglu+bias"
     spec, pool, g = _pool(fmts, variant, 4, 11, device)
@@ -75,7 +77,7 @@ def test_mixed_formats_biases_and_float_banks(device, fmts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["q4_k", "mxfp4", "nvfp4"])
 def test_clamped_silu_on_packed_slots(device, fmt):
     """DeepSeek-V4's experts (SwiGLU of clamped inputs) packed, the limit lowered so that the
     clamp is reached, which the unclamped form shows by differing."""
@@ -98,6 +100,22 @@ def test_prefill_decodes_each_expert_with_triton(device, fmt):
         assert all(torch.equal(got[b].cpu(), want[b].cpu()) for b in want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_nvfp4_every_scale_code_decodes_as_the_reference(device):
+    """Every e4m3 group scale (subnormal, negative) and e2m1 code: the prefill decoder's
+    weights bit for bit the reference's, the small-batch kernels within fp32 rounding."""
+    spec, pool, g = _pool(("nvfp4", "nvfp4"), "swiglu", 3, 9, device, shape=(256, 256))
+    for b in ("gate_up", "down"):
+        pool[b] = experts.random_nvfp4((3, *spec.rows()[b]), g).to(device)
+    for slot in range(3):
+        got = moe_gpu.triton_expert_weights(pool, slot, spec, torch.float32)
+        want = reference.expert_weights(pool, slot, spec, torch.float32)
+        assert all(torch.equal(got[b].cpu(), want[b].cpu()) for b in want)
+    x, slots, w = _routes(2, 2, 3, spec.hidden, g, device)
+    out = moe_gpu._triton_small(x, slots, w, pool, spec)
+    assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
+
+
 # expert shapes (H, I) spanning several 256-weight steps, and for 32-weight blocks a step
 # cut short by the row's end and row counts that 64-row tiles do not divide; each case with
 # its model's kind of expert (gpt-oss's biased clamped MXFP4, DeepSeek-V4's clamped Q4_K)
@@ -109,6 +127,7 @@ STEPPED = [
     (("q5_k", "q5_k"), (512, 256), "swiglu+bias"),
     (("q6_k", "q6_k"), (512, 256), "swiglu"),
     (("fp8_e4m3", "fp8_e4m3"), (384, 128), "swiglu"),
+    (("nvfp4", "nvfp4"), (384, 128), "swiglu+bias"),
     (("q8_0", ""), (288, 96), "swiglu+bias"),  # float down rows: a float step cut short
 ]
 
@@ -165,7 +184,13 @@ def test_pools_off_four_byte_alignment_decode_in_torch(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "fmt,variant",
-    [("q4_k", "swiglu"), ("mxfp4", "swiglu"), ("fp8_e4m3", "swiglu"), ("q4_k", "silu-clamped")],
+    [
+        ("q4_k", "swiglu"),
+        ("mxfp4", "swiglu"),
+        ("fp8_e4m3", "swiglu"),
+        ("nvfp4", "swiglu"),
+        ("q4_k", "silu-clamped"),
+    ],
 )
 def test_prefill_chunk_matches_in_bf16(fmt, variant):
     """A chunk of 40 tokens (the grouped path) in bf16 against the fp32 definition; DeepSeek-

@@ -184,6 +184,31 @@ AVX512 float fp8(const uint8_t* b, const float* x, int64_t nb) {
   return sum(acc, 2);
 }
 
+// NVFP4: per 16 weights an e4m3 scale (times the block's fp32 tensor scale: the reference's
+// rounding) and 8 bytes of e2m1 codes, weight 2i in the low nibble of byte i. Each byte is
+// doubled and the odd lanes shifted by 4, so one permute of the group's 16 possible weights
+// puts every weight in its activation's lane.
+AVX512 float nvfp4(const uint8_t* b, const float* x, int64_t nb) {
+  const __m512 values =
+      _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
+  const __m512i odd = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  alignas(64) float scale[16];
+  for (int64_t k = 0; k < nb; ++k, b += 76, x += 128) {
+    float s2;
+    std::memcpy(&s2, b, 4);
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4)));
+    _mm512_store_ps(scale, _mm512_mul_ps(e4m3(sc), _mm512_set1_ps(s2)));
+    for (int c = 0; c < 8; ++c) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 12 + 8 * c));
+      const __m512i v = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(q, q)), odd);
+      const __m512 table = _mm512_mul_ps(values, _mm512_set1_ps(scale[c]));
+      acc[c & 1] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, table), ld(x + 16 * c), acc[c & 1]);
+    }
+  }
+  return sum(acc, 2);
+}
+
 // The sum of each 32 activations (the K-quants' mins multiply them).
 AVX512 void sums32(const float* x, int64_t n, float* xs) {
   for (int64_t k = 0; k < n / 32; ++k) xs[k] = _mm512_reduce_add_ps(_mm512_add_ps(ld(x + 32 * k), ld(x + 32 * k + 16)));
@@ -209,6 +234,7 @@ void quant_rows_avx512(int64_t fmt, const uint8_t* row, int64_t row_bytes, int r
       case 5: y[j] = q6_k(row, x, cols / 256); break;
       case 6: y[j] = nibbles<true>(row, x, cols / 32); break;
       case 7: y[j] = fp8(row, x, cols / 128); break;
+      case 8: y[j] = nvfp4(row, x, cols / 128); break;
     }
   }
 }

@@ -15,7 +15,7 @@ void quant_rows_avx512(int64_t fmt, const uint8_t* row, int64_t row_bytes, int r
 namespace {
 
 // The formats' codes (freetoken/quant, QuantFormat.code).
-enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6, FP8_E4M3 = 7 };
+enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6, FP8_E4M3 = 7, NVFP4 = 8 };
 
 inline float f16(const uint8_t* p) {
   uint16_t h;
@@ -127,6 +127,22 @@ void decode_fp8(const uint8_t* b, float* out) {
   for (int i = 0; i < 128; ++i) out[i] = kFp8.v[b[4 + i]] * s;
 }
 
+// NVFP4: the fp32 tensor scale, 8 e4m3 scales (one per 16 weights), then 8 bytes of e2m1 codes
+// per 16 weights, weight 2i in the low nibble of byte i. The two scales are multiplied first,
+// as the reference does, so each weight is one rounding of code · scale.
+void decode_nvfp4(const uint8_t* b, float* out) {
+  float s2;
+  std::memcpy(&s2, b, 4);
+  for (int c = 0; c < 8; ++c) {
+    const float s = kFp8.v[b[4 + c]] * s2;
+    const uint8_t* q = b + 12 + 8 * c;
+    for (int i = 0; i < 8; ++i) {
+      out[16 * c + 2 * i] = kE2M1[q[i] & 15] * s;
+      out[16 * c + 2 * i + 1] = kE2M1[q[i] >> 4] * s;
+    }
+  }
+}
+
 struct Layout {
   int block, bytes;
 };
@@ -140,6 +156,7 @@ Layout layout(int fmt) {
     case Q6_K: return {256, 210};
     case MXFP4: return {32, 17};
     case FP8_E4M3: return {128, 132};
+    case NVFP4: return {128, 76};
     default: return {0, 0};
   }
 }
@@ -153,6 +170,7 @@ inline void decode(int fmt, const uint8_t* b, float* out) {
     case Q6_K: decode_q6_k(b, out); break;
     case MXFP4: decode_mxfp4(b, out); break;
     case FP8_E4M3: decode_fp8(b, out); break;
+    case NVFP4: decode_nvfp4(b, out); break;
   }
 }
 

@@ -32,12 +32,12 @@ import triton.language as tl
 
 STEP = tl.constexpr(256)  # weights per step of every format
 
-# by format code (float weights, then q8_0, q4_0, q4_k, q5_k, q6_k, mxfp4, fp8_e4m3): the
-# (G, H, L) of `unpack`'s terms, integer codes' width (0: the codes are floats) and offset
+# by format code (float weights, then q8_0, q4_0, q4_k, q5_k, q6_k, mxfp4, fp8_e4m3, nvfp4):
+# the (G, H, L) of `unpack`'s terms, integer codes' width (0: the codes are floats) and offset
 _SHAPES = ((1, 1, 256), (8, 1, 32), (8, 2, 16), (4, 2, 32), (4, 2, 32), (8, 2, 16), (8, 2, 16),
-           (2, 1, 128))  # fmt: skip
-_BITS = (0, 8, 4, 4, 5, 6, 0, 0)
-_OFFSETS = (0, 128, 8, 0, 0, 32, 0, 0)
+           (2, 1, 128), (16, 2, 8))  # fmt: skip
+_BITS = (0, 8, 4, 4, 5, 6, 0, 0, 0)
+_OFFSETS = (0, 128, 8, 0, 0, 32, 0, 0, 0)
 
 
 @triton.constexpr_function
@@ -188,8 +188,10 @@ def unpack(rp, kb, mask, COLS: tl.constexpr, FMT: tl.constexpr, QBYTES: tl.const
         v, a, b, col = _q6_k(rp, kb, mask, QBYTES)
     elif FMT == 6:
         v, a, b, col = _mxfp4(rp, kb, mask, COLS // 32, QBYTES)
-    else:
+    elif FMT == 7:
         v, a, b, col = _fp8_e4m3(rp, kb, mask, COLS // 128, QBYTES)
+    else:
+        v, a, b, col = _nvfp4(rp, kb, mask, COLS // 128, QBYTES)
     return v, a, b, col
 
 
@@ -256,6 +258,25 @@ def _fp8_e4m3(rp, kb, mask, NBLK: tl.constexpr, QBYTES: tl.constexpr):
     v = _u8(bp + 4 + l, m)
     a = _i32(bp, m).to(tl.float32, bitcast=True) * 256.0
     return _half(((v & 0x7F) << 7) | ((v & 0x80) << 8)), a, 0.0, 128 * g + l
+
+
+@triton.jit
+def _nvfp4(rp, kb, mask, NBLK: tl.constexpr, QBYTES: tl.constexpr):
+    """2 blocks of an fp32 tensor scale s2, 8 e4m3 scales (one per 16 weights) and 64 bytes of
+    e2m1 codes; group g holds weights 16g + 2l + h, the code in nibble h of its byte l. The
+    e4m3 scale read as fp16 (its value · 2^-8) times s2 rounds as the reference's scale · s2,
+    and 2^22 gives back that and `_e2m1`'s powers of two."""
+    g = tl.arange(0, 16)[:, None, None]
+    h = tl.arange(0, 2)[None, :, None]
+    l = tl.arange(0, 8)[None, None, :]
+    blk = kb * 2 + g // 8
+    bp = rp[:, None, None, None] + blk * QBYTES
+    m = mask[:, None, None, None] & (blk < NBLK)
+    s2 = _i32(bp, m).to(tl.float32, bitcast=True)
+    sc = _u8(bp + 4 + g % 8, m)
+    a = _half(((sc & 0x7F) << 7) | ((sc & 0x80) << 8)) * s2 * 4194304.0
+    v = _e2m1((_u8(bp + 12 + 8 * (g % 8) + l, m) >> 4 * h) & 15)
+    return v, a, 0.0, 16 * g + 2 * l + h
 
 
 @triton.jit
