@@ -1,5 +1,6 @@
 """The plain-torch decoding of every block format (kernels/reference.py, `dequantize`) against
-the gguf package's own dequantizer on random blocks, and FP8 against a direct computation."""
+the gguf package's own dequantizer on random blocks, and FP8 and NVFP4 against a direct
+computation."""
 
 from __future__ import annotations
 
@@ -54,6 +55,33 @@ def test_fp8_blocks_decode_to_value_times_scale():
     ).reshape(4, 264)
     expect = w.float() * scale.repeat_interleave(128, dim=1)
     assert torch.equal(reference.dequantize(blocks, "fp8_e4m3"), expect)
+
+
+def test_nvfp4_block_bytes_by_hand():
+    """One block written out byte by byte (docs/ftw.md): fp32 s2, 8 e4m3 group scales, then
+    per 16 weights 8 bytes with weight 2i in byte i's low nibble."""
+    s2 = torch.tensor([0.5]).view(torch.uint8)
+    # e4m3 1.0, 2.0, 2^-9 (the least subnormal), −1.0, 1.75, 448, 0, 0.0625 (2^-4)
+    scales = torch.tensor([0x38, 0x40, 0x01, 0xB8, 0x3E, 0x7E, 0x00, 0x18], dtype=torch.uint8)
+    codes = torch.zeros(64, dtype=torch.uint8)
+    codes[0] = 0x71  # weight 0: code 1 (0.5), weight 1: code 7 (6.0)
+    codes[8] = 0x0C  # weight 16: code 12 (−2.0)
+    codes[3 * 8 + 7] = 0xA0  # weight 63: code 10 (−1.0)
+    codes[7 * 8 + 4] = 0x05  # weight 120: code 5 (3.0)
+    block = torch.cat([s2, scales, codes])
+    want = torch.zeros(128)
+    want[0], want[1] = 0.5 * 1.0 * 0.5, 6.0 * 1.0 * 0.5
+    want[16] = -2.0 * 2.0 * 0.5
+    want[63] = -1.0 * -1.0 * 0.5
+    want[120] = 3.0 * 0.0625 * 0.5
+    assert block.shape == (76,)
+    assert torch.equal(reference.dequantize(block, "nvfp4"), want)
+    codes[5 * 8] = 0x11  # weights 80, 81 in the group whose scale is 448
+    block = torch.cat([s2, scales, codes])
+    assert reference.dequantize(block, "nvfp4")[80:82].tolist() == [112.0, 112.0]
+    codes[2 * 8] = 0x01  # weight 32 in the subnormal group
+    block = torch.cat([s2, scales, codes])
+    assert reference.dequantize(block, "nvfp4")[32].item() == 0.5 * 2**-9 * 0.5
 
 
 def test_dequantize_keeps_outer_dimensions():

@@ -22,6 +22,7 @@ def test_codes_are_distinct_and_rows_pack_whole_blocks():
     assert q4k.packed_shape((8, 768, 2048)) == (8, 768, 2048 // 256 * 144)
     assert q4k.logical_cols(8 * 144) == 2048
     assert quant.get("fp8_e4m3").row_bytes(256) == 264
+    assert quant.get("nvfp4").row_bytes(256) == 152 and quant.get("nvfp4").bits == 4.75
     with pytest.raises(quant.QuantError, match="multiples of 256"):
         q4k.row_bytes(100)
     with pytest.raises(quant.QuantError, match="unknown quantized format 'q3_k'"):

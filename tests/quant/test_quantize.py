@@ -67,3 +67,47 @@ def test_fp8_rows_carry_their_block_scale():
     assert torch.equal(reference.dequantize(packed, "fp8_e4m3"), w.float() * full)
     with pytest.raises(quant.QuantError, match="needs block scales"):
         pack.fp8_rows(w, s[:, :1])
+
+
+def test_nvfp4_round_trip_scales_and_zeros():
+    """NVIDIA's recipe: one tensor scale amax / (6·448) in every block, group scales e4m3
+    (the largest group's 448), codes the nearest e2m1; an all-zero group decodes to zeros."""
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(8, 512, generator=g) * 0.02
+    w[1, 32:48] = 0
+    packed = quantize(w, "nvfp4")
+    assert packed.shape == (8, 4 * 76)
+    s2 = packed.reshape(-1, 76)[:, :4].contiguous().view(torch.float32)
+    assert torch.equal(s2, torch.full_like(s2, float(w.abs().amax() / (6 * 448))))
+    scales = packed.reshape(-1, 76)[:, 4:12].contiguous().view(torch.float8_e4m3fn).float()
+    assert float(scales.max()) == 448.0
+    back = reference.dequantize(packed, "nvfp4")
+    assert float((back - w).norm() / w.norm()) <= 0.11
+    assert torch.equal(back[1, 32:48], torch.zeros(16))
+    # each weight decodes to the e2m1 value nearest it on its group's scale
+    step = (scales * s2).repeat_interleave(16, dim=1).reshape(8, 512)
+    assert bool(((back - w).abs() <= step + 1e-12).all())
+
+
+def test_nvfp4_from_modelopt_decodes_as_the_checkpoint_layout():
+    """ModelOpt's codes (column 2i in byte i's low nibble), e4m3 scales per 16 columns and
+    scalar weight_scale_2, decoded directly in float64, against the repacked blocks."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randint(0, 256, (2, 5, 128), generator=g, dtype=torch.uint8)
+    scale_bits = torch.randint(0, 127, (2, 5, 16), generator=g, dtype=torch.uint8)  # no NaN
+    weight_scale = scale_bits.view(torch.float8_e4m3fn)
+    s2 = torch.tensor(0.0123)
+    codes = torch.stack([weight & 15, weight >> 4], dim=-1).reshape(2, 5, 256)
+    per_col = weight_scale.double().repeat_interleave(16, dim=-1)
+    direct = torch.tensor(reference.E2M1, dtype=torch.float64)[codes.long()] * per_col
+    direct = direct * s2.double()
+    packed = pack.nvfp4_from_modelopt(weight, weight_scale, s2)
+    assert packed.shape == (2, 5, 2 * 76)
+    torch.testing.assert_close(
+        reference.dequantize(packed, "nvfp4").double(), direct, rtol=1e-6, atol=0
+    )
+    assert torch.equal(pack.nvfp4_from_modelopt(weight, scale_bits, s2.reshape(1)), packed)
+    with pytest.raises(quant.QuantError, match="needs scales"):
+        pack.nvfp4_from_modelopt(weight, weight_scale[..., :8], s2)
+    with pytest.raises(quant.QuantError, match="whole 128-weight blocks"):
+        pack.nvfp4_from_modelopt(weight[..., :32], weight_scale[..., :4], s2)
