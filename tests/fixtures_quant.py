@@ -1,6 +1,7 @@
 """Quantized Hugging Face checkpoints written from a transformers model: FP8 with 128×128
-block scales (as DeepSeek-V3 and Qwen3's FP8 releases store them) and gpt-oss's MXFP4, each
-with the float weights they decode to, for the reference model."""
+block scales (as DeepSeek-V3 and Qwen3's FP8 releases store them), gpt-oss's MXFP4 and
+NVIDIA ModelOpt's NVFP4, each with the float weights they decode to, for the reference
+model."""
 
 from __future__ import annotations
 
@@ -71,3 +72,41 @@ def mxfp4_hf(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = np.concatenate([packed & 15, packed >> 4], axis=-1)  # weights 0..31 in order
     blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return np.ascontiguousarray(blocks), np.ascontiguousarray(scales)
+
+
+def write_nvfp4(src: Path, out: Path) -> dict[str, torch.Tensor]:
+    """write_fp8's copy in ModelOpt's NVFP4 layout: `weight` uint8 [R, C/2] (column 2i in the
+    low nibble of byte i), `weight_scale` e4m3 [R, C/16], fp32 `weight_scale_2` and an
+    `input_scale` (unused); returns the float weights they decode to, by name."""
+    from freetoken.kernels import reference
+    from freetoken.quant.quantize import quantize
+
+    out.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    decoded, tensors = {}, {}
+    for name, t in load_file(src / "model.safetensors").items():
+        keep = "embed" in name or "lm_head" in name or name.endswith("mlp.gate.weight")
+        if t.dim() != 2 or t.shape[1] % 128 or keep:
+            tensors[name] = t
+            continue
+        R, C = t.shape
+        packed = quantize(t.float(), "nvfp4")
+        blocks = packed.reshape(R, C // 128, 76)
+        module = name.removesuffix(".weight")
+        tensors[name] = blocks[..., 12:].reshape(R, C // 2).contiguous()
+        scales = blocks[..., 4:12].reshape(R, C // 16).contiguous()
+        tensors[module + ".weight_scale"] = scales.view(torch.float8_e4m3fn)
+        tensors[module + ".weight_scale_2"] = blocks[0, 0, :4].clone().view(torch.float32)[0]
+        tensors[module + ".input_scale"] = torch.tensor(1.0)
+        decoded[name] = reference.dequantize(packed, "nvfp4")
+    save_file(tensors, out / "model.safetensors")
+    return decoded

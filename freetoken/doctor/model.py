@@ -114,9 +114,11 @@ def from_source(path: Path) -> ModelFacts:
 
 
 def _kept_format(config: dict[str, Any]) -> quant.QuantFormat | None:
-    """The block format a quantized checkpoint's experts keep (FP8, MXFP4), if any."""
+    """The block format a quantized checkpoint's experts keep (FP8, MXFP4, NVFP4), if any."""
     q = config.get("quantization_config")
     method = q.get("quant_method") if isinstance(q, dict) else None
+    if method == "modelopt" and q.get("quant_algo") != "NVFP4":
+        return None
     fmt = quant.CHECKPOINT_METHODS.get(method) if isinstance(method, str) else None
     return quant.get(fmt) if fmt else None
 

@@ -156,7 +156,8 @@ GGML_TYPES: dict[int, QuantFormat] = {
 
 # Hugging Face checkpoints' quantization (quantization_config.quant_method) whose blocks are
 # kept, and the format each is repacked to (quant/pack.py)
-CHECKPOINT_METHODS = {"fp8": "fp8_e4m3", "mxfp4": "mxfp4"}
+# (ModelOpt's "modelopt" only with quant_algo NVFP4: weights/safetensors_dir.py checks it)
+CHECKPOINT_METHODS = {"fp8": "fp8_e4m3", "mxfp4": "mxfp4", "modelopt": "nvfp4"}
 
 # what `create --quantize` accepts (lowercase), and what each means for expert banks
 QUANTIZE_TYPES = ("q4_K_M", "q8_0")

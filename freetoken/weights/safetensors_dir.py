@@ -2,8 +2,9 @@
 
 This is the slow path: expert pieces scattered over the checkpoint are gathered into
 [E, ...] banks at load time, one (layer, bank) at a time. FTW stores the banks ready-made;
-the converter walks the same `Checkpoint` to write them. FP8 (e4m3, 128×128 block scales)
-and MXFP4 checkpoints stay quantized: their weights come out packed (freetoken/quant).
+the converter walks the same `Checkpoint` to write them. FP8 (e4m3, 128×128 block scales),
+MXFP4 and ModelOpt NVFP4 checkpoints stay quantized: their weights come out packed
+(freetoken/quant).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ _ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 KEPT_METHODS = tuple(quant.CHECKPOINT_METHODS)
 FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
 MXFP4_PARTS = ("_blocks", "_scales")  # "<name>_blocks" (codes) beside "<name>_scales"
+# ModelOpt NVFP4: "<module>.weight" (codes) beside its group scales and its tensor scale
+NVFP4_SCALES = (".weight_scale", ".weight_scale_2")
+# ModelOpt's static scales of activations and of an FP8 KV cache: unused, both stay float here
+MODELOPT_UNUSED = (".input_scale", ".k_scale", ".v_scale")
 
 
 def quant_method(config: dict) -> str | None:
@@ -63,7 +68,12 @@ def quant_method(config: dict) -> str | None:
     if method not in KEPT_METHODS:
         raise WeightsError(
             f"the checkpoint's weights are {method}-quantized (quantization_config), which is "
-            f"not supported (FP8 and MXFP4 are): use its BF16 form"
+            f"not supported (FP8, MXFP4 and ModelOpt NVFP4 are): use its BF16 form"
+        )
+    if method == "modelopt" and q.get("quant_algo") != "NVFP4":
+        raise WeightsError(
+            f"ModelOpt {q.get('quant_algo')} checkpoints are not supported (NVFP4 is): "
+            "use its BF16 form"
         )
     block = q.get("weight_block_size")
     if method == "fp8" and block is not None and list(block) != [128, 128]:
@@ -89,6 +99,7 @@ class Checkpoint:
         self._stack = ExitStack()
         self.handles: dict[str, object] = {}
         self.scales: dict[str, str] = {}  # a packed weight's name -> its scale tensor's
+        self.hidden: set[str] = set()  # other tensors read with a weight, or not at all
         self.dense: list[str] = []
         self.pieces: dict[BankKey, list[tuple[str, ExpertKey]]] = defaultdict(list)
         for path in safetensors_files(files):
@@ -98,7 +109,7 @@ class Checkpoint:
                     self.handles[name] = f
         self._pair_scales()
         for name in self.handles:
-            if name in self.scales.values():
+            if name in self.scales.values() or name in self.hidden:
                 continue
             key = model_cls.expert_key(name)
             if key is None:
@@ -108,14 +119,22 @@ class Checkpoint:
 
     def _pair_scales(self) -> None:
         """Each quantized weight with its scale tensor; one without is an error naming it."""
+        needs = []
         for name, f in self.handles.items():
-            if self.method == "fp8" and name.endswith(FP8_SCALE):
+            if self.method == "modelopt":
+                if name.endswith(NVFP4_SCALES[0]):
+                    weight = name.removesuffix(NVFP4_SCALES[0]) + ".weight"
+                    self.scales[weight] = name
+                    needs.append((weight, name.removesuffix(NVFP4_SCALES[0]) + NVFP4_SCALES[1]))
+                elif name.endswith((NVFP4_SCALES[1], *MODELOPT_UNUSED)):
+                    self.hidden.add(name)
+            elif self.method == "fp8" and name.endswith(FP8_SCALE):
                 self.scales[name.removesuffix(FP8_SCALE) + ".weight"] = name
             elif self.method == "mxfp4" and name.endswith(MXFP4_PARTS[0]):
                 self.scales[name] = name.removesuffix(MXFP4_PARTS[0]) + MXFP4_PARTS[1]
             elif f.get_slice(name).get_dtype().startswith("F8_") and name not in self.scales:
                 self.scales[name] = name.removesuffix(".weight") + FP8_SCALE
-        for weight, scale in self.scales.items():
+        for weight, scale in [*self.scales.items(), *needs]:
             for needed in (weight, scale):
                 if needed not in self.handles:
                     raise WeightsError(
@@ -144,6 +163,10 @@ class Checkpoint:
         try:
             if self.method == "mxfp4":
                 return pack.mxfp4_from_hf(w, scale), "mxfp4"
+            if self.method == "modelopt":
+                s2 = name.removesuffix(".weight") + NVFP4_SCALES[1]
+                s2 = self.handles[s2].get_tensor(s2)
+                return pack.nvfp4_from_modelopt(w, scale, s2), "nvfp4"
             if w.dtype != torch.float8_e4m3fn:
                 raise QuantError(f"{w.dtype} weights beside block scales (e4m3 expected)")
             return pack.fp8_rows(w, scale), "fp8_e4m3"

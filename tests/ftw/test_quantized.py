@@ -1,6 +1,6 @@
-"""Quantized checkpoints into FTW: GGUF blocks and FP8 checkpoints stay packed, byte for byte;
-other GGUF types are decoded to BF16 with a note; bad input names the tensor and writes
-nothing."""
+"""Quantized checkpoints into FTW: GGUF blocks, FP8 and NVFP4 checkpoints stay packed, byte
+for byte; other GGUF types are decoded to BF16 with a note; bad input names the tensor and
+writes nothing."""
 
 from __future__ import annotations
 
@@ -151,3 +151,47 @@ def test_fp8_weight_without_its_scale_is_named(fp8_model, tmp_path):
     with pytest.raises(WeightsError, match=f"tensor {name}_scale_inv is missing: {name}"):
         convert(bad, tmp_path / "ftw")
     assert not (tmp_path / "ftw").exists() and not (tmp_path / "ftw.partial").exists()
+
+
+@pytest.fixture(scope="module")
+def nvfp4_model(tmp_path_factory):
+    """A tiny Qwen3-MoE whose experts and attention matrices are ModelOpt NVFP4."""
+    from tests.fixtures_quant import write_nvfp4
+
+    src = tmp_path_factory.mktemp("bf16")
+    hf = fixtures.hf_qwen3_moe(
+        src, seed=6, hidden_size=128, moe_intermediate_size=128, head_dim=32, num_experts=4
+    )
+    out = tmp_path_factory.mktemp("nvfp4") / "m"
+    decoded = write_nvfp4(src, out)
+    ref = tmp_path_factory.mktemp("decoded")
+    for f in src.iterdir():
+        (ref / f.name).write_bytes(f.read_bytes())
+    save_file({**load_file(src / "model.safetensors"), **decoded}, ref / "model.safetensors")
+    hf = type(hf).from_pretrained(ref, dtype=torch.float32).eval()
+    return src, out, hf
+
+
+def test_nvfp4_checkpoint_stays_nvfp4_and_computes_its_weights(nvfp4_model, tmp_path):
+    _, path, hf = nvfp4_model
+    out = convert(path, tmp_path / "ftw")
+    index = {t["name"]: t for t in json.loads((out / "ftw.json").read_text())["tensors"]}
+    assert index["down#L00000"]["quant"] == "nvfp4"
+    assert index["model.layers.0.self_attn.q_proj.weight"]["quant"] == "nvfp4"
+    assert "quant" not in index["model.embed_tokens.weight"]
+    assert not any(n.endswith(("_scale", "_scale_2")) for n in index)
+    ours = full_logits(make_engine(out, dtype="float32"), PROMPT)
+    assert float((ours - fixtures.hf_logits(hf, PROMPT)).norm() / ours.norm()) <= 1e-4
+
+
+def test_modelopt_other_than_nvfp4_is_refused(nvfp4_model, tmp_path):
+    src, _, _ = nvfp4_model
+    bad = tmp_path / "fp8-modelopt"
+    bad.mkdir()
+    for f in src.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match="ModelOpt FP8 checkpoints are not supported"):
+        convert(bad, tmp_path / "ftw")
