@@ -131,7 +131,9 @@ def test_unknown_architecture_lists_supported_ones(store, tmp_path):
 
 def test_a_quantized_checkpoint_of_an_unread_kind_fails_clearly(store, tmp_path):
     d = write_model_dir(tmp_path / "gptq", quantization_config={"quant_method": "gptq"})
-    with pytest.raises(CreateError, match="gptq-quantized .*not supported .FP8 and MXFP4 are"):
+    with pytest.raises(
+        CreateError, match="gptq-quantized .*not supported .FP8, MXFP4 and ModelOpt NVFP4 are"
+    ):
         create(store, "x", from_=str(d))
     assert store.list_models() == []
 

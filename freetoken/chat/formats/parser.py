@@ -72,7 +72,10 @@ class OutputParser:
         elif self._mode == "think":
             self._emit(out, "thinking", rest)
         else:
-            self._emit(out, "content", rest)
+            tail = self._call_open_tail(rest) if cut and self.tools else ""
+            self._emit(out, "content", rest[: len(rest) - len(tail)])
+            if tail:  # the limit cut a call's opening marker: a cut call, never content
+                out.append(truncated_call(self._calls, "", ""))
         if self._lead:
             out.append({"content": self._lead})  # an answer of whitespace only
             self._lead = ""
@@ -88,6 +91,15 @@ class OutputParser:
                 out.append({"content": self._held})
             self._held = ""
         return out
+
+    def _call_open_tail(self, text: str) -> str:
+        """The end of `text` that begins the call marker, two characters at least (a lone
+        "<" or "[" is as likely the end of the content)."""
+        marker = self.fmt.call_open or ""
+        for n in range(min(len(marker) - 1, len(text)), 1, -1):
+            if text.endswith(marker[:n]):
+                return text[-n:]
+        return ""
 
     def _markers(self) -> list[tuple[str, str]]:
         f = self.fmt

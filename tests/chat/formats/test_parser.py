@@ -115,3 +115,18 @@ def test_whole_calls_before_the_cut_one_are_calls():
         {"tool_calls": [{"function": {"name": "a", "arguments": {}}}]},
         {"tool_call_truncated": {"index": 1, "name": "b", "arguments": '{"x'}},
     ]
+
+
+@pytest.mark.parametrize("fmt", [QWEN, GlmFormat(), MistralFormat()], ids=lambda f: f.name)
+def test_a_limit_inside_the_call_marker_is_a_cut_call_not_content(fmt):
+    """A forced call the limit cut before its opening marker was whole: the marker's start
+    is not shown as text, and the call is reported cut."""
+    start = fmt.call_open[: len(fmt.call_open) // 2 + 1]
+    out = parse(fmt, "Checking. " + start, cut=True)
+    assert [e["content"] for e in out if "content" in e] == ["Checking. "]
+    assert [e for e in out if "tool_call_truncated" in e] == [
+        {"tool_call_truncated": {"index": 0, "name": "", "arguments": ""}}
+    ]
+    # a lone first character may end the content: it stays content
+    out = parse(fmt, "Checking. " + fmt.call_open[0], cut=True)
+    assert not [e for e in out if "tool_call_truncated" in e]
