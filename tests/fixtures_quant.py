@@ -28,27 +28,40 @@ def fp8_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def write_fp8(src: Path, out: Path, drop_scale: str | None = None) -> dict[str, torch.Tensor]:
-    """A copy of the HF directory `src` with every 2-D weight whose rows are whole 128-weight
-    blocks in FP8 (embeddings, the output head and routers stay as they are, as in released
-    checkpoints); returns the float weights the FP8 ones decode to, by name. `drop_scale`
-    leaves that tensor's scale out (a broken checkpoint)."""
+def _copy_but_weights(src: Path, out: Path, quantization: dict) -> dict[str, torch.Tensor]:
+    """The HF directory `src` copied into `out` but for its weights, its config declaring
+    `quantization`; returns `src`'s tensors by name, for the caller to write."""
     out.mkdir(parents=True)
     for f in src.iterdir():
         if f.suffix != ".safetensors":
             (out / f.name).write_bytes(f.read_bytes())
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
+    config["quantization_config"] = quantization
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return load_file(src / "model.safetensors")
+
+
+def _stays_float(name: str, t: torch.Tensor) -> bool:
+    """Embeddings, the output head, routers and rows not whole 128-weight blocks stay float,
+    as in released checkpoints."""
+    keep = "embed" in name or "lm_head" in name or name.endswith("mlp.gate.weight")
+    return t.dim() != 2 or t.shape[1] % 128 != 0 or keep
+
+
+def write_fp8(src: Path, out: Path, drop_scale: str | None = None) -> dict[str, torch.Tensor]:
+    """A copy of the HF directory `src` with every 2-D weight whose rows are whole 128-weight
+    blocks in FP8 (embeddings, the output head and routers stay as they are, as in released
+    checkpoints); returns the float weights the FP8 ones decode to, by name. `drop_scale`
+    leaves that tensor's scale out (a broken checkpoint)."""
+    quantization = {
         "quant_method": "fp8",
         "fmt": "e4m3",
         "weight_block_size": [128, 128],
         "activation_scheme": "dynamic",
     }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
     decoded, tensors = {}, {}
-    for name, t in load_file(src / "model.safetensors").items():
-        keep = "embed" in name or "lm_head" in name or name.endswith("mlp.gate.weight")
-        if t.dim() != 2 or t.shape[1] % 128 or keep:
+    for name, t in _copy_but_weights(src, out, quantization).items():
+        if _stays_float(name, t):
             tensors[name] = t
             continue
         q, scale = fp8_blocks(t.float())
@@ -81,21 +94,10 @@ def write_nvfp4(src: Path, out: Path) -> dict[str, torch.Tensor]:
     from freetoken.kernels import reference
     from freetoken.quant.quantize import quantize
 
-    out.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.suffix != ".safetensors":
-            (out / f.name).write_bytes(f.read_bytes())
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "modelopt",
-        "quant_algo": "NVFP4",
-        "group_size": 16,
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    quantization = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
     decoded, tensors = {}, {}
-    for name, t in load_file(src / "model.safetensors").items():
-        keep = "embed" in name or "lm_head" in name or name.endswith("mlp.gate.weight")
-        if t.dim() != 2 or t.shape[1] % 128 or keep:
+    for name, t in _copy_but_weights(src, out, quantization).items():
+        if _stays_float(name, t):
             tensors[name] = t
             continue
         R, C = t.shape

@@ -109,18 +109,15 @@ def test_bad_gguf_tensors_are_named_and_nothing_is_written(k_model, tmp_path):
     assert not any(p.name.startswith(("u", "s")) and p.is_dir() for p in tmp_path.iterdir())
 
 
-@pytest.fixture(scope="module")
-def fp8_model(tmp_path_factory):
-    """A tiny Qwen3-MoE whose experts and attention matrices are FP8 with block scales."""
-    from tests.fixtures_quant import write_fp8
-
+def _quantized_model(tmp_path_factory, write, seed: int):
+    """A tiny Qwen3-MoE (its BF16 directory, its quantized copy by `write`) and the
+    transformers model computing with what the quantized weights decode to."""
     src = tmp_path_factory.mktemp("bf16")
     hf = fixtures.hf_qwen3_moe(
-        src, seed=5, hidden_size=128, moe_intermediate_size=128, head_dim=32, num_experts=4
+        src, seed=seed, hidden_size=128, moe_intermediate_size=128, head_dim=32, num_experts=4
     )
-    out = tmp_path_factory.mktemp("fp8") / "m"
-    decoded = write_fp8(src, out)
-    # the reference computes with what the FP8 weights decode to
+    out = tmp_path_factory.mktemp("quantized") / "m"
+    decoded = write(src, out)
     ref = tmp_path_factory.mktemp("decoded")
     for f in src.iterdir():
         (ref / f.name).write_bytes(f.read_bytes())
@@ -129,16 +126,30 @@ def fp8_model(tmp_path_factory):
     return src, out, hf
 
 
-def test_fp8_checkpoint_stays_fp8_and_computes_its_weights(fp8_model, tmp_path):
-    _, path, hf = fp8_model
+def _stays_packed(model, tmp_path, quant: str, scale_parts: tuple[str, ...]) -> None:
+    """Converted, its experts and attention matrices keep `quant` (their scales folded in),
+    the embedding stays float, and the logits are transformers'."""
+    _, path, hf = model
     out = convert(path, tmp_path / "ftw")
     index = {t["name"]: t for t in json.loads((out / "ftw.json").read_text())["tensors"]}
-    assert index["down#L00000"]["quant"] == "fp8_e4m3"
-    assert index["model.layers.0.self_attn.q_proj.weight"]["quant"] == "fp8_e4m3"
+    assert index["down#L00000"]["quant"] == quant
+    assert index["model.layers.0.self_attn.q_proj.weight"]["quant"] == quant
     assert "quant" not in index["model.embed_tokens.weight"]
-    assert not any("scale_inv" in n for n in index)
+    assert not any(part in n for n in index for part in scale_parts)
     ours = full_logits(make_engine(out, dtype="float32"), PROMPT)
     assert float((ours - fixtures.hf_logits(hf, PROMPT)).norm() / ours.norm()) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def fp8_model(tmp_path_factory):
+    """A tiny Qwen3-MoE whose experts and attention matrices are FP8 with block scales."""
+    from tests.fixtures_quant import write_fp8
+
+    return _quantized_model(tmp_path_factory, write_fp8, seed=5)
+
+
+def test_fp8_checkpoint_stays_fp8_and_computes_its_weights(fp8_model, tmp_path):
+    _stays_packed(fp8_model, tmp_path, "fp8_e4m3", ("_scale_inv",))
 
 
 def test_fp8_weight_without_its_scale_is_named(fp8_model, tmp_path):
@@ -158,30 +169,11 @@ def nvfp4_model(tmp_path_factory):
     """A tiny Qwen3-MoE whose experts and attention matrices are ModelOpt NVFP4."""
     from tests.fixtures_quant import write_nvfp4
 
-    src = tmp_path_factory.mktemp("bf16")
-    hf = fixtures.hf_qwen3_moe(
-        src, seed=6, hidden_size=128, moe_intermediate_size=128, head_dim=32, num_experts=4
-    )
-    out = tmp_path_factory.mktemp("nvfp4") / "m"
-    decoded = write_nvfp4(src, out)
-    ref = tmp_path_factory.mktemp("decoded")
-    for f in src.iterdir():
-        (ref / f.name).write_bytes(f.read_bytes())
-    save_file({**load_file(src / "model.safetensors"), **decoded}, ref / "model.safetensors")
-    hf = type(hf).from_pretrained(ref, dtype=torch.float32).eval()
-    return src, out, hf
+    return _quantized_model(tmp_path_factory, write_nvfp4, seed=6)
 
 
 def test_nvfp4_checkpoint_stays_nvfp4_and_computes_its_weights(nvfp4_model, tmp_path):
-    _, path, hf = nvfp4_model
-    out = convert(path, tmp_path / "ftw")
-    index = {t["name"]: t for t in json.loads((out / "ftw.json").read_text())["tensors"]}
-    assert index["down#L00000"]["quant"] == "nvfp4"
-    assert index["model.layers.0.self_attn.q_proj.weight"]["quant"] == "nvfp4"
-    assert "quant" not in index["model.embed_tokens.weight"]
-    assert not any(n.endswith(("_scale", "_scale_2")) for n in index)
-    ours = full_logits(make_engine(out, dtype="float32"), PROMPT)
-    assert float((ours - fixtures.hf_logits(hf, PROMPT)).norm() / ours.norm()) <= 1e-4
+    _stays_packed(nvfp4_model, tmp_path, "nvfp4", ("_scale", "_scale_2"))
 
 
 def test_modelopt_other_than_nvfp4_is_refused(nvfp4_model, tmp_path):
