@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from freetoken.kernels.triton import block
 from freetoken.layers import context, fused
@@ -141,6 +142,12 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin, self.rope_pairs), apply_rope(k, cos, sin, self.rope_pairs)
 
 
+def _flash_lower_right(q: torch.Tensor) -> bool:
+    """Whether SDPA takes a bottom-right causal bias in its flash kernel here (CUDA, half
+    types; with GQA too): elsewhere it would warn and build the mask anyway."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+
+
 def _prefill_mask(n: int, ctx_len: int, lo: int, window: int, device: torch.device) -> torch.Tensor:
     """[n, ctx_len - lo]: query i (at position ctx_len - n + i) sees key j (at lo + j)."""
     qpos = torch.arange(ctx_len - n, ctx_len, device=device)[:, None]
@@ -170,9 +177,14 @@ def prefill_attention(
     vh = v[lo:].to(q.dtype).transpose(0, 1).unsqueeze(0)
     mask, causal = None, False
     if n > 1:
-        plain_causal = n == ctx_len and (not window or window >= n) and sinks is None
-        if plain_causal:
+        unwindowed = (not window or window >= ctx_len) and sinks is None
+        if unwindowed and n == ctx_len:
             causal = True
+        elif unwindowed and _flash_lower_right(q):
+            # A later chunk, or a suffix after a cached prefix: causal aligned to the last
+            # key. An explicit [n, ctx_len] mask would rule out the flash kernel, and SDPA's
+            # fallback reads the whole score matrix (most of a 15k-token agent's second turn).
+            mask = causal_lower_right(n, ctx_len)
         else:
             mask = _prefill_mask(n, ctx_len, lo, window, q.device)
     if sinks is not None:

@@ -221,3 +221,25 @@ def test_sinks_mean_what_gpt_oss_means():
     )
     got = attention.prefill_attention(q, k, v, n, D**-0.5, window, module.sinks)
     assert torch.allclose(got, want[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "n,ctx_len,window", [(49, 1500, 0), (640, 2000, 0), (300, 300, 0), (7, 30, 40)]
+)
+def test_later_chunks_take_the_flash_kernel_in_bf16(n, ctx_len, window, monkeypatch):
+    """A chunk after a cached prefix, in BF16 with GQA: the bottom-right causal bias (flash)
+    gives the explicit softmax's answer, and no [n, ctx_len] mask is built."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(n + ctx_len)
+    H, KVH, D = 32, 4, 128
+    q = torch.randn((n, H, D), generator=g)
+    k, v = torch.randn((ctx_len, KVH, D), generator=g), torch.randn((ctx_len, KVH, D), generator=g)
+    on = [t.to("cuda", torch.bfloat16) for t in (q, k, v)]
+    assert attention._flash_lower_right(on[0])
+    monkeypatch.setattr(attention, "_prefill_mask", lambda *a: pytest.fail("a mask was built"))
+    got = attention.prefill_attention(*on, ctx_len, D**-0.5, window)
+    qpos, kpos = torch.arange(ctx_len - n, ctx_len), torch.arange(ctx_len)
+    want = explicit(*(t.float().cpu() for t in on), qpos, kpos, D**-0.5, window)
+    assert close(got, want, torch.bfloat16)
