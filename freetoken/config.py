@@ -220,8 +220,8 @@ SETTINGS: tuple[Setting, ...] = (
         "FREETOKEN_CPU_THREADS",
         _nonneg_int,
         "0",
-        "threads for CPU compute (the CPU lane pins one to each of that many physical cores); "
-        "0 means one per physical core",
+        "threads for CPU compute (the CPU lane pins one to each of that many physical cores, "
+        "the last ones); 0 means one per physical core, the lane's on every core but the first",
     ),
     Setting(
         "moe_policy",

@@ -6,12 +6,16 @@ in BF16 and in each block format (GB/s of the bytes it reads, experts/s against 
 BF16 model's int8 activations, the default for quantized models, and fp32 ones).
 Each alone and both at once (they share the host's DRAM). The result is stored as this
 machine's profile; runners start their split from it.
+The same kernel through the CPU lane, at a split's few routes a request, alone and beside a
+process that wakes as a streaming server's do: what the lane and its neighbours cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,7 +27,9 @@ from freetoken.bench import common, packed
 from freetoken.ftw.hostmem import HostBuffer
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.base import ExpertSpec
+from freetoken.moe import lane as lanes
 from freetoken.moe import profile
+from freetoken.moe.banks import HostBanks
 
 E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
 
@@ -85,20 +91,80 @@ def measure_cpu(
     isa: str | None = None,
     stop: threading.Event | None = None,
     compute_dtype: torch.dtype = torch.bfloat16,
+    routes: int = K,
 ) -> float:
     rng = np.random.default_rng(1)
     x = torch.randn(1, H)
-    tok = torch.zeros(K, dtype=torch.long)
-    w = torch.full((K,), 1.0 / K)
+    tok = torch.zeros(routes, dtype=torch.long)
+    w = torch.full((routes,), 1.0 / routes)
     moved, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
         layer = banks.layers[rng.integers(len(banks.layers))]
-        exp = torch.from_numpy(rng.choice(E, K, replace=False).astype(np.int64))
+        exp = torch.from_numpy(rng.choice(E, routes, replace=False).astype(np.int64))
         cpu_kernel.moe_experts(
             x, layer, tok, exp, w, banks.spec, isa=isa, compute_dtype=compute_dtype
         )
-        moved += K * banks.expert_bytes
+        moved += routes * banks.expert_bytes
     return moved / (time.perf_counter() - t0) / 1e9
+
+
+# A neighbour as a streaming server has: each token wakes the runner's event loop, the HTTP
+# process and the client for a few hundred microseconds of Python each.
+NEIGHBOUR = """
+import time
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < 200e-6:
+        pass
+    time.sleep(300e-6)
+"""
+SPLIT_ROUTES = 2  # a split's CPU routes a request (served: 1.8-3.2 of top-8)
+
+
+def measure_lane(banks: Banks, seconds: float, routes: int, threads: int = 0) -> float:
+    """GB/s of the experts the CPU lane read over the time its loop spent serving them
+    (`cpu_us_per_request`, as /api/cache reports it), requests of `routes` routes posted from
+    here through the CPU-only mailbox, a pause between them as a GPU's share of a layer
+    leaves; `threads` as CpuLane takes it."""
+    host = {(i, b): t for i, layer in enumerate(banks.layers) for b, t in layer.items()}
+    lane = lanes.CpuLane(
+        HostBanks(host, torch.bfloat16, pin=False, spec=banks.spec), torch.device("cpu"), threads
+    )
+    rng = np.random.default_rng(3)
+    x, w = torch.randn(1, H), torch.full((1, routes), 1.0 / routes)
+    lane.start()
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            ids = torch.from_numpy(rng.choice(E, routes, replace=False).astype(np.int64))
+            lane.post(int(rng.integers(len(banks.layers))), x, ids[None], w)
+            lane.collect(torch.zeros(1, H))
+            time.sleep(300e-6)
+        s = lane.stats()
+    finally:
+        lane.stop()
+    return s["routes_per_request"] * banks.expert_bytes / s["cpu_us_per_request"] / 1e3
+
+
+def measure_lanes(banks: Banks, seconds: float) -> dict:
+    """The kernel called directly and through the lane at a split's routes, alone and beside
+    a busy neighbour, the lane on every core but one (as served) and on every core."""
+    cores = len(cpu_kernel.physical_cpus())
+    out = {
+        "cpu_split_gbps": measure_cpu(banks, seconds, routes=SPLIT_ROUTES),
+        "lane_gbps": measure_lane(banks, seconds, K),
+        "lane_split_gbps": measure_lane(banks, seconds, SPLIT_ROUTES),
+    }
+    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+    try:
+        time.sleep(0.2)
+        out["cpu_split_busy_gbps"] = measure_cpu(banks, seconds, routes=SPLIT_ROUTES)
+        out["lane_split_busy_gbps"] = measure_lane(banks, seconds, SPLIT_ROUTES)
+        out["lane_split_busy_all_gbps"] = measure_lane(banks, seconds, SPLIT_ROUTES, cores)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    return out | {"lane_threads": len(lanes.lane_cpus(list(range(cores)))), "cores": cores}
 
 
 def measure_torch_cpu(banks: Banks, seconds: float) -> float:
@@ -178,6 +244,8 @@ def run(seconds: float = 3.0, gib: float = 8.0, formats: list[str] | None = None
         "dram_read_gbps": measure_dram(seconds / 2),
         "bank_gib": layers * E * banks.expert_bytes / 2**30,
     }
+    if cpu_kernel.extension() is not None:
+        result["lane"] = measure_lanes(banks, seconds / 2)
     if cuda:
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
@@ -215,6 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps({**head, **r}))
         return
+    common.emit(table_rows(r), [("path", "path"), ("gbps", "GB/s"), ("note", "")], False, head)
+
+
+def table_rows(r: dict) -> list[dict]:
+    """The printed table: each path's GB/s, with what it is against."""
     rows = [
         {"path": "CPU expert kernel (B_H)", "gbps": r["cpu_expert_gbps"], "note": r["cpu_kernel"]},
         {
@@ -228,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
             "note": f"kernel reaches {r['cpu_expert_gbps'] / r['dram_read_gbps']:.0%}",
         },
     ]
+    if "lane" in r:
+        rows += lane_rows(r["lane"], r["cpu_expert_gbps"])
     if "pcie_gbps" in r:
         rows += [
             {"path": "PCIe expert gather (B_P)", "gbps": r["pcie_gbps"]},
@@ -248,7 +323,39 @@ def main(argv: list[str] | None = None) -> None:
         }
         for fmt, f in r["formats"].items()
     ]
-    common.emit(rows, [("path", "path"), ("gbps", "GB/s"), ("note", "")], False, head)
+    return rows
+
+
+def lane_rows(lane: dict, cpu_gbps: float) -> list[dict]:
+    """The lane's rows, each against the row it is to be read with."""
+    n, busy, alone = SPLIT_ROUTES, "beside a busy process", lane["lane_split_gbps"]
+    rows = [
+        ("CPU lane, 8 routes a request", lane["lane_gbps"], cpu_gbps, "the kernel called"),
+        (f"CPU kernel, {n} routes a call", lane["cpu_split_gbps"], cpu_gbps, "8 routes"),
+        (f"CPU lane, {n} routes a request", alone, lane["cpu_split_gbps"], "the kernel called"),
+        (
+            f"CPU kernel, {n} routes, {busy}",
+            lane["cpu_split_busy_gbps"],
+            lane["cpu_split_gbps"],
+            "alone",
+        ),
+        (f"CPU lane, {n} routes, {busy}", lane["lane_split_busy_gbps"], alone, "alone"),
+        (
+            f"CPU lane on every core, {n} routes, {busy}",
+            lane["lane_split_busy_all_gbps"],
+            alone,
+            "the lane alone, as served",
+        ),
+    ]
+    note = f"lane: {lane['lane_threads']} of {lane['cores']} cores unless every core"
+    return [
+        {
+            "path": path,
+            "gbps": gbps,
+            "note": f"{gbps / ref:.2f}x {than}" + (f"; {note}" if i == 0 else ""),
+        }
+        for i, (path, gbps, ref, than) in enumerate(rows)
+    ]
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
+POLL_NAP = 20e-6  # the CPU-only mailbox's wait between polls of `done` (seconds)
 SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6, 7
 
 
@@ -48,14 +49,29 @@ class Mailbox:
         self.ids.fill_(-1)
 
 
+def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
+    """The logical CPUs (one a physical core) the lane's team is pinned to: the last
+    `threads` of `cores`, or with 0 every one but the first.
+
+    The core left over is for everything else that wakes during a decode step: the runner's
+    event loop streaming the last token, the HTTP server and its client, the engine thread
+    once the step ends, the CUDA driver's threads. With a worker pinned to every core, each
+    of those took a core from a worker mid-request, and every pass of the kernel ends in a
+    barrier that waits for its slowest worker: a request took the preempted worker's time
+    slice instead of its own work (4-6x the kernel alone, in the server only)."""
+    if threads:
+        return cores[-threads:]
+    return cores[1:] or cores
+
+
 class CpuLane:
     def __init__(self, banks: HostBanks, device: torch.device, threads: int = 0):
-        """threads: 0 for one on each physical core, each pinned to it."""
+        """threads: how many pinned workers, one to a physical core (0: lane_cpus' default)."""
         ext = cpu_kernel.extension()
         if ext is None:
             raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
-        cpus = cpu_kernel.physical_cpus()
-        self.device, self.cpus, self._ext = device, cpus[:threads] if threads else cpus, ext
+        cpus = lane_cpus(cpu_kernel.physical_cpus(), threads)
+        self.device, self.cpus, self._ext = device, cpus, ext
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.spec.hidden
         pin = device.type == "cuda"
@@ -218,7 +234,9 @@ class CpuLane:
             if time.perf_counter() - t0 > 30 or self._thread is None or not self._thread.is_alive():
                 raise RuntimeError("the CPU lane did not answer")
             self.polls += 1
-            time.sleep(0)
+            # asleep, as the engine waits for a GPU step: a yielding loop here would be one
+            # more thread competing with the team for its cores
+            time.sleep(POLL_NAP)
         return y + self.out.view_as(y).to(y.dtype)
 
     def _everything(self, k: int) -> torch.Tensor:
@@ -254,9 +272,9 @@ def capturing(device: torch.device) -> bool:
 
 
 def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
-    """A lane for `banks` on every physical core, or None (logged) where the CPU kernel cannot
-    be built. The thread that launches a step waits for it asleep (the backend's `wait_step`),
-    not on a core."""
+    """A lane for `banks` on every physical core but one (lane_cpus), or None (logged) where
+    the CPU kernel cannot be built. The thread that launches a step waits for it asleep (the
+    backend's `wait_step`), not on a core."""
     from freetoken import config
 
     try:

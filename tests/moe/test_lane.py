@@ -13,7 +13,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import reference
 from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
-from freetoken.moe.lane import CpuLane
+from freetoken.moe.lane import CpuLane, lane_cpus
 from tests.kernels import experts
 
 L, E, H, I, K = 3, 10, 48, 24, 4
@@ -134,6 +134,31 @@ def test_a_bf16_models_packed_banks_are_served_as_the_kernel_serves_them():
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
         if cpu_kernel.extension().has_int8_kernel(3):  # not fp32 activations' answer
             assert not torch.allclose(got, cpu_kernel.moe_experts(*args), rtol=1e-5, atol=1e-5)
+    finally:
+        lane.stop()
+
+
+def test_the_lane_leaves_the_first_core_to_the_rest_of_the_host():
+    """By default the team takes every physical core but the first: the threads that wake
+    during a step (the event loop, the HTTP server, the engine once its step ends) find a
+    core without taking one from a worker the whole request waits for. A count given keeps
+    the first cores free; one core is the lane's."""
+    cores = [0, 2, 4, 6]  # one logical CPU a core, as physical_cpus gives them
+    assert lane_cpus(cores) == [2, 4, 6]
+    assert lane_cpus(cores, 2) == [4, 6]
+    assert lane_cpus(cores, 4) == cores  # every core, when asked for
+    assert lane_cpus([3]) == [3]
+    lane = CpuLane(banks(), torch.device("cpu"))
+    lane.start()
+    try:
+        x, ids, w = torch.randn((1, H)), torch.tensor([[1, 2, 3, 4]]), torch.full((1, K), 0.5)
+        lane.post(0, x, ids, w)
+        lane.collect(torch.zeros(1, H))
+        physical = cpu_kernel.physical_cpus()
+        assert lane.cpus == lane_cpus(physical) and lane.stats()["threads"] == len(lane.cpus)
+        if len(physical) > 1:
+            assert physical[0] not in lane.cpus
+            assert physical[0] not in os.sched_getaffinity(lane._thread.native_id)
     finally:
         lane.stop()
 

@@ -11,7 +11,8 @@
 // up (GPU), [7] nanoseconds spent serving (CPU): with the GPU's polls they show which side
 // a layer waits for.
 // The mailbox: pos (the layer's position in the bank lists), ids, wts, x; the answer: out.
-// The loop's thread and its team of workers are pinned one to a physical core.
+// The loop's thread and its team of workers are pinned one to a physical core (moe/lane.py
+// chooses which: every one but the first, left to the threads that wake during a step).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -9,7 +9,8 @@
 // I) and writes h = act(g, u); pass 2 walks (route, tile of rows of H) for the down projections,
 // which each token then sums over its routes. Threads take tasks one at a time from a shared
 // counter, so a thread that the OS runs less (another process's, or the host's own thread
-// waiting on the GPU) takes fewer instead of holding up the pass. Weights are bf16 or fp32, or
+// waiting on the GPU) takes fewer; but each pass ends in a barrier, so a thread the OS has
+// taken off its core altogether still holds up the pass until it runs again. Weights are bf16 or fp32, or
 // packed blocks of a quantized format read in place (quant_dot.cpp), each bank its own;
 // biases are bf16 or fp32; accumulation is fp32. The instruction set is chosen at run time:
 // AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++ (float_dot.cpp). Where the caller allows it
