@@ -8,7 +8,8 @@ It runs where the logits are — on the GPU for a GPU model — and only the tok
 back: on the host a step's sampling was milliseconds (an argmax over 150k logits, a sort of
 them for a large top_k), against a few milliseconds for the whole decode step. A large top_k
 keeps its tokens by a threshold (the k-th largest logit) instead of a sort, and without
-top_p or min_p nothing is sorted at all.
+top_p or min_p nothing is sorted at all. On a GPU a top_k up to 64 (Ollama's default is 40)
+takes two Triton kernels (kernels/sample_gpu.py) in place of torch's score of launches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 import torch
 
 from freetoken import options as opts
+from freetoken.kernels import sample_gpu
+from freetoken.layers import fused
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +246,9 @@ def draw(
     if p.greedy:
         return torch.argmax(logits)
     V = logits.numel()
+    if logits.is_cuda and fused.ENABLED and 0 < p.top_k <= min(sample_gpu.MAX_K, V - 1):
+        u = torch.rand(1, device=logits.device, generator=generator)
+        return sample_gpu.top_k_draw(logits, p.top_k, p.temperature, p.top_p, p.min_p, u)
     if 0 < p.top_k <= min(SORTED_TOP_K, V - 1):
         vals, idx = torch.topk(logits, p.top_k)  # sorted, descending
     else:

@@ -329,7 +329,34 @@ def _dense_kernels():
             ),
         ]
         out += _attention(dt)
-    return out
+    return out + _sample_kernels()
+
+
+def _sample_kernels():
+    """Top-k sampling over Qwen3's vocabulary (151,936 logits: 38 blocks of 4096) at k = 64."""
+    from freetoken.kernels.triton import sample
+
+    return [
+        (
+            sample.block_top_kernel,
+            {"logits_ptr": "*fp32", "V": "i32", "keys_ptr": "*i64"},
+            {"KP": 64, "BLOCK": 4096},
+        ),
+        (
+            sample.pick_kernel,
+            {
+                "keys_ptr": "*i64",
+                "n": "i32",
+                "u_ptr": "*fp32",
+                "out_ptr": "*i64",
+                "k": "i32",
+                "inv_temp": "fp32",
+                "top_p": "fp32",
+                "min_p": "fp32",
+            },
+            {"NC": 4096},
+        ),
+    ]
 
 
 # decode attention's options: (window, sinks); (0, False) is the plain kernel

@@ -1,0 +1,111 @@
+"""The top-k sampling kernels (kernels/sample_gpu.py) against the draw written out in
+torch: the same token at the same uniform, for top-k, temperature, top-p and min-p; in
+Triton's interpreter on host tensors, and on a GPU through `sampling.draw`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from freetoken.kernels import sample_gpu
+from freetoken.runtime import sampling
+
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
+DEVICES = [
+    pytest.param("cuda", marks=pytest.mark.gpu),
+    pytest.param(
+        "cpu", marks=pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+    ),
+]
+# vocabulary, k, temperature, top_p, min_p: one block and several (the last one partly
+# filled), k a power of two and not, each filter alone and together
+CASES = [
+    (3000, 40, 0.7, 0.9, 0.0),
+    (9000, 1, 1.0, 1.0, 0.0),
+    (9000, 64, 1.5, 1.0, 0.0),
+    (9000, 17, 0.3, 0.5, 0.05),
+    (12289, 40, 1.0, 0.0, 0.2),
+]
+# The interpreter sorts slowly (seconds a block of 512): small blocks, few draws there.
+SMALL_BLOCK = 64
+
+
+def cases(device):
+    if device == "cuda":
+        return [(c, 8) for c in CASES]
+    return [((300, 16, 0.7, 0.9, 0.0), 3), ((500, 5, 0.3, 0.5, 0.05), 2)]
+
+
+@pytest.fixture
+def small_blocks(request, monkeypatch):
+    if request.node.callspec.params["device"] == "cpu":
+        monkeypatch.setattr(sample_gpu, "BLOCK", SMALL_BLOCK)
+
+
+def reference(logits, k, temperature, top_p, min_p, u):
+    """The draw at uniform u, in torch: the k largest in order, softmax at the temperature,
+    the top-p prefix and min-p, then the first token whose cumulative mass passes u."""
+    vals, idx = torch.topk(logits.cpu(), k)
+    p = torch.softmax((vals - vals[0]) / temperature, dim=-1)
+    keep = torch.ones(k, dtype=torch.bool)
+    if 0 < top_p < 1:
+        keep &= torch.cumsum(p, 0) - p < top_p
+    if min_p > 0:
+        keep &= p >= min_p * p[0]
+    keep[0] = True
+    q = torch.where(keep, p, 0.0)
+    below = int(((torch.cumsum(q, 0) <= u * q.sum()) & keep).sum())
+    return int(idx[min(below, int((q > 0).sum()) - 1)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernels_draw_the_reference_token(device, small_blocks):
+    for (V, k, temperature, top_p, min_p), draws in cases(device):
+        g = torch.Generator().manual_seed(V + k)
+        logits = (3 * torch.randn(V, generator=g)).to(device)
+        for u in torch.rand(draws, generator=g).tolist():
+            on = torch.tensor([u]).to(device)
+            got = sample_gpu.top_k_draw(logits, k, temperature, top_p, min_p, on)
+            assert int(got) == reference(logits, k, temperature, top_p, min_p, u), (V, k, u)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_masked_and_infinite_logits(device, small_blocks):
+    """Tokens a grammar ruled out (-inf) are never drawn, even where fewer than k remain;
+    an infinite or NaN logit takes the draw, as torch's guard does."""
+    logits = torch.full((300,), float("-inf"))
+    logits[[7, 200, 299]] = torch.tensor([1.0, 2.0, 0.5])
+    on = logits.to(device)
+    drawn = {int(sample_gpu.top_k_draw(on, 40, 1.0, 1.0, 0.0, torch.tensor([u]).to(device)))
+             for u in (0.0, 0.999)}  # fmt: skip
+    assert drawn <= {7, 200, 299} and 200 in drawn
+    for bad in (float("inf"), float("nan")):
+        logits[123] = bad
+        got = sample_gpu.top_k_draw(
+            logits.to(device), 40, 0.8, 0.9, 0.0, torch.tensor([0.7]).to(device)
+        )
+        assert int(got) == 123
+
+
+@pytest.mark.gpu
+def test_draw_on_a_gpu_takes_the_kernels():
+    """`sampling.draw` on CUDA: the kernels' token at the uniform its generator gives."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    logits = 3 * torch.randn(151_936, device="cuda")
+    p = sampling.SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=5)
+    for step in range(4):
+        gen = sampling.make_generator(p, "cuda")
+        for _ in range(step):
+            torch.rand(1, device="cuda", generator=gen)
+        u = float(torch.rand(1, device="cuda", generator=gen))
+        gen = sampling.make_generator(p, "cuda")
+        for _ in range(step):
+            torch.rand(1, device="cuda", generator=gen)
+        got = int(sampling.draw(logits, [], p, 4096, gen))
+        assert got == reference(logits, 40, 0.7, 0.9, 0.0, u)
