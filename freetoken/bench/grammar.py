@@ -14,6 +14,14 @@ same number of tokens free, under the `auto` grammar and under a JSON schema, th
 alternated `--repeats` times; tok/s count the tokens of timed decode steps only (not the
 one the prefill samples), the ratio is to free. On the CPU the model step and the mask
 worker share the cores, so the ratio there also prices the mask's CPU time.
+
+`engine µs` is the engine thread's wall time a decode step outside the model step
+(`Engine._execute`: on a GPU, its launch) and the token readback (on a GPU, the wait for
+the device): what constrained decoding adds there (`+µs`, over free) lengthens every step
+where the device waits for the host. `--shape a3b` decodes a model with Qwen3-30B-A3B's
+hidden size, layers, attention and active experts (8 experts a layer, all active, instead
+of 8 of 128: the same work a token, a 7 GB checkpoint), for the ratio at a real step time
+beside the tiny model's.
 """
 
 from __future__ import annotations
@@ -106,7 +114,22 @@ COLUMNS_DECODE = [
     ("step_ms", "ms/step"),
     ("spread", "±"),
     ("ratio", "/free"),
+    ("host_us", "engine µs"),
+    ("extra_us", "+µs"),
 ]
+# Qwen3-30B-A3B's shape but for its 128 experts: 8, all active, the same work a token
+A3B = {
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 8,
+    "num_experts_per_tok": 8,
+}
+SHAPES = {"tiny": ({}, "float32"), "a3b": (A3B, "bfloat16")}
 
 
 def _arguments() -> argparse.ArgumentParser:
@@ -116,6 +139,9 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, default=151_643, help="byte-level tokens")
     ap.add_argument("--tokens", type=int, default=128, help="decoded per mode and repeat")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--shape", choices=sorted(SHAPES), default="tiny", help="the decode model (see above)"
+    )
     ap.add_argument(
         "--device", default="auto", help="where the decode runs: auto (a GPU if any), cpu, cuda"
     )
@@ -167,13 +193,41 @@ def masks(grammars: Grammars, qwen: QwenFormat) -> list[dict[str, Any]]:
     return rows
 
 
-def _model(work: Path, size: int) -> Path:
-    out = work / f"grammar-tiny-{size}"
+def _model(work: Path, size: int, shape: str = "tiny") -> Path:
+    out = work / f"grammar-{shape}-{size}"
     if (out / "config.json").exists():
         return out
     tok = synthvocab.tokenizer(size)
-    synth.write_qwen3_moe(out, template=synth.CHAT_TEMPLATE, tokenizer=tok)
+    overrides, dtype = SHAPES[shape]
+    synth.write_qwen3_moe(
+        out, template=synth.CHAT_TEMPLATE, tokenizer=tok, dtype=dtype, **overrides
+    )
     return out
+
+
+class _Timed(Engine):
+    """The engine, with the wall time its thread spends a step outside the model step and
+    the token readback."""
+
+    host_ns = 0
+
+    def step(self) -> int:
+        t = time.perf_counter_ns()
+        n = super().step()
+        self.host_ns += time.perf_counter_ns() - t
+        return n
+
+    def _execute(self, plan):
+        t = time.perf_counter_ns()
+        out = super()._execute(plan)
+        self.host_ns -= time.perf_counter_ns() - t
+        return out
+
+    def _read(self, drawn):
+        t = time.perf_counter_ns()
+        out = super()._read(drawn)
+        self.host_ns -= time.perf_counter_ns() - t
+        return out
 
 
 def _engine(path: Path, device: str) -> Engine:
@@ -183,14 +237,15 @@ def _engine(path: Path, device: str) -> Engine:
     kv = KVCache(loaded.model.kv_layout(), 256, 16, loaded.dtype, dev)
     loader.place_experts(loaded, loader.Placement("adaptive", 0, None, 0, "auto", "auto"))
     graphs = DecodeGraphs(loaded.model, kv, dev, 4096, max_batch=1) if dev.type == "cuda" else None
-    return Engine(loaded.model, Tokenizer(files), kv, dev, 4096, 1, 2048, graphs)
+    return _Timed(loaded.model, Tokenizer(files), kv, dev, 4096, 1, 2048, graphs)
 
 
-def _decode(engine: Engine, prompt: list[int], n: int, make: Any) -> tuple[int, float]:
-    """Decode steps run and seconds taken, over sequences until n steps are run (a grammar
-    that completes starts over). The prefill's step, which samples the first token, is
-    neither timed nor counted."""
-    done, seconds = 0, 0.0
+def _decode(engine: _Timed, prompt: list[int], n: int, make: Any) -> tuple[int, float, float]:
+    """Decode steps run, seconds taken and the engine thread's µs a step outside the model
+    step and readback, over sequences until n steps are run (a grammar that completes
+    starts over). The prefill's step, which samples the first token, is neither timed nor
+    counted."""
+    done, seconds, host_ns = 0, 0.0, 0
     while done < n:
         seq = Sequence(
             list(prompt), SamplingParams(temperature=1.0, seed=done), n - done + 1, frozenset()
@@ -198,13 +253,14 @@ def _decode(engine: Engine, prompt: list[int], n: int, make: Any) -> tuple[int, 
         seq.constraint = make()
         engine.submit(seq, lambda *_: None)
         engine.step()  # the prefill and first token: not a decode step
-        steps, t0 = 0, time.perf_counter()
+        steps, t0, engine.host_ns = 0, time.perf_counter(), 0
         while not seq.is_finished:
             engine.step()
             steps += 1
         seconds += time.perf_counter() - t0
+        host_ns += engine.host_ns
         done += max(steps, 1)  # a sequence done at its first token still moves on
-    return done, seconds
+    return done, seconds, host_ns / 1e3 / done
 
 
 def decode(
@@ -223,11 +279,13 @@ def decode(
         "json": lambda: Constraint(grammars.matcher(strings), grammars.vocab, [], grammars.eos_ids),
     }
     rates: dict[str, list[float]] = {m: [] for m in modes}
+    host: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(repeats):
         for mode, make in modes.items():
-            tokens, seconds = _decode(engine, prompt, n, make)
+            tokens, seconds, us = _decode(engine, prompt, n, make)
             rates[mode].append(tokens / seconds)
-    free = statistics.median(rates["free"])
+            host[mode].append(us)
+    free, free_us = statistics.median(rates["free"]), statistics.median(host["free"])
     return [
         {
             "mode": mode,
@@ -236,6 +294,8 @@ def decode(
             "step_ms": 1e3 / statistics.median(r),
             "spread": (max(r) - min(r)) / 2,
             "ratio": statistics.median(r) / free,
+            "host_us": statistics.median(host[mode]),
+            "extra_us": statistics.median(host[mode]) - free_us,
         }
         for mode, r in rates.items()
     ]
@@ -246,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     head = common.header("grammar")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work) if args.work else Path(tmp)
-        path = _model(work, args.vocab)
+        path = _model(work, args.vocab, args.shape)
         engine = _engine(path, args.device)
         vocab = Vocab(
             token_bytes(engine.tokenizer.tok, QwenFormat.markers), engine.model.args.vocab_size
@@ -257,7 +317,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# vocabulary: {vocab.size} tokens, read by the grammar engine in {took:.1f} s")
         where = engine.device.type
         threads = f", {torch.get_num_threads()} torch threads" if where == "cpu" else ""
-        print(f"# decode on {where}{threads}, CUDA graphs: {engine.graphs is not None}")
+        graphs = engine.graphs is not None
+        print(f"# decode on {where}{threads}, shape {args.shape}, CUDA graphs: {graphs}")
         qwen = QwenFormat()
         common.emit(masks(grammars, qwen), COLUMNS_MASKS, args.json, head)
         rows = decode(engine, grammars, qwen, args.tokens, args.repeats)

@@ -12,17 +12,19 @@ marker once it is spent (the format's `thinking_bounds`).
 engine thread launches (on the CPU: runs) the model step. The grammar engine writes them in
 Rust, without the GIL, as bitmask rows (a bit per token) into host memory that is pinned
 for a GPU; `StepMasks.apply` copies the step's rows to the logits' device in one
-non-blocking copy and rules out the clear bits there with a few kernels. Nothing on either
+non-blocking copy and rules out the clear bits there with one kernel. Nothing on either
 thread walks the vocabulary in Python: the worker only sets or clears the bits of a few
 tokens (stop tokens, a forced token), so it hardly takes the GIL from the engine thread.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from queue import SimpleQueue
 
 import llguidance
 import numpy as np
@@ -256,16 +258,25 @@ class _Rows:
     writes them again only once it is done)."""
 
     def __init__(self, pin: bool):
-        self.pin, self.bits, self.copied = pin, torch.empty(0, 0, dtype=torch.int32), None
+        self.pin, self.bits = pin, torch.empty(0, 0, dtype=torch.int32)
+        self.copied: torch.cuda.Event | None = None  # recorded again each time: no new one
+        self.pending = False  # the copy was recorded and not yet waited for
 
     def take(self, rows: int, words: int) -> torch.Tensor:
-        if self.copied is not None:
+        if self.pending:
             self.copied.synchronize()  # two steps old: long done, unless no token was read
-            self.copied = None
+            self.pending = False
         if self.bits.shape[0] < rows or self.bits.shape[1] != words:
             rows = max(rows, 2 * self.bits.shape[0])  # pinning costs: grow seldom
             self.bits = torch.empty(rows, words, dtype=torch.int32, pin_memory=self.pin)
         return self.bits
+
+    def mark(self) -> None:
+        """Records the copy of these rows just queued on the current stream."""
+        if self.copied is None:
+            self.copied = torch.cuda.Event()
+        self.copied.record()
+        self.pending = True
 
 
 class StepMasks:
@@ -292,16 +303,15 @@ class StepMasks:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """fp32 logits [rows, V] with what each mask rules out at -inf, on the logits' device:
-        one copy of the step's words and a few kernels over the batch (none where every row
-        is free), whatever the masks hold."""
+        one copy of the step's words and one kernel over the batch (none where every row is
+        free), whatever the masks hold."""
         scores = logits.float()
         if self.bits is None:
             return scores
         plans = self.plans if scores.shape[-1] == self.size else None
         sampling.mask_bits(scores, self.bits[: self.rows], plans)
         if scores.is_cuda and self._source is not None:
-            self._source.copied = torch.cuda.Event()  # its rows' copy: see _Rows
-            self._source.copied.record()
+            self._source.mark()  # its rows' copy: see _Rows
         return scores
 
     def words(self, i: int) -> np.ndarray:
@@ -321,13 +331,18 @@ class StepMasks:
 
 
 class Masks:
-    """A step's masks, being computed (a future) or ready."""
+    """A step's masks, being computed on the worker or ready."""
 
-    def __init__(self, ready: StepMasks | None = None, future: Future | None = None):
-        self._ready, self._future = ready, future
+    def __init__(self, ready: StepMasks | None = None, done: SimpleQueue | None = None):
+        self._ready, self._done = ready, done
 
     def wait(self) -> StepMasks:
-        return self._ready if self._future is None else self._future.result()
+        if self._ready is None:
+            out = self._done.get()  # waits without the GIL
+            if isinstance(out, BaseException):
+                raise out
+            self._ready = out
+        return self._ready
 
 
 class Masker:
@@ -338,11 +353,17 @@ class Masker:
     the GIL. Two sets of rows alternate, so a step's rows are written while the previous
     step's may still be on their way to the device. For logits on the CPU the worker also
     makes each row's host plan (the few ids to scatter), so the engine thread only
-    scatters them."""
+    scatters them.
+
+    The engine thread's share is a put and a get on two queues: each row's plan, the rows'
+    buffer and the wait for its previous copy are the worker's (a pool's future, a plan a
+    row and an event a step cost it tens of µs a step, against a step of about 1 ms)."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         device = torch.device(device)
-        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: SimpleQueue | None = None
+        self._done: SimpleQueue = SimpleQueue()
+        self._last: Masks | None = None  # the job in flight, if its step never waited
         self._executor: llguidance.LLExecutor | None = None
         self._sets = [_Rows(device.type == "cuda"), _Rows(device.type == "cuda")]
         self._turn = 0
@@ -350,34 +371,49 @@ class Masker:
 
     def start(self, rows: list[Constraint | None]) -> Masks:
         """Begins computing the masks of a step's sampled rows (their constraints)."""
-        plans = _plans(rows)
-        first = _first(plans)
-        if first is None:
-            return Masks(StepMasks(plans))
+        if self._last is not None:
+            self._settle()
+        if all(c is None for c in rows):
+            return Masks(StepMasks([None] * len(rows)))
         self._turn ^= 1
-        target = self._sets[self._turn]
-        bits = target.take(len(rows), _words(rows[first]))
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-masks")
-        return Masks(future=self._pool.submit(self._fill, rows, plans, bits, target))
+        if self._jobs is None:
+            self._jobs = SimpleQueue()
+            threading.Thread(
+                target=_serve, args=(self._jobs, self._done), name="freetoken-masks", daemon=True
+            ).start()
+            weakref.finalize(self, self._jobs.put, None)  # the worker ends with the masker
+        self._jobs.put((self._run, rows, self._sets[self._turn]))
+        self._last = Masks(done=self._done)
+        return self._last
+
+    def _settle(self) -> None:
+        """Takes the result of a job whose step failed before waiting for it (its result
+        would be taken for the next step's)."""
+        last, self._last = self._last, None
+        try:
+            last.wait()
+        except Exception:
+            pass  # its step is gone
 
     def fill(self, rows: list[Constraint | None]) -> StepMasks:
         """The same masks, on the calling thread (the worker's work, as the bench times it)."""
-        plans = _plans(rows)
-        first = _first(plans)
-        if first is None:
-            return StepMasks(plans)
-        bits = torch.empty(len(rows), _words(rows[first]), dtype=torch.int32)
-        return self._fill(rows, plans, bits)
+        return self._run(rows)
 
     def compute(self, rows: list[Constraint | None]) -> list[Mask | Exception | None]:
         """Each row's mask as token ids (tests)."""
         step = self.fill(rows)
         return [step.mask(i) for i in range(step.rows)]
 
-    def _fill(
-        self, rows: list, plans: list, bits: torch.Tensor, target: _Rows | None = None
-    ) -> StepMasks:
+    def _run(self, rows: list, target: _Rows | None = None) -> StepMasks:
+        plans = _plans(rows)
+        first = _first(plans)
+        if first is None:
+            return StepMasks(plans)
+        shape = (len(rows), _words(rows[first]))
+        bits = target.take(*shape) if target is not None else torch.empty(shape, dtype=torch.int32)
+        return self._fill(rows, plans, bits, target)
+
+    def _fill(self, rows: list, plans: list, bits: torch.Tensor, target: _Rows | None) -> StepMasks:
         state: list = list(plans)  # free rows and failures stand
         words = bits.numpy().view(np.uint32)
         grammar = [(rows[i].matcher, i) for i, p in enumerate(plans) if p == _GRAMMAR]
@@ -421,6 +457,16 @@ class Masker:
                 except Exception as e:
                     failed[one[1]] = e
             return failed
+
+
+def _serve(jobs: SimpleQueue, done: SimpleQueue) -> None:
+    """The worker: each job's result (or what it raised) in order, until None."""
+    while (job := jobs.get()) is not None:
+        fn, *args = job
+        try:
+            done.put(fn(*args))
+        except BaseException as e:  # the engine thread raises it
+            done.put(e)
 
 
 def _failed(state: object) -> bool:

@@ -252,13 +252,18 @@ class Engine:
                     drawn.append((req, *drew))
             except Exception as e:
                 self._fail_one(req, e)
-        # the step's tokens drawn on the logits' device, read back together
-        tokens = torch.stack([t for *_, t in drawn]).tolist() if drawn else []
+        tokens = self._read([t for *_, t in drawn])
         for (req, scores, _), token in zip(drawn, tokens):
             try:
                 self._take(req, scores, token)
             except Exception as e:  # its logprobs, its grammar, its output parser
                 self._fail_one(req, e)
+
+    @staticmethod
+    def _read(drawn: list[torch.Tensor]) -> list[int]:
+        """The step's tokens drawn on the logits' device, read back together: where the
+        engine thread waits for the device."""
+        return torch.stack(drawn).tolist() if drawn else []
 
     def _draw(
         self, req: Request, scores: torch.Tensor, mask: object

@@ -155,8 +155,9 @@ def mask_bits(logits: torch.Tensor, bits: torch.Tensor, plans: list | None = Non
     """Rules out (-inf, in place) in fp32 logits [B, V] the tokens whose bit is clear in
     `bits`, host int32 words [B, W] in llguidance's layout (token t: bit t % 32 of word
     t // 32; tokens from 32·W on are ruled out; a free row is all ones), on every
-    constrained step's path. On a GPU: one copy of the words and three kernels over the
-    batch, whatever the masks hold. On the CPU: each row by its `host_plan` (`plans`: made
+    constrained step's path. On a GPU: one copy of the words and one kernel over the batch
+    (kernels/triton/mask.py; three torch kernels where the fused kernels are off), whatever
+    the masks hold. On the CPU: each row by its `host_plan` (`plans`: made
     beforehand, by the mask worker while the step ran).
 
     Where a whole row is passed over, each token's logit becomes the minimum of it and its
@@ -164,6 +165,9 @@ def mask_bits(logits: torch.Tensor, bits: torch.Tensor, plans: list | None = Non
     branch a token on the CPU (40 times slower there), and `fmin` is not vectorized; a NaN
     logit stays NaN there (the draw's guard deals with rows that are not finite)."""
     B, V = logits.shape
+    if fused.usable(logits):
+        _mask_kernel(logits, bits)
+        return
     width = min(V, bits.shape[1] * 32)
     if width < V:
         logits[:, width:] = float("-inf")
@@ -217,6 +221,19 @@ def _ids(words: np.ndarray, where: np.ndarray, limit: int) -> np.ndarray:
     row, bit = np.nonzero(on)
     ids = where[row] * 32 + bit
     return ids[ids < limit]
+
+
+def _mask_kernel(logits: torch.Tensor, bits: torch.Tensor) -> None:
+    """One copy, which waits for nothing where `bits` is pinned, and one kernel."""
+    from freetoken.kernels.triton import mask
+
+    B, V = logits.shape
+    words = bits.to(logits.device, non_blocking=True)
+    grid = (B, -(-V // _MASK_BLOCK))
+    mask.mask_bits_kernel[grid](logits, words, V, words.shape[1], BLOCK=_MASK_BLOCK)
+
+
+_MASK_BLOCK = 1024
 
 
 def _mask_device(logits: torch.Tensor, bits: torch.Tensor, width: int) -> None:

@@ -283,9 +283,15 @@ def _expert_kernels():
 
 
 def _dense_kernels():
-    from freetoken.kernels.triton import attention, norm, router
+    from freetoken.kernels.triton import attention, mask, norm, router
 
-    out = []
+    out = [
+        (
+            mask.mask_bits_kernel,
+            {"logits_ptr": "*fp32", "bits_ptr": "*i32", "V": "i32", "W": "i32"},
+            {"BLOCK": 1024},
+        )
+    ]
     for dt in ("bf16", "fp32"):
         act = {"x_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}"}
         rope = {"cos_ptr": f"*{dt}", "sin_ptr": f"*{dt}", "heads": "i32", "eps": "fp32"}

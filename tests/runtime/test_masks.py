@@ -5,6 +5,8 @@ grammar that ends early, one that allows nothing and one that fails."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +22,9 @@ from freetoken.runtime.vocab import Vocab
 from tests.runtime.engine_util import make_engine
 
 PROMPT = [5, 6, 7, 8]
+INTERPRET = (
+    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
+)
 
 
 def _words(allowed: list[set[int] | None], V: int) -> torch.Tensor:
@@ -65,6 +70,20 @@ def test_mask_bits_rules_out_every_clear_bit(rows, where):
             want = torch.full((V,), float("-inf"))
             want[sorted(keep)] = logits[r, sorted(keep)]
             assert torch.equal(out[r], want)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
+@pytest.mark.parametrize("V", [V, 70])  # 70: past the words (two of them) as well
+def test_the_one_kernel_rules_out_what_the_torch_code_does(V):
+    from freetoken.kernels.triton import mask
+
+    allowed = [ROWS[r] for r in ROWS] if V > 100 else [{1, 33}, None]
+    bits = _words(allowed, V if V > 100 else 64)
+    logits = torch.randn(len(allowed), V, generator=torch.Generator().manual_seed(0))
+    want, out = logits.clone(), logits.clone()
+    sampling.mask_bits(want, bits)
+    mask.mask_bits_kernel[(len(allowed), -(-V // 256))](out, bits, V, bits.shape[1], BLOCK=256)
+    assert torch.equal(out, want)
 
 
 def test_mask_bits_rules_out_tokens_past_the_words():
@@ -167,3 +186,11 @@ def test_a_steps_masks_stay_whole_while_the_next_steps_are_computed():
     assert first.allows(0, 7) and not first.allows(0, 9)
     assert second.allows(0, 9) and not second.allows(0, 7)
     assert first.mask(0).allowed().tolist() == [7]
+
+
+def test_a_step_that_never_waited_leaves_the_next_steps_masks_alone():
+    # a step that fails after starting its masks: its result is not the next step's
+    V, masker = 300, Masker()
+    masker.start([Counting(7, V)])
+    second = masker.start([Counting(9, V)]).wait()
+    assert second.allows(0, 9) and not second.allows(0, 7)
