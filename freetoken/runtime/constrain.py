@@ -24,7 +24,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 
 import llguidance
 import numpy as np
@@ -378,8 +378,10 @@ class Masker:
         self._turn ^= 1
         if self._jobs is None:
             self._jobs = SimpleQueue()
+            # not a daemon: one ended at interpreter exit while inside torch's C++ (a copy
+            # into the rows' buffer) aborts the process; it sees the main thread end instead
             threading.Thread(
-                target=_serve, args=(self._jobs, self._done), name="freetoken-masks", daemon=True
+                target=_serve, args=(self._jobs, self._done), name="freetoken-masks"
             ).start()
             weakref.finalize(self, self._jobs.put, None)  # the worker ends with the masker
         self._jobs.put((self._run, rows, self._sets[self._turn]))
@@ -459,9 +461,23 @@ class Masker:
             return failed
 
 
+# how often an idle worker looks whether the main thread has ended
+_IDLE_S = 0.2
+
+
 def _serve(jobs: SimpleQueue, done: SimpleQueue) -> None:
-    """The worker: each job's result (or what it raised) in order, until None."""
-    while (job := jobs.get()) is not None:
+    """The worker: each job's result (or what it raised) in order, until None or the main
+    thread's end (interpreter exit joins threads like this one)."""
+    main = threading.main_thread()
+    while True:
+        try:
+            job = jobs.get(timeout=_IDLE_S)
+        except Empty:
+            if main.is_alive():
+                continue
+            return
+        if job is None:
+            return
         fn, *args = job
         try:
             done.put(fn(*args))
