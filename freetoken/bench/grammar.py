@@ -42,10 +42,11 @@ from freetoken.chat.formats import QwenFormat
 from freetoken.chat.grammar import Grammar, json_format
 from freetoken.chat.structured import forced_tools, offered_tools
 from freetoken.runtime import loader
-from freetoken.runtime.constrain import Constraint, Grammars, Masker
+from freetoken.runtime.constrain import Constraint, Grammars
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.graphs import DecodeGraphs
 from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.masks import Masker
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.tokenizer import Tokenizer

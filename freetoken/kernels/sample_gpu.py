@@ -28,7 +28,8 @@ def top_k_draw(
 
     V = logits.numel()
     assert 0 < k <= MAX_K and k < V and logits.dtype == torch.float32 and logits.is_contiguous()
-    kp = block(k)
+    # every block keeps MAX_K whatever k is: one compiled form a vocabulary size, not one a k
+    kp = MAX_K
     blocks = -(-V // BLOCK)
     keys = torch.empty(blocks * kp, dtype=torch.int64, device=logits.device)
     sample.block_top_kernel[(blocks,)](logits, V, keys, KP=kp, BLOCK=BLOCK, num_warps=WARPS)
@@ -47,3 +48,10 @@ def top_k_draw(
         num_warps=WARPS,
     )
     return out
+
+
+def warm_up(vocab: int, device: torch.device) -> None:
+    """Compiles both kernels for this vocabulary (seconds the first time on a machine,
+    then read from Triton's cache) while a model loads, not in its first answer."""
+    logits = torch.zeros(vocab, dtype=torch.float32, device=device)
+    top_k_draw(logits, 1, 1.0, 1.0, 0.0, torch.zeros(1, device=device))

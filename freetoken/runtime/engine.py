@@ -20,10 +20,10 @@ from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
 from freetoken.runtime import sampling
 from freetoken.runtime.anchors import Anchoring
-from freetoken.runtime.constrain import EMPTY, Masker, StepMasks
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.masks import EMPTY, Masker, StepMasks
 from freetoken.runtime.prefix_cache import Match, PrefixCache
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status

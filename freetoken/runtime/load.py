@@ -23,7 +23,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.layers import fused
 from freetoken.models.base import KVLayout
 from freetoken.moe.backend import ExpertBackend
-from freetoken.runtime import anchors, loader
+from freetoken.runtime import anchors, loader, sampling
 from freetoken.runtime.constrain import Grammars
 from freetoken.runtime.engine import Engine
 from freetoken.runtime.events import EventFormatter
@@ -127,6 +127,7 @@ class ModelLoad:
         state = StateCache.for_layout(layout, self.num_parallel, loaded.dtype, loaded.device)
         experts = loader.place_experts(loaded, placement, self.group)
         serving = self._serving(loaded, kv, experts, cfg.prefix_cache, state)
+        sampling.warm_up(int(loaded.config.get("vocab_size", 0)), loaded.device)
         serving.load_ns = time.perf_counter_ns() - t0
         log.info("ready: %d KV pages of %d tokens (%.1f MiB)", pages, page, kv.bytes / 2**20)
         if state is not None:

@@ -250,6 +250,12 @@ def _mask_device(logits: torch.Tensor, bits: torch.Tensor, width: int) -> None:
     torch.minimum(head, bounds.view(B, -1)[:, :width], out=head)
 
 
+def warm_up(vocab: int, device: torch.device) -> None:
+    """Readies this device's sampling kernels for logits of `vocab` tokens (at load)."""
+    if device.type == "cuda" and fused.ENABLED and vocab > 1:
+        sample_gpu.warm_up(vocab, device)
+
+
 def draw(
     logits: torch.Tensor,
     history: list[int],

@@ -15,7 +15,8 @@ from freetoken.chat.formats import GlmFormat, HarmonyFormat, QwenFormat
 from freetoken.chat.formats.parser import OutputParser
 from freetoken.chat.grammar import SchemaError, json_format
 from freetoken.chat.structured import forced_tools, offered_tools
-from freetoken.runtime.constrain import Constraint, Grammars, Masker, Thinking
+from freetoken.runtime.constrain import Constraint, Grammars, Thinking
+from freetoken.runtime.masks import Masker
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.vocab import Vocab, token_bytes

@@ -41,7 +41,7 @@ class _BrokenMatcher(_Broken):
         self.vocab = SimpleNamespace(size=size)
 
     def plan(self):
-        return constrain._GRAMMAR
+        return constrain.GRAMMAR
 
 
 def _run(engine, seqs, outputs=None):

@@ -15,7 +15,8 @@ import torch
 
 from freetoken.chat.grammar import Lark, lit
 from freetoken.runtime import constrain, sampling
-from freetoken.runtime.constrain import Constraint, Grammars, Masker
+from freetoken.runtime.constrain import Constraint, Grammars
+from freetoken.runtime.masks import Masker
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.sequence import Sequence
 from freetoken.runtime.vocab import Vocab
@@ -123,7 +124,7 @@ class BrokenMatcher(Counting):
     matcher = object()
 
     def plan(self):
-        return constrain._GRAMMAR
+        return constrain.GRAMMAR
 
 
 @pytest.fixture(scope="module")

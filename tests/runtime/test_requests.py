@@ -7,7 +7,8 @@ import pytest
 
 from freetoken.chat import formats
 from freetoken.protocol import CompletionRequest
-from freetoken.runtime.constrain import Grammars, Masker
+from freetoken.runtime.constrain import Grammars
+from freetoken.runtime.masks import Masker
 from freetoken.runtime.prompt import PromptBuilder
 from freetoken.runtime.requests import RequestBuilder, RequestError
 from freetoken.runtime.tokenizer import Tokenizer

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from freetoken.chat.grammar import Grammar
-from freetoken.runtime.constrain import Constraint, Grammars, Masker
+from freetoken.runtime.constrain import Constraint, Grammars
 from freetoken.runtime.detok import Detokenizer
+from freetoken.runtime.masks import Masker
 from freetoken.runtime.tokenizer import Tokenizer
 from freetoken.runtime.vocab import Vocab, token_bytes
 from freetoken.tools import synth
