@@ -101,3 +101,24 @@ def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
         "lane_ms": 0.4,
     }
     assert serve.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
+
+
+def test_the_dense_probe_times_a_settled_answer(monkeypatch):
+    """T_dense comes from an answer after a first one: the first after a load captures the
+    decode graphs (and may compile kernels), which is no step time."""
+    calls = []
+
+    class Rate:
+        def __init__(self, rate):
+            self.rate = rate
+
+    def answer(client, model, messages, tokens, options):
+        calls.append((tokens, options["moe_policy"]))
+        return Rate(100.0 if len(calls) == 1 else 400.0)
+
+    monkeypatch.setattr(serve, "_ollama", answer)
+    monkeypatch.setattr(serve, "cache_stats", lambda client, model: {"cache": {"slots": 8}})
+    monkeypatch.setattr(serve, "unload", lambda client, model: None)
+    args = argparse.Namespace(dense_ms=0.0, probe_dense=True, model="m")
+    assert serve.dense_probe(None, args) == 2.5
+    assert [policy for _, policy in calls] == ["resident", "resident"] and calls[0][0] < calls[1][0]
