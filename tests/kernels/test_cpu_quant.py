@@ -75,6 +75,29 @@ def test_nvfp4_every_scale_code_matches_the_reference(isa):
     assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
 
 
+@pytest.mark.parametrize("isa", _tiers())
+def test_fp8_every_code_matches_the_reference(isa):
+    """Every e4m3 code but NaN (subnormal, zero, negative, the largest), shuffled into FP8
+    rows under random block scales, through each tier's dot product."""
+    ext = cpu.extension()
+    if ext is None:
+        pytest.skip("no C++ kernel")
+    g = torch.Generator().manual_seed(5)
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    rows, cols = 6, 512
+    out = torch.empty(rows, cols // 128, 132, dtype=torch.uint8)
+    for r in range(rows):
+        picked = codes[torch.randperm(cols, generator=g) % len(codes)].view(-1, 128)
+        out[r, :, 4:] = picked
+        scales = torch.rand(cols // 128, generator=g) + 0.5
+        out[r, :, :4] = scales.view(torch.uint8).view(-1, 4)
+    packed = out.view(rows, -1)
+    x = torch.randn(cols, generator=g)
+    ref = reference.dequantize(packed, "fp8_e4m3").double() @ x.double()
+    got = ext.quant_matvec(packed, x, quant.get("fp8_e4m3").code, cpu.TIERS.index(isa), False)
+    assert float((got.double() - ref).norm() / ref.norm()) <= 1e-6
+
+
 def test_a_wider_row_holds_a_narrower_format():
     """A slot sized for the widest format holds a narrower one from its first byte."""
     spec, banks, x, ids, w = _case(("q4_k", "q4_k"), "swiglu", 2, 2, seed=3)

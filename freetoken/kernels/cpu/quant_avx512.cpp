@@ -162,13 +162,19 @@ AVX512 float q6_k(const uint8_t* b, const float* x, int64_t nb) {
   return sum(acc, 4);
 }
 
-// e4m3 codes as fp32: the code's exponent and mantissa fields moved into fp32's (bits 20-26)
-// and its sign to bit 31 read as a float 2^-120 times the code's value, subnormal codes (m·2^-9)
-// included, and multiplied back exactly.
+// e4m3 codes as fp32. Normal codes: the exponent and mantissa fields moved into fp32's (bits
+// 20-26) with the exponent rebiased (+120), exact. Subnormal codes (exponent field 0: m·2^-9)
+// are converted from m and blended in. Fields placed without the rebias and scaled back by
+// 2^120 read every code as an fp32 subnormal, which x86 multiplies in a microcode assist of
+// about a hundred cycles: FP8 banks ran at a tenth of BF16's speed.
 AVX512 inline __m512 e4m3(__m512i v) {
   const __m512i fields = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(0x07F00000));
   const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(v, 24), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-  return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(fields, sign)), _mm512_set1_ps(0x1p120f));
+  const __m512i normal = _mm512_add_epi32(fields, _mm512_set1_epi32(120 << 23));
+  const __m512 tiny = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(7))), _mm512_set1_ps(0x1p-9f));
+  const __mmask16 sub = _mm512_testn_epi32_mask(v, _mm512_set1_epi32(0x78));
+  const __m512 mag = _mm512_mask_blend_ps(sub, _mm512_castsi512_ps(normal), tiny);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
 }
 
 AVX512 float fp8(const uint8_t* b, const float* x, int64_t nb) {
