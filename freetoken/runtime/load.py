@@ -126,6 +126,10 @@ class ModelLoad:
         # a state slot for each sequence that may run at once (hybrid models' recurrent layers)
         state = StateCache.for_layout(layout, self.num_parallel, loaded.dtype, loaded.device)
         experts = loader.place_experts(loaded, placement, self.group)
+        # Start from a full expert cache, as `bench decode` does: an empty one makes the first
+        # answer fetch every expert it meets once, and adaptive would judge the routing's
+        # locality on those cold misses.
+        experts.warm()
         serving = self._serving(loaded, kv, experts, cfg.prefix_cache, state)
         sampling.warm_up(int(loaded.config.get("vocab_size", 0)), loaded.device)
         serving.load_ns = time.perf_counter_ns() - t0
