@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
 
 from freetoken.kernels.triton import block
 from freetoken.layers import context, fused
@@ -184,6 +183,9 @@ def prefill_attention(
             # A later chunk, or a suffix after a cached prefix: causal aligned to the last
             # key. An explicit [n, ctx_len] mask would rule out the flash kernel, and SDPA's
             # fallback reads the whole score matrix (most of a 15k-token agent's second turn).
+            # imported here: the module pulls in torch's compiler (2 s at every start)
+            from torch.nn.attention.bias import causal_lower_right
+
             mask = causal_lower_right(n, ctx_len)
         else:
             mask = _prefill_mask(n, ctx_len, lo, window, q.device)
