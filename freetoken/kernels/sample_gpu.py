@@ -1,4 +1,5 @@
-"""Top-k sampling on the GPU in two Triton kernels (kernels/triton/sample.py).
+"""Sampling on the GPU: top-k in two Triton kernels (kernels/triton/sample.py), and a
+constrained step's bitmasks applied in one (kernels/triton/mask.py).
 
 After a decode step the sampler is what the step waits on: torch's top-k over a 150k-token
 vocabulary, then softmax, top-p and the draw over its k survivors, is a score of kernel
@@ -16,6 +17,7 @@ from freetoken.kernels.triton import block
 MAX_K = 64  # candidates a block keeps: the last kernel sorts blocks × this many in one program
 BLOCK = 4096  # logits a program of the first kernel sorts
 WARPS = 8
+MASK_BLOCK = 1024  # tokens a program of the mask kernel rules on
 
 
 def top_k_draw(
@@ -55,3 +57,14 @@ def warm_up(vocab: int, device: torch.device) -> None:
     then read from Triton's cache) while a model loads, not in its first answer."""
     logits = torch.zeros(vocab, dtype=torch.float32, device=device)
     top_k_draw(logits, 1, 1.0, 1.0, 0.0, torch.zeros(1, device=device))
+
+
+def mask_bits(logits: torch.Tensor, bits: torch.Tensor) -> None:
+    """-inf in fp32 logits [B, V] where a token's bit is clear in int32 words [B, W] (host,
+    pinned: the copy waits for nothing) or the token is past them: one copy, one kernel."""
+    from freetoken.kernels.triton import mask
+
+    B, V = logits.shape
+    words = bits.to(logits.device, non_blocking=True)
+    grid = (B, -(-V // MASK_BLOCK))
+    mask.mask_bits_kernel[grid](logits, words, V, words.shape[1], BLOCK=MASK_BLOCK)

@@ -166,7 +166,7 @@ def mask_bits(logits: torch.Tensor, bits: torch.Tensor, plans: list | None = Non
     logit stays NaN there (the draw's guard deals with rows that are not finite)."""
     B, V = logits.shape
     if fused.usable(logits):
-        _mask_kernel(logits, bits)
+        sample_gpu.mask_bits(logits, bits)
         return
     width = min(V, bits.shape[1] * 32)
     if width < V:
@@ -221,19 +221,6 @@ def _ids(words: np.ndarray, where: np.ndarray, limit: int) -> np.ndarray:
     row, bit = np.nonzero(on)
     ids = where[row] * 32 + bit
     return ids[ids < limit]
-
-
-def _mask_kernel(logits: torch.Tensor, bits: torch.Tensor) -> None:
-    """One copy, which waits for nothing where `bits` is pinned, and one kernel."""
-    from freetoken.kernels.triton import mask
-
-    B, V = logits.shape
-    words = bits.to(logits.device, non_blocking=True)
-    grid = (B, -(-V // _MASK_BLOCK))
-    mask.mask_bits_kernel[grid](logits, words, V, words.shape[1], BLOCK=_MASK_BLOCK)
-
-
-_MASK_BLOCK = 1024
 
 
 def _mask_device(logits: torch.Tensor, bits: torch.Tensor, width: int) -> None:

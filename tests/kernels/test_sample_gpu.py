@@ -4,24 +4,13 @@ Triton's interpreter on host tensors, and on a GPU through `sampling.draw`."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 from freetoken.kernels import sample_gpu
 from freetoken.runtime import sampling
+from tests.kernels.test_moe_gpu import DEVICES
 
-INTERPRET = (
-    os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
-)
-DEVICES = [
-    pytest.param("cuda", marks=pytest.mark.gpu),
-    pytest.param(
-        "cpu", marks=pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
-    ),
-]
 # vocabulary, k, temperature, top_p, min_p: one block and several (the last one partly
 # filled), k a power of two and not, each filter alone and together
 CASES = [

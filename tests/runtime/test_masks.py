@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from freetoken.chat.grammar import Lark, lit
+from freetoken.kernels import sample_gpu
 from freetoken.runtime import constrain, sampling
 from freetoken.runtime.constrain import Constraint, Grammars
 from freetoken.runtime.masks import Masker
@@ -76,14 +77,12 @@ def test_mask_bits_rules_out_every_clear_bit(rows, where):
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
 @pytest.mark.parametrize("V", [V, 70])  # 70: past the words (two of them) as well
 def test_the_one_kernel_rules_out_what_the_torch_code_does(V):
-    from freetoken.kernels.triton import mask
-
     allowed = [ROWS[r] for r in ROWS] if V > 100 else [{1, 33}, None]
     bits = _words(allowed, V if V > 100 else 64)
     logits = torch.randn(len(allowed), V, generator=torch.Generator().manual_seed(0))
     want, out = logits.clone(), logits.clone()
     sampling.mask_bits(want, bits)
-    mask.mask_bits_kernel[(len(allowed), -(-V // 256))](out, bits, V, bits.shape[1], BLOCK=256)
+    sample_gpu.mask_bits(out, bits)
     assert torch.equal(out, want)
 
 
