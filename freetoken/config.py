@@ -216,6 +216,14 @@ SETTINGS: tuple[Setting, ...] = (
         "replay decode steps from CUDA graphs (cut at experts ops that need the host)",
     ),
     Setting(
+        "overlap",
+        "FREETOKEN_OVERLAP",
+        parse_bool,
+        "1",
+        "launch a decode step from CUDA graphs before reading the last one's tokens, so the "
+        "host's work on them (detokenizing, streaming, planning) runs while the GPU computes",
+    ),
+    Setting(
         "cpu_threads",
         "FREETOKEN_CPU_THREADS",
         _nonneg_int,

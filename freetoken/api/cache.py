@@ -37,6 +37,11 @@ def _summary(name: str, stats: dict) -> dict:
         "recent": stats.get("recent"),
         "decoded": stats.get("decoded"),  # tokens sampled since load
         "steps": stats.get("steps"),  # hit rate and misses per token, last few hundred tokens
+        # the engine thread's time in steps and of it waiting for the device (ns, since
+        # load), and the steps launched before the last one's tokens were read
+        "busy_ns": stats.get("busy_ns"),
+        "wait_ns": stats.get("wait_ns"),
+        "ahead_steps": stats.get("ahead_steps"),
         "kv_pages_total": stats.get("kv_pages_total"),
         "kv_pages_free": stats.get("kv_pages_free"),
     }

@@ -31,6 +31,9 @@ def _arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
     ap.add_argument(
+        "--layers", type=int, default=0, help="the shape cut to this many layers (as bench serve)"
+    )
+    ap.add_argument(
         "--caps",
         default="8,24,32",
         help="VRAM budgets in GiB (0: no cache, every expert on the CPU)",
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     head = common.header("decode")
     t0 = time.perf_counter()
     ctx = PROMPT + max(args.warmup + args.tokens, args.settle + 4) + 32
-    bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs, args.quant)
+    bench = Bench(args.model, dev, ctx, args.fractions, not args.no_graphs, args.quant, args.layers)
     print(
         f"model {args.model} built in {time.perf_counter() - t0:.1f} s; "
         f"experts {bench.host.total_bytes / 2**30:.1f} GiB in host RAM"

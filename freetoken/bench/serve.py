@@ -48,6 +48,8 @@ COLUMNS = [
     ("misses_per_token", "miss/tok"),
     ("placement", "placement"),
     ("lane_ms", "lane ms"),
+    ("host_ms", "host ms"),
+    ("ahead", "ahead"),
     ("bound_tok_s", "bound"),
     ("ratio_to_bound", "/bound"),
     ("note", "note"),
@@ -143,7 +145,19 @@ def window(before: dict, after: dict) -> dict[str, Any]:
         "misses_per_step": misses / steps,
         "placement": after.get("placement"),
         **lane_window(before.get("lane") or {}, after.get("lane") or {}, steps),
+        **engine_window(before, after, steps),
     }
+
+
+def engine_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
+    """The engine thread's milliseconds a step not waiting for the device, and the share of
+    steps launched before the last one's tokens were read."""
+    if after.get("busy_ns") is None:
+        return {}
+    busy = after["busy_ns"] - (before.get("busy_ns") or 0)
+    busy -= after["wait_ns"] - (before.get("wait_ns") or 0)
+    ahead = after["ahead_steps"] - (before.get("ahead_steps") or 0)
+    return {"host_ms": busy / steps / 1e6, "ahead": ahead / steps}
 
 
 def lane_window(before: dict, after: dict, steps: int) -> dict[str, Any]:

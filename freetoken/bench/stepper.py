@@ -39,8 +39,9 @@ class Bench:
         fractions: bool = False,
         graphs: bool = True,
         quant: str | None = None,
+        layers: int = 0,
     ):
-        sm = synthmodel.build(name, device, quant=quant)
+        sm = synthmodel.build(name, device, quant=quant, layers=layers)
         spec = setup.expert_spec(sm.model)
         host = HostBanks(sm.banks, sm.dtype, device.type == "cuda", spec, sm.formats)
         sm.banks = {}

@@ -40,11 +40,15 @@ def build(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     quant: str | None = None,
+    layers: int = 0,
 ) -> SynthModel:
-    """quant: the experts in a block format (q4_k, mxfp4, …, freetoken/quant), or laid out as
-    `create --quantize` would (q4_K_M, q8_0); random blocks, since speed is what is measured."""
+    """layers: the shape cut to this many layers (0: all). quant: the experts in a block
+    format (q4_k, mxfp4, …, freetoken/quant), or laid out as `create --quantize` would
+    (q4_K_M, q8_0); random blocks, since speed is what is measured."""
     t0 = time.perf_counter()
     config = dict(SHAPES[name])
+    if layers:  # the shape cut to its first `layers` layers, as `bench serve --layers` cuts it
+        config["num_hidden_layers"] = layers
     gen_device = device if device.type == "cuda" else torch.device("cpu")
     g = torch.Generator(device=gen_device).manual_seed(seed)
     with torch.device("meta"):

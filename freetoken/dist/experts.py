@@ -127,6 +127,10 @@ class DistributedExperts(ExpertBackend):
     def wait_step(self) -> None:
         self.local.wait_step()
 
+    @property
+    def waits_asleep(self) -> bool:
+        return self.local.waits_asleep
+
     # --- memory ----------------------------------------------------------------------------
     @property
     def policy(self) -> str:

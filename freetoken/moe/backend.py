@@ -58,6 +58,12 @@ class ExpertBackend(abc.ABC):
     def wait_step(self) -> None:
         """Waits until the step's device work is done (asleep where a CPU lane needs the cores)."""
 
+    @property
+    @abc.abstractmethod
+    def waits_asleep(self) -> bool:
+        """Whether a thread waiting for the device should sleep rather than spin (a CPU
+        lane's workers need the cores)."""
+
     # --- the expert cache ---------------------------------------------------------------
     @property
     @abc.abstractmethod

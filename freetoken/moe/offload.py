@@ -312,6 +312,10 @@ class OffloadExperts(ExpertBackend):
         elif self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
+    @property
+    def waits_asleep(self) -> bool:
+        return self._wait is not None
+
     # --- the cache ------------------------------------------------------------------------
     @property
     def capacity(self) -> int:

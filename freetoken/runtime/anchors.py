@@ -159,7 +159,7 @@ class Anchoring:
         n = seq.num_cached
         if seq.state_slot is None or n == 0:
             return
-        decoded = n > len(seq.prompt_ids) and seq.tokens[n - 1] in self.ids
+        decoded = n > len(seq.prompt_ids) and seq.token_at(n - 1) in self.ids
         if not (ended or decoded or n in seq.anchor_at):
             return
         tokens = seq.tokens[:n]

@@ -24,7 +24,8 @@ from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.masks import EMPTY, Masker, StepMasks
-from freetoken.runtime.prefix_cache import Match, PrefixCache
+from freetoken.runtime.overlap import Ahead, Readback, runs_ahead
+from freetoken.runtime.prefix_cache import Match, PrefixCache, divergence
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status
 from freetoken.runtime.state_cache import StateCache
@@ -60,7 +61,10 @@ class Engine:
         prefix_cache: bool = False,
         state: StateCache | None = None,
         anchoring: Anchoring | None = None,
+        overlap: bool = False,
     ):
+        """overlap: launch a decode step before the last one's tokens are read, where it can
+        be (runtime/overlap.py); it needs `graphs`."""
         self.model, self.tokenizer, self.kv, self.device = model, tokenizer, kv, device
         self.graphs, self.state = graphs, state
         self.vocab_size = model.args.vocab_size  # token ids a step can embed
@@ -78,6 +82,11 @@ class Engine:
         self.steps = 0
         self.decoded = 0  # tokens sampled, over all sequences (the cache's windows count by it)
         self.masker = Masker(device)
+        self.overlap = overlap and graphs is not None
+        self._ahead: Ahead | None = None  # a step launched whose tokens are not read yet
+        # the engine thread's time in steps, and of it the time waiting for tokens
+        self.busy_ns = self.wait_ns = 0
+        self.ahead_steps = 0  # steps launched before the last one's tokens were read
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -111,31 +120,47 @@ class Engine:
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         with self._lock:
-            if not self._inbox and not self.scheduler.has_work:
+            if not self._inbox and not self.scheduler.has_work and self._ahead is None:
                 self._lock.wait(timeout)
 
     # --- engine thread --------------------------------------------------------------
     def step(self) -> int:
         """Runs one step; returns how many tokens it fed to the model."""
-        self._drain_inbox()
+        t = time.perf_counter_ns()
+        try:
+            return self._step()
+        finally:
+            self.busy_ns += time.perf_counter_ns() - t
+
+    def _step(self) -> int:
+        self._drain_inbox(calls=self._ahead is None)  # nothing runs between steps mid-step
+        if self._ahead is not None:
+            return self._land(self._ahead)
         plan = self.scheduler.schedule()
         if not plan:
             return 0
         t0 = time.perf_counter_ns()
         pending = self.masker.start(self._constraints(plan))  # computed while the model runs
         logits = self._execute(plan)
-        if (experts := self._ops.backend) is not None:
+        experts = self._ops.backend
+        ahead = self.overlap and self._may_chain(plan)
+        if experts is not None and not ahead:
             experts.wait_step()
         t1 = time.perf_counter_ns()
         masks = pending.wait()
-        self._postprocess(plan, logits, masks, t0, t1)
+        self._postprocess(plan, logits, masks, t0, t1, ahead)
         self.steps += 1
         self.decoded += masks.rows
         return sum(n for _, n in plan)
 
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self, calls: bool = True) -> None:
+        """Takes what other threads queued; `calls=False` leaves the calls between steps
+        queued (a step is in flight)."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
+            if not calls:
+                self._inbox = [x for x in inbox if x[0] == "call"]
+                inbox = [x for x in inbox if x[0] != "call"]
         for kind, item in inbox:
             if kind == "add":
                 self.requests[item.seq.id] = item
@@ -170,7 +195,7 @@ class Engine:
             and self.graphs.fits(len(plan), max(seq.num_tokens for seq, _ in plan))
         ):
             return self.graphs.run(
-                [seq.tokens[seq.num_cached] for seq, _ in plan],
+                [seq.token_at(seq.num_cached) for seq, _ in plan],
                 [seq.num_cached for seq, _ in plan],
                 [seq.pages for seq, _ in plan],
                 [seq.state_slot or 0 for seq, _ in plan],
@@ -228,7 +253,10 @@ class Engine:
         masks: StepMasks,
         t0: int,
         t1: int,
+        ahead: bool = False,
     ) -> None:
+        """Draws the step's tokens; with `ahead`, launches the next step before reading
+        them where it can."""
         logits = masks.apply(logits)  # fp32, each constrained row's mask applied
         row, drawn = 0, []
         for seq, n in plan:
@@ -241,10 +269,6 @@ class Engine:
             req = self.requests[seq.id]
             scores, mask = logits[row], masks.state[row]
             row += 1
-            if not seq.output_ids:
-                seq.prefill_ns = t1 - req.t_submit
-                seq.first_token_ns = t1
-            seq.decode_ns = t1 - seq.first_token_ns
             try:
                 # what fails here is this sequence's own (its parameters, its grammar): it
                 # ends with the error, the batch goes on
@@ -252,18 +276,97 @@ class Engine:
                     drawn.append((req, *drew))
             except Exception as e:
                 self._fail_one(req, e)
-        tokens = self._read([t for *_, t in drawn])
+        readback = Readback([t for *_, t in drawn], self._sleeps)
+        if ahead and len(drawn) == len(plan):
+            self._ahead = self._chain([r.seq for r, *_ in drawn], [t for *_, t in drawn])
+        tokens = self._read(readback)
+        self._take_all(drawn, tokens, time.perf_counter_ns() if ahead else t1)
+
+    def _take_all(self, drawn: list, tokens: list[int], t1: int) -> None:
+        """Accepts each row's token; `t1`: when the step's logits were known."""
         for (req, scores, _), token in zip(drawn, tokens):
+            seq = req.seq
+            if not seq.output_ids:
+                seq.prefill_ns = t1 - req.t_submit
+                seq.first_token_ns = t1
+            seq.decode_ns = t1 - seq.first_token_ns
             try:
                 self._take(req, scores, token)
             except Exception as e:  # its logprobs, its grammar, its output parser
                 self._fail_one(req, e)
 
-    @staticmethod
-    def _read(drawn: list[torch.Tensor]) -> list[int]:
+    def _read(self, readback: Readback) -> list[int]:
         """The step's tokens drawn on the logits' device, read back together: where the
         engine thread waits for the device."""
-        return torch.stack(drawn).tolist() if drawn else []
+        t = time.perf_counter_ns()
+        tokens = readback.wait()
+        self.wait_ns += time.perf_counter_ns() - t
+        return tokens
+
+    @property
+    def _sleeps(self) -> bool:
+        experts = self._ops.backend
+        return experts is not None and experts.waits_asleep
+
+    # --- steps launched ahead (runtime/overlap.py) ----------------------------------------
+    def _may_chain(self, plan: Plan) -> bool:
+        """Whether the step just launched was a decode step from the graphs, which the next
+        may follow before its tokens are read."""
+        return decode_plan(plan) and self.graphs.fits(
+            len(plan), max(seq.num_tokens for seq, _ in plan)
+        )
+
+    def _chain(self, seqs: list[Sequence], drawn: list[torch.Tensor]) -> Ahead | None:
+        """Launches the next decode step of `seqs`, fed the tokens just drawn on the device
+        (`drawn`, not yet read), and draws its tokens; None where it cannot run ahead."""
+        B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
+        with self._lock:
+            queued = bool(self._inbox)  # a call waits for no step in flight; a request too
+        if (
+            queued
+            or self.scheduler.waiting
+            or len(self.scheduler.running) != B
+            or not all(runs_ahead(seq, self.num_ctx) for seq in seqs)
+            or not self.graphs.fits(B, ctx_len)
+            or not self.graphs.uncut(B, ctx_len)
+            or not all(self.scheduler.reserve(seq, 1) for seq in seqs)
+        ):
+            return None
+        with torch.inference_mode():
+            self._between_steps(B)
+            logits = self.graphs.run(
+                [],
+                [seq.num_cached for seq in seqs],
+                [seq.pages for seq in seqs],
+                ids=torch.stack(drawn),
+            )
+            scores = logits.float()
+            rows = [scores[i] for i in range(B)]
+            tokens = [
+                sampling.draw(row, [], seq.params, self.num_ctx, self.requests[seq.id].generator)
+                for row, seq in zip(rows, seqs)
+            ]
+        self.ahead_steps += 1
+        return Ahead(seqs, tokens, rows, Readback(tokens, self._sleeps))
+
+    def _land(self, ahead: Ahead) -> int:
+        """Reads the step launched ahead (launching the one after it first, where it can)
+        and takes its tokens; what a sequence that ended meanwhile drew is dropped."""
+        self._ahead = None
+        live = [seq for seq in ahead.seqs if seq.id in self.requests]
+        for seq in live:
+            seq.num_cached += 1
+            self.scheduler.cache_pages(seq)
+        if len(live) == len(ahead.seqs):
+            self._ahead = self._chain(live, ahead.drawn)
+        tokens = self._read(ahead.readback)
+        t1 = time.perf_counter_ns()
+        rows = zip(ahead.seqs, ahead.scores, tokens)
+        kept = [(self.requests[s.id], sc, t) for s, sc, t in rows if s.id in self.requests]
+        self._take_all([(req, sc, None) for req, sc, _ in kept], [t for *_, t in kept], t1)
+        self.steps += 1
+        self.decoded += len(ahead.seqs)
+        return len(ahead.seqs)
 
     def _draw(
         self, req: Request, scores: torch.Tensor, mask: object
@@ -277,7 +380,8 @@ class Engine:
         if mask is EMPTY:  # cannot happen with a sound grammar; never sample NaN
             self._finish(req, "stop")
             return None
-        return scores, sampling.draw(scores, seq.tokens, seq.params, self.num_ctx, req.generator)
+        history = seq.tokens if sampling.penalized(seq.params) else []
+        return scores, sampling.draw(scores, history, seq.params, self.num_ctx, req.generator)
 
     def _take(self, req: Request, scores: torch.Tensor, token: int) -> None:
         seq = req.seq
@@ -339,28 +443,13 @@ class Engine:
 
     def _matched(self, seq: Sequence, found: Match) -> None:
         """Says in the debug log how much of a prompt the prefix cache held, and where and
-        why the rest differs from what it holds (a history that re-renders to other token
-        ids than were generated costs a re-prefill from that point on)."""
-        if not log.isEnabledFor(logging.DEBUG) or not found.diverged:
-            return
-        at = seq.cached_tokens
-        ours = seq.tokens[at : at + len(found.diverged)]
-        cached_text = self.tokenizer.decode(list(found.diverged))
-        our_text = self.tokenizer.decode(ours)
-        same = cached_text.startswith(our_text) or our_text.startswith(cached_text)
-        why = "the same text tokenised differently" if same else "the history differs"
-        log.debug(
-            "prefix cache: %d of %d prompt tokens reused; at token %d %s (cached %r, now %r)",
-            at,
-            len(seq.prompt_ids),
-            at,
-            why,
-            cached_text,
-            our_text,
-        )
+        why the rest differs from what it holds."""
+        if log.isEnabledFor(logging.DEBUG) and found.diverged:
+            log.debug("prefix cache: %s", divergence(self.tokenizer.decode, seq, found))
 
     def fail_all(self, message: str) -> None:
         """Ends every request with an error (after a failed step) and frees their pages."""
+        self._ahead = None  # what it drew is lost with the step that failed
         for req in list(self.requests.values()):
             self._fail(req, message)
 
@@ -381,4 +470,7 @@ class Engine:
             ),
             "steps": self.steps,
             "decoded": self.decoded,
+            "ahead_steps": self.ahead_steps,
+            "busy_ns": self.busy_ns,
+            "wait_ns": self.wait_ns,
         }

@@ -112,10 +112,13 @@ class DecodeGraphs:
         positions: list[int],
         pages: list[list[int]],
         state_slots: list[int] | None = None,
+        ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [B, V] of one decode step; valid until the next call. `state_slots`: each
-        sequence's recurrent state slot, for models with recurrent layers."""
-        B = len(tokens)
+        sequence's recurrent state slot, for models with recurrent layers. `ids`: the tokens
+        on the device instead (drawn by a step not yet read back; `tokens` is then unread),
+        so nothing here waits for the device."""
+        B = len(positions)
         max_ctx = self._bucket_ctx(max(positions) + 1)
         version = self._version()
         if self.capture and version != self._seen:
@@ -124,7 +127,9 @@ class DecodeGraphs:
         bk = self._buckets.get((B, max_ctx))
         if bk is None:
             bk = self._buckets[(B, max_ctx)] = self._new_bucket(B, max_ctx)
-        self._load(bk, tokens, positions, pages, state_slots or [0] * B)
+        self._load(bk, tokens if ids is None else [0] * B, positions, pages, state_slots or [0] * B)
+        if ids is not None:
+            bk.input_ids.copy_(ids)
         if not self.capture:
             return self._forward(bk)
         if not bk.segments:
@@ -137,12 +142,20 @@ class DecodeGraphs:
                         "keeping them on the host: %s",
                         e,
                     )
-                    return self.run(tokens, positions, pages, state_slots)
+                    return self.run(tokens, positions, pages, state_slots, ids)
                 log.warning("CUDA graph capture failed, decoding without graphs: %s", e)
                 self.capture = False
                 self.reset()
-                return self.run(tokens, positions, pages, state_slots)
+                return self.run(tokens, positions, pages, state_slots, ids)
         return self._replay(bk)
+
+    def uncut(self, batch: int, ctx_len: int) -> bool:
+        """Whether a decode step of this shape runs with no host work inside it: captured as
+        one graph (or not captured at all, where every op is the eager one)."""
+        if not self.capture:
+            return True
+        bk = self._buckets.get((batch, self._bucket_ctx(ctx_len)))
+        return bk is not None and len(bk.segments) == 1 and self._version() == self._seen
 
     def _books_to_host(self) -> bool:
         """Asks the experts ops to keep their books on the host (cut graphs, not none)."""
@@ -187,7 +200,12 @@ class DecodeGraphs:
             host[3 * B + i] = p + 1
             n = min(len(seq_pages), P)
             host[5 * B + i * P : 5 * B + i * P + n] = seq_pages[:n]
-        bk.packed.copy_(torch.from_numpy(host), non_blocking=False)
+        staged = torch.from_numpy(host)
+        if bk.packed.is_cuda:
+            # pinned and queued behind the work before it: a step launched before the last
+            # one's tokens are read must not wait for that step here
+            staged = staged.pin_memory()
+        bk.packed.copy_(staged, non_blocking=True)
 
     def _forward(self, bk: _Bucket) -> torch.Tensor:
         bk.ctx.decode.derive()

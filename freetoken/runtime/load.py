@@ -195,6 +195,7 @@ class ModelLoad:
             prefix_cache,
             state,
             anchoring,
+            overlap=self.cfg.overlap,
         )
         # the vocabulary as bytes, for grammars and logprobs (a few seconds for 150k tokens)
         vocab = Vocab.from_tokenizer(tokenizer.tok, model.args.vocab_size, formats.MARKERS)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from freetoken.runtime.kv_cache import PagePool
 
-__all__ = ["Match", "PrefixCache"]
+__all__ = ["Match", "PrefixCache", "divergence"]
 
 log = logging.getLogger("freetoken.runner")
 
@@ -196,3 +196,18 @@ def _common(a: tuple[int, ...], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def divergence(decode: Callable[[list[int]], str], seq, found: Match) -> str:
+    """How much of the sequence's prompt `found` reused, and where and why the rest differs
+    from what the cache holds (a history that re-renders to other token ids than were
+    generated costs a re-prefill from that point on). `decode`: token ids to text."""
+    at = seq.cached_tokens
+    ours = seq.tokens[at : at + len(found.diverged)]
+    cached_text, our_text = decode(list(found.diverged)), decode(ours)
+    same = cached_text.startswith(our_text) or our_text.startswith(cached_text)
+    why = "the same text tokenised differently" if same else "the history differs"
+    return (
+        f"{at} of {len(seq.prompt_ids)} prompt tokens reused; at token {at} {why} "
+        f"(cached {cached_text!r}, now {our_text!r})"
+    )

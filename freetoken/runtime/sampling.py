@@ -75,15 +75,18 @@ def make_generator(
     return torch.Generator(device=device).manual_seed(params.seed)
 
 
+def penalized(p: SamplingParams) -> bool:
+    """Whether drawing for these parameters reads the sequence's past tokens."""
+    return p.repeat_last_n != 0 and (
+        p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    )
+
+
 def apply_penalties(
     logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx: int
 ) -> torch.Tensor:
     n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
-    if (
-        n == 0
-        or not history
-        or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
-    ):
+    if not history or not penalized(p):
         return logits
     recent = torch.tensor(history[-n:], dtype=torch.long, device=logits.device)
     ids, counts = torch.unique(recent, return_counts=True)

@@ -99,6 +99,10 @@ class Scheduler:
             budget -= n
         return plan
 
+    def reserve(self, seq: Sequence, n: int) -> bool:
+        """Pages for `n` more tokens of a running sequence, preempting none."""
+        return self._reserve(seq, n, [], preempt=False)
+
     def make_room(self, pages: int) -> bool:
         """Whether `pages` pages are free, after evicting what only the prefix cache holds."""
         free = self.kv.pool.num_free

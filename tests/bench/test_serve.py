@@ -122,3 +122,11 @@ def test_the_dense_probe_times_a_settled_answer(monkeypatch):
     args = argparse.Namespace(dense_ms=0.0, probe_dense=True, model="m")
     assert serve.dense_probe(None, args) == 2.5
     assert [policy for _, policy in calls] == ["resident", "resident"] and calls[0][0] < calls[1][0]
+
+
+def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
+    before = {"busy_ns": 1_000_000, "wait_ns": 400_000, "ahead_steps": 2}
+    after = {"busy_ns": 51_000_000, "wait_ns": 30_400_000, "ahead_steps": 32}
+    # (50 − 30) ms of the engine thread's own work over 40 steps; 30 of them ran ahead
+    assert serve.engine_window(before, after, 40) == {"host_ms": 0.5, "ahead": 0.75}
+    assert serve.engine_window({}, {}, 40) == {}  # a server that does not report them

@@ -46,6 +46,7 @@ def make_engine(
     prefix_cache: bool = False,
     anchor_ids: frozenset[int] = frozenset(),
     dtype: str = "auto",
+    overlap: bool = False,
 ) -> Engine:
     """anchor_ids: with the prefix cache, a hybrid model's boundary tokens (its recurrent
     state is kept after them, at prompt ends and at sequence ends)."""
@@ -81,6 +82,7 @@ def make_engine(
         prefix_cache,
         state,
         Anchoring(AnchorStore(1 << 30), state, anchor_ids) if prefix_cache and state else None,
+        overlap=overlap,
     )
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from freetoken.runtime.kv_cache import KVCache, PagePool
-from freetoken.runtime.prefix_cache import PrefixCache
+from freetoken.runtime.prefix_cache import Match, PrefixCache, divergence
 from freetoken.runtime.sampling import SamplingParams
 from freetoken.runtime.scheduler import Scheduler
 from freetoken.runtime.sequence import Sequence
@@ -43,6 +43,19 @@ def test_a_prefix_is_found_page_by_page_then_in_part():
     assert copies == [(held[2], pages[2], 1)] and pages[2] not in held[:3]
     assert found.diverged == tuple(tokens[9:12])
     assert [pool.refs[p] for p in held[:3]] == [2, 2, 1]
+
+
+def test_a_divergence_says_where_and_why():
+    found = Match([], None, None, (3, 4))
+    seq = Sequence([1, 2, 9, 9], SamplingParams(), 1, frozenset())
+    seq.cached_tokens = 2
+    text = {1: "a", 2: "b", 3: "c", 4: "d", 9: "x", 34: "cd"}
+    decode = lambda ids: "".join(text[i] for i in ids)  # noqa: E731
+    assert divergence(decode, seq, found) == (
+        "2 of 4 prompt tokens reused; at token 2 the history differs (cached 'cd', now 'xx')"
+    )
+    seq.prompt_ids = [1, 2, 34]  # "cd" as one token: the same text, other ids
+    assert "the same text tokenised differently" in divergence(decode, seq, found)
 
 
 def test_the_last_token_is_never_taken_from_the_cache():
