@@ -257,30 +257,34 @@ class Engine:
     ) -> None:
         """Draws the step's tokens; with `ahead`, launches the next step before reading
         them where it can."""
-        logits = masks.apply(logits)  # fp32, each constrained row's mask applied
-        row, drawn = 0, []
+        rows = []
         for seq, n in plan:
             seq.num_cached += n
             self.scheduler.cache_pages(seq)
             if self.anchoring is not None:
                 self.anchoring.after_step(seq)
-            if seq.num_cached < seq.num_tokens:
-                continue  # prefill chunk that did not reach the end of the prompt
-            req = self.requests[seq.id]
-            scores, mask = logits[row], masks.state[row]
-            row += 1
-            try:
-                # what fails here is this sequence's own (its parameters, its grammar): it
-                # ends with the error, the batch goes on
-                if (drew := self._draw(req, scores, mask)) is not None:
-                    drawn.append((req, *drew))
-            except Exception as e:
-                self._fail_one(req, e)
+            if seq.num_cached == seq.num_tokens:  # else a prefill chunk short of the prompt's end
+                rows.append(self.requests[seq.id])
+        drawn = self._draw_rows(rows, masks.apply(logits), masks)
         readback = Readback([t for *_, t in drawn], self._sleeps)
         if ahead and len(drawn) == len(plan):
             self._ahead = self._chain([r.seq for r, *_ in drawn], [t for *_, t in drawn])
         tokens = self._read(readback)
         self._take_all(drawn, tokens, time.perf_counter_ns() if ahead else t1)
+
+    def _draw_rows(self, reqs: list[Request], scores: torch.Tensor, masks: StepMasks) -> list:
+        """(request, its scores, its token on the device) of each row that drew; `scores`:
+        fp32 [rows, V], each constrained row's mask applied."""
+        drawn = []
+        for row, req in enumerate(reqs):
+            try:
+                # what fails here is this sequence's own (its parameters, its grammar): it
+                # ends with the error, the batch goes on
+                if (drew := self._draw(req, scores[row], masks.state[row])) is not None:
+                    drawn.append((req, *drew))
+            except Exception as e:
+                self._fail_one(req, e)
+        return drawn
 
     def _take_all(self, drawn: list, tokens: list[int], t1: int) -> None:
         """Accepts each row's token; `t1`: when the step's logits were known."""
@@ -318,7 +322,8 @@ class Engine:
 
     def _chain(self, seqs: list[Sequence], drawn: list[torch.Tensor]) -> Ahead | None:
         """Launches the next decode step of `seqs`, fed the tokens just drawn on the device
-        (`drawn`, not yet read), and draws its tokens; None where it cannot run ahead."""
+        (`drawn`, not yet read); None where it cannot run ahead. Its tokens are drawn when it
+        lands, once the host has taken these (their masks and penalties follow them)."""
         B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
         with self._lock:
             queued = bool(self._inbox)  # a call waits for no step in flight; a request too
@@ -340,32 +345,30 @@ class Engine:
                 [seq.pages for seq in seqs],
                 ids=torch.stack(drawn),
             )
-            scores = logits.float()
-            rows = [scores[i] for i in range(B)]
-            tokens = [
-                sampling.draw(row, [], seq.params, self.num_ctx, self.requests[seq.id].generator)
-                for row, seq in zip(rows, seqs)
-            ]
         self.ahead_steps += 1
-        return Ahead(seqs, tokens, rows, Readback(tokens, self._sleeps))
+        return Ahead(seqs, logits)
 
     def _land(self, ahead: Ahead) -> int:
-        """Reads the step launched ahead (launching the one after it first, where it can)
-        and takes its tokens; what a sequence that ended meanwhile drew is dropped."""
+        """Draws and reads the step launched ahead (launching the one after it first, where
+        it can) and takes its tokens; the rows of sequences that ended meanwhile are dropped."""
         self._ahead = None
-        live = [seq for seq in ahead.seqs if seq.id in self.requests]
-        for seq in live:
-            seq.num_cached += 1
-            self.scheduler.cache_pages(seq)
-        if len(live) == len(ahead.seqs):
-            self._ahead = self._chain(live, ahead.drawn)
-        tokens = self._read(ahead.readback)
-        t1 = time.perf_counter_ns()
-        rows = zip(ahead.seqs, ahead.scores, tokens)
-        kept = [(self.requests[s.id], sc, t) for s, sc, t in rows if s.id in self.requests]
-        self._take_all([(req, sc, None) for req, sc, _ in kept], [t for *_, t in kept], t1)
+        kept = [i for i, seq in enumerate(ahead.seqs) if seq.id in self.requests]
+        reqs = [self.requests[ahead.seqs[i].id] for i in kept]
+        for req in reqs:
+            req.seq.num_cached += 1
+            self.scheduler.cache_pages(req.seq)
+        masks = self.masker.start([req.seq.constraint for req in reqs]).wait()
+        with torch.inference_mode():
+            # the rows' own copy: the step launched next writes the graph's logits again
+            scores = masks.apply(ahead.logits[torch.tensor(kept, device=ahead.logits.device)])
+            drawn = self._draw_rows(reqs, scores, masks)
+        readback = Readback([t for *_, t in drawn], self._sleeps)
+        if len(drawn) == len(ahead.seqs):
+            self._ahead = self._chain([r.seq for r, *_ in drawn], [t for *_, t in drawn])
+        tokens = self._read(readback)
+        self._take_all(drawn, tokens, time.perf_counter_ns())
         self.steps += 1
-        self.decoded += len(ahead.seqs)
+        self.decoded += len(reqs)
         return len(ahead.seqs)
 
     def _draw(

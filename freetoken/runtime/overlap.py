@@ -1,26 +1,25 @@
 """Decode steps launched one ahead: the host's work on a step's tokens overlaps the next step.
 
 At batch one a served decode step is a captured graph of a few milliseconds, and after it
-the engine thread detokenizes, matches stops, streams the text and plans the next step,
-all while the GPU waits. When the next step is known before the tokens are read (the same
-sequences, one token each, the token it feeds still on the device), the engine launches it
-first and reads the tokens after: the GPU runs step k+1 while the host finishes step k.
+the engine thread reads the tokens back, detokenizes, matches stops, streams the text and
+plans the next step, all while the GPU would wait. The next step's forward pass needs only
+the tokens it feeds, which are on the device as soon as they are drawn: when the next step
+is the same sequences, one token each, the engine launches its forward pass first and reads
+the tokens after, so the GPU runs step k+1 while the host takes step k's tokens.
 
-What makes a sequence safe to run ahead is that nothing its next step needs comes from the
-host's reading of this one: no grammar mask (computed from the accepted token), no penalty
-over its history, no logprobs (read from scores the next step overwrites), no recurrent
-state (a step run past the sequence's end would move it on), and room left for one more
-token. A sequence that ends while its next step is in flight loses only that step's token.
+Step k+1's own tokens are drawn when it lands, after the host has taken step k's: a
+grammar's mask and a penalty over the history follow the token just taken, and the mask is
+computed while the forward pass runs. Only a sequence with recurrent state never runs ahead
+(a step run past its end would move its state on), nor one with no room for another token.
+A sequence that ends while a step is ahead loses that step's row, nothing else.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from freetoken.runtime import sampling
 from freetoken.runtime.sequence import Sequence
 
 __all__ = ["Ahead", "Readback", "runs_ahead"]
@@ -56,24 +55,19 @@ class Readback:
 
 @dataclass(eq=False)
 class Ahead:
-    """A decode step launched before the last one's tokens were read: its sequences (in
-    order), each row's scores and drawn token on the device, and their readback."""
+    """A decode step's forward pass launched before the last step's tokens were read: its
+    sequences, in order, and the graph's logits they will draw from (valid until the next
+    step is launched)."""
 
     seqs: list[Sequence]
-    drawn: list[torch.Tensor]
-    scores: list[torch.Tensor]
-    readback: Readback
-    t0: int = field(default_factory=time.perf_counter_ns)
+    logits: torch.Tensor
 
 
 def runs_ahead(seq: Sequence, num_ctx: int, taking: int = 1) -> bool:
     """Whether the sequence's next decode step may launch before the host reads its tokens;
     `taking`: tokens it will have accepted by then, beyond those it holds now."""
     return (
-        seq.constraint is None
-        and seq.top_logprobs is None
-        and seq.state_slot is None
-        and not sampling.penalized(seq.params)
+        seq.state_slot is None
         and len(seq.output_ids) + taking < seq.max_new_tokens
         and seq.num_tokens + taking < num_ctx
     )

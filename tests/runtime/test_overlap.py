@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from freetoken.runtime.sampling import SamplingParams
@@ -131,26 +133,55 @@ def test_calls_between_steps_wait_for_no_step_in_flight(engines):
     assert seen == [None]
 
 
+class _Allowed:
+    """A constraint allowing a fixed set of token ids (the masks' forced-token path), that
+    is finished after `n` tokens."""
+
+    def __init__(self, size: int, allowed: tuple[int, ...], n: int):
+        self.vocab = SimpleNamespace(size=size)
+        self.allowed, self.n, self.taken = allowed, n, []
+
+    @property
+    def finished(self) -> bool:
+        return len(self.taken) >= self.n
+
+    def plan(self):
+        return self.allowed
+
+    def advance(self, token: int) -> None:
+        self.taken.append(token)
+
+
 @pytest.mark.parametrize(
     "params, extra",
     [
-        (SamplingParams(temperature=0.0, repeat_penalty=1.2), {}),
+        (SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=8), {}),
+        (SamplingParams(temperature=1.0, frequency_penalty=0.5, seed=3), {}),
         (SamplingParams(temperature=0.0), {"top_logprobs": 2}),
+        (SamplingParams(temperature=1.0, seed=9), {"constraint": (tuple(range(3, 200, 7)), 7)}),
     ],
+    ids=["repeat penalty", "frequency penalty", "logprobs", "mask"],
 )
-def test_sequences_that_read_their_history_never_run_ahead(engines, params, extra):
+def test_sequences_that_read_their_history_run_ahead_alike(engines, params, extra):
+    """Their tokens are drawn once the last step's are taken: the penalty, the logprobs and
+    the mask of the token after are the waiting engine's."""
     waiting, ahead = engines
     before = ahead.ahead_steps
     outs = []
     for engine in engines:
-        seqs = _seqs(PROMPTS[:2], 6, params)
+        seqs = _seqs(PROMPTS[:2], 10, params)
         for s in seqs:
-            for k, v in extra.items():
-                setattr(s, k, v)
+            if "top_logprobs" in extra:
+                s.top_logprobs = extra["top_logprobs"]
+            if "constraint" in extra:
+                s.constraint = _Allowed(engine.vocab_size, *extra["constraint"])
         _run(engine, seqs)
-        outs.append([(s.output_ids, [t for t, *_ in s.logprobs]) for s in seqs])
+        outs.append([(s.output_ids, s.logprobs, s.finish_reason) for s in seqs])
     assert outs[0] == outs[1]
-    assert ahead.ahead_steps == before
+    assert ahead.ahead_steps > before
+    if "constraint" in extra:
+        allowed, n = extra["constraint"]
+        assert all(len(o) == n and set(o) <= set(allowed) for o, *_ in outs[1])
 
 
 @pytest.mark.gpu
