@@ -43,8 +43,20 @@ if [ -z "$torch" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then torch=cuda
   else torch=cpu; fi
 fi
+# pip retries an index it cannot reach for every package it looks up (minutes, on a machine
+# that sees only PyPI or a mirror): ask once, quickly, and use pip's own index where it fails
+reachable() {
+  "$python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$1" \
+    >/dev/null 2>&1
+}
 case $torch in
-  cpu) torch_source=(--extra-index-url "$cpu_index"); say "no GPU found: torch $torch_version, CPU build" ;;
+  cpu)
+    say "no GPU found: torch $torch_version, CPU build"
+    if reachable "$cpu_index/torch/"; then torch_source=(--extra-index-url "$cpu_index")
+    else
+      torch_source=()
+      say "PyTorch's CPU index does not answer: torch from pip's own index (on Linux, PyPI's is the CUDA build)"
+    fi ;;
   cuda) torch_source=(); say "GPU found: torch $torch_version, CUDA build" ;;
   *) echo "install.sh: --torch is cpu or cuda, not $torch" >&2; exit 2 ;;
 esac

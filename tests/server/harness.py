@@ -66,8 +66,22 @@ def make_config(models: Path, **env: str) -> Any:
     return config.load({"FREETOKEN_MODELS": str(models), "FREETOKEN_DEVICE": "cpu", **env})
 
 
+_FTW: dict[Path, Path] = {}
+
+
+def ftw_of(src: Path) -> Path:
+    """`src` converted to FTW, once per session. A create from an FTW directory links its
+    files where one from a Hugging Face directory runs the converter (2 s a model, three
+    models a test server); the create tests exercise that conversion themselves."""
+    if src not in _FTW:
+        from freetoken.ftw.convert import convert
+
+        _FTW[src] = convert(src, src.parent / f"{src.name}-ftw")
+    return _FTW[src]
+
+
 def add_model(store: Store, name: str, endless: bool = False, **fields: Any) -> None:
-    src = endless_model_dir() if endless else tiny_model_dir()
+    src = ftw_of(endless_model_dir() if endless else tiny_model_dir())
     plan = store.plan_create(CreateSpec(name=name, from_=str(src), **fields))
     for _ in plan.run():
         pass
