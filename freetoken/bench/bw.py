@@ -18,6 +18,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -206,11 +208,30 @@ def concurrent(banks: Banks, seconds: float) -> tuple[float, float]:
 FORMAT_GIB = 2.0
 
 
-def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: float) -> dict:
+def at_threads(threads: list[int], measure: Callable[[], float]) -> dict[int, float]:
+    """`measure()` with torch's thread pool (the kernel's) at each count. A kernel bound by
+    DRAM stops gaining threads well before the core count; one still gaining at every core
+    is bound by its own instructions."""
+    before = torch.get_num_threads()
+    out = {}
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            measure()  # the pool grows to n and the banks' pages are warm in the TLB
+            out[n] = measure()
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def measure_formats(
+    formats: list[str], seconds: float, gib: float, bf16_gbps: float, threads: list[int] = ()
+) -> dict:
     """The CPU kernel on banks of each block format (as large as the BF16 ones, up to
     FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
     (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
-    `exact_gbps` with the fp32 activations of an fp32 model."""
+    `exact_gbps` with the fp32 activations of an fp32 model; `by_threads` at each of
+    `threads`."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
@@ -226,12 +247,18 @@ def measure_formats(formats: list[str], seconds: float, gib: float, bf16_gbps: f
             "experts_per_s": rate,
             "vs_bf16": rate / bf16_rate,
             "exact_gbps": exact,
+            "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
         }
         del banks
     return out
 
 
-def run(seconds: float = 3.0, gib: float = 8.0, formats: list[str] | None = None) -> dict:
+def run(
+    seconds: float = 3.0,
+    gib: float = 8.0,
+    formats: list[str] | None = None,
+    threads: list[int] = (),
+) -> dict:
     cuda = torch.cuda.is_available()
     layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
     banks = Banks(layers, pin=cuda)
@@ -243,6 +270,7 @@ def run(seconds: float = 3.0, gib: float = 8.0, formats: list[str] | None = None
         "torch_cpu_expert_gbps": measure_torch_cpu(banks, seconds / 2),
         "dram_read_gbps": measure_dram(seconds / 2),
         "bank_gib": layers * E * banks.expert_bytes / 2**30,
+        "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
     }
     if cpu_kernel.extension() is not None:
         result["lane"] = measure_lanes(banks, seconds / 2)
@@ -251,7 +279,7 @@ def run(seconds: float = 3.0, gib: float = 8.0, formats: list[str] | None = None
         result["pcie_gbps"] = measure_pcie(banks, seconds)
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
     del banks
-    per_format = measure_formats(formats or [], seconds, gib, result["cpu_expert_gbps"])
+    per_format = measure_formats(formats or [], seconds, gib, result["cpu_expert_gbps"], threads)
     result["formats"] = per_format
     # the profile's B_H per format: runners of a packed model start their split from it
     result |= {f"cpu_expert_gbps_{fmt}": r["gbps"] for fmt, r in per_format.items()}
@@ -269,14 +297,25 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(quant.FORMATS),
         help="block formats whose CPU kernel to measure against BF16 (comma-separated; '' none)",
     )
+    ap.add_argument(
+        "--threads",
+        default="",
+        help="thread counts to measure each kernel at besides the default (comma-separated)",
+    )
     args = ap.parse_args(argv)
     from freetoken import config
 
+    try:
+        threads = [int(n) for n in args.threads.split(",") if n]
+    except ValueError:
+        ap.error(f"--threads takes whole numbers, not {args.threads!r}")
+    if any(n < 1 for n in threads):
+        ap.error("--threads counts are at least 1")
     formats = [f for f in args.formats.split(",") if f]
     for fmt in formats:
         if fmt not in quant.FORMATS:
             ap.error(f"unknown format {fmt!r} (one of {', '.join(quant.FORMATS)})")
-    r = run(args.seconds, args.gib, formats)
+    r = run(args.seconds, args.gib, formats, threads)
     head = common.header("bw")
     if not args.no_save:
         r["profile"] = str(profile.save(config.current().cache_dir, {**r, "date": head["date"]}))
@@ -323,6 +362,24 @@ def table_rows(r: dict) -> list[dict]:
         }
         for fmt, f in r["formats"].items()
     ]
+    return rows + thread_rows(r)
+
+
+def thread_rows(r: dict) -> list[dict]:
+    """Each kernel at each thread count, against DRAM read and against its own one-thread
+    figure (linear scaling would be the count itself)."""
+    kernels = [("BF16", r["by_threads"])]
+    kernels += [(fmt, f["by_threads"]) for fmt, f in r["formats"].items()]
+    rows = []
+    for name, by in kernels:
+        one = by.get(1)
+        for n, gbps in by.items():
+            note = f"{gbps / r['dram_read_gbps']:.0%} of DRAM read"
+            if one:
+                note += f", {gbps / one:.1f}x one thread's"
+            rows.append(
+                {"path": f"CPU expert kernel, {name}, {n} threads", "gbps": gbps, "note": note}
+            )
     return rows
 
 

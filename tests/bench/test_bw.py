@@ -4,6 +4,7 @@ its packed banks, and the profile gains a B_H per format that runners use."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from freetoken import quant
 from freetoken.bench import bw
@@ -44,3 +45,37 @@ def test_the_lane_is_timed_beside_the_kernel_called_directly(monkeypatch):
     assert r["cores"] == len(cpu_kernel.physical_cpus()) >= r["lane_threads"] >= 1
     rows = bw.lane_rows(r, 1.0)
     assert len(rows) == 6 and all(row["gbps"] > 0 and "x" in row["note"] for row in rows)
+
+
+def test_a_thread_sweep_measures_every_kernel_at_every_count(monkeypatch):
+    """`--threads 1,2`: BF16 and each format at both counts, with rows against DRAM and
+    against one thread; torch's own thread count is put back."""
+    monkeypatch.setattr(bw, "E", 8)
+    monkeypatch.setattr(bw, "H", 256)
+    monkeypatch.setattr(bw, "I", 256)
+    monkeypatch.setattr(bw, "measure_dram", lambda seconds: 10.0)
+    before = torch.get_num_threads()
+    r = bw.run(0.05, 0.001, ["q4_k", "q8_0"], threads=[1, 2])
+    assert torch.get_num_threads() == before
+    for by in (
+        r["by_threads"],
+        r["formats"]["q4_k"]["by_threads"],
+        r["formats"]["q8_0"]["by_threads"],
+    ):
+        assert sorted(by) == [1, 2] and all(g > 0 for g in by.values())
+    rows = bw.thread_rows(r)
+    assert [row["path"] for row in rows] == [
+        f"CPU expert kernel, {k}, {n} threads" for k in ("BF16", "q4_k", "q8_0") for n in (1, 2)
+    ]
+    one = rows[0]["gbps"]
+    assert (
+        rows[1]["note"]
+        == f"{rows[1]['gbps'] / 10:.0%} of DRAM read, {rows[1]['gbps'] / one:.1f}x one thread's"
+    )
+
+
+def test_thread_counts_are_checked(capsys):
+    for bad in ("0", "two"):
+        with pytest.raises(SystemExit):
+            bw.main(["--threads", bad, "--no-save"])
+        assert "--threads" in capsys.readouterr().err
