@@ -87,7 +87,7 @@ def from_source(path: Path) -> ModelFacts:
     """A Hugging Face directory or a GGUF file, as `create` would convert it."""
     if path.is_file():
         return _from_gguf(path)
-    config = json.loads((path / "config.json").read_text())
+    config = hub.read_config({p.name: p for p in path.iterdir()})
     info = archs.model_info(config)
     shape = _shape(path.name, config, info)
     source = sum(p.stat().st_size for p in path.glob("*.safetensors"))

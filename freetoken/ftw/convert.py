@@ -25,6 +25,7 @@ from freetoken.ftw import DEFAULT_SHARD_LIMIT, INDEX, FtwError, round_up
 from freetoken.ftw.quantize import BankQuantizer
 from freetoken.ftw.reader import require_host_memory
 from freetoken.ftw.writer import Writer
+from freetoken.models import hub
 from freetoken.weights import safetensors_dir
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def convert_hf(
     """Writes FTW; returns its directory and each file's digest."""
     if "config.json" not in files:
         raise FtwError("the source has no config.json")
-    config = json.loads(Path(files["config.json"]).read_text())
+    config = hub.read_config(files)
     cls = models.load_class(config)
     sources = safetensors_dir.safetensors_files(files)
     total = sum(p.stat().st_size for p in sources)

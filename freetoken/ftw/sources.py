@@ -14,6 +14,7 @@ import torch
 
 from freetoken import ftw, models
 from freetoken.ftw import reader as ftw_reader
+from freetoken.models import hub
 from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.weights import ModelWeights, WeightsError, gguf_file, safetensors_dir
 
@@ -111,7 +112,7 @@ def load_banks(
     """Rows [lo, hi) of every expert bank, their dtype, what the experts compute and the
     packed banks' formats, without the dense weights (a rank that serves only experts,
     freetoken.dist)."""
-    config = json.loads(Path(files["config.json"]).read_text())
+    config = hub.read_config(files)
     device = pick_device(device_setting)
     dtype = pick_dtype(dtype_setting, config, device, is_quantized(files, config))
     cls = models.load_class(config)

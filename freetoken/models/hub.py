@@ -3,16 +3,21 @@ metadata `show` prints. Torch-free, for the server and the model files alike."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "QUANT_FILE",
     "first",
     "num_experts",
+    "read_config",
     "rope_parameters",
     "rope_theta",
     "standard_info",
     "text_config",
+    "with_quant_file",
 ]
 
 
@@ -83,3 +88,30 @@ def standard_info(gguf_arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
             first(config, "moe_intermediate_size", default=0)
         )
     return info
+
+
+# NVIDIA's ModelOpt exports may declare their quantization only in this file (its
+# "quantization" section: quant_algo, group_size, exclude_modules), leaving config.json
+# without a `quantization_config`. `read_config` folds it in as the quantization_config newer
+# exports write, so one reading decides what a checkpoint is: the converter, create's file
+# type, doctor's estimate and the loader agree.
+QUANT_FILE = "hf_quant_config.json"
+
+
+def with_quant_file(config: dict[str, Any], quant_file: Any) -> dict[str, Any]:
+    """`config` with `quant_file`'s quantization as its quantization_config, where config.json
+    names none (config.json's own, where present, is the checkpoint's word)."""
+    if config.get("quantization_config") or not isinstance(quant_file, dict):
+        return config
+    q = quant_file.get("quantization", quant_file)  # some exports put the fields at the top
+    if not isinstance(q, dict) or not q.get("quant_algo"):
+        return config
+    return {**config, "quantization_config": {"quant_method": "modelopt", **q}}
+
+
+def read_config(files: Mapping[str, Path]) -> dict[str, Any]:
+    """config.json of a model's files (name -> path), with hf_quant_config.json folded in."""
+    config = json.loads(Path(files["config.json"]).read_text())
+    if QUANT_FILE in files:
+        config = with_quant_file(config, json.loads(Path(files[QUANT_FILE]).read_text()))
+    return config

@@ -20,6 +20,7 @@ from freetoken import models
 from freetoken.ftw import reader as ftw_reader
 from freetoken.ftw.sources import gguf_path, is_quantized, pick_device, pick_dtype, read_weights
 from freetoken.layers.computed import reset_buffers
+from freetoken.models import hub
 from freetoken.moe import setup
 from freetoken.moe.setup import Placement
 from freetoken.weights import WeightsError
@@ -116,7 +117,7 @@ def load(
     each with `experts`) stay in host memory for `place_experts`."""
     if "config.json" not in files:
         raise WeightsError("the model has no config.json")
-    config = json.loads(Path(files["config.json"]).read_text())
+    config = hub.read_config(files)
     cls = models.load_class(config)
     device = pick_device(device_setting)
     dtype = pick_dtype(dtype_setting, config, device, is_quantized(files, config))

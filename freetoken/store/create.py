@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from freetoken import models as archs
 from freetoken import options as opts
 from freetoken import quant
+from freetoken.models import hub
 from freetoken.store import convert
 from freetoken.store import manifest as mf
 from freetoken.store.ftwcheck import FTWInvalid, check_ftw
@@ -212,6 +213,8 @@ def _check_files(
     config = read_json("config.json")
     if not isinstance(config, dict):
         raise CreateError(f"{where}: config.json is not a JSON object")
+    if hub.QUANT_FILE in names:
+        config = hub.with_quant_file(config, read_json(hub.QUANT_FILE))
     index = read_json(FTW_INDEX) if FTW_INDEX in names else None
     if index is not None:
         try:

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from freetoken import quant
+from freetoken.models import hub
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
 from freetoken.quant import QuantError, pack
@@ -91,7 +92,7 @@ class Checkpoint:
     """
 
     def __init__(self, files: dict[str, Path], model_cls: type, dtype: torch.dtype | None = None):
-        self.config = json.loads(Path(files["config.json"]).read_text())
+        self.config = hub.read_config(files)
         self.method = quant_method(self.config)
         self.experts = num_experts(self.config)
         self.dtype = dtype

@@ -187,3 +187,22 @@ def test_modelopt_other_than_nvfp4_is_refused(nvfp4_model, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(WeightsError, match="ModelOpt FP8 checkpoints are not supported"):
         convert(bad, tmp_path / "ftw")
+
+
+def test_nvfp4_declared_only_in_hf_quant_config_converts_alike(nvfp4_model, tmp_path):
+    """A ModelOpt export whose config.json names no quantization and whose
+    hf_quant_config.json does: converted as the same NVFP4 checkpoint, to the same logits."""
+    src, path, hf = nvfp4_model
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in path.iterdir():
+        (bare / f.name).write_bytes(f.read_bytes())
+    config = json.loads((path / "config.json").read_text())
+    q = config.pop("quantization_config")
+    (bare / "config.json").write_text(json.dumps(config))
+    quant_file = {"producer": {"name": "modelopt"}, "quantization": {**q, "exclude_modules": []}}
+    (bare / "hf_quant_config.json").write_text(json.dumps(quant_file))
+    _stays_packed((src, bare, hf), tmp_path, "nvfp4", ("_scale", "_scale_2"))
+    (bare / "hf_quant_config.json").unlink()  # without it the packed tensors are unexplained
+    with pytest.raises(WeightsError):
+        convert(bare, tmp_path / "again")
