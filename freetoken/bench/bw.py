@@ -287,7 +287,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="freetoken bench bw", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="freetoken bench bw", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--gib", type=float, default=8.0, help="host bank size to read from")
     ap.add_argument("--json", action="store_true")

@@ -28,7 +28,9 @@ from freetoken.moe.policy import POLICIES
 
 
 def _arguments() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="freetoken bench decode", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="freetoken bench decode", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
     ap.add_argument(
         "--layers", type=int, default=0, help="the shape cut to this many layers (as bench serve)"

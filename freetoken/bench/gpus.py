@@ -200,7 +200,7 @@ def run_config(
 
 
 def parse(argv: list[str] | None):
-    ap = argparse.ArgumentParser(prog="freetoken bench gpus", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="freetoken bench gpus", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(synthmodel.SHAPES))
     ap.add_argument(
         "--gpus", type=int, default=0, help="GPUs to spread over (default: every visible one)"

@@ -135,7 +135,7 @@ SHAPES = {"tiny": ({}, "float32"), "a3b": (A3B, "bfloat16")}
 
 def _arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="freetoken bench grammar", description=__doc__.splitlines()[0]
+        prog="freetoken bench grammar", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--vocab", type=int, default=151_643, help="byte-level tokens")
     ap.add_argument("--tokens", type=int, default=128, help="decoded per mode and repeat")

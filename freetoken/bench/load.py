@@ -150,7 +150,7 @@ def merge(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="freetoken bench load", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="freetoken bench load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, default=None, help="where the synthetic FTW lives")
     ap.add_argument("--gib", type=float, default=16.0)
     ap.add_argument("--workers", type=int, default=8)

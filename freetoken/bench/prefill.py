@@ -43,7 +43,7 @@ def prefill_seconds(bench: Bench, length: int, chunk: int, seed: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
-        prog="freetoken bench prefill", description=__doc__.splitlines()[0]
+        prog="freetoken bench prefill", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--cap", type=float, default=SLOTS_CAP_GIB, help="VRAM budget in GiB")

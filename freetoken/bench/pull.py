@@ -121,7 +121,7 @@ def raw_copy(url: str, size: int, streams: int, out: Path | None) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="freetoken bench pull", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="freetoken bench pull", description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument(

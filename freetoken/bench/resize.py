@@ -64,7 +64,9 @@ def run(bench: Bench, steps: int, shrink_at: int, grow_at: int, mode: str) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="freetoken bench resize", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="freetoken bench resize", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--model", default="qwen3-30b-a3b")
     ap.add_argument("--cap", type=float, default=24.0, help="VRAM budget in GiB")
     ap.add_argument("--routing", default="trace", choices=routing.MODES)

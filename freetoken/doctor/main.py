@@ -61,7 +61,7 @@ def model_facts(name: str, cfg: Any) -> tuple[models.ModelFacts, int]:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="freetoken doctor", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="freetoken doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="?", help="a model in the store, a HF directory or a .gguf")
     p.add_argument(
         "--build", action="store_true", help="build the CPU expert kernel now (install does)"
