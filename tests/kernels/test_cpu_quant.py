@@ -129,7 +129,7 @@ def test_clamped_silu_on_packed_banks(fmt):
 # ---- int8 activations (quant_act.cpp, quant_vnni.cpp): BF16 models' packed banks ----------
 
 # formats without an int8 kernel: a BF16 model's banks in them keep exact activations
-EXACT_ONLY = ("fp8_e4m3", "nvfp4")
+EXACT_ONLY = ("fp8_e4m3",)
 INT8_FORMATS = [f for f in FORMATS if f not in EXACT_ONLY]
 # A dot product's relative error from 8-bit activations with a scale per 32: each code is off
 # by at most half its block's step (max|x| / 254), about 0.5% of a Gaussian vector's norm. An
@@ -158,6 +158,19 @@ def test_formats_without_an_int8_kernel_say_so(fmt):
     if ext is None:
         pytest.skip("no C++ kernel")
     assert not ext.has_int8_kernel(quant.get(fmt).code)
+
+
+def test_nvfp4_int8_kernel_takes_every_scale_code():
+    """The int8 kernel converts the e4m3 group scales itself (through fp16's fields): every
+    code, subnormal and negative ones too, on activations int8 holds exactly."""
+    if not _int8_kernel("nvfp4"):
+        pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
+    g = torch.Generator().manual_seed(5)
+    rows = experts.random_nvfp4((17, 512), g)
+    x = _representable(512, g)
+    ref = reference.dequantize(rows, "nvfp4").double() @ x.double()
+    out = cpu.extension().quant_matvec(rows, x, quant.get("nvfp4").code, -1, True)
+    assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
 
 
 @pytest.mark.parametrize("fmt", INT8_FORMATS)

@@ -22,7 +22,9 @@
 // nibbles holds sub-blocks 2c and 2c + 2 in its low nibbles); Q4_0 and MXFP4 keep each four
 // blocks as their first 16 activations then their last 16 (four blocks' 16-byte nibble runs
 // side by side), lone blocks at a row's end in natural order, and their corr lanes summed
-// over both halves (the kernel accumulates both into one lane); Q8_0 and Q6_K are natural.
+// over both halves (the kernel accumulates both into one lane); NVFP4 keeps each 128 in the
+// same order (its 16-weight groups 0, 2, 4, 6 then 1, 3, 5, 7), its corr lanes apart (each
+// group has its own scale); Q8_0 and Q6_K are natural.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -32,7 +34,7 @@ namespace {
 
 #define ACT __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
-enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6 };
+enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6, NVFP4 = 8 };
 
 inline int64_t up64(int64_t n) { return (n + 63) / 64 * 64; }
 
@@ -43,6 +45,7 @@ int bias_of(int fmt) {
     case Q4_0: return 8;
     case Q6_K: return 32;
     case MXFP4: return 12;
+    case NVFP4: return 12;
     default: return 0;
   }
 }
@@ -53,7 +56,7 @@ void place(int fmt, int64_t k, int64_t nb, int64_t* first, int64_t* second) {
     static const int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // position of each sub-block
     *first = 256 * (k / 8) + 32 * kOrder[k % 8];
     *second = *first + 16;
-  } else if ((fmt == Q4_0 || fmt == MXFP4) && k < nb / 4 * 4) {
+  } else if ((fmt == Q4_0 || fmt == MXFP4 || fmt == NVFP4) && k < nb / 4 * 4) {
     *first = 128 * (k / 4) + 16 * (k % 4);
     *second = *first + 64;
   } else {

@@ -4,7 +4,7 @@
 // is a few instructions to unpack the codes, one vpdpbusd, one conversion and one FMA, where the
 // fp32 kernels (quant_avx512.cpp) widen every 16 codes to fp32 lanes.
 //
-// Weights stored with a bias (Q4_0's q - 8, Q6_K's q - 32) or signed (Q8_0, MXFP4, made unsigned
+// Weights stored with a bias (Q4_0's q - 8, Q6_K's q - 32) or signed (Q8_0, MXFP4, NVFP4, made unsigned
 // by adding one) multiply as unsigned codes; each lane starts from the activations' `corr`,
 // which takes the bias back out. Q4_K's and Q5_K's mins, -dmin·m·Σx per sub-block, come from
 // the sums `xs` of the quantized activations.
@@ -23,7 +23,7 @@ namespace {
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 
-enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6 };
+enum Fmt { Q8_0 = 1, Q4_0 = 2, Q4_K = 3, Q5_K = 4, Q6_K = 5, MXFP4 = 6, NVFP4 = 8 };
 
 inline int64_t up64(int64_t n) { return (n + 63) / 64 * 64; }
 
@@ -275,6 +275,46 @@ VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a) {
   return _mm512_add_ps(acc, _mm512_zextps256_ps512(tail));
 }
 
+// ---- NVFP4 ------------------------------------------------------------------------------------
+
+// 8 e4m3 codes at p as fp32: sign, exponent and mantissa moved into fp16's fields, which reads
+// every code (subnormal ones too) as its value times 2^-8, exactly; fp16 subnormals convert
+// without the microcode assist fp32 ones take.
+VNNI inline __m256 e4m3x8(const uint8_t* p) {
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+}
+
+// Block of 128: the fp32 tensor scale, 8 e4m3 scales (one per 16 weights), then 64 bytes of
+// e2m1 codes, weight 2i in the low nibble of byte i. Each 128-bit lane's low and high nibbles
+// interleaved (unpacklo, unpackhi) are 16 weights in order: 16-weight groups 0, 2, 4, 6 in
+// one register and 1, 3, 5, 7 in the other, as the activations are prepared. Codes become
+// 2·value + 12 by MXFP4's byte shuffle, so the scales are halved; each group's scale times
+// its 32 activations' one scales the four int32 lanes that hold it.
+VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
+  const __m512i low = _mm512_set1_epi8(15), t = Nib<MXFP4>::table();
+  const __m512i even = _mm512_slli_epi32(spread(2, 0), 1), odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i block = spread(2, 0);  // lane j: the activations' 32-block j / 4
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t k = 0; k < nb; ++k) {
+    const uint8_t* b = row + 76 * k;
+    float s2;
+    std::memcpy(&s2, b, 4);
+    const __m512i v = ld(b + 12);
+    const __m512i lo = _mm512_shuffle_epi8(t, _mm512_and_si512(v, low));
+    const __m512i hi = _mm512_shuffle_epi8(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    const __m512 g = _mm512_castps256_ps512(_mm256_mul_ps(e4m3x8(b + 4), _mm256_set1_ps(0.5f * s2)));
+    const __m512 dx = pick(_mm512_castps128_ps512(_mm_loadu_ps(a.dx + 4 * k)), block);
+    const __m512i l0 = _mm512_dpbusd_epi32(ld(a.corr + 32 * k), _mm512_unpacklo_epi8(lo, hi), ld(a.q + 128 * k));
+    const __m512i l1 = _mm512_dpbusd_epi32(ld(a.corr + 32 * k + 16), _mm512_unpackhi_epi8(lo, hi), ld(a.q + 128 * k + 64));
+    acc[0] = fma_i(l0, _mm512_mul_ps(pick(g, even), dx), acc[0]);
+    acc[1] = fma_i(l1, _mm512_mul_ps(pick(g, odd), dx), acc[1]);
+  }
+  return _mm512_add_ps(acc[0], acc[1]);
+}
+
 // ---- rows ------------------------------------------------------------------------------------
 
 // The sums of 16 vectors' lanes as one vector, lane j the sum of v[j]: pairs of vectors
@@ -308,6 +348,7 @@ Kernel kernel_of(int64_t fmt) {
     case Q5_K: return {k_row<true>, 256, 176};
     case Q6_K: return {q6k_row, 256, 210};
     case MXFP4: return {nib_row<MXFP4>, 32, 17};
+    case NVFP4: return {nvfp4_row, 128, 76};
     default: return {nullptr, 0, 0};
   }
 }
