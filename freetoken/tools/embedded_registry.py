@@ -1,6 +1,6 @@
 """Builds the registry directory shipped in the repository (freetoken/registry/embedded).
 
-    python -m freetoken.tools.embedded_registry freetoken/registry/embedded
+    python -m freetoken.tools.embedded_registry freetoken/registry/embedded [--weights DIR]
 
 It holds the demo model (`demo:latest`), pushed with the real push path into a registry
 root, so the Quick start pulls it offline with the real pull path.
@@ -30,7 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(root: Path) -> None:
+def build(root: Path, trained: Path | None = None) -> None:
+    """The registry at `root`, anew, holding the demo (`trained`'s weights where given: a
+    freetoken.tools.train_demo output)."""
     from freetoken.registry import create_app
 
     if root.exists():
@@ -45,7 +47,7 @@ def build(root: Path) -> None:
         time.sleep(0.01)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            modelfile = demo.write_demo(Path(tmp) / "demo")
+            modelfile = demo.write_demo(Path(tmp) / "demo", trained=trained)
             store = Store(Path(tmp) / "store")
             name = f"{PORT_HOST}:{port}/library/demo:latest"
             spec = CreateSpec(
@@ -69,7 +71,9 @@ def build(root: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", type=Path)
-    build(ap.parse_args().root)
+    ap.add_argument("--weights", type=Path, help="the trained demo's directory (train_demo)")
+    args = ap.parse_args()
+    build(args.root, args.weights)
 
 
 if __name__ == "__main__":

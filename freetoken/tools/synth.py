@@ -257,10 +257,12 @@ def write_qwen3_moe(
     template: str = CHAT_TEMPLATE,
     tokenizer: Any = None,
     embed_std: float = 0.0,
+    weights: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
-    """A complete random Qwen3-MoE directory: config, weights, tokenizer (`tokenizer`, else
-    one trained to `vocab_size`), generation config; `embed_std` as in `_embedding`."""
+    """A complete Qwen3-MoE directory: config, weights (`weights`, under a checkpoint's
+    names, else random), tokenizer (`tokenizer`, else one trained to `vocab_size`),
+    generation config; `embed_std` as in `_embedding`."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -272,8 +274,12 @@ def write_qwen3_moe(
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     gen = {"eos_token_id": [eos], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    if weights is not None:
+        import torch
+
+        weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
     save_file(
-        _random_tensors(cfg, seed, dtype, embed_std),
+        _random_tensors(cfg, seed, dtype, embed_std) if weights is None else weights,
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
