@@ -40,28 +40,48 @@ QUESTIONS = (
 )
 # The modules whose documentation is the corpus: broad, stable, present in every CPython.
 MODULES = (
-    "abc argparse array base64 bisect calendar collections contextlib copy csv dataclasses "
-    "datetime decimal difflib enum fractions functools glob gzip hashlib heapq hmac html io "
-    "itertools json logging math operator os pathlib pickle pprint queue random re sched "
-    "secrets shlex shutil socket sqlite3 statistics string struct subprocess tempfile textwrap "
-    "threading time timeit tokenize typing unittest urllib uuid warnings weakref zipfile zlib"
+    "builtins abc argparse array ast asyncio base64 bisect calendar cmd codecs collections "
+    "configparser contextlib copy csv dataclasses datetime decimal difflib dis doctest email "
+    "enum fractions functools getopt gettext glob gzip hashlib heapq hmac html http inspect io "
+    "ipaddress itertools json locale logging math mimetypes multiprocessing operator optparse "
+    "os pathlib pickle platform pprint queue random re sched secrets selectors shlex shutil "
+    "signal smtplib socket sqlite3 statistics string struct subprocess sys tarfile tempfile "
+    "textwrap threading time timeit tokenize traceback types typing unittest urllib uuid "
+    "warnings weakref zipfile zlib"
 ).split()
 
 
+def _documented(obj: Any, module: str) -> bool:
+    owner = getattr(obj, "__module__", None) or ""
+    return owner.lstrip("_").startswith(module) or module == "builtins"
+
+
 def _entries() -> list[tuple[str, str]]:
-    """(name, documentation) for each documented public module, class and function."""
-    out = []
-    for name in MODULES:
+    """(name, documentation) for each documented public module, class, function and method
+    (a class's methods one level down)."""
+    out, seen = [], set()
+
+    def add(name: str, obj: Any) -> None:
+        doc = pydoc.getdoc(obj).strip()
+        if len(doc) > 60 and doc not in seen:
+            seen.add(doc)
+            out.append((name, doc))
+
+    for module in MODULES:
         try:
-            mod = __import__(name)
+            mod = __import__(module)
         except ImportError:
             continue
-        for attr, obj in [(name, mod), *((f"{name}.{a}", getattr(mod, a)) for a in dir(mod))]:
-            if attr.split(".")[-1].startswith("_"):
+        add(module, mod)
+        for attr in dir(mod):
+            obj = getattr(mod, attr)
+            if attr.startswith("_") or not _documented(obj, module):
                 continue
-            doc = pydoc.getdoc(obj).strip()
-            if len(doc) > 60 and (obj is mod or getattr(obj, "__module__", None) == name):
-                out.append((attr, doc))
+            add(f"{module}.{attr}", obj)
+            if isinstance(obj, type):
+                for meth, member in vars(obj).items():
+                    if not meth.startswith("_") and callable(member):
+                        add(f"{module}.{attr}.{meth}", member)
     return out
 
 
