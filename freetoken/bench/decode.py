@@ -54,8 +54,7 @@ def _arguments() -> argparse.ArgumentParser:
         type=int,
         default=144,
         help="steps run after installing adaptive, unmeasured: it measures its placements "
-        "meanwhile "
-        "(4 modes, each visited twice for 8 settling and 6 timed steps)",
+        "meanwhile (4 modes, each visited twice for 8 settling and 6 timed steps)",
     )
     ap.add_argument(
         "--settle-fixed",
