@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from freetoken.runtime.sampling import SamplingParams, apply_penalties, make_generator, sample
@@ -59,6 +60,35 @@ def test_penalties_push_repeated_tokens_down():
         ).tolist()
         == logits.tolist()
     )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_gpu_penalty_is_the_cpu_one_on_every_logit(seed):
+    """The scatter over the vocabulary (a GPU's: no host sync) gives each logit exactly what
+    the CPU's rewrite of the seen tokens gives, for every mix of penalties."""
+    from freetoken.runtime import sampling
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(300, generator=g) * 4
+    logits[torch.randint(0, 300, (5,), generator=g)] = float("-inf")
+    recent = torch.randint(0, 300, (int(torch.randint(1, 80, (1,), generator=g)),), generator=g)
+    for p in (
+        SamplingParams(repeat_penalty=1.3),
+        SamplingParams(repeat_penalty=0.8, frequency_penalty=0.4),
+        SamplingParams(repeat_penalty=1.0, presence_penalty=0.7, frequency_penalty=-0.2),
+    ):
+        dense = sampling._penalize_dense(logits, recent, p)
+        assert torch.equal(dense, sampling._penalize_seen(logits, recent, p))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_penalties_on_a_gpu_equal_the_cpus():
+    logits = torch.randn(151936, generator=torch.Generator().manual_seed(0))
+    history = list(range(0, 5000, 7)) * 2
+    p = SamplingParams(repeat_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.1)
+    on_gpu = apply_penalties(logits.cuda(), history, p, 4096)
+    assert torch.equal(on_gpu.cpu(), apply_penalties(logits, history, p, 4096))
 
 
 def test_from_options_uses_ollama_defaults():
