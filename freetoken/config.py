@@ -219,7 +219,10 @@ SETTINGS: tuple[Setting, ...] = (
         "overlap",
         "FREETOKEN_OVERLAP",
         parse_bool,
-        "1",
+        # off until measured again: on the H200 a penalised stream (Ollama's default
+        # repeat_penalty) decoded at a third of its speed with it, from a host sync since
+        # removed; near-uniform routing without penalties gained 8-10 %
+        "0",
         "launch a decode step from CUDA graphs before reading the last one's tokens, so the "
         "host's work on them (detokenizing, streaming, planning) runs while the GPU computes",
     ),
