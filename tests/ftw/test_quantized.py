@@ -176,15 +176,23 @@ def test_nvfp4_checkpoint_stays_nvfp4_and_computes_its_weights(nvfp4_model, tmp_
     _stays_packed(nvfp4_model, tmp_path, "nvfp4", ("_scale", "_scale_2"))
 
 
+def _copy_with_config(src, dst, edit):
+    """A copy of the model directory `src` whose config.json `edit` changed in place."""
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    config = json.loads((src / "config.json").read_text())
+    edit(config)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
 def test_modelopt_other_than_nvfp4_is_refused(nvfp4_model, tmp_path):
     src, _, _ = nvfp4_model
-    bad = tmp_path / "fp8-modelopt"
-    bad.mkdir()
-    for f in src.iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
-    (bad / "config.json").write_text(json.dumps(config))
+    fp8 = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    bad = _copy_with_config(
+        src, tmp_path / "fp8-modelopt", lambda c: c.update(quantization_config=fp8)
+    )
     with pytest.raises(WeightsError, match="ModelOpt FP8 checkpoints are not supported"):
         convert(bad, tmp_path / "ftw")
 
@@ -193,16 +201,13 @@ def test_nvfp4_declared_only_in_hf_quant_config_converts_alike(nvfp4_model, tmp_
     """A ModelOpt export whose config.json names no quantization and whose
     hf_quant_config.json does: converted as the same NVFP4 checkpoint, to the same logits."""
     src, path, hf = nvfp4_model
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    for f in path.iterdir():
-        (bare / f.name).write_bytes(f.read_bytes())
-    config = json.loads((path / "config.json").read_text())
-    q = config.pop("quantization_config")
-    (bare / "config.json").write_text(json.dumps(config))
+    q = {}
+    bare = _copy_with_config(
+        path, tmp_path / "bare", lambda c: q.update(c.pop("quantization_config"))
+    )
     quant_file = {"producer": {"name": "modelopt"}, "quantization": {**q, "exclude_modules": []}}
     (bare / "hf_quant_config.json").write_text(json.dumps(quant_file))
     _stays_packed((src, bare, hf), tmp_path, "nvfp4", ("_scale", "_scale_2"))
     (bare / "hf_quant_config.json").unlink()  # without it the packed tensors are unexplained
-    with pytest.raises(WeightsError):
+    with pytest.raises(WeightsError, match="down_proj.weight_scale"):
         convert(bare, tmp_path / "again")
