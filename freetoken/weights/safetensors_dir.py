@@ -134,6 +134,11 @@ class Checkpoint:
             elif self.method == "mxfp4" and name.endswith(MXFP4_PARTS[0]):
                 self.scales[name] = name.removesuffix(MXFP4_PARTS[0]) + MXFP4_PARTS[1]
             elif f.get_slice(name).get_dtype().startswith("F8_") and name not in self.scales:
+                if name.endswith(NVFP4_SCALES[0]) and self.method is None:
+                    raise WeightsError(
+                        f"tensor {name} holds NVFP4 group scales, but the checkpoint declares no "
+                        f"quantization (config.json's quantization_config or {hub.QUANT_FILE})"
+                    )
                 self.scales[name] = name.removesuffix(".weight") + FP8_SCALE
         for weight, scale in [*self.scales.items(), *needs]:
             for needed in (weight, scale):
