@@ -317,6 +317,16 @@ VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
 
 // ---- rows ------------------------------------------------------------------------------------
 
+// A row read a few rows ahead is asked into L2 in software: the 4-bit rows are decoded fast
+// enough that the hardware prefetchers' distance left one core waiting on DRAM (development
+// VM, one core, a Q4_K matrix far larger than the caches: 6.0 -> 7.3 GB/s). Only rows of the
+// caller's own range are asked for: the next range is another thread's.
+constexpr int kAheadRows = 4;
+
+inline void prefetch_row(const uint8_t* row, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
+}
+
 // The sums of 16 vectors' lanes as one vector, lane j the sum of v[j]: pairs of vectors
 // interleaved and added, then pairs of those, then 128-bit lanes, 45 instructions in all.
 VNNI inline __m512 sums16(const __m512* v) {
@@ -374,7 +384,10 @@ VNNI void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, in
   for (int j0 = 0; j0 < rows; j0 += 16) {
     const int n = rows - j0 < 16 ? rows - j0 : 16;
     __m512 v[16];
-    for (int j = 0; j < 16; ++j) v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a) : _mm512_setzero_ps();
+    for (int j = 0; j < 16; ++j) {
+      if (j0 + j + kAheadRows < rows) prefetch_row(base + (row0 + j0 + j + kAheadRows) * stride, stride);
+      v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a) : _mm512_setzero_ps();
+    }
     _mm512_mask_storeu_ps(y + j0, static_cast<__mmask16>((1u << n) - 1), sums16(v));
   }
 }
