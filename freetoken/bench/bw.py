@@ -211,7 +211,7 @@ FORMAT_GIB = 2.0
 def at_threads(threads: list[int], measure: Callable[[], float]) -> dict[int, float]:
     """`measure()` with torch's thread pool (the kernel's) at each count. A kernel bound by
     DRAM stops gaining threads well before the core count; one still gaining at every core
-    is bound by its own instructions."""
+    is bound by each core: its instructions, or its own waits on memory."""
     before = torch.get_num_threads()
     out = {}
     try:

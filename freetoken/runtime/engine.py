@@ -358,10 +358,14 @@ class Engine:
             req.seq.num_cached += 1
             self.scheduler.cache_pages(req.seq)
         masks = self.masker.start([req.seq.constraint for req in reqs]).wait()
-        with torch.inference_mode():
-            # the rows' own copy: the step launched next writes the graph's logits again
-            scores = masks.apply(ahead.logits[torch.tensor(kept, device=ahead.logits.device)])
-            drawn = self._draw_rows(reqs, scores, masks)
+        drawn = []
+        if kept:
+            with torch.inference_mode():
+                # the rows' own copy, as the step launched next writes the graph's logits
+                # again; stacked, since an index tensor built on the device would make the
+                # host wait for this step's forward before the next one is launched
+                scores = masks.apply(torch.stack([ahead.logits[i] for i in kept]))
+                drawn = self._draw_rows(reqs, scores, masks)
         readback = Readback([t for *_, t in drawn], self._sleeps)
         if len(drawn) == len(ahead.seqs):
             self._ahead = self._chain([r.seq for r, *_ in drawn], [t for *_, t in drawn])

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from freetoken.layers.rope import apply_rope
 from freetoken.tools import synth
 
 QUESTIONS = (
@@ -106,12 +107,8 @@ def conversations(limit_chars: int = 700) -> list[str]:
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # not layers.norm.rms_norm: on a GPU that is a Triton kernel, which has no backward pass
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-b, a), dim=-1) * sin
 
 
 class Layer(nn.Module):
@@ -137,10 +134,10 @@ class Layer(nn.Module):
         c, (B, T, _) = self.c, x.shape
         eps, hd = c["rms_norm_eps"], c["head_dim"]
         a = _rms(x, self.norms["in"], eps)
-        q = _rms(self.q(a).view(B, T, -1, hd), self.norms["q"], eps).transpose(1, 2)
-        k = _rms(self.k(a).view(B, T, -1, hd), self.norms["k"], eps).transpose(1, 2)
+        q = apply_rope(_rms(self.q(a).view(B, T, -1, hd), self.norms["q"], eps), cos, sin)
+        k = apply_rope(_rms(self.k(a).view(B, T, -1, hd), self.norms["k"], eps), cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v(a).view(B, T, -1, hd).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + self.o(att.transpose(1, 2).reshape(B, T, -1))
         m = _rms(x, self.norms["post"], eps)
