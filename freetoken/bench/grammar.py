@@ -149,6 +149,11 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument(
         "--work", default="", help="where the checkpoint is written (default: a temp dir)"
     )
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="launch each decode step before the last one's tokens are read (on a GPU)",
+    )
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -231,14 +236,14 @@ class _Timed(Engine):
         return out
 
 
-def _engine(path: Path, device: str) -> Engine:
+def _engine(path: Path, device: str, overlap: bool = False) -> Engine:
     files = {p.name: p for p in path.iterdir() if p.is_file()}
     loaded = loader.load(files, device, "auto")
     dev = loaded.device
     kv = KVCache(loaded.model.kv_layout(), 256, 16, loaded.dtype, dev)
     loader.place_experts(loaded, loader.Placement("adaptive", 0, None, 0, "auto", "auto"))
     graphs = DecodeGraphs(loaded.model, kv, dev, 4096, max_batch=1) if dev.type == "cuda" else None
-    return _Timed(loaded.model, Tokenizer(files), kv, dev, 4096, 1, 2048, graphs)
+    return _Timed(loaded.model, Tokenizer(files), kv, dev, 4096, 1, 2048, graphs, overlap=overlap)
 
 
 def _decode(engine: _Timed, prompt: list[int], n: int, make: Any) -> tuple[int, float, float]:
@@ -258,6 +263,8 @@ def _decode(engine: _Timed, prompt: list[int], n: int, make: Any) -> tuple[int, 
         while not seq.is_finished:
             engine.step()
             steps += 1
+        while engine.step():  # a step launched ahead of the end lands, and is dropped
+            pass
         seconds += time.perf_counter() - t0
         host_ns += engine.host_ns
         done += max(steps, 1)  # a sequence done at its first token still moves on
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         path = _model(work, args.vocab, args.shape)
-        engine = _engine(path, args.device)
+        engine = _engine(path, args.device, args.overlap)
         vocab = Vocab(
             token_bytes(engine.tokenizer.tok, QwenFormat.markers), engine.model.args.vocab_size
         )
@@ -319,7 +326,10 @@ def main(argv: list[str] | None = None) -> None:
         where = engine.device.type
         threads = f", {torch.get_num_threads()} torch threads" if where == "cpu" else ""
         graphs = engine.graphs is not None
-        print(f"# decode on {where}{threads}, shape {args.shape}, CUDA graphs: {graphs}")
+        print(
+            f"# decode on {where}{threads}, shape {args.shape}, CUDA graphs: {graphs},"
+            f" steps launched ahead: {engine.overlap}"
+        )
         qwen = QwenFormat()
         common.emit(masks(grammars, qwen), COLUMNS_MASKS, args.json, head)
         rows = decode(engine, grammars, qwen, args.tokens, args.repeats)

@@ -50,6 +50,7 @@ COLUMNS = [
     ("lane_ms", "lane ms"),
     ("host_ms", "host ms"),
     ("ahead", "ahead"),
+    ("not_ahead", "not ahead"),
     ("bound_tok_s", "bound"),
     ("ratio_to_bound", "/bound"),
     ("note", "note"),
@@ -157,7 +158,13 @@ def engine_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
     busy = after["busy_ns"] - (before.get("busy_ns") or 0)
     busy -= after["wait_ns"] - (before.get("wait_ns") or 0)
     ahead = after["ahead_steps"] - (before.get("ahead_steps") or 0)
-    return {"host_ms": busy / steps / 1e6, "ahead": ahead / steps}
+    win = {"host_ms": busy / steps / 1e6, "ahead": ahead / steps}
+    r0, r1 = before.get("ahead_refused") or {}, after.get("ahead_refused") or {}
+    refused = {k: n - r0.get(k, 0) for k, n in r1.items() if n > r0.get(k, 0)}
+    if refused:  # the commonest reason a step did not run ahead, and its share of the steps
+        why = max(refused, key=refused.__getitem__)
+        win["not_ahead"] = f"{why} {refused[why] / steps:.2f}"
+    return win
 
 
 def lane_window(before: dict, after: dict, steps: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import functools
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class Engine:
         # the engine thread's time in steps, and of it the time waiting for tokens
         self.busy_ns = self.wait_ns = 0
         self.ahead_steps = 0  # steps launched before the last one's tokens were read
+        self.ahead_refused: Counter[str] = Counter()  # why the others were not
 
     # --- called from other threads -------------------------------------------------
     def submit(self, seq: Sequence, on_output: OutputFn) -> None:
@@ -144,6 +146,8 @@ class Engine:
         logits = self._execute(plan)
         experts = self._ops.backend
         ahead = self.overlap and self._may_chain(plan)
+        if self.overlap and not ahead:
+            self.ahead_refused["plan"] += 1  # a prefill chunk, or a shape past the graphs
         if experts is not None and not ahead:
             experts.wait_step()
         t1 = time.perf_counter_ns()
@@ -324,18 +328,9 @@ class Engine:
         """Launches the next decode step of `seqs`, fed the tokens just drawn on the device
         (`drawn`, not yet read); None where it cannot run ahead. Its tokens are drawn when it
         lands, once the host has taken these (their masks and penalties follow them)."""
-        B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
-        with self._lock:
-            queued = bool(self._inbox)  # a call waits for no step in flight; a request too
-        if (
-            queued
-            or self.scheduler.waiting
-            or len(self.scheduler.running) != B
-            or not all(runs_ahead(seq, self.num_ctx) for seq in seqs)
-            or not self.graphs.fits(B, ctx_len)
-            or not self.graphs.uncut(B, ctx_len)
-            or not all(self.scheduler.reserve(seq, 1) for seq in seqs)
-        ):
+        B = len(seqs)
+        if refused := self._refuse_ahead(seqs):
+            self.ahead_refused[refused] += 1
             return None
         with torch.inference_mode():
             self._between_steps(B)
@@ -347,6 +342,26 @@ class Engine:
             )
         self.ahead_steps += 1
         return Ahead(seqs, logits)
+
+    def _refuse_ahead(self, seqs: list[Sequence]) -> str | None:
+        """Why the next step of `seqs` may not launch ahead (None where it may); the reasons
+        are counted, since a server that never runs ahead shows only a lower rate."""
+        B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
+        with self._lock:
+            queued = bool(self._inbox)  # a call waits for no step in flight; a request too
+        if queued:
+            return "queued"
+        if self.scheduler.waiting or len(self.scheduler.running) != B:
+            return "batch"  # the batch changes at the next step
+        if not all(runs_ahead(seq, self.num_ctx) for seq in seqs):
+            return "ending"
+        if not self.graphs.fits(B, ctx_len):
+            return "shape"
+        if not self.graphs.uncut(B, ctx_len):
+            return "cut"
+        if not all(self.scheduler.reserve(seq, 1) for seq in seqs):
+            return "pages"
+        return None
 
     def _land(self, ahead: Ahead) -> int:
         """Draws and reads the step launched ahead (launching the one after it first, where
@@ -478,6 +493,7 @@ class Engine:
             "steps": self.steps,
             "decoded": self.decoded,
             "ahead_steps": self.ahead_steps,
+            "ahead_refused": dict(self.ahead_refused),
             "busy_ns": self.busy_ns,
             "wait_ns": self.wait_ns,
         }

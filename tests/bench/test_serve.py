@@ -130,3 +130,6 @@ def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
     # (50 − 30) ms of the engine thread's own work over 40 steps; 30 of them ran ahead
     assert serve.engine_window(before, after, 40) == {"host_ms": 0.5, "ahead": 0.75}
     assert serve.engine_window({}, {}, 40) == {}  # a server that does not report them
+    before["ahead_refused"] = {"batch": 1, "plan": 4}
+    after["ahead_refused"] = {"batch": 9, "plan": 6, "cut": 2}
+    assert serve.engine_window(before, after, 40)["not_ahead"] == "batch 0.20"

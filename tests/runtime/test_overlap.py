@@ -54,6 +54,9 @@ def test_greedy_batch_matches_and_runs_ahead(engines):
     # may run ahead (the last would be past every sequence's length)
     assert ahead.ahead_steps - before >= 9
     assert waiting.ahead_steps == 0
+    # the steps that did not: the prefill, and the one whose next would pass the length
+    assert ahead.ahead_refused["plan"] >= 1 and ahead.ahead_refused["ending"] >= 1
+    assert not waiting.ahead_refused
 
 
 def test_seeded_sampling_matches(engines):
