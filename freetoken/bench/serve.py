@@ -67,6 +67,7 @@ class Stream:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     text: str = ""
+    error: str = ""  # what the server sent in place of the rest of the answer
 
     @property
     def ttft(self) -> float | None:
@@ -89,6 +90,8 @@ def _openai(client: httpx.Client, model: str, messages, n: int, sampling) -> Str
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             d = json.loads(line[6:])
+            if err := d.get("error"):
+                out.error = str(err.get("message", err) if isinstance(err, dict) else err)
             if usage := d.get("usage"):
                 out.tokens, out.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
                 out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
@@ -112,6 +115,8 @@ def _ollama(client: httpx.Client, model: str, messages, n: int, sampling) -> Str
             if not line:
                 continue
             d = json.loads(line)
+            if err := d.get("error"):
+                out.error = str(err)
             msg = d.get("message") or {}
             if msg.get("content") or msg.get("thinking"):
                 out.stamps.append(time.perf_counter())
@@ -224,6 +229,10 @@ def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> d
     row["bound_tok_s"] = bound(after, win, streams, dense_ms)
     if row["bound_tok_s"] and row["agg_tok_s"]:
         row["ratio_to_bound"] = row["agg_tok_s"] / row["bound_tok_s"]
+    if failed := [r.error for r in runs if r.error]:
+        row["note"] = f"{len(failed)} failed: {failed[0][:80]}"
+    elif not all(r.tokens for r in runs):
+        row["note"] = "an answer reported no usage"
     return row
 
 

@@ -100,7 +100,7 @@ def _penalize_seen(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParams
     vals = logits[ids]
     if p.repeat_penalty != 1.0:
         # divide positive logits, multiply negative ones: both push the token down
-        vals = torch.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
+        vals = torch.where(vals > 0, vals * (1 / p.repeat_penalty), vals * p.repeat_penalty)
     vals = vals - p.frequency_penalty * counts.to(vals.dtype) - p.presence_penalty
     logits = logits.clone()
     logits[ids] = vals
@@ -117,7 +117,8 @@ def _penalize_dense(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParam
     )
     seen = counts > 0
     if p.repeat_penalty != 1.0:
-        pushed = torch.where(logits > 0, logits / p.repeat_penalty, logits * p.repeat_penalty)
+        # by the reciprocal, as CUDA divides by a scalar: the CPU's logits then equal the GPU's
+        pushed = torch.where(logits > 0, logits * (1 / p.repeat_penalty), logits * p.repeat_penalty)
         logits = torch.where(seen, pushed, logits)
     return logits - p.frequency_penalty * counts - p.presence_penalty * seen.to(logits.dtype)
 
@@ -130,7 +131,11 @@ def _softmax(
     put all the mass on the `best` token rather than NaN into the draw. No host sync."""
     probs = torch.softmax((logits - top) / temperature, dim=-1)
     sure = torch.zeros_like(probs)
-    sure[best] = 1.0
+    if isinstance(best, torch.Tensor):
+        # not `sure[best] = 1.0`: indexing by a 0-d device tensor reads it on the host
+        sure.index_fill_(0, best.view(1), 1.0)
+    else:
+        sure[best] = 1.0
     return torch.where(torch.isfinite(probs).all(), probs, sure)
 
 

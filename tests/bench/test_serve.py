@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+import httpx
 import pytest
 
 from freetoken.bench import serve, served
@@ -133,3 +134,20 @@ def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
     before["ahead_refused"] = {"batch": 1, "plan": 4}
     after["ahead_refused"] = {"batch": 9, "plan": 6, "cut": 2}
     assert serve.engine_window(before, after, 40)["not_ahead"] == "batch 0.20"
+
+
+def test_an_answer_cut_by_an_error_is_reported_not_counted_as_empty():
+    """A stream the server ends with an error (its own shape on each API) is named in the
+    row's note, where it would otherwise read as an answer of no tokens."""
+    sse = 'data: {"choices":[{"delta":{"content":"Once"}}]}\n\n'
+    sse += 'data: {"error":{"message":"the runner failed","type":"server_error"}}\n\n'
+    nd = '{"message":{"content":"Once"}}\n{"error":"the runner failed"}\n'
+
+    def reply(request):
+        body = sse if request.url.path.startswith("/v1") else nd
+        return httpx.Response(200, text=body)
+
+    with httpx.Client(transport=httpx.MockTransport(reply), base_url="http://m") as client:
+        for api in ("openai", "ollama"):
+            out = serve.APIS[api](client, "m", serve.STORY, 8, {})
+            assert out.error == "the runner failed" and out.text == "Once" and out.tokens == 0

@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.runtime.sampling import SamplingParams, apply_penalties, make_generator, sample
+from freetoken.runtime.sampling import (
+    SamplingParams,
+    apply_penalties,
+    draw,
+    make_generator,
+    sample,
+)
 
 
 def test_greedy_is_argmax():
@@ -89,6 +95,33 @@ def test_penalties_on_a_gpu_equal_the_cpus():
     p = SamplingParams(repeat_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.1)
     on_gpu = apply_penalties(logits.cuda(), history, p, 4096)
     assert torch.equal(on_gpu.cpu(), apply_penalties(logits, history, p, 4096))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, repeat_penalty=1.1),  # Ollama's defaults
+        SamplingParams(temperature=1.5, top_p=1.0, top_k=100000),  # a threshold, no sort
+        SamplingParams(temperature=1.0, top_p=0.95, top_k=5000),  # sorted
+        SamplingParams(temperature=0.0, frequency_penalty=0.5),
+    ],
+    ids=["defaults", "large top_k", "sorted", "greedy"],
+)
+def test_a_draw_on_a_gpu_never_waits_for_it(params):
+    """With the next step launched before a token is read (runtime/overlap.py), a draw that
+    reads the device on the host stalls the whole step: CUDA's sync check must not fire."""
+    logits = torch.randn(151936, device="cuda")
+    history = list(range(0, 700, 7))
+    draw(logits, history, params, 4096, None)  # first use: kernels compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        token = draw(logits, history, params, 4096, make_generator(params, "cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert 0 <= int(token) < logits.numel()
 
 
 def test_from_options_uses_ollama_defaults():
