@@ -1,4 +1,4 @@
-"""The expert cache's bookkeeping on the device, for single-token decode steps.
+"""The expert cache's bookkeeping on the device, for decode steps.
 
 On the host path every layer pays a round trip: the routes come back to the host, the
 host looks them up, picks victims and queues copies. Here the same least-recently-used
@@ -9,7 +9,9 @@ host bank into its slot — so a decode step needs no host work and its graph is
 One copy of the bookkeeping is authoritative at a time: the host's (`ExpertCache`) for
 prefill, batches, resizes and placement changes, this one between `push` and `pull`.
 Stamps are unique (clock·STRIDE + route), so the eviction order is exactly that of an LRU
-that touches one layer's routes in route order; fixed slots are stamped NEVER.
+that touches one layer's routes in route order; fixed slots are stamped NEVER. A step of
+several tokens books each distinct expert once, at its first route (`first_routes`): its
+slot then serves every route to it, and no expert is fetched twice.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class DeviceLRU:
 
     # --- one layer of a decode step ------------------------------------------------------
     def __call__(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
-        """The slot of each route of one token's `ids` [1, k], fetching every miss first."""
+        """The slot of each route of a step's `ids` [T, k], fetching every miss first."""
         slots, fetch, _ = self.assign(layer, ids)
         self.fetch(layer, ids, fetch)
         return slots
@@ -101,29 +103,31 @@ class DeviceLRU:
     def assign(
         self, layer: int, ids: torch.Tensor, split: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Books one token's routes `ids` [1, k]: slots [1, k], what to fetch (a slot per
-        route, -1 for none) and which routes are left to the CPU ([k] bool).
+        """Books a step's routes `ids` [T, k]: slots [T, k], what to fetch (a slot per route,
+        -1 for none) and which routes are left to the CPU ([T·k] bool).
 
-        Every miss is fetched, or with `split` the first round(share·m) of the m misses in
-        route order (`self.share`); the others keep slot -1 and are not cached."""
+        Every miss is fetched, or with `split` the first round(share·m) of the m missed
+        experts in route order (`self.share`); the others keep slot -1 and are not cached."""
         if self.fused and self.device.type == "cuda" and self.cache.capacity <= FUSED_MAX_SLOTS:
             return self.assign_fused(layer, ids, split)
         E, S = self.cache.E, self.cache.capacity
-        flat = ids.reshape(-1) + layer * E  # [k]
+        flat = ids.reshape(-1) + layer * E  # [T·k]
         k = flat.numel()
+        first = first_routes(flat)
         slots = self.slot_of.index_select(0, flat).long()
-        miss = slots < 0
+        miss = (slots < 0) & first
         fetched = miss
         if split:
             q = torch.floor(miss.sum() * self.share[0] + 0.5)  # half up, as the fused kernel rounds
             fetched = miss & (torch.cumsum(miss, 0) <= q)
-        now = self.clock * STRIDE + torch.arange(k, device=self.device)  # unique, in route order
+        now = self.clock * STRIDE + torch.cumsum(first, 0) - 1  # unique, in order of first route
         sink_slot = torch.full_like(slots, S)
-        self.stamp.scatter_(0, torch.where(miss, sink_slot, slots), now)  # hits: used now
+        hit = (slots >= 0) & first
+        self.stamp.scatter_(0, torch.where(hit, slots, sink_slot), now)  # hits: used now
         self.stamp[S:].fill_(
             NEVER
         )  # (a scalar written by indexing would be a host copy: not capturable)
-        victims = torch.topk(self.stamp[:S], k, largest=False).indices  # oldest first
+        victims = torch.topk(self.stamp[:S], min(k, S), largest=False).indices  # oldest first
         v = victims.index_select(0, (torch.cumsum(fetched, 0) - 1).clamp(min=0))
         target = torch.where(fetched, v, sink_slot)
         old = self.owner.index_select(0, target).masked_fill(~fetched, -1)
@@ -133,15 +137,10 @@ class DeviceLRU:
         self.owner.scatter_(0, target, flat.masked_fill(~fetched, -1))
         self.stamp.scatter_(0, target, now)
         self.stamp[S:].fill_(NEVER)
-        self.counts[layer] += torch.stack(
-            [(~miss).sum(), miss.sum(), (old >= 0).sum(), fetched.sum()]
-        )
+        self.counts[layer] += torch.stack([hit.sum(), miss.sum(), (old >= 0).sum(), fetched.sum()])
         self.clock += 1
-        return (
-            torch.where(fetched, v, slots).view(ids.shape),
-            v.masked_fill(~fetched, -1).to(torch.int32),
-            miss & ~fetched,
-        )
+        final = self.slot_of.index_select(0, flat).long()  # a repeated expert's slot too
+        return final.view(ids.shape), v.masked_fill(~fetched, -1).to(torch.int32), final < 0
 
     def assign_fused(
         self, layer: int, ids: torch.Tensor, split: bool = False
@@ -182,3 +181,11 @@ class DeviceLRU:
         experts = ids.reshape(-1).to(torch.int32)
         for bank, src in self.banks.banks[layer].items():
             moe_gpu.fetch_experts(src, self.cache.slots[bank], experts, fetch)
+
+
+def first_routes(flat: torch.Tensor) -> torch.Tensor:
+    """Whether each route [n] is the first to its expert in the step (n² compares, on the
+    device: a step routes a few dozen at most)."""
+    n = flat.numel()
+    earlier = torch.ones(n, n, dtype=torch.bool, device=flat.device).tril(-1)
+    return ~((flat[:, None] == flat[None, :]) & earlier).any(1)

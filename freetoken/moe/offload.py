@@ -173,10 +173,19 @@ class OffloadExperts(ExpertBackend):
 
     # --- the cache's books ----------------------------------------------------------------
     def _on_device_path(self, tokens: int) -> bool:
-        """Whether a step of `tokens` tokens keeps the cache's books on the device."""
-        if self.lru is None or tokens != 1 or self.cache.fixed.any():
+        """Whether a step of `tokens` tokens keeps the cache's books on the device. A batch
+        of decode steps does where every miss is fetched (its graph then stays whole, where
+        the host's books cost a round trip a layer) and the pool holds a layer's every
+        expert, so no step's experts evict each other; CPU shares are for single tokens."""
+        if self.lru is None or self.cache.fixed.any():
             return False
-        return self.policy is Policy.LRU_PCIE or self.placement.mode.books_on_device
+        if tokens == 1:
+            return self.policy is Policy.LRU_PCIE or self.placement.mode.books_on_device
+        return (
+            tokens <= DECODE_TOKENS
+            and self.cache.capacity >= self.banks.num_experts
+            and (self.policy is Policy.LRU_PCIE or self.placement.mode is Mode.DEVICE)
+        )
 
     def _books(self, tokens: int) -> None:
         """Hands the cache's books to whichever side the next step of `tokens` keeps them on."""

@@ -83,8 +83,17 @@ def check(hb: HostBanks, cache: ExpertCache, lru: DeviceLRU) -> None:
     assert (slot_of >= 0).sum() == len(held)
 
 
+def _skewed(rng, tokens: int) -> list[list[int]]:
+    """Each token's K distinct experts from a skewed stream, so some experts stay hot and
+    others come and go (and the tokens of a step share some)."""
+    p = np.arange(E, 0, -1) / (E * (E + 1) / 2)
+    return [rng.choice(E, K, replace=False, p=p).tolist() for _ in range(tokens)]
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("slots", [E, 2 * E + 5, 40])
-def test_eviction_order_is_exactly_lru(slots):
+def test_eviction_order_is_exactly_lru(slots, tokens):
+    """A step of several tokens books its distinct experts once, in order of first route."""
     hb, cache, lru = setup(slots)
     ref = RefLRU(slots)
     rng = np.random.default_rng(slots)
@@ -92,14 +101,13 @@ def test_eviction_order_is_exactly_lru(slots):
     routes = 0
     for step in range(300):
         layer = int(rng.integers(L))
-        # a skewed stream, so some experts stay hot and others come and go
-        experts = rng.choice(
-            E, K, replace=False, p=np.arange(E, 0, -1) / (E * (E + 1) / 2)
-        ).tolist()
-        got = lru(layer, torch.tensor([experts]))
-        assert got.shape == (1, K)
-        assert got[0].tolist() == ref.call(layer, experts), f"step {step}"
-        routes += K
+        experts = _skewed(rng, tokens)
+        got = lru(layer, torch.tensor(experts))
+        assert got.shape == (tokens, K)
+        distinct = list(dict.fromkeys(e for token in experts for e in token))
+        slot = dict(zip(distinct, ref.call(layer, distinct)))
+        assert got.tolist() == [[slot[e] for e in token] for token in experts], f"step {step}"
+        routes += len(distinct)
     check(hb, cache, lru)
     misses, fetched = lru.pull()
     assert (
@@ -153,10 +161,12 @@ def _books_devices() -> list:
 
 
 @pytest.mark.parametrize("device", _books_devices())
+@pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("slots", [E + 1, 2 * E + 5, 40])
-def test_fused_books_kernel_keeps_the_same_books(device, slots):
+def test_fused_books_kernel_keeps_the_same_books(device, slots, tokens):
     """The one-kernel books against the device ops: same slots, fetches, CPU routes and books
-    after every call of a long stream, with and without a share, around fixed slots."""
+    after every call of a long stream, with and without a share, around fixed slots, for
+    steps of one token and of several that share experts."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     dev = torch.device(device)
@@ -171,9 +181,9 @@ def test_fused_books_kernel_keeps_the_same_books(device, slots):
     rng = np.random.default_rng(slots)
     for lru in lrus:
         lru.push()
-    for step in range(400):
+    for step in range(400 if device == "cuda" else 150):  # the interpreter is slow
         layer = int(rng.integers(L))
-        ids = torch.from_numpy(rng.choice(E, K, replace=False))[None].to(dev)
+        ids = torch.tensor([rng.choice(E, K, replace=False) for _ in range(tokens)]).to(dev)
         split = step % 3 == 0
         if split:
             share = float(rng.choice([0.0, 0.34, 0.5, 1.0]))
@@ -225,9 +235,14 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     assert any(t > 1 and not live for t, _, live in modes)  # prompts ran with the books on the host
     if policy == "adaptive":
         assert {"device", "split", "cache", "layers"} <= {m for _, m, _ in modes}
-    # two sequences at once decode on the host path; then single steps go back to the device
+    # two sequences at once: their decode steps book on the device too, where every miss is
+    # fetched (lru-pcie, or adaptive's device placement)
+    modes.clear()
     seqs = generate(engine, prompts, 12)
     assert [s.output_ids for s in seqs] == [fixtures.hf_greedy(hf, p, 12) for p in prompts]
+    on_device = {mode for t, mode, live in modes if t == 2 and live}
+    assert on_device == {"cache"} if policy == "lru-pcie" else on_device <= {"device"}
+    assert policy == "lru-pcie" or any(t == 2 and not live for t, _, live in modes)
     if policy == "adaptive":  # settle on the device-kept books
         backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
     generate(engine, [prompts[0]], 4)  # ends with the books on the device
@@ -241,7 +256,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
         and stats["cache"]["hits"] > 0
         and stats["m"] >= stats["cache"]["misses"]
     )
-    backend.between_steps(2)  # hands the books to the host: the same totals, now counted there
+    backend.between_steps(40)  # a prefill chunk: the host takes the books, the same totals
     assert not backend.lru.live and backend.stats()["cache"] == stats["cache"]
 
 

@@ -1,4 +1,4 @@
-"""One layer's expert-cache bookkeeping for a single-token step, as one kernel.
+"""One layer's expert-cache bookkeeping for a decode step, as one kernel.
 
 The same books as `DeviceLRU`'s device ops (look up, stamp the hits, evict the oldest
 stamps, remap, count), but in one program instead of ~40 small launches: at bs=1 each of
@@ -6,6 +6,11 @@ those costs a few microseconds even inside a CUDA graph, and 48 layers of them w
 of a token. One program sees the whole slot pool (BLOCK_S >= slots), so picking the
 victims is K arg-mins over registers, each victim's stamp raised as it is taken — the
 same order as a top-k, since every new stamp is larger than any earlier one.
+
+A step of several tokens routes some experts more than once: only an expert's first route
+is looked up, stamped, counted and fetched (the books of one call of its distinct experts,
+in order of first appearance), and every route then reads its expert's slot back from the
+books, so two tokens never fetch one expert into two slots.
 """
 
 import triton
@@ -35,15 +40,17 @@ def assign_kernel(
     r = tl.arange(0, K)
     rmask = r < k
     flat = tl.load(ids_ptr + r, mask=rmask, other=0).to(tl.int64) + base
+    first = _first_routes(flat, r, rmask) & rmask
     slots = tl.load(slot_of_ptr + flat, mask=rmask, other=0).to(tl.int64)
-    miss = (slots < 0) & rmask
-    hit = (slots >= 0) & rmask
+    miss = (slots < 0) & first
+    hit = (slots >= 0) & first
     m = tl.sum(miss.to(tl.int32), axis=0)
     fetched = miss
     if HAS_SHARE:
         q = tl.floor(m.to(tl.float32) * tl.load(share_ptr) + 0.5).to(tl.int32)
         fetched = miss & (tl.cumsum(miss.to(tl.int32), axis=0) <= q)
-    now = tl.load(clock_ptr) * STRIDE + r
+    # the distinct experts stamped in order of first appearance
+    now = tl.load(clock_ptr) * STRIDE + tl.cumsum(first.to(tl.int64), axis=0) - 1
     tl.store(stamp_ptr + slots, now, mask=hit)
     tl.debug_barrier()  # the hits' new stamps are seen by every thread before victims are picked
 
@@ -58,9 +65,19 @@ def assign_kernel(
 
     _count(counts_ptr, hit, miss, fetched, old)
     tl.store(clock_ptr, tl.load(clock_ptr) + 1)
-    tl.store(slots_out + r, tl.where(fetched, victims, slots), mask=rmask)
+    tl.debug_barrier()  # the new entries are written before every route reads its own
+    final = tl.load(slot_of_ptr + flat, mask=rmask, other=-1).to(tl.int64)
+    tl.store(slots_out + r, final, mask=rmask)
     tl.store(fetch_out + r, tl.where(fetched, victims, -1).to(tl.int32), mask=rmask)
-    tl.store(cpu_out + r, miss & ~fetched, mask=rmask)
+    tl.store(cpu_out + r, final < 0, mask=rmask)
+
+
+@triton.jit
+def _first_routes(flat, r, rmask):
+    """Whether each route is its expert's first in the step (K² compares: K is at most a
+    few dozen routes)."""
+    earlier = (flat[:, None] == flat[None, :]) & (r[None, :] < r[:, None]) & rmask[None, :]
+    return tl.sum(earlier.to(tl.int32), axis=1) == 0
 
 
 @triton.jit
