@@ -12,7 +12,6 @@ silent for a while (a long prefill, thinking that is not shown) can be kept aliv
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.types import Receive, Scope, Send
 
+from freetoken import jsonline
 from freetoken.api.errors import APIError, as_api_error
 from freetoken.api.stream import until_disconnect
 
@@ -34,7 +34,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+    return jsonline.dumps_bytes(obj)
 
 
 def event(data: Any, name: str | None = None) -> bytes:

@@ -8,13 +8,13 @@ that disconnects cancels the iterator, so a generation in a runner stops with it
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from freetoken import jsonline
 from freetoken.api.errors import as_api_error
 
 __all__ = ["NDJSONResponse", "dumps", "last", "until_disconnect"]
@@ -23,7 +23,7 @@ Reduce = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
 def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+    return jsonline.dumps_bytes(obj)
 
 
 def last(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from freetoken import config as settings
+from freetoken import jsonline
 from freetoken.protocol import CompletionRequest, ProtocolError
 from freetoken.runtime.service import ModelService, RequestError
 
@@ -90,7 +91,7 @@ def build_app(service: ModelService) -> Starlette:
 async def _ndjson(service: ModelService, handle):
     try:
         async for event in handle.events():
-            yield json.dumps(event, ensure_ascii=False) + "\n"
+            yield jsonline.dumps(event) + "\n"
     finally:
         # Runs on normal completion and when the client goes away (generator closed).
         service.cancel(handle)

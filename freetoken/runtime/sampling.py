@@ -90,7 +90,10 @@ def apply_penalties(
         return logits
     recent = torch.tensor(history[-n:], dtype=torch.long)
     if logits.is_cuda:
-        return _penalize_dense(logits, recent.to(logits.device, non_blocking=True), p)
+        # pinned: a copy from pageable memory first waits for the stream, and with a step
+        # launched ahead that is its whole forward
+        recent = recent.pin_memory().to(logits.device, non_blocking=True)
+        return _penalize_dense(logits, recent, p)
     return _penalize_seen(logits, recent, p)
 
 
@@ -310,7 +313,7 @@ def draw(
     keep[0] = True
     probs = probs.masked_fill(~keep, 0.0)
     choice = torch.multinomial(probs / probs.sum(), 1, generator=generator)
-    return idx[choice[0]]
+    return idx.index_select(0, choice)[0]  # idx[choice[0]] would read the choice on the host
 
 
 def sample(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -111,17 +113,23 @@ def test_penalties_on_a_gpu_equal_the_cpus():
 )
 def test_a_draw_on_a_gpu_never_waits_for_it(params):
     """With the next step launched before a token is read (runtime/overlap.py), a draw that
-    reads the device on the host stalls the whole step: CUDA's sync check must not fire."""
+    waits for the device stalls the whole step: CUDA's sync check must not fire, and a draw
+    queued behind a long kernel returns before it ends (a copy from pageable memory waits
+    for the stream without the check seeing it)."""
     logits = torch.randn(151936, device="cuda")
     history = list(range(0, 700, 7))
     draw(logits, history, params, 4096, None)  # first use: kernels compile
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        torch.cuda._sleep(1_000_000_000)  # about half a second of the GPU's clock
+        t0 = time.perf_counter()
         token = draw(logits, history, params, 4096, make_generator(params, "cuda"))
+        took = time.perf_counter() - t0
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert 0 <= int(token) < logits.numel()
+    assert took < 0.1, f"the draw waited {took:.3f} s for the device"
 
 
 def test_from_options_uses_ollama_defaults():
