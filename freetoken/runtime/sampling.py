@@ -133,12 +133,13 @@ def _softmax(
     temperature (1e-300 included) overflows; logits that were not finite to begin with
     put all the mass on the `best` token rather than NaN into the draw. No host sync."""
     probs = torch.softmax((logits - top) / temperature, dim=-1)
+    # not `sure[best] = 1.0`: a 0-d device index is read on the host, and a number stored
+    # by indexing is copied from host memory (both wait for the stream)
     sure = torch.zeros_like(probs)
     if isinstance(best, torch.Tensor):
-        # not `sure[best] = 1.0`: indexing by a 0-d device tensor reads it on the host
         sure.index_fill_(0, best.view(1), 1.0)
     else:
-        sure[best] = 1.0
+        sure.narrow(0, best, 1).fill_(1.0)
     return torch.where(torch.isfinite(probs).all(), probs, sure)
 
 
@@ -310,7 +311,7 @@ def draw(
         keep &= before < p.top_p
     if p.min_p > 0.0:
         keep &= probs >= p.min_p * probs[0]
-    keep[0] = True
+    keep.narrow(0, 0, 1).fill_(True)  # the likeliest token always stays (no host copy)
     probs = probs.masked_fill(~keep, 0.0)
     choice = torch.multinomial(probs / probs.sum(), 1, generator=generator)
     return idx.index_select(0, choice)[0]  # idx[choice[0]] would read the choice on the host
