@@ -214,7 +214,8 @@ def concurrent(fn, n: int) -> list[Any]:
 
 def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> dict[str, Any]:
     ask, sampling = APIS[api], {**REGIMES[regime], "ignore_eos": True}
-    ask(client, args.model, STORY, 32, sampling)  # warm-up: the placement settles here too
+    # warm-up, as many streams as the window: the placement settles here too
+    concurrent(lambda: ask(client, args.model, STORY, 32, sampling), streams)
     before = cache_stats(client, args.model)
     runs = concurrent(lambda: ask(client, args.model, STORY, args.tokens, sampling), streams)
     after = cache_stats(client, args.model)

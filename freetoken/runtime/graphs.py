@@ -26,7 +26,7 @@ import torch
 
 from freetoken.layers.context import DecodeView, StepContext, step_context
 from freetoken.moe.backend import ExpertBackend, ExpertsOps
-from freetoken.runtime.kv_cache import KVCache
+from freetoken.runtime.kv_cache import KVCache, PagePool
 from freetoken.runtime.state_cache import StateCache
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,30 @@ class DecodeGraphs:
         self._pool = None
         self._seen: tuple = ()  # the backend's identity and generation the graphs were made for
         self.captures = 0
+
+    def warm(self, pool: PagePool) -> int:
+        """Runs (and captures) a decode step of every batch size at the smallest context
+        bucket and the largest, on a page borrowed from `pool`, before the first request:
+        the kernels specialised by batch size or context compile now (seconds each on a
+        machine that has not seen them) and not in a user's first answers. Models with
+        recurrent state are left alone (a step would write a state slot). Returns the steps
+        run."""
+        if self.state is not None:
+            return 0
+        (page,) = pool.alloc(1)
+        steps = 0
+        try:
+            for ctx in sorted({self._bucket_ctx(1), self.max_ctx}):
+                pages = [page] * (ctx // self.kv.page_size)
+                for B in range(1, self.max_batch + 1):
+                    with torch.inference_mode():
+                        self.run([0] * B, [ctx - 1] * B, [pages] * B)
+                    steps += 1
+        finally:
+            pool.release([page])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return steps
 
     def fits(self, batch: int, ctx_len: int) -> bool:
         return 1 <= batch <= self.max_batch and ctx_len <= self.max_ctx

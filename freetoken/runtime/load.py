@@ -179,6 +179,10 @@ class ModelLoad:
             graphs = DecodeGraphs(
                 model, kv, device, self.num_ctx, max_batch=self.num_parallel, state=state
             )
+        if graphs is not None:
+            t0 = time.perf_counter()
+            steps = graphs.warm(kv.pool)
+            log.info("decode graphs: %d shapes warmed in %.1f s", steps, time.perf_counter() - t0)
         tokenizer = Tokenizer(self.files)
         prompts = PromptBuilder(tokenizer, self.spec.get("template"))
         fmt = formats.format_for(loaded.config.get("model_type"), prompts.template)

@@ -182,3 +182,22 @@ def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
     }
     s = backend.stats()
     assert 0 < s["q"] < s["m"] and s["cpu_routes"] > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_warming_runs_every_batch_size_and_leaves_nothing_behind(tiny_model, device):
+    """A decode step of each batch size at the smallest and largest context, before any
+    request: the page it borrows goes back, and answers are transformers' after it."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    path, hf = tiny_model
+    mode = "capture" if device == "cuda" else "eager"
+    engine = make_engine(path, device=device, policy="lru-pcie", slots=9, graphs=mode)
+    free = engine.kv.pool.num_free
+    assert engine.graphs.warm(engine.kv.pool) == 2 * engine.graphs.max_batch
+    assert engine.kv.pool.num_free == free
+    assert len(engine.graphs._buckets) == 2 * engine.graphs.max_batch
+    seqs = generate(engine, [PROMPTS[0], PROMPTS[2]], 16)
+    assert [s.output_ids for s in seqs] == [
+        fixtures.hf_greedy(hf, p, 16) for p in (PROMPTS[0], PROMPTS[2])
+    ]
