@@ -23,21 +23,24 @@ MASK_BLOCK = 1024  # tokens a program of the mask kernel rules on
 def top_k_draw(
     logits: torch.Tensor, k: int, temperature: float, top_p: float, min_p: float, u: torch.Tensor
 ) -> torch.Tensor:
-    """The token (0-d int64 on the logits' device) drawn at uniform `u` ([1] in [0, 1)) from
-    fp32 logits [V] restricted to their k largest, 0 < k <= MAX_K, k < V: probabilities at
-    `temperature` (> 0), then top_p and min_p as `sampling.draw` applies them."""
+    """The token drawn at uniform `u` from fp32 logits restricted to their k largest,
+    0 < k <= MAX_K, k < V: probabilities at `temperature` (> 0), then top_p and min_p as
+    `sampling.draw` applies them. One row: logits [V], u [1], a 0-d int64 token; rows
+    drawn alike in one launch: logits [B, V], u [B], tokens [B]."""
     from freetoken.kernels.triton import sample
 
-    V = logits.numel()
-    assert 0 < k <= MAX_K and k < V and logits.dtype == torch.float32 and logits.is_contiguous()
+    rows = logits.view(-1, logits.shape[-1])
+    B, V = rows.shape
+    assert 0 < k <= MAX_K and k < V and logits.dtype == torch.float32 and rows.is_contiguous()
+    assert u.numel() == B
     # every block keeps MAX_K whatever k is: one compiled form a vocabulary size, not one a k
     kp = MAX_K
     blocks = -(-V // BLOCK)
-    keys = torch.empty(blocks * kp, dtype=torch.int64, device=logits.device)
-    sample.block_top_kernel[(blocks,)](logits, V, keys, KP=kp, BLOCK=BLOCK, num_warps=WARPS)
-    out = torch.empty((), dtype=torch.int64, device=logits.device)
+    keys = torch.empty(B * blocks * kp, dtype=torch.int64, device=logits.device)
+    sample.block_top_kernel[(blocks, B)](rows, V, keys, KP=kp, BLOCK=BLOCK, num_warps=WARPS)
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
     nucleus = top_p if 0.0 < top_p < 1.0 else 2.0  # above 1: every candidate's mass counts
-    sample.pick_kernel[(1,)](
+    sample.pick_kernel[(B,)](
         keys,
         blocks * kp,
         u,
@@ -49,7 +52,7 @@ def top_k_draw(
         NC=block(blocks * kp),
         num_warps=WARPS,
     )
-    return out
+    return out if logits.dim() == 2 else out[0]
 
 
 def warm_up(vocab: int, device: torch.device) -> None:

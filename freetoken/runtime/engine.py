@@ -19,13 +19,13 @@ import torch
 
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe.backend import ExpertsOps
-from freetoken.runtime import sampling
+from freetoken.runtime import batch_draw, sampling
 from freetoken.runtime.anchors import Anchoring
 from freetoken.runtime.detok import Detokenizer, StopMatcher
 from freetoken.runtime.graphs import DecodeGraphs, decode_plan
 from freetoken.runtime.kv_cache import KVCache
 from freetoken.runtime.masks import EMPTY, Masker, StepMasks
-from freetoken.runtime.overlap import Ahead, Readback, runs_ahead
+from freetoken.runtime.overlap import Ahead, Readback, refusal
 from freetoken.runtime.prefix_cache import Match, PrefixCache, divergence
 from freetoken.runtime.scheduler import Plan, Scheduler
 from freetoken.runtime.sequence import Sequence, Status
@@ -278,17 +278,29 @@ class Engine:
 
     def _draw_rows(self, reqs: list[Request], scores: torch.Tensor, masks: StepMasks) -> list:
         """(request, its scores, its token on the device) of each row that drew; `scores`:
-        fp32 [rows, V], each constrained row's mask applied."""
-        drawn = []
+        fp32 [rows, V], each constrained row's mask applied. Rows alike draw together
+        (runtime/batch_draw.py)."""
+        live = []
         for row, req in enumerate(reqs):
             try:
-                # what fails here is this sequence's own (its parameters, its grammar): it
-                # ends with the error, the batch goes on
-                if (drew := self._draw(req, scores[row], masks.state[row])) is not None:
-                    drawn.append((req, *drew))
+                # what fails here is this sequence's own (its grammar, its options): it ends
+                # with the error, the batch goes on
+                if self._may_draw(req, masks.state[row]):
+                    live.append(row)
             except Exception as e:
                 self._fail_one(req, e)
-        return drawn
+        try:
+            tokens = self._draw_live(reqs, live, scores)
+        except Exception:  # one row's options failed its group: each alone, to find it
+            tokens, kept = [], []
+            for row in live:
+                try:
+                    tokens += self._draw_live(reqs, [row], scores)
+                    kept.append(row)
+                except Exception as e:
+                    self._fail_one(reqs[row], e)
+            live = kept
+        return [(reqs[row], scores[row], token) for row, token in zip(live, tokens)]
 
     def _take_all(self, drawn: list, tokens: list[int], t1: int) -> None:
         """Accepts each row's token; `t1`: when the step's logits were known."""
@@ -329,7 +341,9 @@ class Engine:
         (`drawn`, not yet read); None where it cannot run ahead. Its tokens are drawn when it
         lands, once the host has taken these (their masks and penalties follow them)."""
         B = len(seqs)
-        if refused := self._refuse_ahead(seqs):
+        with self._lock:
+            queued = bool(self._inbox)  # a call waits for no step in flight; a request too
+        if refused := refusal(seqs, queued, self.scheduler, self.graphs, self.num_ctx):
             self.ahead_refused[refused] += 1
             return None
         with torch.inference_mode():
@@ -342,26 +356,6 @@ class Engine:
             )
         self.ahead_steps += 1
         return Ahead(seqs, logits)
-
-    def _refuse_ahead(self, seqs: list[Sequence]) -> str | None:
-        """Why the next step of `seqs` may not launch ahead (None where it may); the reasons
-        are counted, since a server that never runs ahead shows only a lower rate."""
-        B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
-        with self._lock:
-            queued = bool(self._inbox)  # a call waits for no step in flight; a request too
-        if queued:
-            return "queued"
-        if self.scheduler.waiting or len(self.scheduler.running) != B:
-            return "batch"  # the batch changes at the next step
-        if not all(runs_ahead(seq, self.num_ctx) for seq in seqs):
-            return "ending"
-        if not self.graphs.fits(B, ctx_len):
-            return "shape"
-        if not self.graphs.uncut(B, ctx_len):
-            return "cut"
-        if not all(self.scheduler.reserve(seq, 1) for seq in seqs):
-            return "pages"
-        return None
 
     def _land(self, ahead: Ahead) -> int:
         """Draws and reads the step launched ahead (launching the one after it first, where
@@ -390,20 +384,26 @@ class Engine:
         self.decoded += len(reqs)
         return len(ahead.seqs)
 
-    def _draw(
-        self, req: Request, scores: torch.Tensor, mask: object
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sequence's next token, drawn on the logits' device from its scores (its mask
-        already applied), with those scores (None: it has ended). `mask`: its row's state in
+    def _may_draw(self, req: Request, mask: object) -> bool:
+        """Whether the row draws (False: it has ended); `mask`: its row's state in
         StepMasks."""
-        seq = req.seq
         if isinstance(mask, Exception):  # its grammar's mask could not be computed
             raise mask
         if mask is EMPTY:  # cannot happen with a sound grammar; never sample NaN
             self._finish(req, "stop")
-            return None
-        history = seq.tokens if sampling.penalized(seq.params) else []
-        return scores, sampling.draw(scores, history, seq.params, self.num_ctx, req.generator)
+            return False
+        return True
+
+    def _draw_live(self, reqs: list[Request], rows: list[int], scores: torch.Tensor) -> list:
+        seqs = [reqs[row].seq for row in rows]
+        return batch_draw.draw_rows(
+            scores,
+            rows,
+            [seq.tokens if sampling.penalized(seq.params) else [] for seq in seqs],
+            [seq.params for seq in seqs],
+            [reqs[row].generator for row in rows],
+            self.num_ctx,
+        )
 
     def _take(self, req: Request, scores: torch.Tensor, token: int) -> None:
         seq = req.seq

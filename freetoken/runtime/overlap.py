@@ -17,12 +17,17 @@ A sequence that ends while a step is ahead loses that step's row, nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from freetoken.runtime.sequence import Sequence
 
-__all__ = ["Ahead", "Readback", "runs_ahead"]
+if TYPE_CHECKING:
+    from freetoken.runtime.graphs import DecodeGraphs
+    from freetoken.runtime.scheduler import Scheduler
+
+__all__ = ["Ahead", "Readback", "refusal", "runs_ahead"]
 
 
 class Readback:
@@ -71,3 +76,26 @@ def runs_ahead(seq: Sequence, num_ctx: int, taking: int = 1) -> bool:
         and len(seq.output_ids) + taking < seq.max_new_tokens
         and seq.num_tokens + taking < num_ctx
     )
+
+
+def refusal(
+    seqs: list[Sequence], queued: bool, scheduler: Scheduler, graphs: DecodeGraphs, num_ctx: int
+) -> str | None:
+    """Why the next decode step of `seqs` may not launch ahead (None where it may): the
+    engine counts the reasons, since a server that never runs ahead shows only a lower rate.
+    `queued`: a call or a request waits in the engine's inbox. Reserves the step's pages
+    where it may."""
+    B, ctx_len = len(seqs), max(seq.num_cached + 1 for seq in seqs)
+    if queued:
+        return "queued"
+    if scheduler.waiting or len(scheduler.running) != B:
+        return "batch"  # the batch changes at the next step
+    if not all(runs_ahead(seq, num_ctx) for seq in seqs):
+        return "ending"
+    if not graphs.fits(B, ctx_len):
+        return "shape"
+    if not graphs.uncut(B, ctx_len):
+        return "cut"
+    if not all(scheduler.reserve(seq, 1) for seq in seqs):
+        return "pages"
+    return None

@@ -118,6 +118,12 @@ def _penalize_dense(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParam
     counts = torch.zeros_like(logits).index_add_(
         0, recent, torch.ones_like(recent, dtype=logits.dtype)
     )
+    return penalize_counts(logits, counts, p)
+
+
+def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The penalties on logits of any shape, from each token's count in the recent history
+    (`counts`, the logits' shape)."""
     seen = counts > 0
     if p.repeat_penalty != 1.0:
         # by the reciprocal, as CUDA divides by a scalar: the CPU's logits then equal the GPU's

@@ -64,6 +64,20 @@ def test_kernels_draw_the_reference_token(device, small_blocks):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_rows_drawn_in_one_launch_draw_what_each_draws_alone(device, small_blocks):
+    """A batch's rows with the same options take one launch of each kernel: each row's
+    token is the one it draws alone at its own uniform."""
+    (V, k, temperature, top_p, min_p), _ = cases(device)[0]
+    g = torch.Generator().manual_seed(11)
+    logits = (3 * torch.randn(3, V, generator=g)).to(device)
+    u = torch.rand(3, generator=g)
+    together = sample_gpu.top_k_draw(logits, k, temperature, top_p, min_p, u.to(device))
+    assert together.shape == (3,)
+    want = [reference(logits[i], k, temperature, top_p, min_p, float(u[i])) for i in range(3)]
+    assert together.tolist() == want
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_masked_and_infinite_logits(device, small_blocks):
     """Tokens a grammar ruled out (-inf) are never drawn, even where fewer than k remain;
     an infinite or NaN logit takes the draw, as torch's guard does."""

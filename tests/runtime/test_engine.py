@@ -86,6 +86,27 @@ def test_a_grammar_the_mask_worker_cannot_compute_fails_its_sequence_alone(engin
     assert engine.kv.pool.num_free == engine.kv.pool.num_pages
 
 
+def test_a_row_whose_draw_fails_fails_alone_though_drawn_with_others(engine, monkeypatch):
+    """Rows alike draw together (runtime/batch_draw.py): where one of them fails the draw,
+    each is drawn again alone and only that sequence ends, with the error."""
+    from freetoken.runtime import batch_draw
+
+    draw_rows = batch_draw.draw_rows
+
+    def failing(scores, rows, histories, params, generators, num_ctx):
+        if any(p.min_p == 0.5 for p in params):
+            raise ValueError("cannot draw this row")
+        return draw_rows(scores, rows, histories, params, generators, num_ctx)
+
+    monkeypatch.setattr(batch_draw, "draw_rows", failing)
+    good, bad, other = _seq(), _seq(min_p=0.5), _seq()
+    _run(engine, [good, bad, other])
+    assert bad.finish_reason == "error" and "cannot draw this row" in bad.error
+    assert good.finish_reason == other.finish_reason == "length"
+    assert good.output_ids == other.output_ids and len(good.output_ids) == 6
+    assert engine.kv.pool.num_free == engine.kv.pool.num_pages
+
+
 def test_out_of_vocabulary_ids_fail_their_sequence_before_the_step(engine):
     good = _seq()
     bad = Sequence([1, engine.vocab_size, 2], SamplingParams(), 4, frozenset())

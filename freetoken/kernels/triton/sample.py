@@ -1,4 +1,4 @@
-"""Top-k sampling of one token from a row of logits in two kernels.
+"""Top-k sampling of a token from each row of logits in two kernels.
 
 Each program of `block_top_kernel` sorts a block of the vocabulary and keeps its KP largest
 logits; `pick_kernel` sorts those candidates, keeps the k largest, and draws a token from
@@ -29,20 +29,27 @@ def _logit(key):
 
 @triton.jit
 def block_top_kernel(logits_ptr, V, keys_ptr, KP: tl.constexpr, BLOCK: tl.constexpr):
-    """keys[pid * KP + j] = the j-th largest key of logits[pid * BLOCK:][:BLOCK], j < KP."""
-    pid = tl.program_id(0)
+    """For row b = program_id(1) of logits [B, V]: keys[b, pid * KP + j] = the j-th largest
+    key of its logits[pid * BLOCK:][:BLOCK], j < KP."""
+    pid, row = tl.program_id(0), tl.program_id(1)
     r = tl.arange(0, BLOCK)
     ids = pid * BLOCK + r
-    x = tl.load(logits_ptr + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
+    x = tl.load(logits_ptr + row * V + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
     keys = tl.sort(_key(x, ids), descending=True)
-    tl.store(keys_ptr + pid * KP + r, keys.to(tl.int64, bitcast=True), mask=r < KP)
+    out = keys_ptr + (row * tl.num_programs(0) + pid) * KP + r
+    tl.store(out, keys.to(tl.int64, bitcast=True), mask=r < KP)
 
 
 @triton.jit
 def pick_kernel(keys_ptr, n, u_ptr, out_ptr, k, inv_temp, top_p, min_p, NC: tl.constexpr):
-    """out = the token drawn at u from the k largest of the n candidate keys: softmax at
-    1/inv_temp over them, the smallest prefix whose mass before it stays under top_p (pass
-    a value above 1 for none), tokens at least min_p times the likeliest one."""
+    """out[b] = the token drawn at u[b] from the k largest of row b's n candidate keys
+    (b = program_id(0)): softmax at 1/inv_temp over them, the smallest prefix whose mass
+    before it stays under top_p (pass a value above 1 for none), tokens at least min_p times
+    the likeliest one."""
+    row = tl.program_id(0)
+    keys_ptr += row * n
+    u_ptr += row
+    out_ptr += row
     r = tl.arange(0, NC)
     keys = tl.load(keys_ptr + r, mask=r < n, other=0).to(tl.uint64, bitcast=True)
     keys = tl.sort(keys, descending=True)
