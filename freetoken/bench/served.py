@@ -10,6 +10,7 @@ load, the scheduler, the API.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,6 +37,12 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--layers", type=int, default=0, help="the shape cut to this many layers")
     p.add_argument("--dtype", default="bfloat16", help="the synthetic checkpoint's dtype")
     p.add_argument(
+        "--quantize",
+        default="",
+        help="the synthetic model's experts packed as `create --quantize` would (q4_K_M, "
+        "q8_0, or a block format): written straight to FTW, at the quantized size",
+    )
+    p.add_argument(
         "--embed-std",
         type=float,
         default=0.0,
@@ -49,23 +56,33 @@ def add_arguments(p: Any) -> None:
 
 
 def checkpoint(
-    shape: str, layers: int, work: Path, dtype: str = "bfloat16", embed_std: float = 0.0
+    shape: str,
+    layers: int,
+    work: Path,
+    dtype: str = "bfloat16",
+    embed_std: float = 0.0,
+    quantize: str = "",
 ) -> Path:
-    """A random-weight checkpoint of `shape` (cut to `layers`), written once into `work`."""
-    from freetoken.tools import synth
+    """A random-weight checkpoint of `shape` (cut to `layers`), written once into `work`;
+    with `quantize`, an FTW directory with the experts packed (tools/synth_ftw.py)."""
+    from freetoken.tools import synth, synth_ftw
 
     cfg = dict(SHAPES[shape])
     if layers:
         cfg["num_hidden_layers"] = layers
-    name = f"{shape}-{cfg['num_hidden_layers']}l-{dtype}" + (
+    name = f"{shape}-{cfg['num_hidden_layers']}l-{quantize or dtype}" + (
         f"-e{embed_std:g}" if embed_std else ""
     )
     out = work / "checkpoints" / name
     if (out / "config.json").exists():
         return out
     partial = out.with_name(name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     try:
-        synth.write_checkpoint(partial, cfg, dtype, embed_std)
+        if quantize:
+            synth_ftw.write(partial, cfg, quantize, dtype, embed_std)
+        else:
+            synth.write_checkpoint(partial, cfg, dtype, embed_std)
     except ValueError as e:
         raise SystemExit(f"{e}: pass --from DIR") from None
     partial.rename(out)
@@ -133,7 +150,9 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
         return
     store = Store(work / "store")
     if args.shape:
-        source = checkpoint(args.shape, args.layers, work, args.dtype, args.embed_std)
+        source = checkpoint(
+            args.shape, args.layers, work, args.dtype, args.embed_std, args.quantize
+        )
         name = args.model or source.name.lower()
     elif args.source:
         source, name = Path(args.source), args.model or Path(args.source).name.lower()

@@ -70,13 +70,13 @@ def build(
                 ).to(device=device, dtype=kind)
     reset_buffers(model)
     spec = setup.expert_spec(model)
-    formats = _formats(quant, model.moe_layers, spec)
+    formats = formats_for(quant, model.moe_layers, spec)
     banks = _expert_banks(model.moe_layers, spec, config, dtype, g, gen_device, formats)
     model.eval()
     return SynthModel(model, config, banks, device, dtype, time.perf_counter() - t0, formats)
 
 
-def _formats(qtype: str | None, layers: list[int], spec: ExpertSpec) -> dict:
+def formats_for(qtype: str | None, layers: list[int], spec: ExpertSpec) -> dict:
     """Each expert matrix bank's block format under `qtype` (a format, or a quantize type)."""
     if not qtype:
         return {}

@@ -1,11 +1,11 @@
 """A decode step's tokens, rows with the same options drawn together.
 
 On a GPU one row's draw is a handful of launches (penalties, a uniform, two top-k kernels):
-0.2-0.4 ms of the engine thread a row on an H200, which at four streams adds up to a
-large part of a step. Rows whose options are the same (clients send the same ones, or none) and whose
-draw takes the kernels, or is greedy, are drawn as one batch: the penalties counted in one
-scatter over the batch, the kernels launched once over its rows. Every other row is drawn
-alone by `sampling.draw`. A row draws the same token either way: the same arithmetic a
+0.2-0.4 ms of the engine thread a row on an H200, which at four streams adds up to a large
+part of a step. Rows whose options are the same (clients send the same ones, or none) and
+whose draw takes the kernels, or is greedy, are drawn as one batch: the penalties counted
+in one scatter over the batch, the kernels launched once over its rows. Every other row is
+drawn alone by `sampling.draw`. A row draws the same token either way: the same arithmetic a
 logit, and a seeded row's uniform from its own generator, one a step, as alone.
 """
 

@@ -204,7 +204,7 @@ def qwen3_moe_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
 
 
 def _random_tensors(
-    cfg: dict[str, Any], seed: int, dtype: str, embed_std: float = 0.0
+    cfg: dict[str, Any], seed: int, dtype: str, embed_std: float = 0.0, experts: bool = True
 ) -> dict[str, Any]:
     import torch
 
@@ -240,7 +240,7 @@ def _random_tensors(
         t[p + "self_attn.q_norm.weight"] = norm(hd)
         t[p + "self_attn.k_norm.weight"] = norm(hd)
         t[p + "mlp.gate.weight"] = mat(e, h)
-        for x in range(e):
+        for x in range(e if experts else 0):
             q = f"{p}mlp.experts.{x}."
             t[q + "gate_proj.weight"] = mat(inter, h)
             t[q + "up_proj.weight"] = mat(inter, h)
@@ -258,11 +258,13 @@ def write_qwen3_moe(
     tokenizer: Any = None,
     embed_std: float = 0.0,
     weights: dict[str, Any] | None = None,
+    experts: bool = True,
     **overrides: Any,
 ) -> Path:
     """A complete Qwen3-MoE directory: config, weights (`weights`, under a checkpoint's
     names, else random), tokenizer (`tokenizer`, else one trained to `vocab_size`),
-    generation config; `embed_std` as in `_embedding`."""
+    generation config; `embed_std` as in `_embedding`. `experts=False` leaves the routed
+    experts' weights out (tools/synth_ftw.py writes them packed)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -279,7 +281,7 @@ def write_qwen3_moe(
 
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
     save_file(
-        _random_tensors(cfg, seed, dtype, embed_std) if weights is None else weights,
+        _random_tensors(cfg, seed, dtype, embed_std, experts) if weights is None else weights,
         str(out / "model.safetensors"),
         metadata={"format": "pt"},
     )
@@ -287,19 +289,24 @@ def write_qwen3_moe(
 
 
 def write_checkpoint(
-    out: Path, config: dict[str, Any], dtype: str = "bfloat16", embed_std: float = 0.0
+    out: Path,
+    config: dict[str, Any],
+    dtype: str = "bfloat16",
+    embed_std: float = 0.0,
+    experts: bool = True,
 ) -> Path:
     """A random checkpoint of a Hub-style config (a benchmark shape), with the synthetic
-    tokenizer and the thinking template; ValueError for a family without a writer here."""
+    tokenizer and the thinking template; ValueError for a family without a writer here.
+    `experts=False`: without the routed experts (Qwen3-MoE only)."""
     cfg = dict(config)
     model_type = cfg.pop("model_type")
     cfg.pop("vocab_size", None)  # the synthetic tokenizer's
     kw = {"dtype": dtype, "template": CHAT_TEMPLATE_THINKING, "embed_std": embed_std}
-    if model_type == "qwen3_next":
+    if model_type == "qwen3_next" and experts:
         return write_qwen3_next(out, **kw, **cfg)
     if model_type != "qwen3_moe":
         raise ValueError(f"no synthetic checkpoint writer for {model_type!r}")
-    return write_qwen3_moe(out, **kw, **cfg)
+    return write_qwen3_moe(out, **kw, experts=experts, **cfg)
 
 
 def _embedding(vocab: int, hidden: int, std: float, g: Any) -> Any:

@@ -86,6 +86,16 @@ def test_embed_std_sets_the_synthetic_token_embeddings_scale(tmp_path):
     assert embedding(tokens).std().item() == pytest.approx(1.0, rel=0.05)
 
 
+def test_a_quantized_shape_is_written_as_ftw_once(tmp_path):
+    """--quantize writes the shape straight to FTW with packed experts (the 48-layer
+    Qwen3-30B-A3B shape in BF16 and its FTW would not fit the disk together)."""
+    out = served.checkpoint("tiny", 2, tmp_path, quantize="q4_K_M")
+    assert out.name == "tiny-2l-q4_K_M" and (out / "ftw.json").exists()
+    stamp = (out / "ftw.json").stat().st_mtime_ns
+    assert served.checkpoint("tiny", 2, tmp_path, quantize="q4_K_M") == out
+    assert (out / "ftw.json").stat().st_mtime_ns == stamp
+
+
 def test_a_server_started_here_gets_a_context_for_the_long_prompts():
     assert serve.context_for_prompts([], 8000 + 256) == ["FREETOKEN_CONTEXT_LENGTH=16384"]
     assert serve.context_for_prompts(["A=1"], 100) == ["A=1", "FREETOKEN_CONTEXT_LENGTH=4096"]
