@@ -64,8 +64,9 @@ def checkpoint(
     quantize: str = "",
 ) -> Path:
     """A random-weight checkpoint of `shape` (cut to `layers`), written once into `work`;
-    with `quantize`, an FTW directory with the experts packed (tools/synth_ftw.py)."""
-    from freetoken.tools import synth, synth_ftw
+    with `quantize`, an FTW directory with the experts packed (bench/synthftw.py)."""
+    from freetoken.bench import synthftw
+    from freetoken.tools import synth
 
     cfg = dict(SHAPES[shape])
     if layers:
@@ -80,7 +81,7 @@ def checkpoint(
     shutil.rmtree(partial, ignore_errors=True)
     try:
         if quantize:
-            synth_ftw.write(partial, cfg, quantize, dtype, embed_std)
+            synthftw.write(partial, cfg, quantize, dtype, embed_std)
         else:
             synth.write_checkpoint(partial, cfg, dtype, embed_std)
     except ValueError as e:

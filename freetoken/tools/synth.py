@@ -264,7 +264,7 @@ def write_qwen3_moe(
     """A complete Qwen3-MoE directory: config, weights (`weights`, under a checkpoint's
     names, else random), tokenizer (`tokenizer`, else one trained to `vocab_size`),
     generation config; `embed_std` as in `_embedding`. `experts=False` leaves the routed
-    experts' weights out (tools/synth_ftw.py writes them packed)."""
+    experts' weights out (bench/synthftw.py writes them packed)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)

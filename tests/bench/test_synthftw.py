@@ -7,14 +7,14 @@ import json
 
 import torch
 
+from freetoken.bench import synthftw
 from freetoken.models.shapes import SHAPES
 from freetoken.store import CreateSpec, Store
-from freetoken.tools import synth_ftw
 from tests.runtime.engine_util import full_logits, make_engine
 
 
 def test_a_shape_written_as_quantized_ftw_loads_and_is_created(tmp_path):
-    out = synth_ftw.write(tmp_path / "tiny-q4", SHAPES["tiny"], "q4_K_M", embed_std=1.0)
+    out = synthftw.write(tmp_path / "tiny-q4", SHAPES["tiny"], "q4_K_M", embed_std=1.0)
     index = json.loads((out / "ftw.json").read_text())
     banks = {
         (t["layer"], t["bank"]): t.get("quant") for t in index["tensors"] if t["kind"] == "bank"
