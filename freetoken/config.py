@@ -246,8 +246,7 @@ SETTINGS: tuple[Setting, ...] = (
         "FREETOKEN_DEVICE_CACHE",
         _choice("auto", "on", "off"),
         "auto",
-        "single-token decode keeps the expert cache's books on the device and fetches misses "
-        "with a "
+        "decode steps keep the expert cache's books on the device and fetch misses with a "
         "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)",
     ),
     Setting(

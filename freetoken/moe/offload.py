@@ -9,8 +9,8 @@ The two partial outputs are added; every route is computed exactly once.
 Policies (moe/policy.py): resident, lru-pcie (q = m), cpu-misses (q = 0), static-layers
 (whole layers on the CPU, the rest fixed on the GPU, like --n-cpu-moe), adaptive (q and the
 placement chosen by measured step times, moe/tuning.py). On a machine without a GPU every
-expert runs on the CPU through the same code. With device-kept books, single-token decode
-steps of lru-pcie (and of adaptive, when it measures that faster) keep the cache's books on
+expert runs on the CPU through the same code. With device-kept books, decode steps (a batch
+too) of lru-pcie (and of adaptive, when it measures that faster) keep the cache's books on
 the device and fetch misses with a GPU kernel (`device_lru.DeviceLRU`): no host work inside
 the step. This class holds the state and routes each call to its execution path
 (moe/paths.py); placement lives in moe/placement.py.

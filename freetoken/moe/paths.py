@@ -4,8 +4,9 @@
                    single-token step), and the CPU's share of a cached layer's misses;
   HostBooksPath    the host looks up the layer's experts in the cache, fetches q of the m
                    misses over PCIe and computes the others on the CPU, at the same time;
-  DeviceBooksPath  single-token steps whose cache books live on the device: every miss
-                   fetched by a GPU kernel, or a tuned share with the CPU taking the rest.
+  DeviceBooksPath  decode steps whose cache books live on the device: every miss fetched
+                   by a GPU kernel, or (single tokens) a tuned share with the CPU taking the
+                   rest.
 Fixed layers (every expert in a slot) and prefill streaming (moe/prefill.py) need no class.
 All of them share one `Shared`: the banks, the cache, the counters and the copy machinery.
 """

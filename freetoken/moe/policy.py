@@ -34,7 +34,7 @@ class Policy(enum.StrEnum):
 
     @property
     def device_books(self) -> bool:
-        """Single-token steps may keep the cache's books on the device."""
+        """Decode steps may keep the cache's books on the device."""
         return self in (Policy.LRU_PCIE, Policy.ADAPTIVE)
 
     @property
