@@ -180,9 +180,7 @@ class ModelLoad:
                 model, kv, device, self.num_ctx, max_batch=self.num_parallel, state=state
             )
         if graphs is not None:
-            t0 = time.perf_counter()
-            steps = graphs.warm(kv.pool)
-            log.info("decode graphs: %d shapes warmed in %.1f s", steps, time.perf_counter() - t0)
+            _warm(graphs, kv)
         tokenizer = Tokenizer(self.files)
         prompts = PromptBuilder(tokenizer, self.spec.get("template"))
         fmt = formats.format_for(loaded.config.get("model_type"), prompts.template)
@@ -251,3 +249,14 @@ def kv_pages(
         return pages
     tokens = max(2 * num_ctx, num_parallel * min(num_ctx, 8192))
     return -(-tokens // page)
+
+
+def _warm(graphs: DecodeGraphs, kv: KVCache) -> None:
+    """Compiles and captures the decode steps' shapes before the first request."""
+    t0 = time.perf_counter()
+    try:
+        steps = graphs.warm(kv.pool)
+        log.info("decode graphs: %d shapes warmed in %.1f s", steps, time.perf_counter() - t0)
+    except RuntimeError as e:  # a speed-up only: the steps capture when first run
+        graphs.reset()
+        log.warning("decode graphs: warming failed, shapes capture when first run: %s", e)

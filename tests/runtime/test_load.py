@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 from freetoken import config
+from freetoken.runtime import load
 from freetoken.runtime.load import ModelLoad
 from freetoken.store import Store
 from tests.store.conftest import create, write_model_dir
@@ -33,3 +35,16 @@ def test_a_model_without_an_index_is_logged_not_failed(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="freetoken.runner"):
         load.log_judgement()
     assert "doctor: no judgement for x" in caplog.text
+
+
+def test_a_failed_warm_up_leaves_the_graphs_to_capture_when_first_run(caplog):
+    """Warming the decode graphs at load is a speed-up only: its failure is logged and the
+    load goes on with no graph kept."""
+    reset = []
+
+    def warm(pool):
+        raise RuntimeError("capture failed")
+
+    graphs = SimpleNamespace(warm=warm, reset=lambda: reset.append(True))
+    load._warm(graphs, SimpleNamespace(pool=None))
+    assert reset == [True] and "warming failed" in caplog.text
