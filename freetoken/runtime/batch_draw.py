@@ -11,6 +11,8 @@ logit, and a seeded row's uniform from its own generator, one a step, as alone.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from freetoken.kernels import sample_gpu
@@ -21,18 +23,10 @@ from freetoken.runtime.sampling import SamplingParams
 __all__ = ["draw_rows"]
 
 
-def _options(p: SamplingParams) -> tuple:
-    """What a draw depends on, besides the row's own history and generator."""
-    return (
-        p.temperature,
-        p.top_k,
-        p.top_p,
-        p.min_p,
-        p.repeat_penalty,
-        p.repeat_last_n,
-        p.presence_penalty,
-        p.frequency_penalty,
-    )
+def _options(p: SamplingParams) -> SamplingParams:
+    """What a draw depends on, besides the row's own history and generator: the options
+    with those that do not change a draw cleared (a field added later counts by default)."""
+    return dataclasses.replace(p, seed=-1, num_predict=-1, stop=())
 
 
 def _batches(scores: torch.Tensor, p: SamplingParams) -> bool:
@@ -52,7 +46,7 @@ def draw_rows(
 ) -> list[torch.Tensor]:
     """A token (0-d, on the scores' device; nothing waits for it) for each of `rows` of fp32
     scores [B, V], each with its history (read for penalties), options and generator."""
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[object, list[int]] = {}
     for j, p in enumerate(params):
         groups.setdefault(_options(p) if _batches(scores, p) else ("alone", j), []).append(j)
     out: list[torch.Tensor | None] = [None] * len(rows)
@@ -69,30 +63,12 @@ def draw_rows(
         # host index list would be copied from pageable memory, which waits for the stream)
         whole = picked == list(range(scores.shape[0]))
         batch = scores.float() if whole else torch.stack([scores[r] for r in picked]).float()
-        batch = _penalize(batch, [histories[j] for j in members], p, num_ctx)
+        if sampling.penalized(p):
+            batch = sampling.penalize_rows(batch, [histories[j] for j in members], p, num_ctx)
         tokens = _draw_batch(batch, p, [generators[j] for j in members])
         for i, j in enumerate(members):
             out[j] = tokens[i]
     return out  # type: ignore[return-value]
-
-
-def _penalize(
-    batch: torch.Tensor, histories: list[list[int]], p: SamplingParams, num_ctx: int
-) -> torch.Tensor:
-    """`sampling.apply_penalties` on each row, as one scatter over the batch (the same
-    logits as each row's own path, on either device)."""
-    if not sampling.penalized(p):
-        return batch
-    n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
-    B, V = batch.shape
-    flat = [r * V + t for r, h in enumerate(histories) for t in (h[-n:] if n else [])]
-    ids = torch.tensor(flat, dtype=torch.long)
-    if batch.is_cuda:
-        # pinned: a copy from pageable memory waits for the stream (the step launched ahead)
-        ids = ids.pin_memory().to(batch.device, non_blocking=True)
-    counts = torch.zeros(B * V, dtype=batch.dtype, device=batch.device)
-    counts.index_add_(0, ids, torch.ones_like(ids, dtype=batch.dtype))
-    return sampling.penalize_counts(batch, counts.view(B, V), p)
 
 
 def _draw_batch(

@@ -85,16 +85,12 @@ def penalized(p: SamplingParams) -> bool:
 def apply_penalties(
     logits: torch.Tensor, history: list[int], p: SamplingParams, num_ctx: int
 ) -> torch.Tensor:
-    n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
     if not history or not penalized(p):
         return logits
-    recent = torch.tensor(history[-n:], dtype=torch.long)
     if logits.is_cuda:
-        # pinned: a copy from pageable memory first waits for the stream, and with a step
-        # launched ahead that is its whole forward
-        recent = recent.pin_memory().to(logits.device, non_blocking=True)
-        return _penalize_dense(logits, recent, p)
-    return _penalize_seen(logits, recent, p)
+        return penalize_rows(logits[None], [history], p, num_ctx)[0]
+    n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
+    return _penalize_seen(logits, torch.tensor(history[-n:], dtype=torch.long), p)
 
 
 def _penalize_seen(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -110,18 +106,29 @@ def _penalize_seen(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParams
     return logits
 
 
-def _penalize_dense(logits: torch.Tensor, recent: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """On a GPU: counts over the whole vocabulary by a scatter, the same arithmetic on every
-    logit. torch.unique's output has a data-dependent size, so the host waits for the device
-    there; with the next step already launched (runtime/overlap.py) that wait took the
-    step's whole forward, and a penalised stream decoded at a third of its speed."""
-    counts = torch.zeros_like(logits).index_add_(
-        0, recent, torch.ones_like(recent, dtype=logits.dtype)
+def penalize_rows(
+    batch: torch.Tensor, histories: list[list[int]], p: SamplingParams, num_ctx: int
+) -> torch.Tensor:
+    """The penalties on each row of logits [B, V] from its own history, counted over the
+    whole vocabulary by one scatter for the batch, the same arithmetic on every logit (equal
+    to `_penalize_seen`'s, logit for logit). What a GPU runs: torch.unique's output has a
+    data-dependent size, so the host would wait for the device there, and with the next
+    step already launched (runtime/overlap.py) that wait took the step's whole forward."""
+    n = num_ctx if p.repeat_last_n < 0 else p.repeat_last_n
+    B, V = batch.shape
+    ids = torch.tensor(
+        [r * V + t for r, h in enumerate(histories) for t in h[-n:]], dtype=torch.long
     )
-    return penalize_counts(logits, counts, p)
+    if batch.is_cuda:
+        # pinned: a copy from pageable memory first waits for the stream (the step launched
+        # ahead)
+        ids = ids.pin_memory().to(batch.device, non_blocking=True)
+    counts = torch.zeros(B * V, dtype=batch.dtype, device=batch.device)
+    counts.index_add_(0, ids, torch.ones_like(ids, dtype=batch.dtype))
+    return _penalize_counts(batch, counts.view(B, V), p)
 
 
-def penalize_counts(logits: torch.Tensor, counts: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def _penalize_counts(logits: torch.Tensor, counts: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The penalties on logits of any shape, from each token's count in the recent history
     (`counts`, the logits' shape)."""
     seen = counts > 0

@@ -85,8 +85,9 @@ def test_the_gpu_penalty_is_the_cpu_one_on_every_logit(seed):
         SamplingParams(repeat_penalty=0.8, frequency_penalty=0.4),
         SamplingParams(repeat_penalty=1.0, presence_penalty=0.7, frequency_penalty=-0.2),
     ):
-        dense = sampling._penalize_dense(logits, recent, p)
-        assert torch.equal(dense, sampling._penalize_seen(logits, recent, p))
+        dense = sampling.penalize_rows(logits[None], [recent.tolist()], p, 4096)[0]
+        window = recent[-p.repeat_last_n :]
+        assert torch.equal(dense, sampling._penalize_seen(logits, window, p))
 
 
 @pytest.mark.gpu
