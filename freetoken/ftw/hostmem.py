@@ -6,6 +6,7 @@ the read to overwrite it; filling first and registering afterwards skips that pa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -14,6 +15,7 @@ import queue
 import resource
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -119,24 +121,77 @@ class HostBuffer:
         """Registers the mapping with CUDA; PinRefused where the platform says no."""
         if self.pinned or not self.nbytes:
             return
+        release_freed()
         err = _register(self.address, len(self.mm))
+        if err == ALREADY_REGISTERED and _unregister(self.address) == 0:
+            # a registration outlived the mapping that was here (freed where CUDA could not
+            # be called): it still points at that mapping's old pages, so DMA through it
+            # would read stale memory; it goes, and this mapping takes its place
+            log.warning("a stale host registration at %#x was dropped", self.address)
+            err = _register(self.address, len(self.mm))
         if err != 0:
             raise PinRefused(err, len(self.mm))
         self.pinned = True
 
     def __del__(self) -> None:
         # A mapping freed while still registered would make CUDA refuse the next mapping that
-        # the kernel places at the same address ("already registered").
+        # the kernel places at the same address ("already registered"). While a CUDA graph
+        # is captured, unregistering is not allowed (it would fail and break the capture):
+        # the mapping is kept until the capture ends.
         if getattr(self, "pinned", False):
-            try:
-                torch.cuda.cudart().cudaHostUnregister(self.address)
-            except Exception:  # interpreter shutdown: CUDA may already be gone
-                pass
+            with _lock:
+                if _holds:
+                    _freed.append((self.address, self.mm))
+                    return
+            _unregister(self.address)
+
+
+ALREADY_REGISTERED = 712  # cudaErrorHostMemoryAlreadyRegistered
+
+_lock = threading.Lock()
+_holds = 0  # graph captures in progress (no CUDA call that synchronises may run)
+_freed: list[tuple[int, mmap.mmap]] = []  # registered mappings freed meanwhile, kept mapped
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[None]:
+    """Marks a CUDA graph capture: pinned buffers freed meanwhile (by any thread, by the
+    garbage collector) unregister when the last capture ends, not inside it."""
+    global _holds
+    with _lock:
+        _holds += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holds -= 1
+        release_freed()
+
+
+def release_freed() -> int:
+    """Unregisters (and unmaps) the pinned buffers freed during captures, where none is in
+    progress; returns how many."""
+    with _lock:
+        if _holds or not _freed:
+            return 0
+        freed = _freed[:]
+        _freed.clear()
+    for address, _ in freed:
+        _unregister(address)
+    return len(freed)
 
 
 def _register(address: int, nbytes: int) -> int:
     """cudaHostRegister's error code (0: pinned); a seam for tests without a GPU."""
     return int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0))
+
+
+def _unregister(address: int) -> int:
+    """cudaHostUnregister's error code; a seam for tests without a GPU."""
+    try:
+        return int(torch.cuda.cudart().cudaHostUnregister(address))
+    except Exception:  # interpreter shutdown: CUDA may already be gone
+        return -1
 
 
 def memlock_limit() -> int | None:

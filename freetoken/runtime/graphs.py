@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from freetoken.ftw import hostmem
 from freetoken.layers.context import DecodeView, StepContext, step_context
 from freetoken.moe.backend import ExpertBackend, ExpertsOps
 from freetoken.runtime.kv_cache import KVCache, PagePool
@@ -257,9 +258,13 @@ class DecodeGraphs:
             backend = self._ops.backend
             saved = self._ops.route_through(cutter.wrap(backend)) if backend else []
             try:
-                cutter.begin()
-                bk.logits = self._forward(bk)
-                cutter.finish()
+                # a pinned buffer freed inside the capture (the garbage collector runs
+                # anywhere) must not unregister there: that call breaks the capture and
+                # leaves a registration behind its freed mapping
+                with hostmem.capturing():
+                    cutter.begin()
+                    bk.logits = self._forward(bk)
+                    cutter.finish()
             except BaseException:
                 cutter.abort()
                 raise

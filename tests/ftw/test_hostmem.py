@@ -98,3 +98,81 @@ def test_packed_experts_narrower_than_their_slots_go_through_the_ring(refusing):
         assert not dst.is_contiguous()
         hb.h2d(dst, src, False)
         assert torch.equal(dst, src)
+
+
+class FakeDriver:
+    """CUDA's host registrations as the driver keeps them: by address, refused twice, and
+    not to be touched while a graph is captured."""
+
+    def __init__(self):
+        self.registered: dict[int, int] = {}
+        self.capturing = False
+
+    def register(self, address: int, nbytes: int) -> int:
+        if address in self.registered:
+            return hostmem.ALREADY_REGISTERED
+        self.registered[address] = nbytes
+        return 0
+
+    def unregister(self, address: int) -> int:
+        if self.capturing:
+            return 900  # not permitted while a stream is captured
+        return 0 if self.registered.pop(address, None) is not None else 713
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    d = FakeDriver()
+    monkeypatch.setattr(hostmem, "_register", d.register)
+    monkeypatch.setattr(hostmem, "_unregister", d.unregister)
+    monkeypatch.setattr(hostmem, "_freed", [])
+    return d
+
+
+def test_a_pinned_buffer_freed_during_a_capture_unregisters_after_it(driver):
+    buf = hostmem.HostBuffer(1 << 16)
+    buf.pin()
+    address = buf.address
+    with hostmem.capturing():
+        driver.capturing = True
+        del buf  # the garbage collector may do this anywhere
+        assert address in driver.registered  # kept registered and mapped meanwhile
+        driver.capturing = False
+    assert address not in driver.registered
+
+
+def test_a_freed_pinned_buffer_unregisters_at_once_outside_captures(driver):
+    buf = hostmem.HostBuffer(1 << 16)
+    buf.pin()
+    address = buf.address
+    del buf
+    assert address not in driver.registered
+
+
+def test_a_stale_registration_at_a_new_mappings_address_is_replaced(driver):
+    buf = hostmem.HostBuffer(1 << 16)
+    driver.registered[buf.address] = 1 << 16  # left by a mapping freed without unregistering
+    buf.pin()
+    assert buf.pinned and driver.registered[buf.address] == len(buf.mm)
+
+
+@pytest.mark.gpu
+def test_freeing_a_pinned_buffer_inside_a_real_capture_keeps_the_capture():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    buf = hostmem.HostBuffer(1 << 20)
+    buf.pin()
+    x = torch.ones(8, device="cuda")
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), hostmem.capturing():
+        graph.capture_begin()
+        y = x * 2
+        del buf  # would be cudaHostUnregister inside the capture
+        graph.capture_end()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.full((8,), 2.0, device="cuda"))
+    again = hostmem.HostBuffer(1 << 20)
+    again.pin()  # no registration was left behind the freed mapping
+    assert again.pinned
