@@ -156,6 +156,12 @@ class ModeChooser:
     whose speed drifts (other work on the host's cores or memory) then slows every mode's
     samples alike instead of the ones measured last.
 
+    A step's time depends on its batch as much as on the mode (four sequences' step is not
+    one's), and the batch changes as requests come and go: each mode's samples are kept by
+    batch size and the modes are compared at the size all of them were measured at most. A
+    measurement with no size in common decides nothing: the mode in use stays, and the
+    next measurement comes `retry` steps later.
+
     The first answer a user waits for must not pay for the measuring: serving starts in
     `start` (the mode the bandwidths predict, or the one learned before on this machine),
     the first measurement waits `explore_after` steps, and between two visits the chooser
@@ -179,8 +185,11 @@ class ModeChooser:
         self.means: dict[str, float] = {}
         self._plan: list[str] = []  # visits still to make, in order
         self._steps = 0  # steps since the current visit began
-        self._visit: list[float] = []  # this visit's samples
-        self._samples: dict[str, list[float]] = {}  # each mode's samples of this measurement
+        self._visit: list[tuple[int, float]] = []  # this visit's (batch, seconds)
+        # each mode's samples of this measurement, by batch size
+        self._samples: dict[str, dict[int, list[float]]] = {}
+        self.batch = 0  # the batch size the last decided measurement compared the modes at
+        self.retry = explore_after or max(1, period // 8)
         self._since = 0  # steps since the last choice
         visit = settle + self._per_visit
         self.rest = 0 if duty >= 1 else int(-(-visit * (1 - duty) // duty))
@@ -200,8 +209,8 @@ class ModeChooser:
         self._since, self._steps, self._visit = 0, 0, []
         self.mode = self._plan[0]
 
-    def observe(self, seconds: float) -> None:
-        """One decode step, run in the current mode, took `seconds`."""
+    def observe(self, seconds: float, batch: int = 1) -> None:
+        """One decode step of `batch` sequences, run in the current mode, took `seconds`."""
         self._steps += 1
         if not self._plan:
             self._since += 1
@@ -214,25 +223,39 @@ class ModeChooser:
                 self.mode, self._steps = self._plan[0], 0
             return
         if self._steps > self.settle:  # the first steps after a switch pay for the switch
-            self._visit.append(seconds)
+            self._visit.append((batch, seconds))
         if len(self._visit) >= self._per_visit:
             self._end_visit()
 
     def _end_visit(self) -> None:
         done = self._plan.pop(0)
-        self._samples.setdefault(done, []).extend(self._visit)
+        by_batch = self._samples.setdefault(done, {})
+        for batch, seconds in self._visit:
+            by_batch.setdefault(batch, []).append(seconds)
         self._visit, self._steps = [], 0
-        if done not in self._plan:  # its last visit: its median over all of them
-            s = sorted(self._samples.pop(done))
-            self.means[done] = s[len(s) // 2]
         if not self._plan:
-            self.mode = min(self.means, key=self.means.get)
-            self.completed += 1
+            self._decide()
         elif self.rest:
             self._resting = self.rest
             self.mode = self.best
         else:
             self.mode = self._plan[0]
+
+    def _decide(self) -> None:
+        """Ends a measurement: each mode's median at the batch size every mode was measured
+        at most, and the fastest serves; without such a size, the mode in use stays."""
+        samples, self._samples = self._samples, {}
+        common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
+        if not common or set(samples) != set(self.modes):
+            self.mode, self._since = self.home, max(0, self.period - self.retry)
+            return
+        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
+        for mode, by_batch in samples.items():
+            s = sorted(by_batch[batch])
+            self.means[mode] = s[len(s) // 2]
+        self.batch = batch
+        self.mode = min(self.modes, key=self.means.get)
+        self.completed += 1
 
     def adopt(self, mode: str) -> None:
         """Serves from `mode` from now on, unless a measurement is under way (it decides)."""
@@ -255,5 +278,6 @@ class ModeChooser:
         return {
             "mode": self.mode,
             "step_ms": {k: v * 1e3 for k, v in self.means.items()},
+            "batch": self.batch,
             "measuring": bool(self._plan),
         }

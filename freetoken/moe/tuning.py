@@ -75,6 +75,7 @@ class AdaptiveTuner:
         self.modes = self.mode_chooser(modes)
         self.locality: LocalityCheck | None = None  # pending at a load that learned nothing
         self._tick: float | None = None  # when the last timed step started
+        self._batch = 0  # its tokens (a decode step's: its sequences)
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self.on_measured = None  # called with stats() when a measurement completes
         self._measured = 0
@@ -100,6 +101,7 @@ class AdaptiveTuner:
         misses over PCIe may have changed."""
         now = time.perf_counter()
         last, self._tick = self._tick, (now if tokens <= DECODE_TOKENS else None)
+        batch, self._batch = self._batch, tokens  # the step that ended: the last one started
         if last is None or self._tick is None:
             return False
         dt = now - last
@@ -107,7 +109,7 @@ class AdaptiveTuner:
             return False
         self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
         if self.modes is not None:
-            self.modes.observe(dt)
+            self.modes.observe(dt, batch)
             if self.modes.completed > self._measured:
                 self._measured = self.modes.completed
                 if self.on_measured is not None:

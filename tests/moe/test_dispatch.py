@@ -126,6 +126,45 @@ def test_mode_chooser_in_rounds_is_not_fooled_by_a_machine_that_slows_down():
     assert two.mode == "layers" and two.means == pytest.approx({"cache": 0.08, "layers": 0.07})
 
 
+def _run_batches(chooser, cost, batch_of, steps):
+    """Steps whose time is cost[mode][batch], the batch at each step given by batch_of."""
+    modes = []
+    for i in range(steps):
+        modes.append(chooser.mode)
+        b = batch_of(i, chooser.mode)
+        chooser.observe(cost[chooser.mode][b], b)
+    return modes
+
+
+# four sequences' step costs more than one's in either mode; cache is faster at both
+BATCHED = {"cache": {1: 0.002, 4: 0.004}, "layers": {1: 0.003, 4: 0.012}}
+
+
+def test_mode_chooser_compares_modes_at_one_batch_size():
+    from freetoken.moe.dispatch import ModeChooser
+
+    # cache's visits see four sequences and one, layers' only one (the others ended): all
+    # samples pooled, layers would look faster (3 ms against cache's 2-4 ms median)
+    chooser = ModeChooser(settle=0, measure=4, period=100, start="cache")
+    _run_batches(chooser, BATCHED, lambda i, mode: 4 if mode == "cache" and i % 4 else 1, 8)
+    assert chooser.mode == "cache" and chooser.batch == 1
+    assert chooser.means == pytest.approx({"cache": 0.002, "layers": 0.003})
+
+
+def test_a_measurement_with_no_batch_size_in_common_decides_nothing():
+    from freetoken.moe.dispatch import ModeChooser
+
+    chooser = ModeChooser(settle=0, measure=2, period=100, start="cache", explore_after=10)
+    assert set(_run_batches(chooser, BATCHED, lambda i, mode: 1, 10)) == {"cache"}
+    # the measurement: layers at one sequence, then cache at four; not comparable
+    modes = _run_batches(chooser, BATCHED, lambda i, mode: 4 if mode == "cache" else 1, 4)
+    assert modes == ["layers", "layers", "cache", "cache"]
+    assert chooser.mode == "cache" and not chooser.completed and not chooser.means
+    # measured again `retry` steps later (not a whole period), this time comparably
+    modes = _run_batches(chooser, BATCHED, lambda i, mode: 1, 20)
+    assert "layers" in modes[9:12] and chooser.completed == 1 and chooser.mode == "cache"
+
+
 def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
     from freetoken.moe.dispatch import ModeChooser
 
