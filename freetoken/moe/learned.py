@@ -32,7 +32,11 @@ class Learned:
             data = json.loads(self.path(capacity).read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        return data if isinstance(data, dict) and isinstance(data.get("mode"), str) else None
+        if not isinstance(data, dict) or not isinstance(data.get("mode"), str):
+            return None
+        # a placement measured before modes were compared at one batch size may have been
+        # chosen for a batch it never served: measured again instead
+        return data if isinstance(data.get("batch"), int) else None
 
     def save(self, capacity: int, data: dict[str, Any]) -> None:
         p = self.path(capacity)

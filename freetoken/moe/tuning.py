@@ -165,7 +165,8 @@ class AdaptiveTuner:
         """What a later load on this machine starts from (moe/learned.py)."""
         step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
         mode = self.modes.mode if self.modes is not None else None
-        return {"mode": mode, "share": self.shares.share, "step_ms": step_ms}
+        batch = self.modes.batch if self.modes is not None else 0
+        return {"mode": mode, "share": self.shares.share, "step_ms": step_ms, "batch": batch}
 
     def stats(self) -> dict:
         out = {"pcie_share": self.shares.stats()}

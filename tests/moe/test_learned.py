@@ -11,8 +11,11 @@ from tests.runtime.engine_util import generate, make_engine
 def test_saved_per_cache_size(tmp_path):
     store = Learned(tmp_path, "48x128x9437184-r1")
     assert store.load(100) is None
-    store.save(100, {"mode": "split", "share": 0.5, "step_ms": {"split": 20.0}})
+    store.save(100, {"mode": "split", "share": 0.5, "step_ms": {"split": 20.0}, "batch": 1})
     assert store.load(100)["mode"] == "split" and store.load(200) is None
+    # measured before the modes were compared at one batch size: not trusted
+    store.save(300, {"mode": "layers", "share": 0.5, "step_ms": {"layers": 20.0}})
+    assert store.load(300) is None
     store.path(100).write_text("{not json")
     assert store.load(100) is None
 
