@@ -234,6 +234,9 @@ def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> d
         row["note"] = f"{len(failed)} failed: {failed[0][:80]}"
     elif not all(r.tokens for r in runs):
         row["note"] = "an answer reported no usage"
+    elif streams > 1:
+        # a mean hides one stream that waited (a placement move, a capture) behind others
+        row["note"] = f"TTFT max {1e3 * max(r.ttft or 0 for r in runs):.0f} ms"
     return row
 
 
