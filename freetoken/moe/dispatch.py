@@ -162,11 +162,21 @@ class ModeChooser:
     measurement with no size in common decides nothing: the mode in use stays, and the
     next measurement comes `retry` steps later.
 
+    Measuring is not free: each visit moves the placement there and back (whole layers'
+    experts, hundreds of milliseconds at times), and a user waits through it. So a mode
+    measured `SLOW` times the fastest's step or more sits out the next `PRUNE` measurements,
+    and a measurement that keeps the mode in use doubles the wait before the next one (up to
+    `MAX_BACKOFF` periods); a change brings the wait back to `period`.
+
     The first answer a user waits for must not pay for the measuring: serving starts in
     `start` (the mode the bandwidths predict, or the one learned before on this machine),
     the first measurement waits `explore_after` steps, and between two visits the chooser
     serves `rest` steps in the best mode known, so visits take about `duty` of the steps.
     """
+
+    SLOW = 1.5
+    PRUNE = 3
+    MAX_BACKOFF = 16
 
     def __init__(
         self,
@@ -190,6 +200,8 @@ class ModeChooser:
         self._samples: dict[str, dict[int, list[float]]] = {}
         self.batch = 0  # the batch size the last decided measurement compared the modes at
         self.retry = explore_after or max(1, period // 8)
+        self.wait = period  # steps from one choice to the next measurement
+        self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
         self._since = 0  # steps since the last choice
         visit = settle + self._per_visit
         self.rest = 0 if duty >= 1 else int(-(-visit * (1 - duty) // duty))
@@ -204,7 +216,11 @@ class ModeChooser:
     def _begin(self) -> None:
         """A new measurement: the others, then the mode in use."""
         self.home = self.mode
-        others = [m for m in self.modes if m != self.mode]
+        others = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
+        self._skips = {m: n - 1 for m, n in self._skips.items() if n > 1}
+        if not others:  # every other mode sits this one out: nothing to compare
+            self._since = 0
+            return
         self._plan = (others + [self.mode]) * self.rounds
         self._since, self._steps, self._visit = 0, 0, []
         self.mode = self._plan[0]
@@ -214,7 +230,7 @@ class ModeChooser:
         self._steps += 1
         if not self._plan:
             self._since += 1
-            if self._since >= self.period:
+            if self._since >= self.wait:
                 self._begin()
             return
         if self._resting:
@@ -246,15 +262,21 @@ class ModeChooser:
         at most, and the fastest serves; without such a size, the mode in use stays."""
         samples, self._samples = self._samples, {}
         common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
-        if not common or set(samples) != set(self.modes):
-            self.mode, self._since = self.home, max(0, self.period - self.retry)
+        if not common:
+            self.mode, self._since = self.home, max(0, self.wait - self.retry)
             return
         batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
         for mode, by_batch in samples.items():
             s = sorted(by_batch[batch])
             self.means[mode] = s[len(s) // 2]
         self.batch = batch
-        self.mode = min(self.modes, key=self.means.get)
+        self.mode = min(samples, key=self.means.get)
+        fastest = self.means[self.mode]
+        for mode in samples:
+            if self.means[mode] >= self.SLOW * fastest:
+                self._skips[mode] = self.PRUNE
+        kept = self.completed and self.mode == self.home
+        self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
 
     def adopt(self, mode: str) -> None:
@@ -268,6 +290,11 @@ class ModeChooser:
         it has a time of its own to compare; then the fastest measured."""
         known = {m: t for m, t in self.means.items() if m in self.modes}
         return min(known, key=known.get) if self.home in known else self.home
+
+    @property
+    def measuring(self) -> bool:
+        """Whether a measurement is under way."""
+        return bool(self._plan)
 
     @property
     def measured(self) -> bool:

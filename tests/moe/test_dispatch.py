@@ -165,6 +165,49 @@ def test_a_measurement_with_no_batch_size_in_common_decides_nothing():
     assert "layers" in modes[9:12] and chooser.completed == 1 and chooser.mode == "cache"
 
 
+def _measurements_begun(chooser, cost, steps, offset=0):
+    """The steps at which a measurement began."""
+    began = []
+    for i in range(offset, offset + steps):
+        was = chooser.measuring
+        chooser.observe(cost[chooser.mode])
+        if chooser.measuring and not was:
+            began.append(i)
+    return began
+
+
+def test_a_measurement_that_keeps_the_mode_doubles_the_wait_for_the_next():
+    from freetoken.moe.dispatch import ModeChooser
+
+    cost = {"cache": 0.01, "layers": 0.012}  # close: layers is never left out
+    chooser = ModeChooser(settle=0, measure=2, period=10)
+    began = _measurements_begun(chooser, cost, 400)
+    gaps = [b - a for a, b in zip(began, began[1:])]
+    # each gap is the wait plus the measurement's own four steps: waits 20, 40, 80, 160
+    assert gaps[:4] == [24, 44, 84, 164] and chooser.mode == "cache"
+    assert chooser.wait == 16 * 10  # never more than MAX_BACKOFF periods
+    cost["layers"] = 0.008  # the work changed (not so much that cache sits out): a switch
+    began = _measurements_begun(chooser, cost, 240, offset=400)
+    assert chooser.mode == "layers"
+    assert began[1] - began[0] == 14  # after the switch the wait is a period again
+
+
+def test_a_much_slower_mode_sits_out_the_next_measurements():
+    from freetoken.moe.dispatch import ModeChooser
+
+    cost = {"device": 0.01, "split": 0.011, "layers": 0.03}
+    chooser = ModeChooser(settle=0, measure=1, period=10, modes=tuple(cost))
+    visited = []
+    for _ in range(2000):
+        visited.append(chooser.mode)
+        chooser.observe(cost[chooser.mode])
+        if chooser.completed == 5:
+            break
+    runs = [m for i, m in enumerate(visited) if i == 0 or visited[i - 1] != m]
+    # layers: measured first, then left out of three measurements, then measured again
+    assert runs.count("layers") == 2 and chooser.mode == "device"
+
+
 def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
     from freetoken.moe.dispatch import ModeChooser
 
