@@ -208,3 +208,21 @@ def test_captured_steps_run_ahead_on_the_gpu(tiny_model, policy, slots):
         _run(engine, seqs)
         outs.append([s.output_ids for s in seqs])
     assert outs[0] == outs[1]
+
+
+def test_models_with_recurrent_state_do_not_run_ahead(tmp_path_factory):
+    """A step launched ahead would move a sequence's recurrent state past a token that may
+    end it (and anchors keep that state): a hybrid model's sequences wait for every step,
+    the engine asked to overlap or not, and decode as the waiting engine's do."""
+    from tests.models.test_qwen3_next import INTERVAL, _build
+
+    path, _ = _build(tmp_path_factory, "qwen3-next-overlap", INTERVAL, seed=67)
+    waiting = make_engine(path, graphs="eager")
+    asked = make_engine(path, graphs="eager", overlap=True)
+    assert asked.overlap and asked.state is not None
+    params = SamplingParams(temperature=0.0)
+    plain, fast = (_seqs(PROMPTS, 12, params) for _ in range(2))
+    _run(waiting, plain)
+    _run(asked, fast)
+    assert [s.output_ids for s in fast] == [s.output_ids for s in plain]
+    assert asked.ahead_steps == 0
