@@ -71,11 +71,7 @@ class Ahead:
 def runs_ahead(seq: Sequence, num_ctx: int, taking: int = 1) -> bool:
     """Whether the sequence's next decode step may launch before the host reads its tokens;
     `taking`: tokens it will have accepted by then, beyond those it holds now."""
-    return (
-        seq.state_slot is None
-        and len(seq.output_ids) + taking < seq.max_new_tokens
-        and seq.num_tokens + taking < num_ctx
-    )
+    return len(seq.output_ids) + taking < seq.max_new_tokens and seq.num_tokens + taking < num_ctx
 
 
 def refusal(
@@ -90,6 +86,10 @@ def refusal(
         return "queued"
     if scheduler.waiting or len(scheduler.running) != B:
         return "batch"  # the batch changes at the next step
+    if any(seq.state_slot is not None for seq in seqs):
+        # a step ahead moves the recurrent state in place, past a token that may end the
+        # sequence (and anchors keep the state a sequence ends with)
+        return "state"
     if not all(runs_ahead(seq, num_ctx) for seq in seqs):
         return "ending"
     if not graphs.fits(B, ctx_len):
