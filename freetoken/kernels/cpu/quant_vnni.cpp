@@ -283,14 +283,15 @@ VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a) {
 
 // ---- NVFP4 ------------------------------------------------------------------------------------
 
-// 8 e4m3 codes at p as fp32: sign, exponent and mantissa moved into fp16's fields, which reads
-// every code (subnormal ones too) as its value times 2^-8, exactly; fp16 subnormals convert
-// without the microcode assist fp32 ones take.
+// 8 e4m3 codes at p as fp32 times 2^-8 (the caller's scale takes the 2^8 back): sign,
+// exponent and mantissa moved into fp16's fields, which reads every code (subnormal ones
+// too) as its value times 2^-8, exactly; fp16 subnormals convert without the microcode
+// assist fp32 ones take.
 VNNI inline __m256 e4m3x8(const uint8_t* p) {
   const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
                                  _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7));
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.f));
+  return _mm256_cvtph_ps(h);
 }
 
 // Block of 128: the fp32 tensor scale, 8 e4m3 scales (one per 16 weights), then 64 bytes of
@@ -302,7 +303,7 @@ VNNI inline __m256 e4m3x8(const uint8_t* p) {
 VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
   const __m512i low = _mm512_set1_epi8(15), t = Nib<MXFP4>::table();
   const __m512i even = _mm512_slli_epi32(spread(2, 0), 1), odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m512i block = spread(2, 0);  // lane j: the activations' 32-block j / 4
+  const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // group j: 32-block j / 2
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t k = 0; k < nb; ++k) {
     const uint8_t* b = row + 76 * k;
@@ -311,12 +312,16 @@ VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
     const __m512i v = ld(b + 12);
     const __m512i lo = _mm512_shuffle_epi8(t, _mm512_and_si512(v, low));
     const __m512i hi = _mm512_shuffle_epi8(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-    const __m512 g = _mm512_castps256_ps512(_mm256_mul_ps(e4m3x8(b + 4), _mm256_set1_ps(0.5f * s2)));
-    const __m512 dx = pick(_mm512_castps128_ps512(_mm_loadu_ps(a.dx + 4 * k)), block);
+    // each group's scale times its activations' one, in group order, then spread to the
+    // lanes (one product a group, not one a lane); e4m3x8's 2^-8 and the codes' doubling
+    // are undone by 128 in the tensor scale, exactly (powers of two)
+    const __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(a.dx + 4 * k)), pairs);
+    const __m256 gs = _mm256_mul_ps(e4m3x8(b + 4), _mm256_set1_ps(128.f * s2));
+    const __m512 g = _mm512_castps256_ps512(_mm256_mul_ps(gs, dx));
     const __m512i l0 = _mm512_dpbusd_epi32(ld(a.corr + 32 * k), _mm512_unpacklo_epi8(lo, hi), ld(a.q + 128 * k));
     const __m512i l1 = _mm512_dpbusd_epi32(ld(a.corr + 32 * k + 16), _mm512_unpackhi_epi8(lo, hi), ld(a.q + 128 * k + 64));
-    acc[0] = fma_i(l0, _mm512_mul_ps(pick(g, even), dx), acc[0]);
-    acc[1] = fma_i(l1, _mm512_mul_ps(pick(g, odd), dx), acc[1]);
+    acc[0] = fma_i(l0, pick(g, even), acc[0]);
+    acc[1] = fma_i(l1, pick(g, odd), acc[1]);
   }
   return _mm512_add_ps(acc[0], acc[1]);
 }
