@@ -168,17 +168,16 @@ def capturing() -> Iterator[None]:
         release_freed()
 
 
-def release_freed() -> int:
+def release_freed() -> None:
     """Unregisters (and unmaps) the pinned buffers freed during captures, where none is in
-    progress; returns how many."""
+    progress."""
     with _lock:
         if _holds or not _freed:
-            return 0
+            return
         freed = _freed[:]
         _freed.clear()
     for address, _ in freed:
         _unregister(address)
-    return len(freed)
 
 
 def _register(address: int, nbytes: int) -> int:
