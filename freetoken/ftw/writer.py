@@ -8,10 +8,10 @@ the format in the index (docs/ftw.md).
 The directory is built under a temporary name and renamed when complete, so nothing
 half-written is ever visible under the final name.
 
-Shards are written and hashed (SHA-256) on a thread of their own while the caller reads and
-assembles the next tensors (file writes, hashlib and zlib release the GIL), and
-`Writer.digests` names every file written: whoever stores the files under their digests
-(the model store) need not read them back.
+Shards are written, hashed (SHA-256) and checksummed on threads of their own while the
+caller reads and assembles the next tensors (ftw/sink.py), and `Writer.digests` names every
+file written: whoever stores the files under their digests (the model store) need not read
+them back.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import shutil
-import threading
-import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
@@ -39,6 +36,7 @@ from freetoken.ftw import (
     bank_name,
     round_up,
 )
+from freetoken.ftw.sink import Checksums, Sink
 
 _ZEROS = bytes(ALIGN)
 
@@ -51,66 +49,6 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-class _Sink:
-    """Opens, writes and hashes the shards in order on one thread. At most `depth` pieces
-    wait, so a writer ahead of the disk holds a bounded number of tensors in memory."""
-
-    def __init__(self, depth: int = 2):
-        self.digests: dict[str, str] = {}
-        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="ftw-writer", daemon=True)
-        self._thread.start()
-
-    def open(self, path: Path) -> None:
-        self._put("open", path)
-
-    def write(self, data: memoryview) -> None:
-        self._put("write", data)  # the view keeps its tensor alive until written
-
-    def stop(self) -> None:
-        """Waits for every write and ends the thread."""
-        if self._thread.is_alive():
-            self._q.put(("stop", None))
-            self._thread.join()
-
-    def finish(self) -> None:
-        """`stop`, then raises what the thread met."""
-        self.stop()
-        if self._error is not None:
-            raise self._error
-
-    def _put(self, op: str, arg: Any) -> None:
-        if self._error is not None:
-            raise self._error
-        self._q.put((op, arg))
-
-    def _run(self) -> None:
-        f: BinaryIO | None = None
-        h = hashlib.sha256()
-        while True:
-            op, arg = self._q.get()
-            if op == "stop" or self._error is not None:
-                if f is not None:
-                    f.close()
-                    self.digests[Path(f.name).name] = "sha256:" + h.hexdigest()
-                if op == "stop":
-                    return
-                continue  # after an error, drain until stopped
-            try:
-                if op == "open":
-                    if f is not None:
-                        f.close()
-                        self.digests[Path(f.name).name] = "sha256:" + h.hexdigest()
-                    f, h = open(arg, "wb"), hashlib.sha256()
-                else:
-                    assert f is not None
-                    f.write(arg)
-                    h.update(arg)
-            except BaseException as e:
-                self._error = e
 
 
 def _digest(path: Path) -> str:
@@ -134,7 +72,8 @@ class Writer:
         self.tensors: list[dict[str, Any]] = []
         self.shards: list[dict[str, Any]] = []
         self.pos = 0  # end of the logical region written so far (always aligned)
-        self._sink = _Sink()
+        self._sink = Sink()
+        self._crcs = Checksums()
         self._open = False  # a shard is being written
         self._shard_start = 0
         self.bytes_written = 0
@@ -180,8 +119,8 @@ class Writer:
             shape=shape,
             offset=self.pos,
             nbytes=len(data),
-            crc32=zlib.crc32(data),
         )
+        self._crcs.add(entry, data)
         self._write(data)
         if padded > len(data):
             self._write(memoryview(_ZEROS[: padded - len(data)]))
@@ -200,6 +139,7 @@ class Writer:
         then names every file."""
         self._close_shard()
         self._sink.finish()
+        self._crcs.resolve()
         for name, src in (metadata_files or {}).items():
             shutil.copyfile(src, self.tmp / name)
         index = {
@@ -228,5 +168,6 @@ class Writer:
 
     def abort(self) -> None:
         self._open = False
-        self._sink.stop()  # what the thread met no longer matters: its files go
+        self._sink.stop()  # what the threads met no longer matters: their files go
+        self._crcs.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)

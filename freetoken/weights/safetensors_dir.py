@@ -23,7 +23,7 @@ from freetoken.models import hub
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import num_experts
 from freetoken.quant import QuantError, pack
-from freetoken.weights import BankKey, ModelWeights, WeightsError
+from freetoken.weights import BankKey, ModelWeights, WeightsError, bank_reads
 from freetoken.weights.experts import assemble
 
 
@@ -103,7 +103,9 @@ class Checkpoint:
         self.hidden: set[str] = set()  # other tensors read with a weight, or not at all
         self.dense: list[str] = []
         self.pieces: dict[BankKey, list[tuple[str, ExpertKey]]] = defaultdict(list)
-        for path in safetensors_files(files):
+        self.paths: list[Path] = safetensors_files(files)
+        self._stored: dict[str, bank_reads.Stored] | None = None  # read when first needed
+        for path in self.paths:
             f = self._stack.enter_context(safe_open(str(path), framework="pt"))
             for name in f.keys():
                 if not model_cls.ignored(name, self.config):
@@ -197,12 +199,23 @@ class Checkpoint:
         """The [E, ...] bank assembled from its per-expert (or already fused) pieces, and its
         block format."""
         where = f"experts of layer {key[0]} bank {key[1]}"
+        if self.method is None:  # unquantized pieces may be read into place
+            bank = bank_reads.read_bank(self._stored_pieces(key), self.experts, self.dtype)
+            if bank is not None:
+                return bank, None
         read = [(*self.tensor(name), k) for name, k in self.pieces[key]]
         fmts = {fmt for _, fmt, _ in read}
         if len(fmts) != 1:
             raise WeightsError(f"{where}: pieces in different formats {sorted(map(str, fmts))}")
         fmt = fmts.pop()
         return assemble([(t, k) for t, _, k in read], self.experts, where, bool(fmt)), fmt
+
+    def _stored_pieces(self, key: BankKey) -> list[tuple[bank_reads.Stored, ExpertKey]]:
+        if self._stored is None:
+            self._stored = {}
+            for path in self.paths:
+                self._stored |= bank_reads.header(path)
+        return [(self._stored[name], k) for name, k in self.pieces[key]]
 
     def dense_items(self) -> Iterator[tuple[str, torch.Tensor, str | None]]:
         """Dense tensors under the model's own names, with their block formats."""

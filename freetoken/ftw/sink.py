@@ -1,0 +1,163 @@
+"""The threads behind ftw.writer.Writer: shard bytes written, hashed and checksummed while the
+caller reads and assembles the next tensors.
+
+A create is bound by the disk only if nothing else runs in series with it. Measured on a
+16 GB checkpoint (16 cores, a 1.4 GB/s disk), one thread that wrote then hashed each piece,
+and a caller that computed each tensor's CRC-32 itself, took 1.7-2x the time to read and
+write the bytes. So each job has a thread of its own: the writer (the disk), the hasher
+(SHA-256 of each file, in order) and a small pool for the tensors' CRC-32s, which are
+independent of one another. File writes, hashlib and zlib release the GIL for buffers of
+this size, so the threads run in parallel.
+
+The writer also asks the kernel to start writing back what it has written (and to drop it
+from the page cache) every WRITEBACK bytes: the closing fsync then waits for the last
+stretch only, not for gigabytes held dirty in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import zlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO
+
+WRITEBACK = 256 << 20
+_STOP = ("stop", None)
+
+
+class _Worker:
+    """One thread taking (op, arg) jobs from a bounded queue: at most `depth` wait, so a
+    caller ahead of the disk holds a bounded number of tensors in memory."""
+
+    def __init__(self, name: str, handle: Callable[[str, Any], None], depth: int):
+        self.error: BaseException | None = None
+        self._handle = handle
+        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, op: str, arg: Any) -> None:
+        self._q.put((op, arg))
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(_STOP)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            op, arg = self._q.get()
+            if self.error is None or op == "stop":  # after an error, drain until stopped
+                try:
+                    self._handle(op, arg)
+                except BaseException as e:
+                    self.error = e
+            if op == "stop":
+                return
+
+
+class Sink:
+    """Opens and writes the shards in order on one thread and hashes them on another;
+    `digests` names each file once `finish` returns."""
+
+    def __init__(self, depth: int = 2):
+        self.digests: dict[str, str] = {}
+        self._file: BinaryIO | None = None
+        self._flushed = 0  # bytes of the open file handed to writeback
+        self._hash: tuple[str, Any] | None = None  # (file name, sha256) being computed
+        self._workers = (
+            _Worker("ftw-writer", self._write, depth),
+            _Worker("ftw-hasher", self._digest, depth),
+        )
+
+    def open(self, path: Path) -> None:
+        self._put("open", path)
+
+    def write(self, data: memoryview) -> None:
+        self._put("write", data)  # the view keeps its tensor alive until written and hashed
+
+    def stop(self) -> None:
+        """Waits for every write and ends the threads."""
+        for w in self._workers:
+            w.stop()
+
+    def finish(self) -> None:
+        """`stop`, then raises what a thread met."""
+        self.stop()
+        self._raise()
+
+    def _put(self, op: str, arg: Any) -> None:
+        self._raise()
+        for w in self._workers:
+            w.put(op, arg)
+
+    def _raise(self) -> None:
+        for w in self._workers:
+            if w.error is not None:
+                raise w.error
+
+    def _write(self, op: str, arg: Any) -> None:
+        if op in ("open", "stop") and self._file is not None:
+            self._file.close()
+            self._file = None
+        if op == "open":
+            self._file, self._flushed = open(arg, "wb"), 0
+        elif op == "write":
+            assert self._file is not None
+            self._file.write(arg)
+            self._writeback(self._file)
+
+    def _writeback(self, f: BinaryIO) -> None:
+        end = f.tell()
+        if end - self._flushed >= 2 * WRITEBACK:
+            # the stretch before the last one: its pages are likely written back already,
+            # and the kernel starts on any that are not without waiting for them
+            start, self._flushed = self._flushed, end - WRITEBACK
+            f.flush()
+            os.posix_fadvise(f.fileno(), start, self._flushed - start, os.POSIX_FADV_DONTNEED)
+
+    def _digest(self, op: str, arg: Any) -> None:
+        if op in ("open", "stop") and self._hash is not None:
+            name, h = self._hash
+            self.digests[name] = "sha256:" + h.hexdigest()
+            self._hash = None
+        if op == "open":
+            self._hash = (Path(arg).name, hashlib.sha256())
+        elif op == "write":
+            assert self._hash is not None
+            self._hash[1].update(arg)
+
+
+class Checksums:
+    """Each tensor's CRC-32, computed on a pool while the caller goes on; `resolve` writes
+    them into their index entries. At most `depth` wait, each holding its tensor's bytes."""
+
+    def __init__(self, workers: int = 4, depth: int = 4):
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ftw-crc")
+        self._pending: deque[tuple[dict[str, Any], Future[int]]] = deque()
+        self._depth = depth
+
+    def add(self, entry: dict[str, Any], data: memoryview) -> None:
+        self._pending.append((entry, self._pool.submit(zlib.crc32, data)))
+        while len(self._pending) > self._depth:
+            self._settle()
+
+    def resolve(self) -> None:
+        """Every entry's crc32 set; the pool ended."""
+        while self._pending:
+            self._settle()
+        self._pool.shutdown()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._pool.shutdown(cancel_futures=True)
+
+    def _settle(self) -> None:
+        entry, crc = self._pending.popleft()
+        entry["crc32"] = crc.result()

@@ -1,0 +1,75 @@
+import hashlib
+import os
+import zlib
+
+import pytest
+
+from freetoken.ftw import sink
+from freetoken.ftw.sink import Checksums, Sink
+
+
+def _pieces(n: int, size: int) -> list[bytes]:
+    return [os.urandom(size + 17 * i) for i in range(n)]
+
+
+def test_files_written_and_hashed_in_order(tmp_path):
+    s = Sink(depth=1)
+    files = {"a.bin": _pieces(5, 3000), "b.bin": _pieces(3, 100), "c.bin": []}
+    for name, pieces in files.items():
+        s.open(tmp_path / name)
+        for p in pieces:
+            s.write(memoryview(p))
+    s.finish()
+    for name, pieces in files.items():
+        data = b"".join(pieces)
+        assert (tmp_path / name).read_bytes() == data
+        assert s.digests[name] == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sink, "WRITEBACK", 4096)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, n, advice: calls.append((start, n)))
+    s = Sink()
+    s.open(tmp_path / "a.bin")
+    pieces = _pieces(40, 1000)
+    for p in pieces:
+        s.write(memoryview(p))
+    s.finish()
+    total = sum(map(len, pieces))
+    assert (tmp_path / "a.bin").read_bytes() == b"".join(pieces)
+    # contiguous stretches from the start, each ending a stretch behind the bytes written
+    assert calls and calls[0][0] == 0
+    for (s0, n0), (s1, _) in zip(calls, calls[1:], strict=False):
+        assert s0 + n0 == s1
+    assert 0 < calls[-1][0] + calls[-1][1] <= total - 4096
+
+
+def test_a_failed_write_is_raised_and_later_writes_refused(tmp_path):
+    s = Sink()
+    s.open(tmp_path / "missing" / "a.bin")  # the writer thread cannot open it
+    with pytest.raises(FileNotFoundError):
+        s.finish()
+    with pytest.raises(FileNotFoundError):
+        s.write(memoryview(b"x"))
+
+
+def test_checksums_fill_their_entries():
+    c = Checksums(workers=3, depth=2)
+    pieces = _pieces(12, 5000)
+    entries = [{"name": str(i)} for i in range(len(pieces))]
+    for e, p in zip(entries, pieces, strict=True):
+        c.add(e, memoryview(p))
+    c.resolve()
+    assert [e["crc32"] for e in entries] == [zlib.crc32(p) for p in pieces]
+
+
+def test_checksums_aborted_leave_the_pool_ended():
+    c = Checksums(workers=2, depth=8)
+    entries = [{} for _ in range(6)]
+    for e in entries:
+        c.add(e, memoryview(os.urandom(1 << 16)))
+    c.abort()
+    assert all(set(e) <= {"crc32"} for e in entries)
+    with pytest.raises(RuntimeError):  # no new work after the pool ended
+        c.add({}, memoryview(b"x"))
