@@ -235,6 +235,32 @@ def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
     assert chooser.means == pytest.approx(cost)
 
 
+def test_visits_to_a_slow_mode_take_their_share_of_the_time_not_of_the_steps():
+    from freetoken.moe.dispatch import ModeChooser
+
+    cost = {"device": 0.002, "layers": 0.02}  # a visited mode ten times slower
+    chooser = ModeChooser(
+        settle=2,
+        measure=4,
+        period=10**6,
+        modes=tuple(cost),
+        rounds=2,
+        start="device",
+        explore_after=10,
+        duty=0.1,
+    )
+    spent = {"device": 0.0, "layers": 0.0}
+    for step in range(5000):
+        if step >= 10:  # from the first visit on
+            spent[chooser.mode] += cost[chooser.mode]
+        chooser.observe(cost[chooser.mode])
+        if chooser.measured:
+            break
+    assert chooser.measured and chooser.mode == "device"
+    assert spent["layers"] > 0
+    assert spent["layers"] <= 0.1 * sum(spent.values()) * 1.05
+
+
 def test_a_chooser_that_learned_waits_a_period():
     from freetoken.moe.dispatch import ModeChooser
 
