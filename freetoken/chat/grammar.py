@@ -230,14 +230,15 @@ def _bare_value(lark: Lark, schema: Any, close: str, label: str, lenient: bool) 
 def tagged_arguments(
     lark: Lark,
     fn: Mapping[str, Any],
-    pair: Callable[[str, str], str],
+    pair: Callable[[str, str, bool], str],
     close: str,
     lenient: bool,
 ) -> str:
     """A rule for a call's arguments written as one tagged pair per parameter (GLM's,
-    MiniMax-M2's and Qwen3-Coder's forms): `pair(key, value)` writes one from the key's
-    text and a value rule that ends with `close`. Strings are bare text, other values JSON;
-    parameters come in the schema's order, required ones always."""
+    MiniMax-M2's, Qwen3-Coder's and DeepSeek-V4's forms): `pair(key, value, text)` writes
+    one from the key's text and a value rule that ends with `close`, `text` saying whether
+    the value is bare text (strings) or JSON (every other value); parameters come in the
+    schema's order, required ones always."""
     params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
     props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
     required = set(params.get("required") or [])
@@ -246,13 +247,13 @@ def tagged_arguments(
     for key, sub in props.items():
         label = f'tool "{name}" parameter "{key}"'
         if "string" in _types(sub):
-            value = _bare_value(lark, sub, close, label, lenient)
+            value, text = _bare_value(lark, sub, close, label, lenient), True
         else:
-            value = f'{lark.json(sub, label, lenient)} "\\n"? {lit(close)}'
-        one = pair(lit(key), f"({value})")
+            value, text = f'{lark.json(sub, label, lenient)} "\\n"? {lit(close)}', False
+        one = pair(lit(key), f"({value})", text)
         parts.append(one if key in required else f"({one})?")
     if params.get("additionalProperties", not props) is not False:
         # keys the schema does not list: any name, its value as text
-        free = pair(r"/[^<>\n]+/", lark.rule(until(close), "[lazy]"))
+        free = pair(r"/[^<>\n]+/", lark.rule(until(close), "[lazy]"), True)
         parts.append(f"({free})*")
     return lark.rule(" ".join(parts) if parts else '""')

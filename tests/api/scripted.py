@@ -9,7 +9,8 @@ checkpoints mark their markers). The weights then make the model a chain: the em
 each piece is a large vector along its own direction, so the residual stream of every layer
 is dominated by it (every block reads its input through a norm, so what a block adds stays
 small beside it), and the output head scores the piece's successor along that direction.
-Nothing else about the architecture is touched, so any family's checkpoint layout works.
+Nothing else about the architecture is touched (tables indexed by token, as DeepSeek-V4's
+hash routing, only grow with the vocabulary), so any family's checkpoint layout works.
 
 A piece may appear only once in all chains (its successor is fixed); a marker a script
 writes twice is written once as its control token and then inside a longer text piece.
@@ -61,11 +62,18 @@ def script_model(
     assert HEAD in weights, "the script needs an output head of its own (untied)"
     h = weights[EMBED].shape[1]
     g = torch.Generator().manual_seed(0)
+    before = weights[EMBED].shape[0]
     for name in (EMBED, HEAD):
         old = weights[name]
         grown = torch.randn(vocab, h, generator=g, dtype=old.dtype) / h**0.5
         grown[: old.shape[0]] = old
         weights[name] = grown
+    for name, old in list(weights.items()):
+        # tables indexed by token (DeepSeek-V4's hash routing): the new tokens take rows of
+        # old ones
+        if not old.is_floating_point() and old.dim() and old.shape[0] == before < vocab:
+            rows = torch.randint(0, before, (vocab - before,), generator=g)
+            weights[name] = torch.cat([old, old[rows]])
     # orthonormal directions while they fit, random unit ones after
     dirs = torch.linalg.qr(torch.randn(h, max(len(flat), h), generator=g))[0].T
     extra = torch.nn.functional.normalize(torch.randn(len(flat), h, generator=g), dim=1)

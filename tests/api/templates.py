@@ -53,6 +53,26 @@ MINIMAX = (
     "{{ ']~b]ai\\n<think>\\n' }}"
 )
 
+# DeepSeek-V4's turn shape with its DSML calls: strings marked string="true" and written
+# bare, every other value JSON
+DSML = (
+    "{{ bos_token }}{% if tools %}## Tools\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{% elif m.role == 'assistant' %}<｜Assistant｜>"
+    "{% if m.thinking %}<think>{{ m.thinking }}</think>{% endif %}{{ m.content }}"
+    "{% if m.tool_calls %}\n\n<｜DSML｜tool_calls>\n{% for c in m.tool_calls %}"
+    '<｜DSML｜invoke name="{{ c.function.name }}">\n'
+    "{% for k, v in c.function.arguments.items() %}"
+    '<｜DSML｜parameter name="{{ k }}" string="{{ "true" if v is string else "false" }}">'
+    "{{ v if v is string else v | tojson }}</｜DSML｜parameter>\n"
+    "{% endfor %}</｜DSML｜invoke>\n{% endfor %}</｜DSML｜tool_calls>{% endif %}"
+    "<｜end▁of▁sentence｜>"
+    "{% elif m.role == 'tool' %}<｜User｜><tool_result>{{ m.content }}</tool_result>"
+    "{% endif %}{% endfor %}<｜Assistant｜>"
+)
+
 MISTRAL = (
     "<s>{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
     "{% for m in messages %}"

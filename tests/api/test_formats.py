@@ -82,6 +82,12 @@ def _minimax(f: pytest.TempPathFactory) -> Path:
     return m._build(f, "fmt-minimax", 83)[0]
 
 
+def _deepseek_v4(f: pytest.TempPathFactory) -> Path:
+    from tests.models import test_deepseek_v4 as m
+
+    return m._build(f, "fmt-ds4", m.MIXED, 85, original_format=False)[0]
+
+
 def _mixtral(f: pytest.TempPathFactory) -> Path:
     from tests.models import test_mixtral as m
 
@@ -104,6 +110,22 @@ FAMILIES = {
             DS_CLOSE,
         ],
         ("<｜Assistant｜>", DS_BEGIN, DS_CALL, DS_SEP, DS_END, DS_CLOSE),
+        "Two cities to check.",
+        "Let me check.",
+        BOTH,
+    ),
+    "dsml": Family(
+        _deepseek_v4,
+        templates.DSML,
+        ["<｜Assistant｜>", "<think>", "Two cities to check.", "</think>", "Let me check."]
+        + ["<｜DSML｜tool_calls>", '\n<｜DSML｜invoke name="get_weather">\n']
+        + ['<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n']
+        + ['<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n']
+        + ['</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n']
+        + ['<｜DSML｜parameter name="zone" string="true">Asia/Tokyo</｜DSML｜parameter>\n']
+        + ['<｜DSML｜parameter name="n" string="false">[1, 2]</｜DSML｜parameter>\n']
+        + ["</｜DSML｜invoke>\n", "</｜DSML｜tool_calls>"],
+        ("<｜Assistant｜>", "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"),
         "Two cities to check.",
         "Let me check.",
         BOTH,

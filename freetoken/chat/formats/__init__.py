@@ -8,10 +8,9 @@ cannot say: llama.cpp's `deepseek2` holds DeepSeek and GLM-4.7-Flash alike). Mod
 entry claims (Qwen's families, OLMoE, architectures added later) get the format whose
 markers their template shows, Qwen's when it shows none of the others'.
 
-Forced calls (`tool_choice`): Qwen's, DeepSeek's, Mistral's and Harmony's calls carry JSON
-arguments and have grammars; GLM's and MiniMax-M2's write values as bare text, which the
-JSON grammar cannot express, so their forced calls are served unconstrained, the tools
-offered as usual (`ChatFormat.call_grammar` returns None).
+Forced calls (`tool_choice`) have grammars in every format: JSON arguments (Qwen's,
+DeepSeek's, Mistral's, Harmony's) or tagged parameters whose strings are bare text and
+other values JSON (GLM's, MiniMax-M2's, Qwen3-Coder's, DeepSeek-V4's DSML).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from functools import lru_cache
 
 from freetoken.chat.formats.base import CallSection, ChatFormat, Event, ParseOptions, Parser
 from freetoken.chat.formats.deepseek import DeepSeekFormat
+from freetoken.chat.formats.dsml import DsmlFormat
 from freetoken.chat.formats.glm import GlmFormat
 from freetoken.chat.formats.harmony import HarmonyFormat
 from freetoken.chat.formats.minimax import MiniMaxFormat
@@ -33,6 +33,7 @@ __all__ = [
     "CallSection",
     "ChatFormat",
     "DeepSeekFormat",
+    "DsmlFormat",
     "Event",
     "GlmFormat",
     "HarmonyFormat",
@@ -47,6 +48,7 @@ __all__ = [
 FORMATS: tuple[type[ChatFormat], ...] = (
     QwenFormat,
     DeepSeekFormat,
+    DsmlFormat,
     GlmFormat,
     MiniMaxFormat,
     MistralFormat,
@@ -57,6 +59,7 @@ FORMATS: tuple[type[ChatFormat], ...] = (
 BY_ARCHITECTURE: dict[str, type[ChatFormat]] = {
     "deepseek_v3": DeepSeekFormat,
     "deepseek_v2": DeepSeekFormat,
+    "deepseek_v4": DsmlFormat,
     "glm4_moe": GlmFormat,
     "glm4_moe_lite": GlmFormat,
     "glm_moe_dsa": GlmFormat,
@@ -68,6 +71,7 @@ BY_ARCHITECTURE: dict[str, type[ChatFormat]] = {
 # what identifies a format in a template, most specific first (Qwen's is the default)
 _TEMPLATE_MARKS: tuple[tuple[type[ChatFormat], str], ...] = (
     (HarmonyFormat, "<|channel|>"),
+    (DsmlFormat, "｜DSML｜"),
     (DeepSeekFormat, "<｜tool▁call▁begin｜>"),
     (MiniMaxFormat, "<minimax:tool_call>"),
     (GlmFormat, "<arg_key>"),

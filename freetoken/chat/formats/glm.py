@@ -80,7 +80,7 @@ class GlmFormat(DelimitedFormat):
     def call_rules(
         self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
     ) -> str:
-        def pair(key: str, value: str) -> str:
+        def pair(key: str, value: str, text: bool) -> str:
             return f'"<arg_key>" {key} "</arg_key>" "\\n"? "<arg_value>" {value} "\\n"?'
 
         alts = [

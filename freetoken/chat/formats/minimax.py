@@ -85,7 +85,7 @@ class MiniMaxFormat(DelimitedFormat):
     def call_rules(
         self, lark: Lark, tools: list[dict[str, Any]], lenient: bool, parallel: bool
     ) -> str:
-        def pair(key: str, value: str) -> str:
+        def pair(key: str, value: str, text: bool) -> str:
             return f'"<parameter name=\\"" {key} "\\">" {value} "\\n"?'
 
         alts = []

@@ -127,7 +127,7 @@ class QwenFormat(MarkupFormat):
 def _xml_call(lark: Lark, fn: dict[str, Any], lenient: bool) -> str:
     """`<function=NAME>` and one `<parameter=KEY>` pair per argument (Qwen3-Coder's form)."""
 
-    def pair(key: str, value: str) -> str:
+    def pair(key: str, value: str, text: bool) -> str:
         return f'"<parameter=" {key} ">" "\\n"? {value} "\\n"?'
 
     args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)

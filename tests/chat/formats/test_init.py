@@ -8,6 +8,7 @@ from freetoken import models
 from freetoken.chat import formats
 from freetoken.chat.formats import (
     DeepSeekFormat,
+    DsmlFormat,
     GlmFormat,
     HarmonyFormat,
     MiniMaxFormat,
@@ -22,6 +23,7 @@ from freetoken.tools import synth
     [
         ("deepseek_v3", DeepSeekFormat),
         ("deepseek_v2", DeepSeekFormat),
+        ("deepseek_v4", DsmlFormat),
         ("glm4_moe", GlmFormat),
         ("glm4_moe_lite", GlmFormat),
         ("glm_moe_dsa", GlmFormat),
@@ -38,8 +40,7 @@ def test_the_architecture_declares_the_format_whatever_the_template(architecture
 def test_every_architecture_that_is_not_claimed_is_read_from_its_template():
     unclaimed = set(models.ARCHITECTURES) - set(formats.BY_ARCHITECTURE)
     qwen = {"qwen3_moe", "qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"}
-    # DeepSeek-V4 writes DeepSeek's DSML calls, which no format reads yet
-    assert unclaimed == qwen | {"olmoe", "deepseek_v4"}
+    assert unclaimed == qwen | {"olmoe"}
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,7 @@ def test_every_architecture_that_is_not_claimed_is_read_from_its_template():
         (None, QwenFormat),
         ("{{ '<|start|>assistant<|channel|>final<|message|>' }}", HarmonyFormat),
         ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>", DeepSeekFormat),
+        ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="', DsmlFormat),
         ("<minimax:tool_call><invoke", MiniMaxFormat),
         ("<tool_call>{{ name }}<arg_key>", GlmFormat),
         ("[TOOL_CALLS]", MistralFormat),
