@@ -21,7 +21,7 @@ import torch
 
 from freetoken.quant import QuantError
 
-__all__ = ["fp8_rows", "mxfp4_from_hf", "nvfp4_from_modelopt"]
+__all__ = ["fp8_rows", "mxfp4_from_hf", "mxfp4_rows", "nvfp4_from_modelopt"]
 
 FP8_BLOCK = 128
 NVFP4_BLOCK = 128
@@ -37,6 +37,21 @@ def mxfp4_from_hf(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     packed = codes[..., :16] | (codes[..., 16:] << 4)
     out = torch.cat([scales.to(torch.uint8).unsqueeze(-1), packed], dim=-1)
     return out.flatten(-2)
+
+
+def mxfp4_rows(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V4's FP4 experts: e2m1 codes [..., R, C/2] (float4_e2m1fn_x2 or their bytes,
+    the first of each pair in the low nibble) with an e8m0 scale [..., R, C/32] for each 32
+    (float8_e8m0fnu or its bytes) as packed mxfp4: the same codes and exponents as
+    gpt-oss's blocks, laid out a row at a time."""
+    *outer, R, half = weight.shape
+    if tuple(scale.shape) != (*outer, R, 2 * half // 32) or (2 * half) % 32:
+        raise QuantError(
+            f"FP4 weight of {tuple(weight.shape)} bytes needs one e8m0 scale a 32 weights, "
+            f"found scales {tuple(scale.shape)}"
+        )
+    blocks = weight.contiguous().view(torch.uint8).reshape(*outer, R, half // 16, 16)
+    return mxfp4_from_hf(blocks, scale.contiguous().view(torch.uint8))
 
 
 def fp8_rows(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:

@@ -45,13 +45,16 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
     return [Path(files[n]) for n in found]
 
 
-# bytes per element of safetensors' dtype names
-_ITEM_BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
-_ITEM_BYTES |= {"U8": 1, "I8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# bits per element of safetensors' dtype names (F4: e2m1, two a byte)
+_ITEM_BITS = {"F64": 64, "I64": 64, "F32": 32, "I32": 32, "F16": 16, "BF16": 16, "I16": 16}
+_ITEM_BITS |= {"U8": 8, "I8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4}
 
 # quantized checkpoints whose blocks the kernels read as they are (freetoken/quant/pack.py)
 KEPT_METHODS = tuple(quant.CHECKPOINT_METHODS)
 FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
+# DeepSeek-V4's own names: "<module>.scale" beside "<module>.weight", e8m0 powers of two (one
+# per 128×128 block of an FP8 weight, one per 32 weights of a routed expert's FP4 one)
+V4_SCALE = ".scale"
 MXFP4_PARTS = ("_blocks", "_scales")  # "<name>_blocks" (codes) beside "<name>_scales"
 # ModelOpt NVFP4: "<module>.weight" (codes) beside its group scales and its tensor scale
 NVFP4_SCALES = (".weight_scale", ".weight_scale_2")
@@ -133,15 +136,23 @@ class Checkpoint:
                     self.hidden.add(name)
             elif self.method == "fp8" and name.endswith(FP8_SCALE):
                 self.scales[name.removesuffix(FP8_SCALE) + ".weight"] = name
+            elif self.method == "fp8" and name.endswith(V4_SCALE):
+                weight = name.removesuffix(V4_SCALE) + ".weight"
+                if weight in self.handles:
+                    self.scales[weight] = name
             elif self.method == "mxfp4" and name.endswith(MXFP4_PARTS[0]):
                 self.scales[name] = name.removesuffix(MXFP4_PARTS[0]) + MXFP4_PARTS[1]
-            elif f.get_slice(name).get_dtype().startswith("F8_") and name not in self.scales:
+            elif name not in self.scales and (dt := f.get_slice(name).get_dtype())[:2] in (
+                "F8",
+                "F4",
+            ):
                 if name.endswith(NVFP4_SCALES[0]) and self.method is None:
                     raise WeightsError(
                         f"tensor {name} holds NVFP4 group scales, but the checkpoint declares no "
                         f"quantization (config.json's quantization_config or {hub.QUANT_FILE})"
                     )
-                self.scales[name] = name.removesuffix(".weight") + FP8_SCALE
+                partner = V4_SCALE if dt == "F4" else FP8_SCALE  # what it cannot be read without
+                self.scales[name] = name.removesuffix(".weight") + partner
         for weight, scale in [*self.scales.items(), *needs]:
             for needed in (weight, scale):
                 if needed not in self.handles:
@@ -175,8 +186,13 @@ class Checkpoint:
                 s2 = name.removesuffix(".weight") + NVFP4_SCALES[1]
                 s2 = self.handles[s2].get_tensor(s2)
                 return pack.nvfp4_from_modelopt(w, scale, s2), "nvfp4"
+            if w.dtype == torch.float4_e2m1fn_x2:  # DeepSeek-V4's routed experts
+                return pack.mxfp4_rows(w, scale), "mxfp4"
             if w.dtype != torch.float8_e4m3fn:
-                raise QuantError(f"{w.dtype} weights beside block scales (e4m3 expected)")
+                raise QuantError(
+                    f"{w.dtype} weights beside block scales (e4m3, or e2m1 for FP4 experts, "
+                    "expected)"
+                )
             return pack.fp8_rows(w, scale), "fp8_e4m3"
         except QuantError as e:
             raise WeightsError(f"tensor {name}: {e}") from None
@@ -189,8 +205,8 @@ class Checkpoint:
             n = 1
             for d in piece.get_shape():
                 n *= d
-            total += n * _ITEM_BYTES[piece.get_dtype()]
-        return total
+            total += n * _ITEM_BITS[piece.get_dtype()]
+        return total // 8
 
     def bank_keys(self) -> list[BankKey]:
         return sorted(self.pieces)

@@ -58,6 +58,32 @@ def test_mxfp4_from_hf_decodes_as_the_hf_layout():
     assert torch.equal(reference.dequantize(packed, "mxfp4"), values.reshape(3, 5, 128))
 
 
+def test_mxfp4_rows_decode_deepseek_v4s_fp4_experts():
+    """DeepSeek-V4's experts: float4_e2m1fn_x2 codes [R, C/2] (the first of each pair in the
+    low nibble) with float8_e8m0fnu scales [R, C/32], decoded element by element."""
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (2, 6, 64), generator=g, dtype=torch.uint8)
+    bits = torch.randint(118, 134, (2, 6, 2), generator=g, dtype=torch.uint8)
+    weight = (codes[..., 0::2] | codes[..., 1::2] << 4).view(torch.float4_e2m1fn_x2)
+    scale = bits.view(torch.float8_e8m0fnu)
+    values = torch.tensor(reference.E2M1)[codes.long()]
+    values = values * scale.float().repeat_interleave(32, dim=-1)
+    packed = pack.mxfp4_rows(weight, scale)
+    assert torch.equal(reference.dequantize(packed, "mxfp4"), values)
+    assert torch.equal(pack.mxfp4_rows(weight.view(torch.uint8), bits), packed)  # as bytes
+    with pytest.raises(quant.QuantError, match="one e8m0 scale a 32 weights"):
+        pack.mxfp4_rows(weight, scale[..., :1])
+
+
+def test_fp8_rows_take_e8m0_block_scales():
+    """DeepSeek-V4's FP8 weights carry powers of two (float8_e8m0fnu) as their scales."""
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(1, 130, 256, generator=g) * 100).to(torch.float8_e4m3fn)
+    bits = torch.randint(120, 130, (1, 2, 2), generator=g, dtype=torch.uint8)
+    e8m0 = pack.fp8_rows(w, bits.view(torch.float8_e8m0fnu))
+    assert torch.equal(e8m0, pack.fp8_rows(w, torch.exp2(bits.float() - 127)))
+
+
 def test_fp8_rows_carry_their_block_scale():
     g = torch.Generator().manual_seed(2)
     w = (torch.randn(2, 200, 256, generator=g) * 100).to(torch.float8_e4m3fn)
