@@ -14,8 +14,11 @@ token over the row's own window (the server's counters before and after it), the
 adaptive chose, and the fraction of the bound computed from the window's own misses:
   bound tok/s = streams / (T_dense + misses a step × S/(B_P + B_H)),
 with S/B_P and S/B_H the runner's measured per-expert costs and T_dense the step time of the
-same model with every expert resident (`--dense-ms`, or measured here by reloading the model
-resident once, where it fits).
+same model with every expert resident, at the same number of streams (measured here by
+reloading the model resident once, where it fits; `--dense-ms` gives the one-stream step
+instead, used for every count). A step of four sequences reads up to four times the experts
+and attends over four caches: taken at one stream's cost, T_dense gave a four-stream bound
+that counted a step of four tokens as cheap as a step of one.
 """
 
 from __future__ import annotations
@@ -220,12 +223,10 @@ def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> d
     runs = concurrent(lambda: ask(client, args.model, STORY, args.tokens, sampling), streams)
     after = cache_stats(client, args.model)
     rates = [r.rate for r in runs if r.rate]
-    first = min(s for r in runs for s in r.stamps[:1])
-    last = max(r.stamps[-1] for r in runs if r.stamps)
     win = window(before, after)
     row = {"regime": regime, "api": api, "streams": streams, **win}
     row["tok_s"] = sum(rates) / len(rates) if rates else None
-    row["agg_tok_s"] = sum(r.tokens for r in runs) / max(last - first, 1e-9)
+    row["agg_tok_s"] = aggregate_rate(runs)
     row["ttft_ms"] = 1e3 * sum(r.ttft or 0 for r in runs) / len(runs)
     row["bound_tok_s"] = bound(after, win, streams, dense_ms)
     if row["bound_tok_s"] and row["agg_tok_s"]:
@@ -290,24 +291,38 @@ def first_answer_row(client, args) -> dict[str, Any]:
     }
 
 
-def dense_probe(client, args) -> float | None:
-    """T_dense (ms): the hot regime's step with every expert resident, by a reload."""
+def dense_probe(client, args, counts: list[int]) -> dict[int, float]:
+    """T_dense (ms) at each stream count: the hot regime's step with every expert resident,
+    by a reload; empty where there is no such bound."""
     if args.dense_ms:
-        return args.dense_ms
+        return {n: args.dense_ms for n in counts}
     if not args.probe_dense or not (cache_stats(client, args.model).get("cache")):
-        return None  # no GPU cache: every expert runs on the CPU, there is no such bound
+        return {}  # no GPU cache: every expert runs on the CPU, there is no such bound
     resident = {**REGIMES["hot"], "ignore_eos": True, "moe_policy": "resident"}
+    out = {}
     try:
         # the first answer after a load captures the decode graphs (and compiles kernels
         # on a fresh machine): measured, it read 7-13 ms a step against 2.6 settled
         _ollama(client, args.model, STORY, 16, resident)
-        s = _ollama(client, args.model, STORY, 128, resident)
+        for n in counts:
+            concurrent(lambda: _ollama(client, args.model, STORY, 16, resident), n)
+            runs = concurrent(lambda: _ollama(client, args.model, STORY, 128, resident), n)
+            if rate := aggregate_rate(runs):
+                out[n] = n * 1e3 / rate
     except httpx.HTTPStatusError as e:
         print(f"# the resident model did not load (HTTP {e.response.status_code}): no bound")
-        return None
     finally:  # unloaded, so the next request loads it as served
         unload(client, args.model)
-    return 1e3 / s.rate if s.rate else None
+    return out
+
+
+def aggregate_rate(runs: list[Any]) -> float | None:
+    """Tokens a second of concurrent streams together, first token to last."""
+    stamps = [r.stamps for r in runs if r.stamps]
+    if not stamps:
+        return None
+    first, last = min(s[0] for s in stamps), max(s[-1] for s in stamps)
+    return sum(r.tokens for r in runs) / max(last - first, 1e-9)
 
 
 def unload(client: httpx.Client, model: str) -> None:
@@ -319,13 +334,16 @@ def run(args) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with httpx.Client(base_url=args.url, timeout=args.timeout) as client:
         _ollama(client, args.model, STORY, 1, {})  # loaded
-        dense_ms = dense_probe(client, args)
-        print(f"# T_dense {dense_ms if dense_ms is None else round(dense_ms, 3)} ms", flush=True)
+        counts = [int(s) for s in args.streams.split(",")]
+        dense = dense_probe(client, args, counts)
+        shown = ", ".join(f"{n} streams {ms:.3f}" for n, ms in dense.items()) or "none"
+        print(f"# T_dense ms: {shown}", flush=True)
         for regime in args.regimes.split(","):
             if regime in REGIMES:
-                for streams in (int(s) for s in args.streams.split(",")):
+                for streams in counts:
                     for api in args.api.split(","):
-                        new = [decode_row(client, args, regime, api, streams, dense_ms)]
+                        ms = dense.get(streams)
+                        new = [decode_row(client, args, regime, api, streams, ms)]
                         _progress(rows, new)
             elif regime == "agent":
                 _progress(rows, agent_rows(client, args))
@@ -363,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api", default="openai,ollama")
     p.add_argument("--tokens", type=int, default=256, help="tokens generated a stream")
     p.add_argument("--prompt-tokens", type=int, default=8000, help="the agent's long prompt")
-    p.add_argument("--dense-ms", type=float, default=0.0, help="T_dense, if known")
+    p.add_argument("--dense-ms", type=float, default=0.0, help="T_dense at one stream, if known")
     p.add_argument("--no-probe-dense", dest="probe_dense", action="store_false")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", action="store_true")

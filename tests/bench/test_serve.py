@@ -71,6 +71,19 @@ def test_every_regime_runs_through_both_apis(url):
     assert first["tok_s"] > 0 and "first / settled" in first["note"]
 
 
+def test_the_aggregate_rate_spans_every_streams_tokens():
+    from types import SimpleNamespace as Run
+
+    runs = [Run(stamps=[1.0, 2.0, 3.0], tokens=3), Run(stamps=[1.5, 5.0], tokens=2)]
+    assert serve.aggregate_rate(runs) == pytest.approx(5 / 4.0)
+    assert serve.aggregate_rate([Run(stamps=[], tokens=0)]) is None
+
+
+def test_a_given_dense_step_serves_every_stream_count():
+    args = argparse.Namespace(dense_ms=2.5, probe_dense=True)
+    assert serve.dense_probe(None, args, [1, 4]) == {1: 2.5, 4: 2.5}
+
+
 def test_embed_std_sets_the_synthetic_token_embeddings_scale(tmp_path):
     from safetensors import safe_open
 
@@ -114,25 +127,27 @@ def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
     assert serve.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
 
 
-def test_the_dense_probe_times_a_settled_answer(monkeypatch):
-    """T_dense comes from an answer after a first one: the first after a load captures the
-    decode graphs (and may compile kernels), which is no step time."""
-    calls = []
+def test_the_dense_probe_times_settled_answers_at_each_stream_count(monkeypatch):
+    """T_dense comes from answers after a first one (the first after a load captures the
+    decode graphs and may compile kernels, which is no step time), at each stream count:
+    the streams' tokens together over the time from the first token to the last."""
+    from types import SimpleNamespace as Run
 
-    class Rate:
-        def __init__(self, rate):
-            self.rate = rate
+    calls = []
 
     def answer(client, model, messages, tokens, options):
         calls.append((tokens, options["moe_policy"]))
-        return Rate(100.0 if len(calls) == 1 else 400.0)
+        return Run(stamps=[0.0, 0.32 * (len(calls) > 1)], tokens=tokens)
 
     monkeypatch.setattr(serve, "_ollama", answer)
     monkeypatch.setattr(serve, "cache_stats", lambda client, model: {"cache": {"slots": 8}})
     monkeypatch.setattr(serve, "unload", lambda client, model: None)
     args = argparse.Namespace(dense_ms=0.0, probe_dense=True, model="m")
-    assert serve.dense_probe(None, args) == 2.5
-    assert [policy for _, policy in calls] == ["resident", "resident"] and calls[0][0] < calls[1][0]
+    # 128 tokens in 0.32 s: 2.5 ms a step; four streams of them together, 512 tokens in the
+    # same 0.32 s: a step of four tokens also takes 2.5 ms
+    assert serve.dense_probe(None, args, [1, 4]) == pytest.approx({1: 2.5, 4: 2.5})
+    assert {policy for _, policy in calls} == {"resident"}
+    assert [t for t, _ in calls] == [16, 16, 128] + [16] * 4 + [128] * 4
 
 
 def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
