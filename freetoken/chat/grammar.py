@@ -45,6 +45,7 @@ __all__ = [
     "lit",
     "regex_lit",
     "schema_text",
+    "invoke_section",
     "tagged_arguments",
     "until",
 ]
@@ -225,6 +226,30 @@ def _bare_value(lark: Lark, schema: Any, close: str, label: str, lenient: bool) 
     low, high = int(schema.get("minLength") or 0), schema.get("maxLength")
     count = "*" if not low and high is None else f"{{{low},{'' if high is None else high}}}"
     return lark.rule(f"/(.|\\n){count}{regex_lit(close)}/", "[lazy]")
+
+
+def invoke_section(
+    lark: Lark,
+    tools: list[dict[str, Any]],
+    *,
+    head: Callable[[str], str],
+    pair: Callable[[str, str, bool], str],
+    close: tuple[str, str, str],
+    lenient: bool,
+    parallel: bool,
+) -> str:
+    """A rule for a section of XML-like invokes (MiniMax-M2's, DeepSeek-V4's DSML) after its
+    open marker: `head(name)` opens one tool's invoke, `pair` writes a parameter (see
+    tagged_arguments), `close` is (a parameter's close, an invoke's, the section's); with
+    `parallel`, one invoke or more."""
+    param_close, invoke_close, section_close = close
+    alts = []
+    for fn in tools:
+        args = tagged_arguments(lark, fn, pair, param_close, lenient)
+        alts.append(f'{lit(head(fn["name"]))} "\\n"? {args} {lit(invoke_close)}')
+    invoke = lark.rule(" | ".join(f"({a})" for a in alts))
+    more = f'("\\n"? {invoke})*' if parallel else ""
+    return lark.rule(f'"\\n"? {invoke} {more} "\\n"? {lit(section_close)}')
 
 
 def tagged_arguments(

@@ -32,7 +32,7 @@ from freetoken.chat.formats.scan import (
     typed_value,
     without,
 )
-from freetoken.chat.grammar import Lark, lit, tagged_arguments
+from freetoken.chat.grammar import Lark, invoke_section
 
 __all__ = ["DsmlFormat"]
 
@@ -117,12 +117,12 @@ class DsmlFormat(DelimitedFormat):
             head = f'"<{_D}parameter name=\\"" {key} "\\" string=\\"{mark}\\">"'
             return f'{head} {value} "\\n"?'
 
-        close = f"</{_D}parameter>"
-        alts = []
-        for fn in tools:
-            head = lit(f'<{_D}invoke name="{fn["name"]}">')
-            args = tagged_arguments(lark, fn, pair, close, lenient)
-            alts.append(f'{head} "\\n"? {args} {lit(self.call_end)}')
-        invoke = lark.rule(" | ".join(f"({a})" for a in alts))
-        more = f'("\\n"? {invoke})*' if parallel else ""
-        return lark.rule(f'"\\n"? {invoke} {more} "\\n"? {lit(self.call_close)}')
+        return invoke_section(
+            lark,
+            tools,
+            head=lambda name: f'<{_D}invoke name="{name}">',
+            pair=pair,
+            close=(f"</{_D}parameter>", self.call_end, self.call_close),
+            lenient=lenient,
+            parallel=parallel,
+        )

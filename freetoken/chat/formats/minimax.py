@@ -28,7 +28,7 @@ from freetoken.chat.formats.scan import (
     typed_value,
     without,
 )
-from freetoken.chat.grammar import Lark, lit, tagged_arguments
+from freetoken.chat.grammar import Lark, invoke_section
 
 __all__ = ["MiniMaxFormat"]
 
@@ -88,11 +88,12 @@ class MiniMaxFormat(DelimitedFormat):
         def pair(key: str, value: str, text: bool) -> str:
             return f'"<parameter name=\\"" {key} "\\">" {value} "\\n"?'
 
-        alts = []
-        for fn in tools:
-            head = lit(f'<invoke name="{fn["name"]}">')
-            args = tagged_arguments(lark, fn, pair, "</parameter>", lenient)
-            alts.append(f'{head} "\\n"? {args} "</invoke>"')
-        invoke = lark.rule(" | ".join(f"({a})" for a in alts))
-        more = f'("\\n"? {invoke})*' if parallel else ""
-        return lark.rule(f'"\\n"? {invoke} {more} "\\n"? {lit(self.call_close)}')
+        return invoke_section(
+            lark,
+            tools,
+            head=lambda name: f'<invoke name="{name}">',
+            pair=pair,
+            close=("</parameter>", self.call_end, self.call_close),
+            lenient=lenient,
+            parallel=parallel,
+        )
