@@ -290,6 +290,14 @@ class ModeChooser:
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
 
+    def charge(self, seconds: float) -> None:
+        """A placement move (and the step that recaptured its graphs) took `seconds`: counted
+        with the visit it serves, so the rest after that visit grows with it."""
+        if self._resting:
+            self._resting_s += seconds * self._pause
+        elif self._plan:
+            self._visit_s += seconds
+
     def adopt(self, mode: str) -> None:
         """Serves from `mode` from now on, unless a measurement is under way (it decides)."""
         if not self._plan and mode in self.modes:

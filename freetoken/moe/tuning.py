@@ -32,6 +32,10 @@ PERIOD = 4096  # decode steps between two measurements
 # prediction (split) left 4-6x device's misses uncached and ran at 0.64-0.73 of its speed.
 LOCALITY_STEPS = 32
 NEAR_UNIFORM = 0.8
+# A placement move (whole layers' experts, at times hundreds of milliseconds) and the step
+# after it, which recaptures the decode graphs, count toward the visit they serve; an
+# interval longer than this spans idle time instead and is not counted.
+MOVE_CHARGE_CAP = 1.0
 
 
 def predict(
@@ -75,6 +79,7 @@ class AdaptiveTuner:
         self.modes = self.mode_chooser(modes)
         self.locality: LocalityCheck | None = None  # pending at a load that learned nothing
         self._tick: float | None = None  # when the last timed step started
+        self._after_move = False  # the step that started last follows a placement move
         self._batch = 0  # its tokens (a decode step's: its sequences)
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self.on_measured = None  # called with stats() when a measurement completes
@@ -102,9 +107,13 @@ class AdaptiveTuner:
         now = time.perf_counter()
         last, self._tick = self._tick, (now if tokens <= DECODE_TOKENS else None)
         batch, self._batch = self._batch, tokens  # the step that ended: the last one started
+        after_move, self._after_move = self._after_move, False
         if last is None or self._tick is None:
             return False
         dt = now - last
+        if after_move:  # it recaptured the graphs: the visit's cost, not a step's time
+            self._charge(dt)
+            return False
         if self._typical and dt > 5 * self._typical:
             return False
         self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
@@ -156,10 +165,18 @@ class AdaptiveTuner:
         self.modes.adopt(str(mode))
 
     def moved(self, old: Mode, new: Mode) -> None:
-        """The placement changed: the next interval spans the move, so it is not timed."""
+        """The placement changed (between steps): the move, and the step after it, are
+        charged to the measurement's visits, not timed as steps."""
         step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
         log.debug("adaptive placement: %s -> %s (step ms %s)", old, new, step_ms)
-        self._tick = None
+        if self._tick is not None:  # a decode step's move: it began at that step's start
+            now = time.perf_counter()
+            self._charge(now - self._tick)
+            self._tick, self._after_move = now, True
+
+    def _charge(self, seconds: float) -> None:
+        if self.modes is not None and seconds <= MOVE_CHARGE_CAP:
+            self.modes.charge(seconds)
 
     def learned(self) -> dict:
         """What a later load on this machine starts from (moe/learned.py)."""

@@ -261,6 +261,67 @@ def test_visits_to_a_slow_mode_take_their_share_of_the_time_not_of_the_steps():
     assert spent["layers"] <= 0.1 * sum(spent.values()) * 1.05
 
 
+def test_a_move_is_charged_to_the_visit_it_serves():
+    from freetoken.moe.dispatch import ModeChooser
+
+    def chooser():
+        c = ModeChooser(
+            settle=1,
+            measure=2,
+            period=10**6,
+            modes=("device", "layers"),
+            rounds=2,
+            start="device",
+            explore_after=2,
+            duty=0.1,
+        )
+        for _ in range(2):
+            c.observe(0.001)
+        assert c.mode == "layers"  # the first visit begins
+        return c
+
+    def rest_steps(c, move: float) -> int:
+        c.charge(move)  # the move into the visit
+        while c.mode == "layers":
+            c.observe(0.01)
+        c.charge(move)  # and back out of it
+        n = 0
+        while c.mode == "device":
+            c.observe(0.001)
+            n += 1
+        return n
+
+    # steps in device until the next visit to layers: the rest after 20 ms of layers (180
+    # ms), the home mode's own visit and its rest; moves of 50 ms either side of the visit
+    # rest 9 x 100 ms more
+    assert rest_steps(chooser(), 0.05) - rest_steps(chooser(), 0.0) == pytest.approx(900, abs=2)
+
+
+def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+    charged = []
+    monkeypatch.setattr(tuner.modes, "charge", charged.append)
+    observed = []
+    monkeypatch.setattr(tuner.modes, "observe", lambda s, b=1: observed.append(s))
+    for dt in (0.002, 0.002, 0.002):
+        tuner.step_started(1, Mode.DEVICE)
+        clock[0] += dt
+    tuner.step_started(1, Mode.DEVICE)
+    clock[0] += 0.3  # the move, before the step that starts here
+    tuner.moved(Mode.DEVICE, Mode.LAYERS)
+    clock[0] += 0.05  # that step: it recaptures the graphs
+    tuner.step_started(1, Mode.LAYERS)
+    clock[0] += 0.008
+    tuner.step_started(1, Mode.LAYERS)
+    assert observed == pytest.approx([0.002, 0.002, 0.002, 0.008])
+    assert charged == pytest.approx([0.3, 0.05])
+
+
 def test_a_chooser_that_learned_waits_a_period():
     from freetoken.moe.dispatch import ModeChooser
 
