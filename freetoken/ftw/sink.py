@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import sys
 import threading
 import zlib
 from collections import deque
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 WRITEBACK = 256 << 20
+_LINUX = sys.platform.startswith("linux")  # where posix_fadvise starts writeback
 _STOP = ("stop", None)
 
 
@@ -115,7 +117,7 @@ class Sink:
 
     def _writeback(self, f: BinaryIO) -> None:
         end = f.tell()
-        if end - self._flushed >= 2 * WRITEBACK:
+        if _LINUX and end - self._flushed >= 2 * WRITEBACK:
             # the stretch before the last one: its pages are likely written back already,
             # and the kernel starts on any that are not without waiting for them
             start, self._flushed = self._flushed, end - WRITEBACK
