@@ -49,6 +49,12 @@ def safetensors_files(files: dict[str, Path]) -> list[Path]:
 _ITEM_BITS = {"F64": 64, "I64": 64, "F32": 32, "I32": 32, "F16": 16, "BF16": 16, "I16": 16}
 _ITEM_BITS |= {"U8": 8, "I8": 8, "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4}
 
+
+def _scaled(dtype: str) -> bool:
+    """An 8- or 4-bit float dtype: such a weight cannot be read without its scale."""
+    return dtype.startswith(("F8_", "F4"))
+
+
 # quantized checkpoints whose blocks the kernels read as they are (freetoken/quant/pack.py)
 KEPT_METHODS = tuple(quant.CHECKPOINT_METHODS)
 FP8_SCALE = ".weight_scale_inv"  # beside "<module>.weight": one fp32 per 128×128 block
@@ -142,10 +148,7 @@ class Checkpoint:
                     self.scales[weight] = name
             elif self.method == "mxfp4" and name.endswith(MXFP4_PARTS[0]):
                 self.scales[name] = name.removesuffix(MXFP4_PARTS[0]) + MXFP4_PARTS[1]
-            elif name not in self.scales and (dt := f.get_slice(name).get_dtype())[:2] in (
-                "F8",
-                "F4",
-            ):
+            elif name not in self.scales and _scaled(dt := f.get_slice(name).get_dtype()):
                 if name.endswith(NVFP4_SCALES[0]) and self.method is None:
                     raise WeightsError(
                         f"tensor {name} holds NVFP4 group scales, but the checkpoint declares no "
