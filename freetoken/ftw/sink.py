@@ -4,10 +4,10 @@ caller reads and assembles the next tensors.
 A create is bound by the disk only if nothing else runs in series with it. Measured on a
 16 GB checkpoint (16 cores, a 1.4 GB/s disk), one thread that wrote then hashed each piece,
 and a caller that computed each tensor's CRC-32 itself, took 1.7-2x the time to read and
-write the bytes, the converter's start-up aside. So each job has a thread of its own: the writer (the disk), the hasher
-(SHA-256 of each file, in order) and a small pool for the tensors' CRC-32s, which are
-independent of one another. File writes, hashlib and zlib release the GIL for buffers of
-this size, so the threads run in parallel.
+write the bytes, the converter's start-up aside. So each job has a thread of its own: the
+writer (the disk), the hasher (SHA-256 of each file, in order) and a small pool for the
+tensors' CRC-32s, which are independent of one another. File writes, hashlib and zlib
+release the GIL for buffers of this size, so the threads run in parallel.
 
 The writer also asks the kernel to start writing back what it has written (and to drop it
 from the page cache) every WRITEBACK bytes: the closing fsync then waits for the last
