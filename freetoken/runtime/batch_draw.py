@@ -1,6 +1,6 @@
 """A decode step's tokens, rows with the same options drawn together.
 
-On a GPU one row's draw is a handful of launches (penalties, a uniform, two top-k kernels):
+On a GPU one row's draw is a handful of launches (penalties, a uniform, the draw's kernels):
 0.2-0.4 ms of the engine thread a row on an H200, which at four streams adds up to a large
 part of a step. Rows whose options are the same (clients send the same ones, or none) and
 whose draw takes the kernels, or is greedy, are drawn as one batch: the penalties counted
@@ -33,7 +33,7 @@ def _batches(scores: torch.Tensor, p: SamplingParams) -> bool:
     if p.greedy:
         return True
     V = scores.shape[-1]
-    return scores.is_cuda and fused.ENABLED and 0 < p.top_k <= min(sample_gpu.MAX_K, V - 1)
+    return scores.is_cuda and fused.ENABLED and sample_gpu.takes(p.top_k, V, p.top_p)
 
 
 def draw_rows(
@@ -81,4 +81,4 @@ def _draw_batch(
         u = torch.cat([torch.rand(1, device=dev, generator=g) for g in generators])
     else:
         u = torch.rand(len(generators), device=dev)
-    return sample_gpu.top_k_draw(batch.contiguous(), p.top_k, p.temperature, p.top_p, p.min_p, u)
+    return sample_gpu.draw(batch.contiguous(), p.top_k, p.temperature, p.top_p, p.min_p, u)

@@ -9,7 +9,8 @@ back: on the host a step's sampling was milliseconds (an argmax over 150k logits
 them for a large top_k), against a few milliseconds for the whole decode step. A large top_k
 keeps its tokens by a threshold (the k-th largest logit) instead of a sort, and without
 top_p or min_p nothing is sorted at all. On a GPU a top_k up to 64 (Ollama's default is 40)
-takes two Triton kernels (kernels/sample_gpu.py) in place of torch's score of launches.
+takes two Triton kernels (kernels/sample_gpu.py) in place of torch's score of launches, and
+a larger top_k or none, where top_p keeps every candidate, the wide draw's few kernels.
 """
 
 from __future__ import annotations
@@ -303,9 +304,9 @@ def draw(
     if p.greedy:
         return torch.argmax(logits)
     V = logits.numel()
-    if logits.is_cuda and fused.ENABLED and 0 < p.top_k <= min(sample_gpu.MAX_K, V - 1):
+    if logits.is_cuda and fused.ENABLED and sample_gpu.takes(p.top_k, V, p.top_p):
         u = torch.rand(1, device=logits.device, generator=generator)
-        return sample_gpu.top_k_draw(logits, p.top_k, p.temperature, p.top_p, p.min_p, u)
+        return sample_gpu.draw(logits, p.top_k, p.temperature, p.top_p, p.min_p, u)
     if 0 < p.top_k <= min(SORTED_TOP_K, V - 1):
         vals, idx = torch.topk(logits, p.top_k)  # sorted, descending
     else:

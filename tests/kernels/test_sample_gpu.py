@@ -1,8 +1,11 @@
-"""The top-k sampling kernels (kernels/sample_gpu.py) against the draw written out in
-torch: the same token at the same uniform, for top-k, temperature, top-p and min-p; in
-Triton's interpreter on host tensors, and on a GPU through `sampling.draw`."""
+"""The sampling kernels (kernels/sample_gpu.py) against the draw written out in torch: the
+same token at the same uniform, for top-k, temperature, top-p and min-p, and for the wide
+draw (a large k or none) in token order; in Triton's interpreter on host tensors, and on a
+GPU through `sampling.draw`."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -30,10 +33,29 @@ def cases(device):
     return [((300, 16, 0.7, 0.9, 0.0), 3), ((500, 5, 0.3, 0.5, 0.05), 2)]
 
 
+# vocabulary, k (0: none), temperature, min_p: every logit, a k that needs the radix
+# select's three passes, a k of one, min_p with and without k, a vocabulary whose last
+# block is partly filled
+WIDE = [
+    (151_643, 0, 1.5, 0.0),
+    (151_643, 100_000, 1.5, 0.0),
+    (50_000, 1, 1.0, 0.0),
+    (50_000, 300, 0.7, 0.02),
+    (9_001, 0, 1.0, 0.1),
+]
+
+
+def wide_cases(device):
+    if device == "cuda":
+        return [(c, 8) for c in WIDE]
+    return [((1000, 0, 1.5, 0.0), 2), ((1000, 700, 1.5, 0.0), 2), ((777, 100, 0.7, 0.05), 2)]
+
+
 @pytest.fixture
 def small_blocks(request, monkeypatch):
     if request.node.callspec.params["device"] == "cpu":
         monkeypatch.setattr(sample_gpu, "BLOCK", SMALL_BLOCK)
+        monkeypatch.setattr(sample_gpu, "WIDE_BLOCK", 256)
 
 
 def reference(logits, k, temperature, top_p, min_p, u):
@@ -61,6 +83,73 @@ def test_kernels_draw_the_reference_token(device, small_blocks):
             on = torch.tensor([u]).to(device)
             got = sample_gpu.top_k_draw(logits, k, temperature, top_p, min_p, on)
             assert int(got) == reference(logits, k, temperature, top_p, min_p, u), (V, k, u)
+
+
+def wide_reference(logits, k, temperature, min_p, u):
+    """The wide draw at uniform u, in torch: the logits at or above the k-th largest (ties
+    kept), weights exp((l - max) / T) at least min_p, then the first token in token order
+    whose running weight passes u times the total."""
+    logits = logits.cpu()
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if 0 < k < logits.numel():
+        keep &= logits >= torch.topk(logits, k).values[-1]
+    z = (logits - logits.max()) / temperature
+    if min_p > 0:
+        keep &= z >= math.log(min_p)
+    w = torch.where(keep, torch.exp(z), 0.0)
+    below = int((torch.cumsum(w, 0) <= u * w.sum()).sum())
+    return min(below, int(torch.nonzero(w > 0).max()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_draw_draws_the_reference_token(device, small_blocks):
+    for (V, k, temperature, min_p), draws in wide_cases(device):
+        g = torch.Generator().manual_seed(V + k)
+        logits = (3 * torch.randn(V, generator=g)).to(device)
+        for u in torch.rand(draws, generator=g).tolist():
+            got = sample_gpu.draw(logits, k, temperature, 1.0, min_p, torch.tensor([u]).to(device))
+            assert int(got) == wide_reference(logits, k, temperature, min_p, u), (V, k, u)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_draw_rows_in_one_launch(device, small_blocks):
+    """Rows drawn in one launch each draw the reference token at their own uniform, and
+    none below the k-th largest logit (the near-uniform routing regime's options: a high
+    temperature, a k of most of the vocabulary, many rows)."""
+    V, k, temperature = (1000, 600, 1.5) if device == "cpu" else (151_643, 100_000, 1.5)
+    g = torch.Generator().manual_seed(3)
+    logits = 2 * torch.randn(V, generator=g)
+    n = 8 if device == "cpu" else 512
+    u = torch.rand(n, generator=g)
+    rows = logits.expand(n, V).contiguous().to(device)
+    drawn = sample_gpu.draw(rows, k, temperature, 1.0, 0.0, u.to(device)).cpu()
+    kth = torch.topk(logits, k).values[-1]
+    assert bool((logits[drawn] >= kth).all())
+    assert drawn.tolist() == [wide_reference(logits, k, temperature, 0.0, float(x)) for x in u]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_draw_masked_and_infinite_logits(device, small_blocks):
+    """Ruled-out tokens (-inf) are never drawn; an infinite or NaN logit takes the draw."""
+    logits = torch.full((1000,), float("-inf"))
+    logits[[7, 500, 999]] = torch.tensor([1.0, 2.0, 0.5])
+    drawn = {
+        int(sample_gpu.draw(logits.to(device), 0, 1.0, 1.0, 0.0, torch.tensor([u]).to(device)))
+        for u in (0.0, 0.5, 0.999)
+    }
+    assert drawn <= {7, 500, 999} and 500 in drawn
+    for bad in (float("inf"), float("nan")):
+        logits[123] = bad
+        got = sample_gpu.draw(logits.to(device), 200, 0.8, 1.0, 0.0, torch.tensor([0.7]).to(device))
+        assert int(got) == 123
+
+
+def test_takes_sorted_top_k_and_wide_draws_only():
+    """The kernels draw a sorted top-k, or every candidate top_p keeps; a large k with a
+    top_p under 1 needs the candidates in order of likelihood and stays with torch."""
+    assert sample_gpu.takes(40, 151_643, 0.9)
+    assert sample_gpu.takes(100_000, 151_643, 1.0) and sample_gpu.takes(0, 151_643, 1.0)
+    assert not sample_gpu.takes(1000, 151_643, 0.95) and not sample_gpu.takes(0, 151_643, 0.5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

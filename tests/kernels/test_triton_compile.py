@@ -339,14 +339,18 @@ def _dense_kernels():
 
 
 def _sample_kernels():
-    """Top-k sampling over Qwen3's vocabulary (151,936 logits: 38 blocks of 4096) at k = 64."""
-    from freetoken.kernels.triton import sample
+    """Top-k sampling over Qwen3's vocabulary (151,936 logits: 75 blocks of 2048) at k = 64,
+    and the wide draw's kernels (38 blocks of 4096), with a k and without."""
+    from freetoken.kernels.triton import sample, sample_wide
 
-    return [
+    state = {"hist_ptr": "*i32", "top_ptr": "*i64", "k": "i32"}
+    weights = {"inv_temp": "fp32", "log_min_p": "fp32"}
+    wide = {"BLOCK": 4096, "NB": sample_wide.NB, "ROW": 3 * sample_wide.NB // 2 + 1}
+    out = [
         (
             sample.block_top_kernel,
             {"logits_ptr": "*fp32", "V": "i32", "keys_ptr": "*i64"},
-            {"KP": 64, "BLOCK": 4096},
+            {"KP": 64, "BLOCK": 2048},
         ),
         (
             sample.pick_kernel,
@@ -360,9 +364,30 @@ def _sample_kernels():
                 "top_p": "fp32",
                 "min_p": "fp32",
             },
-            {"NC": 4096},
+            {"NC": 8192, "KP": 64},
         ),
     ]
+    for need in (True, False):
+        out += [
+            (
+                sample_wide.rank_kernel,
+                {"logits_ptr": "*fp32", "V": "i32", **state},
+                {"PASS": p, "NEED_K": need, **wide},
+            )
+            for p in range(sample_wide.PASSES if need else 1)
+        ]
+        out.append((
+            sample_wide.mass_kernel,
+            {"logits_ptr": "*fp32", "V": "i32", **state, "sums_ptr": "*fp32", **weights},
+            {"NEED_K": need, **wide},
+        ))  # fmt: skip
+        out.append((
+            sample_wide.draw_kernel,
+            {"logits_ptr": "*fp32", "V": "i32", **state, "sums_ptr": "*fp32", "blocks": "i32",
+             "u_ptr": "*fp32", "out_ptr": "*i64", **weights},
+            {"NEED_K": need, "NBLK": 64, **wide},
+        ))  # fmt: skip
+    return out
 
 
 # decode attention's options: (window, sinks); (0, False) is the plain kernel

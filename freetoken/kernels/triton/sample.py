@@ -1,7 +1,7 @@
 """Top-k sampling of a token from each row of logits in two kernels.
 
-Each program of `block_top_kernel` sorts a block of the vocabulary and keeps its KP largest
-logits; `pick_kernel` sorts those candidates, keeps the k largest, and draws a token from
+Each program of `block_top_kernel` keeps the KP largest logits of a block of the vocabulary;
+`pick_kernel` keeps the KP largest of those candidates, then the k largest, and draws a token from
 them with temperature, top-p and min-p by inverse CDF at a given uniform `u`. A logit and
 its token id travel together as one 64-bit key: the logit's bits mapped so that unsigned
 order is float order, above the id, so one sort orders both.
@@ -32,27 +32,32 @@ def block_top_kernel(logits_ptr, V, keys_ptr, KP: tl.constexpr, BLOCK: tl.conste
     """For row b = program_id(1) of logits [B, V]: keys[b, pid * KP + j] = the j-th largest
     key of its logits[pid * BLOCK:][:BLOCK], j < KP."""
     pid, row = tl.program_id(0), tl.program_id(1)
-    r = tl.arange(0, BLOCK)
-    ids = pid * BLOCK + r
+    ids = pid * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(logits_ptr + row * V + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
-    keys = tl.sort(_key(x, ids), descending=True)
+    # a bitonic top-KP: the sort's first log2(KP) stages, then halving merges (a fraction of
+    # the full sort's work for KP = 64 of 4096)
+    keys = tl.topk(_key(x, ids), KP)
+    r = tl.arange(0, KP)
     out = keys_ptr + (row * tl.num_programs(0) + pid) * KP + r
-    tl.store(out, keys.to(tl.int64, bitcast=True), mask=r < KP)
+    tl.store(out, keys.to(tl.int64, bitcast=True))
 
 
 @triton.jit
-def pick_kernel(keys_ptr, n, u_ptr, out_ptr, k, inv_temp, top_p, min_p, NC: tl.constexpr):
+def pick_kernel(
+    keys_ptr, n, u_ptr, out_ptr, k, inv_temp, top_p, min_p, NC: tl.constexpr, KP: tl.constexpr
+):
     """out[b] = the token drawn at u[b] from the k largest of row b's n candidate keys
     (b = program_id(0)): softmax at 1/inv_temp over them, the smallest prefix whose mass
     before it stays under top_p (pass a value above 1 for none), tokens at least min_p times
-    the likeliest one."""
+    the likeliest one; k <= KP <= n."""
     row = tl.program_id(0)
     keys_ptr += row * n
     u_ptr += row
     out_ptr += row
-    r = tl.arange(0, NC)
-    keys = tl.load(keys_ptr + r, mask=r < n, other=0).to(tl.uint64, bitcast=True)
-    keys = tl.sort(keys, descending=True)
+    c = tl.arange(0, NC)
+    keys = tl.load(keys_ptr + c, mask=c < n, other=0).to(tl.uint64, bitcast=True)
+    keys = tl.topk(keys, KP)  # the KP largest, in order: the rest is arithmetic on them
+    r = tl.arange(0, KP)
     ids = keys.to(tl.uint32).to(tl.int32)
     v = _logit(keys)
     top = tl.max(tl.where(r == 0, v, float("-inf")), axis=0)
