@@ -22,6 +22,7 @@ BENCHES = {
     "agent": ("freetoken.bench.agent", "a coding agent's session through a running server"),
     "serve": ("freetoken.bench.serve", "decode as users meet it, through the HTTP server"),
     "soak": ("freetoken.bench.soak", "load, faults and fuzz through a server of its own"),
+    "draw": ("freetoken.bench.draw", "drawing a token on the GPU: µs a draw, kernels and torch"),
     "grammar": (
         "freetoken.bench.grammar",
         "constrained decoding: mask µs per token, decode tok/s against free",
