@@ -212,8 +212,10 @@ def fetch_experts(
         return
     from freetoken.kernels.triton import fetch
 
-    grid = (slots.numel(), triton_cdiv(row, FETCH_BLOCK))
-    fetch.fetch_kernel[grid](src, dst, experts, slots, row, stride, BLOCK=FETCH_BLOCK)
+    grid = (triton_cdiv(row, FETCH_BLOCK),)
+    fetch.fetch_kernel[grid](
+        src, dst, experts, slots, slots.numel(), row, stride, BLOCK=FETCH_BLOCK
+    )
 
 
 def triton_cdiv(a: int, b: int) -> int:

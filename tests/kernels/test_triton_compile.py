@@ -38,8 +38,9 @@ def _packed_expert_kernels():
     from freetoken import quant
     from freetoken.kernels.triton import fetch, moe_quant
 
-    out = [(fetch.fetch_kernel, {"src_ptr": "*u8", "dst_ptr": "*u8", "expert_ptr": "*i32",
-            "slot_ptr": "*i32", "row": "i32", "stride": "i32"}, {"BLOCK": 4096})]  # fmt: skip
+    fetch_args = {"src_ptr": "*u8", "dst_ptr": "*u8", "expert_ptr": "*i32", "slot_ptr": "*i32",
+                  "routes": "i32", "row": "i32", "stride": "i32"}  # fmt: skip
+    out = [(fetch.fetch_kernel, fetch_args, {"BLOCK": 4096})]
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
     cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
     cases.append((quant.get("q4_k"), 4096, 2048, False, 2))  # DeepSeek-V4's clamped SwiGLU

@@ -82,16 +82,23 @@ def _first_routes(flat, r, rmask):
 
 @triton.jit
 def _victims(stamp_ptr, fetched, r, S, K: tl.constexpr, BLOCK_S: tl.constexpr):
-    """A slot for each route to fetch: the oldest stamps, taken one at a time."""
-    big = tl.full((BLOCK_S,), 2**62, tl.int64)
-    idx = tl.arange(0, BLOCK_S)
-    vals = tl.load(stamp_ptr + idx, mask=idx < S, other=2**62)
+    """A slot for each route to fetch: the oldest stamps, taken one at a time, the j-th
+    fetched route (in route order) taking the j-th oldest. Only as many arg-mins over the
+    pool as there are fetches: a step that misses nothing (most, with a warm cache) reads
+    no stamp, where K arg-mins a layer whatever the misses were 8-32 block-wide reductions
+    of a single program, a layer's longest kernel."""
+    fetches = tl.sum(fetched.to(tl.int32), axis=0)
+    order = tl.cumsum(fetched.to(tl.int32), axis=0) - 1
     victims = tl.full((K,), -1, tl.int64)
-    for j in tl.static_range(K):
-        take = tl.sum(tl.where(r == j, fetched.to(tl.int32), 0), axis=0) > 0
-        v = tl.argmin(vals, axis=0).to(tl.int64)
-        victims = tl.where((r == j) & take, v, victims)
-        vals = tl.where((idx == v) & take, big, vals)
+    if fetches > 0:
+        idx = tl.arange(0, BLOCK_S)
+        vals = tl.load(stamp_ptr + idx, mask=idx < S, other=2**62)
+        j = tl.full([], 0, tl.int32)  # a while loop: the interpreter ranges over constants only
+        while j < fetches:
+            v = tl.argmin(vals, axis=0).to(tl.int64)
+            victims = tl.where(fetched & (order == j), v, victims)
+            vals = tl.where(idx == v, 2**62, vals)
+            j += 1
     return victims
 
 
