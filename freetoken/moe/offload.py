@@ -70,8 +70,10 @@ class OffloadExperts(ExpertBackend):
         if cache is not None:
             self.placement.place(self.policy)
         adaptive = self.policy is Policy.ADAPTIVE
-        # adaptive's CPU routes of single-token steps, served without cutting the step's graph
-        self.lane = lanes.make(banks, device) if cpu_lane and (adaptive or cache is None) else None
+        # the CPU routes of single-token steps (adaptive's, cpu-misses', a model without a
+        # cache), served without cutting the step's graph
+        lane_wanted = adaptive or cache is None or self.policy is Policy.CPU_MISSES
+        self.lane = lanes.make(banks, device) if cpu_lane and lane_wanted else None
         self._wait = torch.cuda.Event(blocking=True) if self.cuda and self.lane else None
         self.shared = Shared(
             banks,
@@ -87,7 +89,11 @@ class OffloadExperts(ExpertBackend):
         self.cpu = CpuPath(self.shared)
         self.host_books = HostBooksPath(self.shared, self.cpu, self._choose, self.policy.uses_cpu)
         self.device_books = DeviceBooksPath(self.shared, self.cpu)
-        self._device_lru = device_lru and self.policy.device_books
+        # cpu-misses keeps the books on the device where the lane computes its misses: split
+        # at a share of 0, each step one graph (the host's books cost a round trip a layer)
+        self._device_lru = device_lru and (
+            self.policy.device_books or (self.policy is Policy.CPU_MISSES and self.lane is not None)
+        )
         # adaptive's tuner starts from the share it learned here before, else the bandwidths'
         prior = split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert)
         known = self._known()
@@ -104,10 +110,16 @@ class OffloadExperts(ExpertBackend):
         lru = None
         if self._device_lru and self.cache is not None:
             lru = DeviceLRU(self.cache, self.banks, self.device)
-            lru.share.fill_(self.tuner.share if self.tuner else 1.0)
+            lru.share.fill_(self.tuner.share if self.tuner else self._fixed_share())
         if self.tuner is not None:
             self._choose_placements(lru)
+        elif self.policy is Policy.CPU_MISSES:
+            self.placement.mode = Mode.SPLIT if lru is not None else Mode.CACHE
         return lru
+
+    def _fixed_share(self) -> float:
+        """The share of misses a fixed policy's device-kept books fetch."""
+        return 0.0 if self.policy is Policy.CPU_MISSES else 1.0
 
     def _modes(self, lru: DeviceLRU | None) -> tuple[Mode, ...] | None:
         """The placements adaptive measures (None where the cache holds every expert). With

@@ -15,7 +15,7 @@ class Policy(enum.StrEnum):
     ADAPTIVE = "adaptive"  # the split of misses, and the placement, chosen by measurement
     RESIDENT = "resident"  # every expert in a slot
     LRU_PCIE = "lru-pcie"  # every miss fetched over PCIe
-    CPU_MISSES = "cpu-misses"  # every miss computed on the CPU
+    CPU_MISSES = "cpu-misses"  # every miss computed on the CPU (through the lane: split at 0)
     STATIC_LAYERS = "static-layers"  # whole layers on the CPU, the rest fixed on the GPU
 
     @classmethod

@@ -256,6 +256,47 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         backend.lane.stop()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_cpu_misses_computes_its_misses_through_the_lane(tiny_model, device):
+    """cpu-misses with the lane keeps the books on the device at a share of 0: every miss
+    of a single-token step goes to the lane, none is fetched, and the tokens are
+    transformers' greedy ones (on a GPU: each step one captured graph)."""
+    from tests import fixtures
+    from tests.runtime.engine_util import generate, make_engine
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    path, hf = tiny_model
+    engine = make_engine(
+        path,
+        policy="cpu-misses",
+        slots=9,
+        device=device,
+        device_cache="on",
+        cpu_lane="on",
+        graphs="capture" if device == "cuda" else "",
+    )
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    try:
+        assert backend.placement.mode == "split" and backend.lane is not None
+        p = [(7 * i) % 500 + 1 for i in range(40)]
+        (seq,) = generate(engine, [p], 32)
+        assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
+        assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
+        # a prompt short enough to be a decode batch: no step of it fetches (a long prompt's
+        # chunks fetch their misses, as every policy's prefill does)
+        before = backend.steps
+        (seq,) = generate(engine, [[9, 8, 7]], 16)
+        assert seq.output_ids == fixtures.hf_greedy(hf, [9, 8, 7], 16)
+        d = {k: backend.steps[k] - before[k] for k in ("m", "q")}
+        assert d["m"] > 0 and d["q"] == 0
+        lane = backend.stats()["lane"]
+        assert lane["served"] > 0 and lane["routes_per_request"] > 0
+        assert lane["failed"] == 0 and lane["timeouts"] == 0
+    finally:
+        backend.lane.stop()
+
+
 INTERPRET = (
     os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 )
