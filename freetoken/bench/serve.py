@@ -306,14 +306,26 @@ def dense_probe(client, args, counts: list[int]) -> dict[int, float]:
         _ollama(client, args.model, STORY, 16, resident)
         for n in counts:
             concurrent(lambda: _ollama(client, args.model, STORY, 16, resident), n)
+            before = cache_stats(client, args.model)
             runs = concurrent(lambda: _ollama(client, args.model, STORY, 128, resident), n)
             if rate := aggregate_rate(runs):
                 out[n] = n * 1e3 / rate
+                _print_host(n, before, cache_stats(client, args.model))
     except httpx.HTTPStatusError as e:
         print(f"# the resident model did not load (HTTP {e.response.status_code}): no bound")
     finally:  # unloaded, so the next request loads it as served
         unload(client, args.model)
     return out
+
+
+def _print_host(streams: int, before: dict, after: dict) -> None:
+    """The resident step's engine-thread time, beside the regimes' `host ms`: where a
+    regime's step is longer than the bound's, whether the host or the device grew."""
+    steps = (after.get("steps") or 0) - (before.get("steps") or 0)
+    if steps > 0 and (win := engine_window(before, after, steps)):
+        print(
+            f"# resident, {streams} streams: host ms {win['host_ms']:.3f}, ahead {win['ahead']:.3f}"
+        )
 
 
 def aggregate_rate(runs: list[Any]) -> float | None:

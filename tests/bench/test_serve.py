@@ -176,3 +176,14 @@ def test_an_answer_cut_by_an_error_is_reported_not_counted_as_empty():
         for api in ("openai", "ollama"):
             out = serve.APIS[api](client, "m", serve.STORY, 8, {})
             assert out.error == "the runner failed" and out.text == "Once" and out.tokens == 0
+
+
+def test_the_resident_steps_host_time_is_printed(capsys):
+    """Beside T_dense, the engine thread's time a resident step (busy less waiting for the
+    device) and the share of steps launched ahead, from the probe's two snapshots."""
+    before = {"steps": 10, "busy_ns": 5_000_000, "wait_ns": 1_000_000, "ahead_steps": 8}
+    after = {"steps": 110, "busy_ns": 205_000_000, "wait_ns": 81_000_000, "ahead_steps": 107}
+    serve._print_host(1, before, after)
+    assert capsys.readouterr().out.strip() == "# resident, 1 streams: host ms 1.200, ahead 0.990"
+    serve._print_host(1, before, before)  # no step between them: nothing to say
+    assert capsys.readouterr().out == ""
