@@ -397,8 +397,44 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-probe-dense", dest="probe_dense", action="store_false")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="then decode the same regimes in this process (the runner's service, no server) "
+        "and print the server's figures over the engine's",
+    )
     args = p.parse_args(argv)
     args.env = context_for_prompts(args.env, args.prompt_tokens + args.tokens)
-    with served.target(args) as (args.url, args.model, _):
+    with served.target(args) as (args.url, args.model, store):
         rows = run(args)
-    common.emit(rows, COLUMNS, args.json, common.header("serve") | {"model": args.model})
+    head = common.header("serve") | {"model": args.model}
+    common.emit(rows, COLUMNS, args.json, head)
+    if args.engine:
+        common.emit(against_engine(args, store, rows), ENGINE_COLUMNS, args.json, head)
+
+
+ENGINE_COLUMNS = [
+    ("regime", "regime"),
+    ("streams", "streams"),
+    ("server_tok_s", "server sum tok/s"),
+    ("engine_tok_s", "engine sum tok/s"),
+    ("ratio", "server/engine"),
+]
+
+
+def against_engine(args, store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The regimes' /v1/chat/completions rows over the same model decoded in this process."""
+    from freetoken.bench import serve_engine
+
+    served_rows = {(r["regime"], r["streams"]): r for r in rows if r.get("api") == "openai"}
+    regimes = {k: v for k, v in REGIMES.items() if any(k == r for r, _ in served_rows)}
+    counts = sorted({n for _, n in served_rows})
+    if not regimes:
+        raise SystemExit("--engine compares the openai rows of the hot and uniform regimes")
+    run = serve_engine.EngineRun(store.root, args.model, args.env, max(counts))
+    out = []
+    for row in serve_engine.engine_rows(run, STORY, regimes, counts, args.tokens):
+        server = served_rows.get((row["regime"], row["streams"]), {}).get("agg_tok_s")
+        ratio = server / row["engine_tok_s"] if server else None
+        out.append({**row, "server_tok_s": server, "ratio": ratio})
+    return out

@@ -1,0 +1,66 @@
+"""`bench serve --engine`: the stored model decoded in this process by the runner's own
+service, with the server's request options, and the server's rows set over its rows."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from freetoken.bench import serve, serve_engine
+from freetoken.store import Store
+from tests.server.harness import add_model
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    add_model(Store(root), "tiny")
+    return serve_engine.EngineRun(root, "tiny", ["FREETOKEN_CONTEXT_LENGTH=1024"], 2)
+
+
+def test_an_answer_has_the_tokens_asked_for_at_the_regimes_options(run):
+    stamps = run.answer(serve.STORY, 12, {**serve.REGIMES["uniform"], "ignore_eos": True})
+    assert len(stamps) >= 2 and stamps == sorted(stamps)
+    assert run.service.num_ctx == 1024  # the settings given to the server's runner
+    last = run.service.engine.stats()
+    assert last["decoded"] >= 11
+
+
+def test_rows_for_each_regime_and_stream_count(run):
+    rows = serve_engine.engine_rows(run, serve.STORY, serve.REGIMES, [1, 2], 8)
+    assert [(r["regime"], r["streams"]) for r in rows] == [
+        ("hot", 1),
+        ("hot", 2),
+        ("uniform", 1),
+        ("uniform", 2),
+    ]
+    assert all(r["engine_tok_s"] > 0 for r in rows)
+
+
+def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
+    monkeypatch.setattr(serve_engine, "EngineRun", lambda *a, **k: run)
+    monkeypatch.setattr(
+        serve_engine,
+        "engine_rows",
+        lambda run, messages, regimes, counts, tokens: [
+            {"regime": r, "streams": n, "engine_tok_s": 100.0} for r in regimes for n in counts
+        ],
+    )
+    served = [
+        {"regime": "hot", "api": "openai", "streams": 1, "agg_tok_s": 95.0},
+        {"regime": "hot", "api": "ollama", "streams": 1, "agg_tok_s": 50.0},
+        {"regime": "agent", "api": "openai", "streams": 1, "agg_tok_s": 10.0},
+    ]
+    args = argparse.Namespace(model="tiny", env=[], tokens=8)
+    store = argparse.Namespace(root=None)
+    (row,) = serve.against_engine(args, store, served)
+    assert row == {
+        "regime": "hot",
+        "streams": 1,
+        "engine_tok_s": 100.0,
+        "server_tok_s": 95.0,
+        "ratio": pytest.approx(0.95),
+    }
+    with pytest.raises(SystemExit, match="hot and uniform"):
+        serve.against_engine(args, store, served[2:])
