@@ -19,6 +19,9 @@ reloading the model resident once, where it fits; `--dense-ms` gives the one-str
 instead, used for every count). A step of four sequences reads up to four times the experts
 and attends over four caches: taken at one stream's cost, T_dense gave a four-stream bound
 that counted a step of four tokens as cheap as a step of one.
+
+`--engine` then decodes hot and uniform again in this process, the runner's own service
+without the server (bench/serve_engine.py), and prints the server's sums over the engine's.
 """
 
 from __future__ import annotations
