@@ -119,13 +119,25 @@ def wide_draw(
 
 def warm_up(vocab: int, device: torch.device) -> None:
     """Compiles the kernels for this vocabulary (seconds the first time on a machine, then
-    read from Triton's cache) while a model loads, not in its first answer."""
+    read from Triton's cache) while a model loads, not in its first answer. Triton compiles
+    an integer argument of 1, one that is a multiple of 16 and any other as three forms, so
+    k takes one value of each: Ollama's default 40 was compiled inside the first answer
+    while the load warmed k = 1 alone."""
     logits = torch.zeros(vocab, dtype=torch.float32, device=device)
     u = torch.zeros(1, device=device)
-    top_k_draw(logits, 1, 1.0, 1.0, 0.0, u)
+    for k in warm_ks(min(MAX_K, vocab - 1)):
+        top_k_draw(logits, k, 1.0, 1.0, 0.0, u)
     if vocab > 2:
         wide_draw(logits, 0, 1.0, 0.0, u)
-        wide_draw(logits, vocab - 1, 1.0, 0.0, u)
+        for k in warm_ks(vocab - 1)[1:]:  # a k of 1 is the top-k kernels'
+            wide_draw(logits, k, 1.0, 0.0, u)
+
+
+def warm_ks(most: int) -> list[int]:
+    """One k of each form Triton compiles separately (1, a multiple of 16, any other), the
+    largest of each up to `most`."""
+    ks = {1, most // 16 * 16, most if most % 16 else most - 1}
+    return sorted(k for k in ks if 1 <= k <= most)
 
 
 def mask_bits(logits: torch.Tensor, bits: torch.Tensor) -> None:

@@ -201,3 +201,24 @@ def test_draw_on_a_gpu_takes_the_kernels():
             torch.rand(1, device="cuda", generator=gen)
         got = int(sampling.draw(logits, [], p, 4096, gen))
         assert got == reference(logits, 40, 0.7, 0.9, 0.0, u)
+
+
+def test_the_load_compiles_every_form_of_k(monkeypatch):
+    """Triton compiles k = 1, a multiple of 16 and any other k as three kernels: the warm-up
+    draws one of each through both kernel families (Ollama's default 40 among the 'other'
+    form), so no first answer compiles one."""
+    seen: list[tuple[str, int]] = []
+    monkeypatch.setattr(sample_gpu, "top_k_draw", lambda l, k, *a: seen.append(("top", k)))
+    monkeypatch.setattr(sample_gpu, "wide_draw", lambda l, k, *a: seen.append(("wide", k)))
+    sample_gpu.warm_up(151_643, torch.device("cpu"))
+
+    def form(k):
+        return "one" if k == 1 else "16" if k % 16 == 0 else "other"
+
+    for family, most in (("top", sample_gpu.MAX_K), ("wide", 151_642)):
+        ks = [k for f, k in seen if f == family and k > 0]
+        assert all(k <= most for k in ks)
+        want = {"16", "other"} | ({"one"} if family == "top" else set())
+        assert {form(k) for k in ks} == want, family
+    assert ("wide", 0) in seen  # no top-k at all: its own form
+    assert sample_gpu.warm_ks(40) == [1, 32, 40]
