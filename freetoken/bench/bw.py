@@ -225,13 +225,18 @@ def at_threads(threads: list[int], measure: Callable[[], float]) -> dict[int, fl
 
 
 def measure_formats(
-    formats: list[str], seconds: float, gib: float, bf16_gbps: float, threads: list[int] = ()
+    formats: list[str],
+    seconds: float,
+    gib: float,
+    bf16_gbps: float,
+    threads: list[int] = (),
+    prefetch: list[int] = (),
 ) -> dict:
     """The CPU kernel on banks of each block format (as large as the BF16 ones, up to
     FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
     (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
     `exact_gbps` with the fp32 activations of an fp32 model; `by_threads` at each of
-    `threads`."""
+    `threads`; `by_prefetch` with the int8 kernels asking each of `prefetch` rows ahead."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
@@ -248,8 +253,28 @@ def measure_formats(
             "vs_bf16": rate / bf16_rate,
             "exact_gbps": exact,
             "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
+            "by_prefetch": by_prefetch(prefetch, threads, partial(measure_cpu, banks, seconds / 2)),
         }
         del banks
+    return out
+
+
+def by_prefetch(
+    prefetch: list[int], threads: list[int], measure: Callable[[], float]
+) -> dict[int, dict[int, float]]:
+    """{rows ahead: {threads: GB/s}}: the int8 kernels' software prefetch set to each count
+    in turn (at `threads`, or the default count), then put back."""
+    ext = cpu_kernel.extension()
+    if not prefetch or ext is None:
+        return {}
+    counts = list(threads) or [torch.get_num_threads()]
+    out, last = {}, ext.quant_set_prefetch_rows(0)
+    try:
+        for rows in prefetch:
+            ext.quant_set_prefetch_rows(rows)
+            out[rows] = at_threads(counts, measure)
+    finally:
+        ext.quant_set_prefetch_rows(last)
     return out
 
 
@@ -258,6 +283,7 @@ def run(
     gib: float = 8.0,
     formats: list[str] | None = None,
     threads: list[int] = (),
+    prefetch: list[int] = (),
 ) -> dict:
     cuda = torch.cuda.is_available()
     layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
@@ -279,7 +305,9 @@ def run(
         result["pcie_gbps"] = measure_pcie(banks, seconds)
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
     del banks
-    per_format = measure_formats(formats or [], seconds, gib, result["cpu_expert_gbps"], threads)
+    per_format = measure_formats(
+        formats or [], seconds, gib, result["cpu_expert_gbps"], threads, prefetch
+    )
     result["formats"] = per_format
     # the profile's B_H per format: runners of a packed model start their split from it
     result |= {f"cpu_expert_gbps_{fmt}": r["gbps"] for fmt, r in per_format.items()}
@@ -302,20 +330,27 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="thread counts to measure each kernel at besides the default (comma-separated)",
     )
+    ap.add_argument(
+        "--prefetch-rows",
+        default="",
+        help="rows ahead the packed formats' int8 kernels prefetch, each measured in turn at "
+        "--threads (comma-separated; 0: none; the kernel's default is 4)",
+    )
     args = ap.parse_args(argv)
     from freetoken import config
 
     try:
         threads = [int(n) for n in args.threads.split(",") if n]
+        prefetch = [int(n) for n in args.prefetch_rows.split(",") if n]
     except ValueError:
-        ap.error(f"--threads takes whole numbers, not {args.threads!r}")
-    if any(n < 1 for n in threads):
-        ap.error("--threads counts are at least 1")
+        ap.error("--threads and --prefetch-rows take whole numbers")
+    if any(n < 1 for n in threads) or any(n < 0 for n in prefetch):
+        ap.error("--threads counts are at least 1, --prefetch-rows at least 0")
     formats = [f for f in args.formats.split(",") if f]
     for fmt in formats:
         if fmt not in quant.FORMATS:
             ap.error(f"unknown format {fmt!r} (one of {', '.join(quant.FORMATS)})")
-    r = run(args.seconds, args.gib, formats, threads)
+    r = run(args.seconds, args.gib, formats, threads, prefetch)
     head = common.header("bw")
     if not args.no_save:
         r["profile"] = str(profile.save(config.current().cache_dir, {**r, "date": head["date"]}))
@@ -371,6 +406,11 @@ def thread_rows(r: dict) -> list[dict]:
     kernels = [("BF16", r["by_threads"])]
     kernels += [(fmt, f["by_threads"]) for fmt, f in r["formats"].items()]
     rows = []
+    for fmt, f in r["formats"].items():
+        for ahead, by in (f.get("by_prefetch") or {}).items():
+            for n, gbps in by.items():
+                path = f"CPU expert kernel, {fmt}, {n} threads, prefetch {ahead} rows"
+                rows.append({"path": path, "gbps": gbps, "note": f"{f['gbps']:.1f} as built"})
     for name, by in kernels:
         one = by.get(1)
         for n, gbps in by.items():

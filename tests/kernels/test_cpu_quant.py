@@ -219,3 +219,22 @@ def test_int8_activations_with_a_float_bank_beside():
         x, banks, tok, ids.reshape(-1), w.reshape(-1), spec, compute_dtype=torch.bfloat16
     )
     assert float((int8 - ref).norm() / ref.norm()) <= INT8_TOLERANCE
+
+
+def test_the_software_prefetch_changes_no_result():
+    """However many rows the int8 kernels ask for ahead (bench bw's sweep), the dot products
+    are the same."""
+    if not _int8_kernel("q4_k"):
+        pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
+    ext = cpu.extension()
+    g = torch.Generator().manual_seed(9)
+    rows = experts.pack(torch.randn((70, 512), generator=g), "q4_k")
+    x = torch.randn(512, generator=g)
+    want = ext.quant_matvec(rows, x, quant.get("q4_k").code, -1, True)
+    last = ext.quant_set_prefetch_rows(0)
+    try:
+        for ahead in (0, 1, 12, 100):
+            ext.quant_set_prefetch_rows(ahead)
+            assert torch.equal(ext.quant_matvec(rows, x, quant.get("q4_k").code, -1, True), want)
+    finally:
+        ext.quant_set_prefetch_rows(last)

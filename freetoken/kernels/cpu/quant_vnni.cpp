@@ -332,7 +332,8 @@ VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
 // enough that the hardware prefetchers' distance left one core waiting on DRAM (development
 // VM, one core, a Q4_K matrix far larger than the caches: 6.0 -> 7.3 GB/s). Only rows of the
 // caller's own range are asked for: the next range is another thread's.
-constexpr int kAheadRows = 4;
+// 4 by default; `freetoken bench bw --prefetch-rows` measures others (0: none) on a machine.
+int g_ahead_rows = 4;
 
 inline void prefetch_row(const uint8_t* row, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
@@ -396,9 +397,18 @@ VNNI void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, in
     const int n = rows - j0 < 16 ? rows - j0 : 16;
     __m512 v[16];
     for (int j = 0; j < 16; ++j) {
-      if (j0 + j + kAheadRows < rows) prefetch_row(base + (row0 + j0 + j + kAheadRows) * stride, stride);
+      const int ahead = g_ahead_rows;
+      if (ahead > 0 && j0 + j + ahead < rows) prefetch_row(base + (row0 + j0 + j + ahead) * stride, stride);
       v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a) : _mm512_setzero_ps();
     }
     _mm512_mask_storeu_ps(y + j0, static_cast<__mmask16>((1u << n) - 1), sums16(v));
   }
+}
+
+// Sets how many rows ahead the int8 kernels ask for in software (0: none); returns the last
+// value. For measuring (bench bw), between calls of the kernel, never during one.
+int64_t quant_set_prefetch_rows(int64_t rows) {
+  const int64_t last = g_ahead_rows;
+  g_ahead_rows = static_cast<int>(rows < 0 ? 0 : rows);
+  return last;
 }
