@@ -10,7 +10,6 @@ meet the same routing in distribution, not token for token.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -34,8 +33,8 @@ class EngineRun:
     def __init__(self, store: Path, model: str, env: list[str], streams: int):
         from freetoken.runtime.service import ModelService
 
-        settings = dict(e.split("=", 1) for e in env)
-        cfg = config.load({**os.environ, **settings})
+        # the settings a runner started by the server with these would read
+        cfg = config.load(config.child_environment(dict(e.split("=", 1) for e in env)))
         shelf = Store(store)
         view = shelf.resolve(model)
         merged = opts.merge(view.params, {})
