@@ -110,10 +110,8 @@ def wide_draw(
     inv_temp = 1.0 / temperature
     floor = math.log(min_p) if min_p > 0.0 else float("-inf")
     sw.mass_kernel[(blocks, B)](rows, V, hist, state, sums, k, inv_temp, floor, need, **kw)
-    sw.draw_kernel[(B,)](
-        rows, V, hist, state, sums, blocks, u, out, k, inv_temp, floor, need,
-        NBLK=block(blocks), **kw,
-    )  # fmt: skip
+    draw_args = (rows, V, hist, state, sums, blocks, u, out, k, inv_temp, floor, need)
+    sw.draw_kernel[(B,)](*draw_args, NBLK=block(blocks), **kw)
     return out if logits.dim() == 2 else out[0]
 
 

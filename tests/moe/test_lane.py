@@ -186,6 +186,25 @@ def test_a_lane_that_is_not_running_raises_instead_of_hanging():
         lane.collect(torch.zeros(1, H))
 
 
+def lane_engine(tiny_model, device: str, policy: str, slots: int):
+    """An engine on `device` with the device-kept books and the lane on (on a GPU, decode
+    steps captured), and its experts' backend."""
+    from tests.runtime.engine_util import make_engine
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    engine = make_engine(
+        tiny_model[0],
+        policy=policy,
+        slots=slots,
+        device=device,
+        device_cache="on",
+        cpu_lane="on",
+        graphs="capture" if device == "cuda" else "",
+    )
+    return engine, engine.model.model.layers[0].mlp.experts.backend
+
+
 # "none": no expert cache at all, every layer through the lane (on a GPU the setup always
 # sizes a cache, so only the CPU runs it; the kernels are the ones "layers" uses)
 CASES = [
@@ -207,21 +226,12 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     no host work inside single-token steps (on a GPU: one captured graph per step)."""
     from freetoken.moe import dispatch
     from tests import fixtures
-    from tests.runtime.engine_util import generate, make_engine
+    from tests.runtime.engine_util import generate
 
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    path, hf = tiny_model
-    engine = make_engine(
-        path,
-        policy="adaptive",
-        slots={"split": 9, "layers": 8, "none": 0}[mode],
-        device=device,
-        device_cache="on",
-        cpu_lane="on",
-        graphs="capture" if device == "cuda" else "",
+    hf = tiny_model[1]
+    engine, backend = lane_engine(
+        tiny_model, device, "adaptive", {"split": 9, "layers": 8, "none": 0}[mode]
     )
-    backend = engine.model.model.layers[0].mlp.experts.backend
     if mode != "none":
         backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
     else:
@@ -262,21 +272,10 @@ def test_cpu_misses_computes_its_misses_through_the_lane(tiny_model, device):
     of a single-token step goes to the lane, none is fetched, and the tokens are
     transformers' greedy ones (on a GPU: each step one captured graph)."""
     from tests import fixtures
-    from tests.runtime.engine_util import generate, make_engine
+    from tests.runtime.engine_util import generate
 
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    path, hf = tiny_model
-    engine = make_engine(
-        path,
-        policy="cpu-misses",
-        slots=9,
-        device=device,
-        device_cache="on",
-        cpu_lane="on",
-        graphs="capture" if device == "cuda" else "",
-    )
-    backend = engine.model.model.layers[0].mlp.experts.backend
+    hf = tiny_model[1]
+    engine, backend = lane_engine(tiny_model, device, "cpu-misses", 9)
     try:
         assert backend.placement.mode == "split" and backend.lane is not None
         p = [(7 * i) % 500 + 1 for i in range(40)]
