@@ -85,19 +85,38 @@ def test_kernels_draw_the_reference_token(device, small_blocks):
             assert int(got) == reference(logits, k, temperature, top_p, min_p, u), (V, k, u)
 
 
-def wide_reference(logits, k, temperature, min_p, u):
-    """The wide draw at uniform u, in torch: the logits at or above the k-th largest (ties
-    kept), weights exp((l - max) / T) at least min_p, then the first token in token order
-    whose running weight passes u times the total."""
-    logits = logits.cpu()
+def wide_weights(logits, k, temperature, min_p):
+    """The wide draw's weights in float64: the logits at or above the k-th largest (ties
+    kept), exp((l - max) / T), zero below min_p of the likeliest's."""
+    logits = logits.cpu().double()
     keep = torch.ones_like(logits, dtype=torch.bool)
     if 0 < k < logits.numel():
         keep &= logits >= torch.topk(logits, k).values[-1]
     z = (logits - logits.max()) / temperature
     if min_p > 0:
         keep &= z >= math.log(min_p)
-    w = torch.where(keep, torch.exp(z), 0.0)
-    below = int((torch.cumsum(w, 0) <= u * w.sum()).sum())
+    return torch.where(keep, torch.exp(z), 0.0)
+
+
+# The kernels sum fp32 weights block by block (rounding ~1e-6 of the total, where torch's
+# running fp32 sum over 151k tokens strays ~1e-5): a uniform this close to the boundary of two
+# tokens' shares (of the total) may fall to either, as any fp32 sum may.
+WIDE_TOLERANCE = 5e-6
+
+
+def assert_wide_draw(w, u, got):
+    """`got` is the token whose share of the running weight (token order) holds u, up to
+    the fp32 sums' rounding: never a token of weight zero."""
+    cdf = torch.cumsum(w, 0)
+    total, at, slack = float(cdf[-1]), u * float(cdf[-1]), WIDE_TOLERANCE * float(cdf[-1])
+    assert float(w[got]) > 0, (got, u)
+    assert float(cdf[got] - w[got]) - slack <= at <= float(cdf[got]) + slack, (got, u, total)
+
+
+def wide_reference(w, u):
+    """The token in float64: the first whose running weight passes u times the total."""
+    cdf = torch.cumsum(w, 0)
+    below = int((cdf <= u * cdf[-1]).sum())
     return min(below, int(torch.nonzero(w > 0).max()))
 
 
@@ -106,9 +125,10 @@ def test_wide_draw_draws_the_reference_token(device, small_blocks):
     for (V, k, temperature, min_p), draws in wide_cases(device):
         g = torch.Generator().manual_seed(V + k)
         logits = (3 * torch.randn(V, generator=g)).to(device)
+        w = wide_weights(logits, k, temperature, min_p)
         for u in torch.rand(draws, generator=g).tolist():
             got = sample_gpu.draw(logits, k, temperature, 1.0, min_p, torch.tensor([u]).to(device))
-            assert int(got) == wide_reference(logits, k, temperature, min_p, u), (V, k, u)
+            assert_wide_draw(w, u, int(got))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -125,7 +145,12 @@ def test_wide_draw_rows_in_one_launch(device, small_blocks):
     drawn = sample_gpu.draw(rows, k, temperature, 1.0, 0.0, u.to(device)).cpu()
     kth = torch.topk(logits, k).values[-1]
     assert bool((logits[drawn] >= kth).all())
-    assert drawn.tolist() == [wide_reference(logits, k, temperature, 0.0, float(x)) for x in u]
+    w = wide_weights(logits, k, temperature, 0.0)
+    for x, got in zip(u.tolist(), drawn.tolist()):
+        assert_wide_draw(w, x, got)
+    # only a draw at a boundary may differ from the float64 reference: a few in 512
+    same = sum(got == wide_reference(w, x) for x, got in zip(u.tolist(), drawn.tolist()))
+    assert same >= n - max(1, n // 50)
 
 
 @pytest.mark.parametrize("device", DEVICES)
