@@ -311,6 +311,11 @@ class ModeChooser:
         return min(known, key=known.get) if self.home in known else self.home
 
     @property
+    def visiting(self) -> bool:
+        """Whether a visit is under way (a measurement's, not the rest between two)."""
+        return bool(self._plan) and not self._resting
+
+    @property
     def measuring(self) -> bool:
         """Whether a measurement is under way."""
         return bool(self._plan)

@@ -322,6 +322,38 @@ def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
     assert charged == pytest.approx([0.3, 0.05])
 
 
+def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(monkeypatch):
+    """A visited mode's first use can take a second (the H200's first split step took
+    1.27 s): dropped as idle time, the rest after the visit was shorter than the visit."""
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+    charged = []
+    monkeypatch.setattr(tuner.modes, "charge", charged.append)
+
+    def step(dt, mode=Mode.DEVICE):
+        tuner.step_started(1, mode)
+        clock[0] += dt
+
+    for _ in range(tuning.EXPLORE_AFTER + 2):
+        step(0.002)
+    assert tuner.modes.visiting and tuner.modes.mode == "layers"
+    step(0.4, Mode.LAYERS)  # far longer than a step: the visit's cost
+    step(3.0, Mode.LAYERS)  # longer than any move: idle time too, charged the cap
+    step(0.004, Mode.LAYERS)
+    assert charged == pytest.approx([0.4, tuning.MOVE_CHARGE_CAP])
+    while tuner.modes.visiting:
+        step(0.004, Mode.LAYERS)
+    assert tuner.modes.measuring  # resting in device before the next visit
+    step(0.002)
+    step(2.0)  # a pause between two requests while resting: not a visit's
+    step(0.002)
+    assert charged == pytest.approx([0.4, tuning.MOVE_CHARGE_CAP])
+
+
 def test_a_chooser_that_learned_waits_a_period():
     from freetoken.moe.dispatch import ModeChooser
 
