@@ -50,6 +50,7 @@ def test_every_regime_runs_through_both_apis(url):
         streams="1,2",
         api="openai,ollama",
         tokens=12,
+        repeats=1,
         prompt_tokens=300,
         dense_ms=0.0,
         probe_dense=True,
@@ -69,6 +70,18 @@ def test_every_regime_runs_through_both_apis(url):
     assert not agent[1]["note"].startswith("follow-up: 0 of")  # the history was reused
     (first,) = [r for r in rows if r["regime"] == "first"]
     assert first["tok_s"] > 0 and "first / settled" in first["note"]
+
+
+def test_a_row_is_the_median_window_after_a_warm_up_as_long(monkeypatch):
+    asked = []
+    monkeypatch.setattr(serve, "concurrent", lambda fn, n: asked.append(n))
+    windows = [{"agg_tok_s": a, "note": "TTFT max 9 ms"} for a in (300.0, 100.0, 200.0)]
+    monkeypatch.setattr(serve, "timed_window", lambda *a: windows.pop(0))
+    args = argparse.Namespace(model="tiny", tokens=64, repeats=3)
+    row = serve.decode_row(None, args, "hot", "openai", 4, None)
+    assert asked == [4]  # one warm-up, as many streams as the windows
+    assert row["agg_tok_s"] == 200.0 and not windows
+    assert row["note"] == "TTFT max 9 ms; median of 3, 100-300 sum tok/s"
 
 
 def test_the_aggregate_rate_spans_every_streams_tokens():

@@ -28,7 +28,7 @@ def test_an_answer_has_the_tokens_asked_for_at_the_regimes_options(run):
 
 
 def test_rows_for_each_regime_and_stream_count(run):
-    rows = serve_engine.engine_rows(run, serve.STORY, serve.REGIMES, [1, 2], 8)
+    rows = serve_engine.engine_rows(run, serve.STORY, serve.REGIMES, [1, 2], 8, repeats=2)
     assert [(r["regime"], r["streams"]) for r in rows] == [
         ("hot", 1),
         ("hot", 2),
@@ -43,7 +43,7 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
     monkeypatch.setattr(
         serve_engine,
         "engine_rows",
-        lambda run, messages, regimes, counts, tokens: [
+        lambda run, messages, regimes, counts, tokens, repeats: [
             {"regime": r, "streams": n, "engine_tok_s": 100.0} for r in regimes for n in counts
         ],
     )
@@ -52,7 +52,7 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
         {"regime": "hot", "api": "ollama", "streams": 1, "agg_tok_s": 50.0},
         {"regime": "agent", "api": "openai", "streams": 1, "agg_tok_s": 10.0},
     ]
-    args = argparse.Namespace(model="tiny", env=[], tokens=8)
+    args = argparse.Namespace(model="tiny", env=[], tokens=8, repeats=3)
     store = argparse.Namespace(root=None)
     (row,) = serve.against_engine(args, store, served)
     assert row == {
