@@ -360,8 +360,19 @@ class OffloadExperts(ExpertBackend):
             return
         self._take_books()
         self.placement.warm(seed)
+        self._enter_start()
         if self.cuda:
             torch.cuda.synchronize(self.device)
+
+    def _enter_start(self) -> None:
+        """Moves now to the placement adaptive's first decode step asks for. Left to that
+        step, the move dropped every decode graph the load had captured (in the cache's
+        placement) and the first answer captured them again, compiling the device books'
+        kernels on a fresh machine: 0.94 s of it on the H200."""
+        if self.tuner is not None and self.tuner.modes is not None:
+            want = self.tuner.wanted(1, self.placement.mode)
+            if want != self.placement.mode:
+                self._switch(want)
 
     def resize(self, slots: int) -> dict:
         """Grows or shrinks the slot pool; call between steps. Host banks are untouched."""

@@ -146,3 +146,21 @@ def test_adaptive_starts_in_device_and_judges_the_routings_locality(
     assert backend.tuner.locality is None  # judged once
     want = "device" if settles_in == "device" else check.predicted
     assert backend.tuner.modes.mode == want and backend.placement.mode == want
+
+
+def test_a_warmed_cache_is_already_in_the_first_answers_placement(tiny_model):
+    """The load warms the cache and then captures decode graphs: in the placement the first
+    decode step asks for, so that step moves nothing and keeps the graphs (a move there
+    dropped them all, and the first answer captured them again)."""
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    assert backend.tuner.modes.mode == "device" and backend.placement.mode == "cache"
+    backend.warm()
+    assert backend.placement.mode == "device"
+    generations = []
+    step = backend.between_steps
+    backend.between_steps = lambda tokens: (step(tokens), generations.append(backend.generation))
+    (seq,) = generate(engine, [PROMPT], 8)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 8)
+    assert len(set(generations)) == 1  # no step moved the placement
