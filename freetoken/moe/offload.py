@@ -19,10 +19,12 @@ the step. This class holds the state and routes each call to its execution path
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from freetoken.kernels import cpu as cpu_kernel
+from freetoken.moe import hotset
 from freetoken.moe import lane as lanes
 from freetoken.moe.backend import ExpertBackend
 from freetoken.moe.banks import HostBanks
@@ -61,9 +63,11 @@ class OffloadExperts(ExpertBackend):
         device_lru: bool = False,
         cpu_lane: bool = False,
         learned: Learned | None = None,
+        hot: hotset.HotSet | None = None,
     ):
         self.policy = Policy.parse(policy)
-        self.learned = learned
+        self.learned, self.hot = learned, hot
+        self._served, self._saved_at = False, time.monotonic()  # since the hot set's last save
         self.banks, self.cache, self.split, self.device = banks, cache, split, device
         self.cuda = device.type == "cuda"
         self.placement = PlacementState(banks, cache, device)
@@ -289,6 +293,7 @@ class OffloadExperts(ExpertBackend):
         """Times the step that just ended (adaptive), moves to the placement the tuner asks
         for, and hands the cache's books to the side that keeps them for this step."""
         p = self.placement
+        self._served = True
         if self.tuner is not None and self.tuner.step_started(tokens, p.mode):
             if self.lru is not None:  # read by the books on the device, also in captured steps
                 self.lru.share.fill_(self.tuner.share)
@@ -359,7 +364,7 @@ class OffloadExperts(ExpertBackend):
         if self.cache is None:
             return
         self._take_books()
-        self.placement.warm(seed)
+        self.placement.warm(seed, self.hot.load() if self.hot is not None else None)
         self._enter_start()
         if self.cuda:
             torch.cuda.synchronize(self.device)
@@ -449,7 +454,15 @@ class OffloadExperts(ExpertBackend):
         return out
 
     def idle(self) -> None:
-        """Nothing to do: no other process waits on this one."""
+        """Keeps what the cache holds for the next load of this model, once serving pauses
+        (at most every `SAVE_EVERY_S`): an unload comes as the runner's end, with no word."""
+        if self.hot is None or self.cache is None or not self._served:
+            return
+        now = time.monotonic()
+        if now - self._saved_at >= hotset.SAVE_EVERY_S:
+            self._served, self._saved_at = False, now
+            self._take_books()
+            self.hot.save(hotset.resident(self.cache, list(self.banks.layers)))
 
     def close(self) -> None:
         """Frees the pinned staging buffers and stops the lane's thread (both come back on

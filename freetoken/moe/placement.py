@@ -87,10 +87,13 @@ class PlacementState:
             for e, s in zip(experts.tolist(), slots.tolist()):
                 self.banks.h2d(expert_part(dst, s, src[e]), src[e], self.cuda)
 
-    def warm(self, seed: int = 0) -> None:
-        """Fills every free slot, spread evenly over the cached layers."""
+    def warm(self, seed: int = 0, preferred: dict[int, list[int]] | None = None) -> None:
+        """Fills every free slot: with `preferred` experts first (what the cache held when
+        this model last served), then spread evenly over the cached layers."""
         rng = np.random.default_rng(seed)
         layers = [layer for layer in self.banks.layers if layer not in self.cpu_layers]
+        if preferred:
+            self._restore(preferred, layers)
         free = int((self.cache.owner < 0).sum())
         per = min(self.banks.num_experts, free // max(1, len(layers)))
         for layer in layers:
@@ -99,3 +102,22 @@ class PlacementState:
             if len(candidates):
                 slots = self.cache.allocate(layer, candidates, np.empty(0, dtype=np.int64))
                 self.copy_in(layer, candidates, slots)
+
+    def _restore(self, preferred: dict[int, list[int]], layers: list[int]) -> None:
+        """As many of each layer's `preferred` experts (the first first) as the free slots
+        hold, the same fraction of every layer where they do not all fit."""
+        E, have = self.banks.num_experts, self.cache.slot_of
+        wanted = {
+            layer: [e for e in dict.fromkeys(preferred.get(layer, ())) if 0 <= e < E]
+            for layer in layers
+        }
+        wanted = {layer: [e for e in ex if have[layer][e] < 0] for layer, ex in wanted.items()}
+        total, free = sum(map(len, wanted.values())), int((self.cache.owner < 0).sum())
+        if not total or not free:
+            return
+        scale = min(1.0, free / total)
+        for layer, experts in wanted.items():
+            take = np.asarray(experts[: int(len(experts) * scale)], dtype=np.int64)
+            if len(take):
+                slots = self.cache.allocate(layer, take, np.empty(0, dtype=np.int64))
+                self.copy_in(layer, take, slots)

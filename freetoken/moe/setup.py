@@ -16,6 +16,7 @@ from freetoken.moe.banks import HostBanks
 from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
 from freetoken.moe.dispatch import Split
+from freetoken.moe.hotset import HotSet
 from freetoken.moe.learned import Learned
 from freetoken.moe.offload import OffloadExperts
 from freetoken.moe.policy import Policy
@@ -37,6 +38,8 @@ class Placement:
     device_cache: str = "auto"
     # adaptive's CPU routes of single-token steps through the CPU lane: auto (on GPUs), on, off
     cpu_lane: str = "auto"
+    # the model's weights, named (the hot set kept across loads is theirs); "": none kept
+    model_key: str = ""
 
     def switch(self, setting: str, device: torch.device, ranks_on_host: int) -> bool:
         """An auto/on/off setting for one process: auto means on GPUs. The device-kept books
@@ -130,6 +133,7 @@ def build(
         device_lru=host.pinned and placement.switch(placement.device_cache, device, ranks_on_host),
         cpu_lane=host.pinned and placement.switch(placement.cpu_lane, device, ranks_on_host),
         learned=_learned(placement, host, ranks_on_host),
+        hot=_hot(placement, ranks_on_host),
     )
     log.info(
         "experts: policy %s, %s slots of %.1f MiB%s, B_P %.1f GB/s B_H %.1f GB/s (%s)",
@@ -158,6 +162,14 @@ def _staged(host: HostBanks, device: torch.device, b_p: float, measured: bool) -
         "" if measured else ", a default until `freetoken bench bw` runs",
     )
     return min(b_p, staged)
+
+
+def _hot(placement: Placement, ranks_on_host: int) -> HotSet | None:
+    """Where the cache's contents are kept across loads: one process's whole cache only (a
+    rank's share of the experts is not the model's)."""
+    if not placement.cache_dir or not placement.model_key or ranks_on_host != 1:
+        return None
+    return HotSet(placement.cache_dir, placement.model_key)
 
 
 def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learned | None:

@@ -7,6 +7,7 @@ so a failed load can take them down.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -163,7 +164,16 @@ class ModelLoad:
             slots=cfg.expert_slots,
             device_cache=cfg.device_cache,
             cpu_lane=cfg.cpu_lane,
+            model_key=self._weights_key(),
         )
+
+    def _weights_key(self) -> str:
+        """The model's weights named by their FTW index (its bytes' hash): what the expert
+        cache held when they last served is kept under it."""
+        if ftw_reader.INDEX not in self.files:
+            return ""
+        data = Path(self.files[ftw_reader.INDEX]).read_bytes()
+        return hashlib.sha256(data).hexdigest()[:24]
 
     def _serving(
         self,

@@ -11,6 +11,8 @@ from freetoken import config
 from freetoken.runtime import load
 from freetoken.runtime.load import ModelLoad
 from freetoken.store import Store
+from freetoken.tools import synth
+from tests.fixtures import SYNTH_TINY
 from tests.store.conftest import create, write_model_dir
 
 
@@ -35,6 +37,25 @@ def test_a_model_without_an_index_is_logged_not_failed(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="freetoken.runner"):
         load.log_judgement()
     assert "doctor: no judgement for x" in caplog.text
+
+
+def test_the_placement_names_the_weights_whose_hot_experts_are_kept(tmp_path):
+    """The same weights under two names share a key; other weights, or none, do not."""
+    store = Store(tmp_path / "models")
+    create(store, "tiny", from_=str(write_model_dir(tmp_path / "hf")))
+    create(store, "again", from_=str(write_model_dir(tmp_path / "hf")))
+    cfg = config.load({"FREETOKEN_CACHE_DIR": str(tmp_path / "cache")})
+
+    def key(name):
+        files = {k: Path(v) for k, v in store.runner_files(store.resolve(name)).items()}
+        return ModelLoad({"name": name}, cfg, files, 4096, 1).placement().model_key
+
+    assert key("tiny") and key("tiny") == key("again")
+    synth.write_qwen3_moe(tmp_path / "hf2", **{**SYNTH_TINY, "seed": 5})
+    create(store, "other", from_=str(tmp_path / "hf2"))
+    assert key("other") not in ("", key("tiny"))
+    gguf = ModelLoad({"name": "x"}, cfg, {"model.gguf": tmp_path / "x.gguf"}, 4096, 1)
+    assert gguf.placement().model_key == ""
 
 
 def test_a_failed_warm_up_leaves_the_graphs_to_capture_when_first_run(caplog):
