@@ -32,6 +32,7 @@ def _summary(name: str, stats: dict) -> dict:
         "books": experts.get("books"),
         # what adaptive measured: step time per placement and per PCIe share, and the lane
         "placement_step_ms": (experts.get("placement") or {}).get("step_ms"),
+        "placement_moves": (experts.get("placement") or {}).get("moves"),
         "pcie_share": experts.get("pcie_share"),
         "lane": experts.get("lane"),
         "recent": stats.get("recent"),

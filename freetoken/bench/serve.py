@@ -157,6 +157,8 @@ def window(before: dict, after: dict) -> dict[str, Any]:
         "misses_per_token": misses / tokens,
         "misses_per_step": misses / steps,
         "placement": after.get("placement"),
+        # adaptive's moves in the window: each a visit's edge, and the graphs recaptured
+        "moves": (after.get("placement_moves") or 0) - (before.get("placement_moves") or 0),
         **lane_window(before.get("lane") or {}, after.get("lane") or {}, steps),
         **engine_window(before, after, steps),
     }
@@ -261,6 +263,9 @@ def timed_window(client, args, regime: str, api: str, streams: int, dense_ms) ->
     elif streams > 1:
         # a mean hides one stream that waited (a placement move, a capture) behind others
         row["note"] = f"TTFT max {1e3 * max(r.ttft or 0 for r in runs):.0f} ms"
+    if row.get("moves"):
+        moved = f"{row['moves']} placement moves"
+        row["note"] = f"{row['note']}; {moved}" if row.get("note") else moved
     return row
 
 

@@ -85,6 +85,7 @@ class AdaptiveTuner:
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
         self.on_measured = None  # called with stats() when a measurement completes
         self._measured = 0
+        self.moves = 0  # placement moves since load (each drops the decode graphs)
 
     @staticmethod
     def mode_chooser(
@@ -173,6 +174,7 @@ class AdaptiveTuner:
     def moved(self, old: Mode, new: Mode) -> None:
         """The placement changed (between steps): the move, and the step after it, are
         charged to the measurement's visits, not timed as steps."""
+        self.moves += 1
         step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
         log.debug("adaptive placement: %s -> %s (step ms %s)", old, new, step_ms)
         if self._tick is not None:  # a decode step's move: it began at that step's start
@@ -195,5 +197,5 @@ class AdaptiveTuner:
     def stats(self) -> dict:
         out = {"pcie_share": self.shares.stats()}
         if self.modes is not None:
-            out["placement"] = self.modes.stats()
+            out["placement"] = {**self.modes.stats(), "moves": self.moves}
         return out

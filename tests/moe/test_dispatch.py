@@ -320,6 +320,7 @@ def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
     tuner.step_started(1, Mode.LAYERS)
     assert observed == pytest.approx([0.002, 0.002, 0.002, 0.008])
     assert charged == pytest.approx([0.3, 0.05])
+    assert tuner.stats()["placement"]["moves"] == 1  # /api/cache shows it, bench serve notes it
 
 
 def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(monkeypatch):
