@@ -28,6 +28,7 @@ from freetoken.moe.banks import MATRICES, HostBanks
 log = logging.getLogger(__name__)
 
 MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
+WARM_ROUTES = 8  # the warm-up's top-k: the kernels' form is one for every k up to 16
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
 POLL_NAP = 20e-6  # the CPU-only mailbox's wait between polls of `done` (seconds)
 SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6, 7
@@ -138,6 +139,19 @@ class CpuLane:
     def stop(self) -> None:
         _stop(self.ctl, self._thread)
         self._thread = None
+
+    def warm(self, dtype: torch.dtype) -> None:
+        """Compiles the post and collect kernels at load with a request that gives the CPU
+        nothing (no sequence number moves), so a step that first posts does not: on a fresh
+        H200 the first step of a split visit took 1.27 s."""
+        x = torch.zeros((1, self.host.x.numel()), dtype=dtype, device=self.device)
+        routes = torch.zeros((1, WARM_ROUTES), dtype=torch.int64, device=self.device)
+        weights = torch.zeros((1, WARM_ROUTES), dtype=dtype, device=self.device)
+        none = torch.zeros(WARM_ROUTES, dtype=torch.bool, device=self.device)
+        self.post(next(iter(self.pos)), x, routes, weights, none)
+        self.collect(x)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def stats(self) -> dict:
         """Counts, and per request: routes, the CPU's microseconds, the GPU's polls of `done`

@@ -361,6 +361,8 @@ class OffloadExperts(ExpertBackend):
         return self.banks.num_experts
 
     def warm(self, seed: int = 0) -> None:
+        if self.lane is not None:
+            self.lane.warm(self.banks.dtype)
         if self.cache is None:
             return
         self._take_books()

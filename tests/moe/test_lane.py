@@ -13,7 +13,7 @@ from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import reference
 from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
-from freetoken.moe.lane import CpuLane, lane_cpus
+from freetoken.moe.lane import SEQ, CpuLane, lane_cpus
 from tests.kernels import experts
 
 L, E, H, I, K = 3, 10, 48, 24, 4
@@ -294,6 +294,27 @@ def test_cpu_misses_computes_its_misses_through_the_lane(tiny_model, device):
         assert lane["failed"] == 0 and lane["timeouts"] == 0
     finally:
         backend.lane.stop()
+
+
+def test_the_warm_up_gives_the_cpu_nothing():
+    """At load the lane's kernels run once with no CPU route: nothing is posted, nothing
+    served, and the next request is the first the loop sees."""
+    hb = banks(torch.bfloat16)
+    lane = CpuLane(hb, torch.device("cpu"), threads=1)
+    lane.start()
+    try:
+        lane.warm(torch.bfloat16)
+        assert int(lane.count) == 0 and int(lane.pend) == 0 and int(lane.ctl[SEQ]) == 0
+        x, ids, w = torch.randn((1, H)), torch.arange(K)[None], torch.full((1, K), 0.25)
+        lane.post(1, x, ids, w)
+        want = cpu_kernel.moe_experts(
+            x, hb.banks[1], torch.zeros(K, dtype=torch.int64), ids[0], w[0], hb.spec
+        )
+        got = lane.collect(torch.zeros(1, H))
+        assert torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+        assert lane.stats()["served"] == 1 and lane.stats()["failed"] == 0
+    finally:
+        lane.stop()
 
 
 INTERPRET = (
