@@ -1,7 +1,9 @@
 """Measured bandwidths of this machine: B_P (host->GPU expert gather) and B_H (CPU expert kernel).
 
 `freetoken bench bw` measures them and stores one profile per CPU and GPU in the cache
-directory; the runner starts its split from the stored profile and corrects it online.
+directory (a model's first load on a machine without one times its own banks briefly and
+stores that: moe/probe.py); the runner starts its split from the stored profile and
+corrects it online.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def bandwidths(cache_dir: Path, fmt: str = "") -> tuple[float, float, bool]:
     """(B_P, B_H) in bytes/s and whether they were measured on this machine. B_H is the CPU
     kernel's on banks of block format `fmt` where `bench bw` measured it (decoding costs
     differ by format), else BF16's."""
-    prof = load(cache_dir)
-    if prof and prof.get("cpu_expert_gbps"):
-        cpu = prof.get(f"cpu_expert_gbps_{fmt}") or prof["cpu_expert_gbps"]
+    prof = load(cache_dir) or {}
+    cpu = (prof.get(f"cpu_expert_gbps_{fmt}") if fmt else None) or prof.get("cpu_expert_gbps")
+    if cpu:
         return float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9, float(cpu) * 1e9, True
     return DEFAULT_PCIE_GBPS * 1e9, DEFAULT_CPU_GBPS * 1e9, False

@@ -10,7 +10,7 @@ from torch import nn
 
 from freetoken.ftw import hostmem
 from freetoken.models.base import ExpertSpec, uniform_spec
-from freetoken.moe import profile
+from freetoken.moe import probe, profile
 from freetoken.moe.backend import attach
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.budget import ACTIVATION_RESERVE
@@ -119,6 +119,13 @@ def build(
         L, E = max(host.layers) + 1, host.num_experts
         cache = ExpertCache(L, E, slots, host.rows, host.dtypes, device)
     b_p, b_h, measured = _bandwidths(placement, host.main_format)
+    source = "measured" if measured else "defaults until `freetoken bench bw` runs"
+    # (ranks side by side share the host's DRAM and cores: timed at once, each would see
+    # and store a fraction of them)
+    alone = ranks_on_host == 1 and device.type == "cuda" and host.pinned and cache is not None
+    if not measured and placement.cache_dir and alone:
+        b_p, b_h = _probe(placement, host, cache, device)
+        source = "timed at this load"
     b_h /= ranks_on_host
     if not host.pinned and device.type == "cuda":
         b_p = _staged(host, device, b_p, measured)
@@ -143,9 +150,19 @@ def build(
         _formats_note(host),
         b_p / 1e9,
         b_h / 1e9,
-        "measured" if measured else "defaults until `freetoken bench bw` runs",
+        source,
     )
     return backend
+
+
+def _probe(
+    placement: Placement, host: HostBanks, cache: ExpertCache, device: torch.device
+) -> tuple[float, float]:
+    """B_P and B_H (bytes/s) timed on this model's banks before its cache is filled, kept as
+    this machine's profile."""
+    pcie, cpu = probe.pcie_gbps(host, cache, device), probe.cpu_gbps(host)
+    probe.store(placement.cache_dir, host.main_format, pcie, cpu)
+    return pcie * 1e9, cpu * 1e9
 
 
 def _staged(host: HostBanks, device: torch.device, b_p: float, measured: bool) -> float:
