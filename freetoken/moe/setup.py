@@ -118,17 +118,7 @@ def build(
     if slots:
         L, E = max(host.layers) + 1, host.num_experts
         cache = ExpertCache(L, E, slots, host.rows, host.dtypes, device)
-    b_p, b_h, measured = _bandwidths(placement, host.main_format)
-    source = "measured" if measured else "defaults until `freetoken bench bw` runs"
-    # (ranks side by side share the host's DRAM and cores: timed at once, each would see
-    # and store a fraction of them)
-    alone = ranks_on_host == 1 and device.type == "cuda" and host.pinned and cache is not None
-    if not measured and placement.cache_dir and alone:
-        b_p, b_h = _probe(placement, host, cache, device)
-        source = "timed at this load"
-    b_h /= ranks_on_host
-    if not host.pinned and device.type == "cuda":
-        b_p = _staged(host, device, b_p, measured)
+    b_p, b_h, source = _start_bandwidths(placement, host, cache, device, ranks_on_host)
     # GPU kernels read pinned banks in place (the device-kept books' fetch, the lane's
     # buffers); pageable banks are reached only through the staging ring's copies.
     backend = OffloadExperts(
@@ -155,14 +145,29 @@ def build(
     return backend
 
 
-def _probe(
-    placement: Placement, host: HostBanks, cache: ExpertCache, device: torch.device
-) -> tuple[float, float]:
-    """B_P and B_H (bytes/s) timed on this model's banks before its cache is filled, kept as
-    this machine's profile."""
-    pcie, cpu = probe.pcie_gbps(host, cache, device), probe.cpu_gbps(host)
-    probe.store(placement.cache_dir, host.main_format, pcie, cpu)
-    return pcie * 1e9, cpu * 1e9
+def _start_bandwidths(
+    placement: Placement,
+    host: HostBanks,
+    cache: ExpertCache | None,
+    device: torch.device,
+    ranks_on_host: int,
+) -> tuple[float, float, str]:
+    """B_P and B_H (bytes/s) the split starts from, and where they came from: this
+    machine's profile; else, timed on this model's banks before its cache is filled and
+    kept as the profile (one process alone on the host: ranks side by side share its DRAM
+    and cores, and timed at once each would see and store a fraction of them); else the
+    defaults."""
+    b_p, b_h, measured = _bandwidths(placement, host.main_format)
+    source = "measured" if measured else "defaults until `freetoken bench bw` runs"
+    alone = ranks_on_host == 1 and device.type == "cuda" and host.pinned and cache is not None
+    if not measured and placement.cache_dir and alone:
+        pcie, cpu = probe.pcie_gbps(host, cache, device), probe.cpu_gbps(host)
+        probe.store(placement.cache_dir, host.main_format, pcie, cpu)
+        b_p, b_h, source = pcie * 1e9, cpu * 1e9, "timed at this load"
+    b_h /= ranks_on_host
+    if not host.pinned and device.type == "cuda":
+        b_p = _staged(host, device, b_p, measured)
+    return b_p, b_h, source
 
 
 def _staged(host: HostBanks, device: torch.device, b_p: float, measured: bool) -> float:

@@ -201,3 +201,20 @@ def test_warming_runs_every_batch_size_and_leaves_nothing_behind(tiny_model, dev
     assert [s.output_ids for s in seqs] == [
         fixtures.hf_greedy(hf, p, 16) for p in (PROMPTS[0], PROMPTS[2])
     ]
+
+
+def test_one_sequence_is_warmed_at_every_context_bucket_between_the_ends(tiny_model):
+    """A first answer grows through the context buckets: the load has captured them all."""
+    path, hf = tiny_model
+    engine = make_engine(path, policy="lru-pcie", slots=9, graphs="eager", num_ctx=2048)
+    g = engine.graphs
+    assert [(ctx, list(b)) for ctx, b in g._warm_shapes()] == [
+        (256, list(range(1, g.max_batch + 1))),
+        (512, [1]),
+        (1024, [1]),
+        (2048, list(range(1, g.max_batch + 1))),
+    ]
+    assert g.warm(engine.kv.pool) == 2 * g.max_batch + 2
+    assert {(1, 512), (1, 1024)} <= set(g._buckets)
+    (seq,) = generate(engine, [PROMPTS[0]], 8)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 8)
