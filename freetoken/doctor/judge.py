@@ -155,7 +155,13 @@ def _warnings(v: Verdict, machine: Machine, model: ModelFacts, num_ctx: int) -> 
             f"host memory cannot be pinned ({machine.pinning}): the banks stay pageable and "
             "misses go through a pinned staging ring, slower than B_P"
         )
-    if not machine.measured:
+    if not machine.measured and machine.gpus:
+        # a model's load times them before its cache is filled (moe/probe.py)
+        v.warnings.append(
+            "B_P and B_H are not measured on this machine yet: a model's first load times "
+            "them on its own experts, `freetoken bench bw` measures them fully"
+        )
+    elif not machine.measured:
         v.warnings.append(
             "B_P and B_H are defaults until `freetoken bench bw` measures them on this machine"
         )

@@ -95,6 +95,9 @@ def test_warnings_name_what_to_change(cfg):
     assert "num_ctx 4096 is too small for coding agents" in text
     assert f"FREETOKEN_CONTEXT_LENGTH={AGENT_CONTEXT}" in text
     assert "`freetoken bench bw`" in text
+    assert "a model's first load times them" in text  # a GPU machine's load probes them
+    cpu_only = machine(measured=False, gpus=[], pinning="not needed without a GPU")
+    assert "are defaults until" in " ".join(judge(cpu_only, qwen30b(), 4096, cfg).warnings)
     refused = machine(pinning="refused: cudaHostRegister of 2 MiB failed with error 2")
     v = judge(refused, qwen30b(), AGENT_CONTEXT, cfg)
     assert v.fits and "staging ring" in v.warnings[0] and v.mode in ("cache", "layers")
