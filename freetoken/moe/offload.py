@@ -374,8 +374,8 @@ class OffloadExperts(ExpertBackend):
     def _enter_start(self) -> None:
         """Moves now to the placement adaptive's first decode step asks for. Left to that
         step, the move dropped every decode graph the load had captured (in the cache's
-        placement) and the first answer captured them again, compiling the device books'
-        kernels on a fresh machine: 0.94 s of it on the H200."""
+        placement) and the first answer captured them again, with whatever the device books'
+        placement compiles: on a fresh H200 that capture came 0.94 s after the move."""
         if self.tuner is not None and self.tuner.modes is not None:
             want = self.tuner.wanted(1, self.placement.mode)
             if want != self.placement.mode:

@@ -108,10 +108,13 @@ class PlacementState:
         hold, the same fraction of every layer where they do not all fit."""
         E, have = self.banks.num_experts, self.cache.slot_of
         wanted = {
-            layer: [e for e in dict.fromkeys(preferred.get(layer, ())) if 0 <= e < E]
+            layer: [
+                e
+                for e in dict.fromkeys(preferred.get(layer, ()))
+                if 0 <= e < E and have[layer][e] < 0
+            ]
             for layer in layers
         }
-        wanted = {layer: [e for e in ex if have[layer][e] < 0] for layer, ex in wanted.items()}
         total, free = sum(map(len, wanted.values())), int((self.cache.owner < 0).sum())
         if not total or not free:
             return

@@ -34,8 +34,7 @@ LOCALITY_STEPS = 32
 NEAR_UNIFORM = 0.8
 # A placement move (whole layers' experts, at times hundreds of milliseconds) and the step
 # after it, which recaptures the decode graphs, count toward the visit they serve; an
-# interval longer than this may span idle time as well and counts as this long. (Dropped,
-# a 1.27 s first step of a visit left its rest at 0.9 s: the visit took most of that time.)
+# interval longer than this may span idle time as well and counts as this long.
 MOVE_CHARGE_CAP = 1.0
 
 
