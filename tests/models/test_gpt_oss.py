@@ -69,9 +69,21 @@ def _build(tmp_path_factory, name, seed, gate_scale=1.0, **overrides):
     return path, hf
 
 
+# transformers before 5.18 fixes the clamp at the released values whatever the config says:
+# there the model is built at those, its gate/up scaled so that the clamp is still reached
+RELEASED_CLAMP = dict(gate_scale=6.0, swiglu_alpha=1.702, swiglu_limit=7.0)
+
+
+def _clamp() -> dict:
+    """The clamp to build the test models at: the config's own where transformers reads it."""
+    from transformers import GptOssConfig
+
+    return {} if "swiglu_limit" in GptOssConfig.__annotations__ else RELEASED_CLAMP
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    return _build(tmp_path_factory, "gpt-oss", seed=61)
+    return _build(tmp_path_factory, "gpt-oss", seed=61, **_clamp())
 
 
 def test_logits_and_greedy_tokens_match_transformers(hub):
@@ -139,14 +151,7 @@ def test_adaptive_through_the_lane_and_device_books(hub, mode, device):
 def for_gguf(tmp_path_factory):
     """llama.cpp's files name no clamp (its own is the released models'): a model at those
     values, its gate/up scaled so that the clamp is reached."""
-    return _build(
-        tmp_path_factory,
-        "gpt-oss-gguf",
-        seed=63,
-        gate_scale=6.0,
-        swiglu_alpha=1.702,
-        swiglu_limit=7.0,
-    )
+    return _build(tmp_path_factory, "gpt-oss-gguf", seed=63, **RELEASED_CLAMP)
 
 
 def test_gguf_import_matches_transformers(for_gguf, tmp_path):
@@ -193,7 +198,7 @@ def test_gguf_with_rounded_experts_loads_them_as_they_are(for_gguf, tmp_path, qt
 
 def test_layer_types_from_the_config(tmp_path_factory):
     types = ["full_attention", "sliding_attention", "sliding_attention"]
-    path, hf = _build(tmp_path_factory, "gpt-oss-types", seed=62, layer_types=types)
+    path, hf = _build(tmp_path_factory, "gpt-oss-types", seed=62, layer_types=types, **_clamp())
     model = gpt_oss.Model.from_config(json.loads((path / "config.json").read_text()))
     assert [lay.window for lay in model.kv_layout()] == [0, 5, 5]
     family.logits_match(path, hf, prompt=family.LONG)
@@ -207,7 +212,7 @@ def test_structure_follows_the_config(hub):
     assert model.moe_layers == [0, 1, 2]
     spec = model.expert_specs()[0]
     assert spec.bias and spec.activation == "swiglu_clamped"
-    assert (spec.alpha, spec.limit) == (1.5, 0.9)
+    assert (spec.alpha, spec.limit) == (config["swiglu_alpha"], config["swiglu_limit"])
     s = model.args.rope_scaling
     assert (s.kind, s.factor, s.truncate) == ("yarn", 8.0, False)
     # the Hub's spelling: rope_theta and rope_scaling at the top level
