@@ -36,6 +36,13 @@ NEAR_UNIFORM = 0.8
 # after it, which recaptures the decode graphs, count toward the visit they serve; an
 # interval longer than this may span idle time as well and counts as this long.
 MOVE_CHARGE_CAP = 1.0
+# An interval over IDLE_FACTOR times the running step time is idle time (or a visit's first
+# step), not a step. After STALE_AFTER such intervals in a row the running time is what is
+# wrong: a step launched right behind the one before it (decode ahead) takes a fraction of a
+# millisecond from call to call, and seeded with that, every later step was dropped and
+# adaptive never measured (through the server on the H200: 1,500 steps, no visit).
+IDLE_FACTOR = 5
+STALE_AFTER = 8
 
 
 def predict(
@@ -82,6 +89,7 @@ class AdaptiveTuner:
         self._after_move = False  # the step that started last follows a placement move
         self._batch = 0  # its tokens (a decode step's: its sequences)
         self._typical = 0.0  # a running step time, to drop intervals that span idle time
+        self._dropped = 0  # intervals dropped in a row as longer than a step
         self.on_measured = None  # called with stats() when a measurement completes
         self._measured = 0
         self.moves = 0  # placement moves since load (each drops the decode graphs)
@@ -115,14 +123,16 @@ class AdaptiveTuner:
         if after_move:  # it recaptured the graphs: the visit's cost, not a step's time
             self._charge(dt)
             return False
-        if self._typical and dt > 5 * self._typical:
+        if self._typical and dt > IDLE_FACTOR * self._typical and self._dropped < STALE_AFTER:
             # idle time, or a visited mode's first use (on the H200 a split visit's first
             # step took 1.27 s): not a step's time, but during a visit its cost, so the rest
             # after the visit grows with it (dropped, the rest was 0.9 s after that 1.27 s)
+            self._dropped += 1
             if self.modes is not None and self.modes.visiting:
                 self._charge(dt)
             return False
-        self._typical = dt if not self._typical else 0.9 * self._typical + 0.1 * dt
+        stale, self._dropped = self._dropped >= STALE_AFTER, 0
+        self._typical = dt if stale or not self._typical else 0.9 * self._typical + 0.1 * dt
         if self.modes is not None:
             self.modes.observe(dt, batch)
             if self.modes.completed > self._measured:

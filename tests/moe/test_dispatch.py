@@ -396,3 +396,27 @@ def test_a_chooser_adopts_a_mode_between_measurements_only():
     first = measuring.mode
     measuring.adopt("split" if first == "device" else "device")
     assert measuring.mode == first
+
+
+def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypatch):
+    """Decode ahead launches a step right behind the one before: its interval is a fraction
+    of a step's. Taken as the running step time, every later step looked like idle time and
+    adaptive never measured; a run of such intervals resets it."""
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+
+    def step(dt, mode=Mode.DEVICE):
+        tuner.step_started(1, mode)
+        clock[0] += dt
+
+    step(0.0002)  # the chained launch
+    for _ in range(tuning.EXPLORE_AFTER + tuning.STALE_AFTER + 2):
+        step(0.025)
+    assert tuner.modes.visiting and tuner.modes.mode == "layers"
+    assert tuner._typical == pytest.approx(0.025)
+    step(2.0, Mode.LAYERS)  # idle time is still dropped once the running time is right
+    assert tuner._typical == pytest.approx(0.025)
