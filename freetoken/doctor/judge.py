@@ -84,6 +84,8 @@ def _on_gpu(v: Verdict, machine: Machine, model: ModelFacts, need: Needs, cfg: A
     room = budget - (need.vram - need.cache)  # what the dense weights, KV and workspace leave
     L, E, S = model.moe_layers, model.experts, model.expert_bytes
     slots = min(max(room // max(S, 1), 0), L * E)
+    if int(cfg.expert_slots):  # a slot count set by hand sizes the cache, not the budget
+        slots = min(int(cfg.expert_slots), L * E)
     v.facts.append(
         f"GPU: {_gib(model.dense_bytes)} dense weights + {_gib(kv)} KV cache + "
         f"{slots} expert slots ({_gib(slots * S)}) of {_gib(budget)}"

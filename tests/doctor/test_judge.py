@@ -75,6 +75,16 @@ def test_every_expert_on_a_large_gpu_is_resident(cfg):
     assert v.fits and v.mode == "resident"
 
 
+def test_a_slot_count_set_by_hand_sizes_the_cache():
+    """FREETOKEN_EXPERT_SLOTS caps the cache on a GPU with room for every expert: the verdict
+    speaks of that cache, not of the room."""
+    h200 = machine(gpus=[Gpu(0, "h200", 140 * GiB, 139 * GiB)])
+    v = judge(h200, qwen30b(), AGENT_CONTEXT, config.load({"FREETOKEN_EXPERT_SLOTS": "1536"}))
+    assert v.mode != "resident"
+    assert any("1536 expert slots" in f for f in v.facts)
+    assert any("25% of the experts cached" in f for f in v.facts)
+
+
 def test_too_little_ram_or_vram_does_not_fit_and_says_the_numbers(cfg):
     v = judge(machine(ram_available=20 * GiB), qwen30b(), AGENT_CONTEXT, cfg)
     assert not v.fits and "need 54.0 GiB of host RAM and 20.0 GiB is available" in v.warnings[0]
