@@ -238,3 +238,24 @@ def test_the_software_prefetch_changes_no_result():
             assert torch.equal(ext.quant_matvec(rows, x, quant.get("q4_k").code, -1, True), want)
     finally:
         ext.quant_set_prefetch_rows(last)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_every_thread_count_gives_the_same_bits(fmt):
+    """Down tiles wait for their own route's h and sums for their own token's tiles, not for
+    a barrier: any number of threads, more than the cores included (a waiting thread spins
+    while the one it waits for is off its core), computes the same bits as one thread. The
+    routes name tokens out of order and one token has none."""
+    spec, banks, x, ids, w = _case([fmt, fmt], "swiglu+bias", T=4, k=3, E=8, seed=5)
+    tok = torch.tensor([2, 0, 2, 0, 3, 2, 0, 3, 3])  # token 1: no routes
+    exp, wt = ids.reshape(-1)[:9], w.reshape(-1)[:9]
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 3, 8):
+            torch.set_num_threads(n)
+            outs.append(cpu.moe_experts(x, banks, tok, exp, wt, spec, compute_dtype=torch.bfloat16))
+    finally:
+        torch.set_num_threads(before)
+    assert outs[0][1].abs().max() == 0 and outs[0].abs().sum() > 0
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])

@@ -123,17 +123,19 @@ struct Mat {
 // (`at` null) where the bank takes fp32 activations: a float bank, fp32 compute, no VNNI.
 struct Int8Act {
   std::vector<uint8_t> mem;
-  const uint8_t* base = nullptr;
-  int64_t stride = 0;
+  uint8_t* base = nullptr;
+  int64_t stride = 0, n = 0, fmt = 0;
 
-  Int8Act(const Mat& m, bool allowed, int tier, const float* x, int64_t rows, int64_t n) {
+  Int8Act(const Mat& m, bool allowed, int tier, int64_t rows, int64_t n) : n(n), fmt(m.fmt) {
     if (!allowed || !m.fmt || tier < AVX512 || !quant_int8_ok(m.fmt)) return;
     stride = quant_act_bytes(m.fmt, n);  // a multiple of 64
     mem.resize(rows * stride + 64);
     base = mem.data() + (64 - reinterpret_cast<uintptr_t>(mem.data()) % 64) % 64;
-    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) quant_act_prepare(m.fmt, x + r * n, n, const_cast<uint8_t*>(at(r)));
-    });
+  }
+
+  // row `row` from x [n]
+  void prepare(int64_t row, const float* x) const {
+    if (base) quant_act_prepare(fmt, x, n, base + row * stride);
   }
 
   const uint8_t* at(int64_t row) const { return base ? base + row * stride : nullptr; }
@@ -167,59 +169,90 @@ struct Experts {
   Vec gu_bias, dn_bias;  // rows of E x 2I and E x H
 };
 
+// Rows [i0, i0 + rows) of route's h = act(gate, up) (and its bf16 copy `hb`, if any).
+void gate_up_tile(const float* x, const uint16_t* xb, const Experts& w, const uint8_t* q, int64_t t, int64_t e,
+                  int64_t i0, int64_t rows, int64_t H, int64_t I, float* h, uint16_t* hb, int tier,
+                  const Act& act) {
+  float g[kMaxTile], u[kMaxTile];
+  const float* xr = x + t * H;
+  const uint16_t* xbr = xb ? xb + t * H : nullptr;
+  mat_rows(w.gate_up, e, i0, static_cast<int>(rows), H, xr, xbr, q, g, tier);
+  mat_rows(w.gate_up, e, I + i0, static_cast<int>(rows), H, xr, xbr, q, u, tier);
+  const int64_t b0 = e * 2 * I;
+  for (int64_t j = 0; j < rows; ++j) {
+    const float v = act(g[j] + w.gu_bias.at(b0 + i0 + j), u[j] + w.gu_bias.at(b0 + I + i0 + j));
+    h[i0 + j] = v;
+    if (hb) hb[i0 + j] = f32_to_bf16(v);
+  }
+}
+
+// Spins until `a` holds `v`: a task whose inputs other threads are still computing. Every task
+// it depends on was taken before it (tasks are taken in order) by a thread now running it.
+inline void wait_for(const std::atomic<int64_t>& a, int64_t v) {
+  while (a.load(std::memory_order_acquire) != v) _mm_pause();
+}
+
+// One parallel region over three runs of tasks, taken in order: gate_up tiles (route by route),
+// down tiles (route by route), and each token's sums over its routes (in chunks of H). A down
+// tile waits only for its own route's h, a sum only for its own token's down tiles. With a
+// barrier after each pass (and a region each), a call of 8 packed routes ran its fixed costs
+// and each pass's last tile alone on a 16-core machine: Q4_K's experts (2.6 MB) read 0.61 of
+// DRAM where BF16's (9.4 MB) read 0.80.
 void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* tok, const int64_t* exp,
          const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act,
          bool int8) {
-  const Int8Act xq(w.gate_up, int8, tier, x, T, H);
+  const Int8Act xq(w.gate_up, int8, tier, T, H);
+  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) xq.prepare(r, x + r * H);
+  });
+  const Int8Act hq(w.down, int8, tier, R, I);
   const bool h_bf16 = xb != nullptr && w.down.bf16 && !w.down.fmt;  // down's bf16 dot takes bf16 h
-  std::vector<float> h(R * I);
+  std::vector<float> h(R * I), y(R * H);
   std::vector<uint16_t> hb(h_bf16 ? R * I : 0);
   const int64_t itile = tile_rows(w.gate_up, H), itiles = (I + itile - 1) / itile;
-  for_tasks(R * itiles, [&](int64_t task) {
-    float g[kMaxTile], u[kMaxTile];
-    const int64_t r = task / itiles, i0 = (task % itiles) * itile;
-    const int rows = static_cast<int>(std::min(itile, I - i0));
-    const float* xr = x + tok[r] * H;
-    const uint16_t* xbr = xb ? xb + tok[r] * H : nullptr;
-    mat_rows(w.gate_up, exp[r], i0, rows, H, xr, xbr, xq.at(tok[r]), g, tier);
-    mat_rows(w.gate_up, exp[r], I + i0, rows, H, xr, xbr, xq.at(tok[r]), u, tier);
-    const int64_t b0 = exp[r] * 2 * I;
-    for (int j = 0; j < rows; ++j) {
-      float v = act(g[j] + w.gu_bias.at(b0 + i0 + j), u[j] + w.gu_bias.at(b0 + I + i0 + j));
-      h[r * I + i0 + j] = v;
-      if (!hb.empty()) hb[r * I + i0 + j] = f32_to_bf16(v);
-    }
-  });
-  const Int8Act hq(w.down, int8, tier, h.data(), R, I);
-  // Pass 2 walks (route, tile of H) like pass 1, so that consecutive tasks read one expert's
-  // rows in order: walking every route's tile per token read 8 runs of a few KB by turns,
-  // which the prefetchers followed badly. Each token then sums its routes in order.
-  std::vector<float> y(R * H);
   const int64_t htile = tile_rows(w.down, I), htiles = (H + htile - 1) / htile;
-  for_tasks(R * htiles, [&](int64_t task) {
-    const int64_t r = task / htiles, r0 = (task % htiles) * htile;
-    const int rows = static_cast<int>(std::min(htile, H - r0));
-    mat_rows(w.down, exp[r], r0, rows, I, h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, hq.at(r),
-             y.data() + r * H + r0, tier);
-  });
   // routes of each token, in order (routes arrive grouped by nothing in particular)
   std::vector<std::vector<int64_t>> by_tok(T);
   for (int64_t r = 0; r < R; ++r) by_tok[tok[r]].push_back(r);
-  // the sums in chunks of H over the threads: one token's alone took a thread 1-2% of a
-  // call's time, with the other threads waiting
+  // gate_up tiles left per route (-1 once its h is prepared), down tiles left per token
+  std::vector<std::atomic<int64_t>> h_left(R), y_left(T);
+  for (int64_t r = 0; r < R; ++r) h_left[r].store(itiles, std::memory_order_relaxed);
+  for (int64_t t = 0; t < T; ++t) y_left[t].store(by_tok[t].size() * htiles, std::memory_order_relaxed);
+  // the sums in chunks of H: one token's alone took a thread 1-2% of a call's time
   constexpr int64_t kChunk = 256;
-  const int64_t chunks = (H + kChunk - 1) / kChunk;
-  at::parallel_for(0, T * chunks, 1, [&](int64_t c0, int64_t c1) {
-    float acc[kChunk];
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t t = c / chunks, j0 = (c % chunks) * kChunk, n = std::min(kChunk, H - j0);
-      std::fill(acc, acc + n, 0.f);
-      for (int64_t r : by_tok[t]) {
-        const float* yr = y.data() + r * H + j0;
-        for (int64_t j = 0; j < n; ++j) acc[j] += wt[r] * (yr[j] + w.dn_bias.at(exp[r] * H + j0 + j));
+  const int64_t chunks = (H + kChunk - 1) / kChunk, n1 = R * itiles, n2 = R * htiles;
+  for_tasks(n1 + n2 + T * chunks, [&](int64_t task) {
+    if (task < n1) {
+      const int64_t r = task / itiles, i0 = (task % itiles) * itile;
+      gate_up_tile(x, xb, w, xq.at(tok[r]), tok[r], exp[r], i0, std::min(itile, I - i0), H, I,
+                   h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, tier, act);
+      if (h_left[r].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        hq.prepare(r, h.data() + r * I);
+        h_left[r].store(-1, std::memory_order_release);
       }
-      for (int64_t j = 0; j < n; ++j) out[t * H + j0 + j] += acc[j];
+      return;
     }
+    if ((task -= n1) < n2) {
+      // Walked (route, tile of H) like pass 1, so that consecutive tasks read one expert's rows
+      // in order: every route's tile per token read 8 runs of a few KB by turns, which the
+      // prefetchers followed badly.
+      const int64_t r = task / htiles, r0 = (task % htiles) * htile;
+      wait_for(h_left[r], -1);
+      mat_rows(w.down, exp[r], r0, static_cast<int>(std::min(htile, H - r0)), I, h.data() + r * I,
+               hb.empty() ? nullptr : hb.data() + r * I, hq.at(r), y.data() + r * H + r0, tier);
+      y_left[tok[r]].fetch_sub(1, std::memory_order_release);
+      return;
+    }
+    task -= n2;
+    const int64_t t = task / chunks, j0 = (task % chunks) * kChunk, n = std::min(kChunk, H - j0);
+    wait_for(y_left[t], 0);
+    float acc[kChunk];
+    std::fill(acc, acc + n, 0.f);
+    for (int64_t r : by_tok[t]) {
+      const float* yr = y.data() + r * H + j0;
+      for (int64_t j = 0; j < n; ++j) acc[j] += wt[r] * (yr[j] + w.dn_bias.at(exp[r] * H + j0 + j));
+    }
+    for (int64_t j = 0; j < n; ++j) out[t * H + j0 + j] += acc[j];
   });
 }
 
@@ -302,7 +335,8 @@ torch::Tensor quant_matvec(torch::Tensor rows, torch::Tensor x, int64_t fmt, int
   TORCH_CHECK(tier <= best_tier(), "this CPU does not support the requested instruction set");
   auto y = torch::empty({n}, x.options());
   const Mat m{rows.data_ptr<uint8_t>(), fmt, false, 0};
-  const Int8Act q(m, int8, static_cast<int>(tier), x.data_ptr<float>(), 1, cols);
+  const Int8Act q(m, int8, static_cast<int>(tier), 1, cols);
+  q.prepare(0, x.data_ptr<float>());
   mat_rows(m, 0, 0, static_cast<int>(n), cols, x.data_ptr<float>(), nullptr, q.at(0), y.data_ptr<float>(),
            static_cast<int>(tier));
   return y;
