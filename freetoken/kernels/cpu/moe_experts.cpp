@@ -99,16 +99,28 @@ struct Vec {
   }
 };
 
-// f(task) for every task in [0, n), each once, over the intra-op threads.
+// A calling thread's own team in place of ATen's pool (the CPU lane's, lane.cpp): `run` calls
+// loop(ctx) on each member and on the caller, and returns once all of them have returned.
+using TeamRun = void (*)(void* team, void (*loop)(void*), void* ctx);
+thread_local TeamRun tls_team_run = nullptr;
+thread_local void* tls_team = nullptr;
+
+// f(task) for every task in [0, n), each once, over the calling thread's team or else the
+// intra-op threads.
 template <typename F>
 void for_tasks(int64_t n, const F& f) {
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+  auto loop = [&] {
     for (int64_t task = next.fetch_add(1, std::memory_order_relaxed); task < n;
          task = next.fetch_add(1, std::memory_order_relaxed)) {
       f(task);
     }
-  });
+  };
+  if (tls_team_run != nullptr) {
+    tls_team_run(tls_team, [](void* ctx) { (*static_cast<decltype(loop)*>(ctx))(); }, &loop);
+    return;
+  }
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) { loop(); });
 }
 
 // One matrix bank [E, rows, cols]: bf16 or fp32 weights, or packed blocks (fmt > 0).
@@ -282,6 +294,11 @@ Vec vec_of(const c10::optional<torch::Tensor>& b, int64_t E, int64_t n, const ch
 }  // namespace
 
 int64_t cpu_tier() { return best_tier(); }
+
+void set_thread_team(TeamRun run, void* team) {
+  tls_team_run = run;
+  tls_team = team;
+}
 
 // x [T, H] float32; gate_up [E, 2I, H] and down [E, H, I] contiguous, each bf16 or float32 or
 // packed (uint8 [E, rows, row bytes] in format gu_fmt / dn_fmt, freetoken/quant's codes; an
