@@ -26,6 +26,7 @@
 #include <cstring>
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <vector>
 
 // float_dot.cpp
@@ -200,8 +201,15 @@ void gate_up_tile(const float* x, const uint16_t* xb, const Experts& w, const ui
 
 // Spins until `a` holds `v`: a task whose inputs other threads are still computing. Every task
 // it depends on was taken before it (tasks are taken in order) by a thread now running it.
+// After a while it yields its core, in case the thread it waits for shares that core.
 inline void wait_for(const std::atomic<int64_t>& a, int64_t v) {
-  while (a.load(std::memory_order_acquire) != v) _mm_pause();
+  for (int spins = 0; a.load(std::memory_order_acquire) != v; ++spins) {
+    if (spins < 4096) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 // One parallel region over three runs of tasks, taken in order: gate_up tiles (route by route),
