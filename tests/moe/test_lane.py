@@ -87,6 +87,35 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     assert lane._thread is None
 
 
+def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core():
+    """The team's workers join a request while it is open and the loop waits only for those
+    that joined: requests posted back to back, and after the workers have gone to nap, each
+    get the kernel's bits."""
+    import time
+
+    hb = banks()
+    cores = len(cpu_kernel.physical_cpus())
+    lane = CpuLane(hb, torch.device("cpu"), threads=cores)
+    lane.start()
+    g = torch.Generator().manual_seed(8)
+    try:
+        for step in range(300):
+            layer = step % L
+            x, w = torch.randn((1, H), generator=g), torch.rand((1, K), generator=g)
+            ids = torch.randperm(E, generator=g)[:K][None]
+            if step % 100 == 99:
+                time.sleep(0.01)  # past the 2 ms of spinning: the workers nap
+            lane.post(layer, x, ids, w)
+            got = lane.collect(torch.zeros(1, H))
+            want = cpu_kernel.moe_experts(
+                x, hb.banks[layer], torch.zeros(K, dtype=torch.int64), ids[0], w[0], hb.spec
+            )
+            assert torch.equal(got, want), f"step {step}"
+        assert lane.stats()["failed"] == 0 and lane.stats()["served"] == 300
+    finally:
+        lane.stop()
+
+
 @pytest.mark.parametrize("variant", list(experts.VARIANTS))
 def test_the_loop_computes_every_kind_of_expert(variant):
     """The spec's biases and activation (gpt-oss's clamp, reached here) travel to the loop:

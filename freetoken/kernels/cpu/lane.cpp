@@ -75,7 +75,10 @@ void pin_to(int64_t cpu) {
   sched_setaffinity(0, sizeof(set), &set);  // best effort: a refusal leaves the thread unpinned
 }
 
-// Workers pinned one to each of `cpus`; run() has each, and the caller, call a task loop.
+// Workers pinned one to each of `cpus`; run() has the caller and every worker that joins in
+// time call a task loop. A worker joins a run while it is open, and the caller closes it when
+// its own loop returns (the tasks are all taken by then), waiting only for the workers that
+// joined: one napping, or off its core, holds up nothing it has not started.
 class Team {
  public:
   explicit Team(const std::vector<int64_t>& cpus) {
@@ -89,14 +92,27 @@ class Team {
   static void run(void* self, void (*loop)(void*), void* ctx) { static_cast<Team*>(self)->run_all(loop, ctx); }
 
  private:
+  // entry_: the open run's number above kJoinedBits, the workers that joined it below; 0: none
+  static constexpr int kJoinedBits = 16;
+
   void run_all(void (*loop)(void*), void* ctx) {
     loop_ = loop;
     ctx_ = ctx;
-    done_.store(0, std::memory_order_relaxed);  // every worker counted the last run before it returned
-    gen_.fetch_add(1, std::memory_order_release);
+    finished_.store(0, std::memory_order_relaxed);  // the last run's joiners all finished
+    entry_.store(++runs_ << kJoinedBits, std::memory_order_release);
     loop(ctx);
-    const int n = static_cast<int>(workers_.size());
-    while (done_.load(std::memory_order_acquire) < n) _mm_pause();
+    const uint64_t closed = entry_.exchange(0, std::memory_order_acq_rel);
+    const uint64_t joined = closed & ((uint64_t{1} << kJoinedBits) - 1);
+    while (finished_.load(std::memory_order_acquire) < joined) _mm_pause();
+  }
+
+  // Joins run `run` if it is still open.
+  bool join(uint64_t run) {
+    uint64_t v = entry_.load(std::memory_order_acquire);
+    while ((v >> kJoinedBits) == run) {
+      if (entry_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    }
+    return false;
   }
 
   void work(int64_t cpu) {
@@ -104,20 +120,21 @@ class Team {
     uint64_t seen = 0;
     auto busy = std::chrono::steady_clock::now();
     while (!stop_.load(std::memory_order_relaxed)) {
-      const uint64_t g = gen_.load(std::memory_order_acquire);
-      if (g == seen) {
+      const uint64_t run = entry_.load(std::memory_order_acquire) >> kJoinedBits;
+      if (run == 0 || run == seen) {
         idle(busy);
         continue;
       }
-      seen = g;
+      seen = run;
+      if (!join(run)) continue;
       loop_(ctx_);
-      done_.fetch_add(1, std::memory_order_release);
+      finished_.fetch_add(1, std::memory_order_release);
       busy = std::chrono::steady_clock::now();
     }
   }
 
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> done_{0};
+  uint64_t runs_ = 0;  // the caller's count of runs
+  std::atomic<uint64_t> entry_{0}, finished_{0};
   std::atomic<bool> stop_{false};
   void (*loop_)(void*) = nullptr;
   void* ctx_ = nullptr;
