@@ -391,7 +391,22 @@ def run(args) -> list[dict[str, Any]]:
                 _progress(rows, [first_answer_row(client, args)])
             else:
                 raise SystemExit(f"unknown regime {regime!r}")
+        _print_measured(cache_stats(client, args.model))
     return rows
+
+
+def _print_measured(stats: dict) -> None:
+    """What adaptive measured since the load: a run long enough to explore that shows no
+    placement measured means the chooser never ran (it once dropped every step as idle)."""
+    if stats.get("policy") != "adaptive":
+        return
+    step_ms = stats.get("placement_step_ms") or {}
+    measured = ", ".join(f"{m} {ms:.2f}" for m, ms in step_ms.items()) or "none"
+    print(
+        f"# adaptive since load: step ms by placement {measured}; "
+        f"{stats.get('placement_moves') or 0} moves; now {stats.get('placement')}",
+        flush=True,
+    )
 
 
 def _progress(rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:

@@ -202,3 +202,20 @@ def test_the_resident_steps_host_time_is_printed(capsys):
     assert capsys.readouterr().out.strip() == "# resident, 1 streams: host ms 1.200, ahead 0.990"
     serve._print_host(1, before, before)  # no step between them: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
+    serve._print_measured(
+        {
+            "policy": "adaptive",
+            "placement_step_ms": {"device": 1.61, "split": 1.93},
+            "placement_moves": 6,
+            "placement": "device",
+        }
+    )
+    out = capsys.readouterr().out
+    assert "device 1.61, split 1.93" in out and "6 moves" in out and "now device" in out
+    serve._print_measured({"policy": "adaptive", "placement_step_ms": {}, "placement": "device"})
+    assert "step ms by placement none; 0 moves" in capsys.readouterr().out
+    serve._print_measured({"policy": "lru-pcie"})
+    assert capsys.readouterr().out == ""
