@@ -129,8 +129,11 @@ def measure_lane(banks: Banks, seconds: float, routes: int, threads: int = 0) ->
     here through the CPU-only mailbox, a pause between them as a GPU's share of a layer
     leaves; `threads` as CpuLane takes it."""
     host = {(i, b): t for i, layer in enumerate(banks.layers) for b, t in layer.items()}
+    formats = {k: banks.spec.format_of(k[1]) for k in host if banks.spec.format_of(k[1])}
     lane = lanes.CpuLane(
-        HostBanks(host, torch.bfloat16, pin=False, spec=banks.spec), torch.device("cpu"), threads
+        HostBanks(host, torch.bfloat16, pin=False, spec=banks.spec, formats=formats),
+        torch.device("cpu"),
+        threads,
     )
     rng = np.random.default_rng(3)
     x, w = torch.randn(1, H), torch.full((1, routes), 1.0 / routes)
@@ -255,6 +258,9 @@ def measure_formats(
             "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
             "by_prefetch": by_prefetch(prefetch, threads, partial(measure_cpu, banks, seconds / 2)),
         }
+        if cpu_kernel.extension() is not None:  # a split's few routes, called and through the lane
+            out[fmt]["cpu_split_gbps"] = measure_cpu(banks, seconds / 2, routes=SPLIT_ROUTES)
+            out[fmt]["lane_split_gbps"] = measure_lane(banks, seconds / 2, SPLIT_ROUTES)
         del banks
     return out
 
@@ -396,6 +402,16 @@ def table_rows(r: dict) -> list[dict]:
             f"fp32 activations {f['exact_gbps']:.1f} GB/s",
         }
         for fmt, f in r["formats"].items()
+    ]
+    rows += [
+        {
+            "path": f"CPU lane, {fmt}, {SPLIT_ROUTES} routes a request",
+            "gbps": f["lane_split_gbps"],
+            "note": f"{f['lane_split_gbps'] / f['cpu_split_gbps']:.2f}x the kernel called "
+            f"({f['cpu_split_gbps']:.1f})",
+        }
+        for fmt, f in r["formats"].items()
+        if "lane_split_gbps" in f
     ]
     return rows + thread_rows(r)
 

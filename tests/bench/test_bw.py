@@ -8,6 +8,7 @@ import torch
 
 from freetoken import quant
 from freetoken.bench import bw
+from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe import profile
 
 
@@ -20,6 +21,8 @@ def test_every_format_is_measured_against_bf16(monkeypatch, tmp_path):
     assert set(r) == set(formats)
     for fmt, f in r.items():
         assert f["gbps"] > 0 and f["experts_per_s"] > 0 and f["vs_bf16"] > 0, fmt
+        if cpu_kernel.extension() is not None:  # each format through the lane as well
+            assert f["lane_split_gbps"] > 0 and f["cpu_split_gbps"] > 0, fmt
     monkeypatch.setattr(profile, "machine_key", lambda: "test")
     profile.save(
         tmp_path, {"cpu_expert_gbps": 10.0, "pcie_gbps": 20.0, "cpu_expert_gbps_q4_k": 3.0}
