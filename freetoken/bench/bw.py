@@ -26,7 +26,7 @@ import torch
 
 from freetoken import quant
 from freetoken.bench import common, packed
-from freetoken.ftw.hostmem import HostBuffer
+from freetoken.ftw import hostmem
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.base import ExpertSpec
 from freetoken.moe import lane as lanes
@@ -38,7 +38,7 @@ E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
 
 def _bank(shape: tuple[int, ...], pin: bool, seed: int) -> torch.Tensor:
     n = int(np.prod(shape))
-    buf = HostBuffer(n * 2)
+    buf = hostmem.HostBuffer(n * 2, hostmem.huge_pages_pay())  # the pages a load would use
     t = buf.tensor("bfloat16", list(shape), n * 2)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # random numbers are far faster on a GPU
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -189,7 +189,10 @@ def measure_torch_cpu(banks: Banks, seconds: float) -> float:
 
 
 def measure_dram(seconds: float) -> float:
-    a = torch.empty(1 << 29, dtype=torch.float32).fill_(1.0)  # 2 GiB
+    # 2 GiB on the pages the banks are on, so that the kernels' fraction of it compares like
+    # with like
+    buf = hostmem.HostBuffer(1 << 31, hostmem.huge_pages_pay())
+    a = buf.tensor("float32", [1 << 29], 1 << 31).fill_(1.0)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a.sum()
