@@ -15,7 +15,7 @@ import torch
 
 from freetoken import models
 from freetoken.bench import packed
-from freetoken.ftw.hostmem import HostBuffer
+from freetoken.ftw.hostmem import HostBuffer, huge_pages_pay
 from freetoken.layers.computed import reset_buffers
 from freetoken.models.base import ExpertSpec
 from freetoken.models.shapes import SHAPES
@@ -124,7 +124,8 @@ def _expert_banks(
                 )
                 continue
             n = math.prod(shape)
-            buf = HostBuffer(n * torch.tensor([], dtype=dtype).element_size())
+            # the pages a load would give them (packed.host_copy alike)
+            buf = HostBuffer(n * torch.tensor([], dtype=dtype).element_size(), huge_pages_pay())
             host = buf.tensor(str(dtype).removeprefix("torch."), list(shape), buf.nbytes)
             w = (
                 torch.randn(shape, generator=g, device=gen_device, dtype=torch.float32)
