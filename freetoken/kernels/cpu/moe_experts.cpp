@@ -48,6 +48,7 @@ void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, int row
 namespace {
 
 constexpr int64_t kMaxTile = 256, kTileBytes = 64 << 10;
+constexpr int64_t kChunk = 256;  // outputs of a token that one task of its route sums covers
 
 enum Tier { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512BF16 = 3 };
 
@@ -199,6 +200,19 @@ void gate_up_tile(const float* x, const uint16_t* xb, const Experts& w, const ui
   }
 }
 
+// out[j0, j0 + n) += each route's weighted down output y[r] (and its bias), over `routes`
+// in order (n at most kChunk).
+void add_routes(const float* y, const std::vector<int64_t>& routes, const Experts& w, const int64_t* exp,
+                const float* wt, int64_t H, int64_t j0, int64_t n, float* out) {
+  float acc[kChunk];
+  std::fill(acc, acc + n, 0.f);
+  for (int64_t r : routes) {
+    const float* yr = y + r * H + j0;
+    for (int64_t j = 0; j < n; ++j) acc[j] += wt[r] * (yr[j] + w.dn_bias.at(exp[r] * H + j0 + j));
+  }
+  for (int64_t j = 0; j < n; ++j) out[j0 + j] += acc[j];
+}
+
 // Spins until `a` holds `v`: a task whose inputs other threads are still computing. Every task
 // it depends on was taken before it (tasks are taken in order) by a thread now running it.
 // After a while it yields its core, in case the thread it waits for shares that core.
@@ -238,8 +252,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
   std::vector<std::atomic<int64_t>> h_left(R), y_left(T);
   for (int64_t r = 0; r < R; ++r) h_left[r].store(itiles, std::memory_order_relaxed);
   for (int64_t t = 0; t < T; ++t) y_left[t].store(by_tok[t].size() * htiles, std::memory_order_relaxed);
-  // the sums in chunks of H: one token's alone took a thread 1-2% of a call's time
-  constexpr int64_t kChunk = 256;
+  // the sums in chunks of H (kChunk): one token's alone took a thread 1-2% of a call's time
   const int64_t chunks = (H + kChunk - 1) / kChunk, n1 = R * itiles, n2 = R * htiles;
   for_tasks(n1 + n2 + T * chunks, [&](int64_t task) {
     if (task < n1) {
@@ -264,15 +277,9 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
       return;
     }
     task -= n2;
-    const int64_t t = task / chunks, j0 = (task % chunks) * kChunk, n = std::min(kChunk, H - j0);
+    const int64_t t = task / chunks, j0 = (task % chunks) * kChunk;
     wait_for(y_left[t], 0);
-    float acc[kChunk];
-    std::fill(acc, acc + n, 0.f);
-    for (int64_t r : by_tok[t]) {
-      const float* yr = y.data() + r * H + j0;
-      for (int64_t j = 0; j < n; ++j) acc[j] += wt[r] * (yr[j] + w.dn_bias.at(exp[r] * H + j0 + j));
-    }
-    for (int64_t j = 0; j < n; ++j) out[t * H + j0 + j] += acc[j];
+    add_routes(y.data(), by_tok[t], w, exp, wt, H, j0, std::min(kChunk, H - j0), out + t * H);
   });
 }
 
