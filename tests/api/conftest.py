@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import ollama
+import openai
 import pytest
 
 from freetoken.api import completion
@@ -62,6 +63,12 @@ def v1_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     store.copy("tiny", "team/tiny:v1")
     with LiveServer(make_config(root)) as srv:
         yield srv
+
+
+@pytest.fixture
+def oai(v1_server: LiveServer) -> openai.OpenAI:
+    """The real OpenAI SDK pointed at the server's /v1 routes."""
+    return openai.OpenAI(base_url=v1_server.url + "/v1", api_key="ollama", max_retries=0)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ Configuration (from the docs in the package, `docs/providers/ollama/*.md`,
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -103,8 +104,9 @@ def _config(url: str, node: str, probe_log: str, workspace: str) -> dict:
     }
 
 
-@pytest.mark.slow
-def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
+def _run_openclaw(openclaw, served, tmp_path) -> tuple[dict, Path]:
+    """One `openclaw agent --local` turn in a workspace of one file: its JSON result and the
+    probe's log."""
     node, entry = openclaw
     work = tmp_path / "workspace"
     work.mkdir()
@@ -122,24 +124,26 @@ def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
         OPENCLAW_SKIP_CRON="1",
     )
     env["PATH"] = f"{node.parent}:{env['PATH']}"
-    done = run(
-        [
-            str(node),
-            str(entry),
-            "agent",
-            "--local",
-            "--agent",
-            "main",
-            "--json",
-            "--message",
-            "List the files in this directory.",
-        ],
-        cwd=work,
-        env=env,
-        timeout=300,
-    )
+    prompt = "List the files in this directory."
+    cmd = [
+        str(node),
+        str(entry),
+        "agent",
+        "--local",
+        "--agent",
+        "main",
+        "--json",
+        "--message",
+        prompt,
+    ]
+    done = run(cmd, cwd=work, env=env, timeout=300)
     assert done.returncode == 0, f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
-    result = json.loads(done.stdout)
+    return json.loads(done.stdout), probe_log
+
+
+@pytest.mark.slow
+def test_openclaw_turn_with_a_tool_call(openclaw, served, seen, tmp_path):
+    result, probe_log = _run_openclaw(openclaw, served, tmp_path)
     meta = result["meta"]
     assert meta["toolSummary"] == {"calls": 1, "tools": [TOOL], "failures": 0}
     assert meta["agentMeta"]["provider"] == "ollama" and meta["agentMeta"]["model"] == "agent"

@@ -23,6 +23,7 @@ its environment switches; the npm package ships no docs):
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,8 +90,8 @@ def _config(url: str, node: str, probe_log: str) -> dict:
     }
 
 
-@pytest.mark.slow
-def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
+def _run_opencode(opencode, served, tmp_path) -> tuple[list[dict], Path]:
+    """One `opencode run` in a project of one file: its JSON events and the probe's log."""
     work = tmp_path / "project"
     work.mkdir()
     (work / "hello.txt").write_text("hi\n")
@@ -107,22 +108,24 @@ def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
         OPENCODE_PURE="1",
         npm_config_registry=f"http://127.0.0.1:{free_port()}/",
     )
-    done = run(
-        [
-            str(opencode),
-            "run",
-            "-m",
-            "freetoken/agent",
-            "--format",
-            "json",
-            "List the files in this directory.",
-        ],
-        cwd=work,
-        env=env,
-        timeout=300,
-    )
+    prompt = "List the files in this directory."
+    cmd = [str(opencode), "run", "-m", "freetoken/agent", "--format", "json", prompt]
+    done = run(cmd, cwd=work, env=env, timeout=300)
     assert done.returncode == 0, f"stdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}"
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return events, probe_log
+
+
+def _streamed_calls(chunks: list[dict]) -> tuple[list[dict], list[str]]:
+    """The tool-call deltas of a streamed answer and its finish reasons."""
+    deltas = [c for ch in chunks for c in ch["choices"]]
+    calls = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
+    return calls, [d["finish_reason"] for d in deltas if d.get("finish_reason")]
+
+
+@pytest.mark.slow
+def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
+    events, probe_log = _run_opencode(opencode, served, tmp_path)
 
     chats = seen.on("/v1/chat/completions")
     assert chats and all(e.status == 200 for e in chats), seen.paths()
@@ -133,25 +136,13 @@ def test_opencode_turn_with_a_tool_call(opencode, served, seen, tmp_path):
     assert first["stream"] is True and first["model"] == "agent"
     assert first["messages"][-1]["role"] == "user"
 
-    chunks = turns[0].sse()
-    calls = [
-        c
-        for ch in chunks
-        for choice in ch["choices"]
-        for c in choice["delta"].get("tool_calls") or []
-    ]
+    calls, finish = _streamed_calls(turns[0].sse())
     # the AI SDK sends tool_choice "auto", which leaves the model's "required" option in force
     assert first.get("tool_choice") in (None, "auto")
     # the call streams as one delta with the id and name, then its arguments
     assert calls[0]["function"]["name"] == TOOL and calls[0]["id"].startswith("call_")
     arguments = "".join(c["function"].get("arguments") or "" for c in calls)
     assert json.loads(arguments) == {"path": "."}
-    finish = [
-        choice["finish_reason"]
-        for ch in chunks
-        for choice in ch["choices"]
-        if choice.get("finish_reason")
-    ]
     assert finish == ["tool_calls"]
 
     # OpenCode ran the tool and sent its result back in the next request

@@ -68,71 +68,79 @@ def _packed_expert_kernels():
     return out
 
 
-def _delta_kernels():
-    from freetoken.kernels.triton import gated_delta, gated_delta_chunk
+def _delta_step_kernels(dt: str):
+    from freetoken.kernels.triton import gated_delta
 
-    out = []
-    for dt in ("bf16", "fp32"):
-        out += [
-            (
-                gated_delta.conv1d_step_kernel,
-                {
-                    "x_ptr": f"*{dt}",
-                    "w_ptr": f"*{dt}",
-                    "state_ptr": f"*{dt}",
-                    "slots_ptr": "*i64",
-                    "out_ptr": f"*{dt}",
-                    "C": "i32",
-                    "x_stride": "i32",
-                },
-                {"K": 4, "KB": 4, "BLOCK_C": 128},
-            ),
-            (
-                gated_delta.recurrent_step_kernel,
-                {
-                    "qkv_ptr": f"*{dt}",
-                    "a_ptr": f"*{dt}",
-                    "b_ptr": f"*{dt}",
-                    "a_log_ptr": f"*{dt}",
-                    "dt_bias_ptr": f"*{dt}",
-                    "state_ptr": "*fp32",
-                    "slots_ptr": "*i64",
-                    "out_ptr": f"*{dt}",
-                    "qkv_stride": "i32",
-                    "ab_stride": "i32",
-                    "HK": "i32",
-                    "HV": "i32",
-                    "scale": "fp32",
-                },
-                {"DK": 128, "DV": 128, "BK": 128, "BV": 32},
-            ),
-            (
-                gated_delta.gated_rms_norm_kernel,
-                {"x_ptr": f"*{dt}", "z_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}",
-                 "D": "i32", "eps": "fp32"},
-                {"BLOCK": 128},
-            ),
-        ]  # fmt: skip
-        chunk = {"C": 64, "DK": 128, "DV": 128, "BK": 128}
-        precision = "ieee" if dt == "fp32" else "tf32"
-        out += [
-            (
-                gated_delta_chunk.chunk_prepare_kernel,
-                {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": "*fp32",
-                 "cum_ptr": "*fp32", "wk_ptr": "*fp32", "wv_ptr": "*fp32", "T": "i32",
-                 "k_stride": "i32", "v_stride": "i32", "HK": "i32", "HV": "i32"},
-                {**chunk, "BV": 128, "PRECISION": precision},
-            ),
-            (
-                gated_delta_chunk.chunk_state_kernel,
-                {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "cum_ptr": "*fp32", "wk_ptr": "*fp32",
-                 "wv_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": f"*{dt}", "T": "i32",
-                 "n_chunks": "i32", "q_stride": "i32", "k_stride": "i32", "HK": "i32",
-                 "HV": "i32", "scale": "fp32"},
-                {**chunk, "BV": 32, "PRECISION": precision},
-            ),
-        ]  # fmt: skip
-    return out
+    return [
+        (
+            gated_delta.conv1d_step_kernel,
+            {
+                "x_ptr": f"*{dt}",
+                "w_ptr": f"*{dt}",
+                "state_ptr": f"*{dt}",
+                "slots_ptr": "*i64",
+                "out_ptr": f"*{dt}",
+                "C": "i32",
+                "x_stride": "i32",
+            },
+            {"K": 4, "KB": 4, "BLOCK_C": 128},
+        ),
+        (
+            gated_delta.recurrent_step_kernel,
+            {
+                "qkv_ptr": f"*{dt}",
+                "a_ptr": f"*{dt}",
+                "b_ptr": f"*{dt}",
+                "a_log_ptr": f"*{dt}",
+                "dt_bias_ptr": f"*{dt}",
+                "state_ptr": "*fp32",
+                "slots_ptr": "*i64",
+                "out_ptr": f"*{dt}",
+                "qkv_stride": "i32",
+                "ab_stride": "i32",
+                "HK": "i32",
+                "HV": "i32",
+                "scale": "fp32",
+            },
+            {"DK": 128, "DV": 128, "BK": 128, "BV": 32},
+        ),
+        (
+            gated_delta.gated_rms_norm_kernel,
+            {"x_ptr": f"*{dt}", "z_ptr": f"*{dt}", "w_ptr": f"*{dt}", "out_ptr": f"*{dt}",
+             "D": "i32", "eps": "fp32"},
+            {"BLOCK": 128},
+        ),
+    ]  # fmt: skip
+
+
+def _delta_chunk_kernels(dt: str):
+    from freetoken.kernels.triton import gated_delta_chunk
+
+    chunk = {"C": 64, "DK": 128, "DV": 128, "BK": 128}
+    precision = "ieee" if dt == "fp32" else "tf32"
+    return [
+        (
+            gated_delta_chunk.chunk_prepare_kernel,
+            {"k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+             "cum_ptr": "*fp32", "wk_ptr": "*fp32", "wv_ptr": "*fp32", "T": "i32",
+             "k_stride": "i32", "v_stride": "i32", "HK": "i32", "HV": "i32"},
+            {**chunk, "BV": 128, "PRECISION": precision},
+        ),
+        (
+            gated_delta_chunk.chunk_state_kernel,
+            {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "cum_ptr": "*fp32", "wk_ptr": "*fp32",
+             "wv_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": f"*{dt}", "T": "i32",
+             "n_chunks": "i32", "q_stride": "i32", "k_stride": "i32", "HK": "i32",
+             "HV": "i32", "scale": "fp32"},
+            {**chunk, "BV": 32, "PRECISION": precision},
+        ),
+    ]  # fmt: skip
+
+
+def _delta_kernels():
+    return [
+        k for dt in ("bf16", "fp32") for k in (*_delta_step_kernels(dt), *_delta_chunk_kernels(dt))
+    ]
 
 
 def _mla_kernels():
@@ -181,67 +189,81 @@ def _mla_kernels():
     return out
 
 
-def _sparse_kernels():
-    from freetoken.kernels.triton import indexer, sparse
+def _sparse_attention(dt: str, D: int, dv: int, sink: bool, direct: bool):
+    from freetoken.kernels.triton import sparse
 
+    part = f"*{dt}" if direct else "*fp32"
+    sig = {
+        "q_ptr": f"*{dt}",
+        "pool_ptr": f"*{dt}",
+        "rows_ptr": "*i32",
+        "sink_ptr": "*fp32",
+        "out_ptr": f"*{dt}",
+        "part_ptr": part,
+        "lse_ptr": part,
+        "scale": "fp32",
+        "pool_stride": "i64",
+        "H": "i32",
+        "K": "i32",
+        "SPLITS": "i32",
+    }
+    consts = {
+        "D": D,
+        "DV": dv,
+        "DV_BLOCK": 512,
+        "DR_BLOCK": 64,
+        "HB": 16,
+        "BLOCK_N": 16,
+        "HAS_SINK": sink,
+        "DIRECT": direct,
+    }
+    return sparse.sparse_attention_kernel, sig, consts
+
+
+def _sparse_merge(dt: str, dv: int, sink: bool):
+    from freetoken.kernels.triton import sparse
+
+    sig = {
+        "part_ptr": "*fp32",
+        "lse_ptr": "*fp32",
+        "sink_ptr": "*fp32",
+        "out_ptr": f"*{dt}",
+        "H": "i32",
+        "SPLITS": "i32",
+    }
+    consts = {"DV": dv, "DV_BLOCK": 512, "S_BLOCK": 4, "HAS_SINK": sink}
+    return sparse.sparse_merge_kernel, sig, consts
+
+
+def _index_scores(dt: str, heads: int):
+    from freetoken.kernels.triton import indexer
+
+    sig = {
+        "q_ptr": f"*{dt}",
+        "w_ptr": "*fp32",
+        "pool_ptr": f"*{dt}",
+        "lists_ptr": "*i32",
+        "which_ptr": "*i32",
+        "seen_ptr": "*i32",
+        "out_ptr": "*fp32",
+        "scale": "fp32",
+        "pool_stride": "i64",
+        "list_stride": "i64",
+        "S": "i32",
+    }
+    consts = {"HEADS": heads, "H_BLOCK": heads, "D": 128, "D_BLOCK": 128, "BLOCK_S": 64}
+    return indexer.index_scores_kernel, sig, consts
+
+
+def _sparse_kernels():
     out = []
     for dt in ("bf16", "fp32"):
         # GLM-5's absorbed latent (576 = 512 + 64), and DeepSeek-V4's rows with sinks (512)
         for D, dv, sink in ((576, 512, False), (512, 512, True)):
-            for direct in (True, False):
-                part = f"*{dt}" if direct else "*fp32"
-                sig = {
-                    "q_ptr": f"*{dt}",
-                    "pool_ptr": f"*{dt}",
-                    "rows_ptr": "*i32",
-                    "sink_ptr": "*fp32",
-                    "out_ptr": f"*{dt}",
-                    "part_ptr": part,
-                    "lse_ptr": part,
-                    "scale": "fp32",
-                    "pool_stride": "i64",
-                    "H": "i32",
-                    "K": "i32",
-                    "SPLITS": "i32",
-                }
-                consts = {
-                    "D": D,
-                    "DV": dv,
-                    "DV_BLOCK": 512,
-                    "DR_BLOCK": 64,
-                    "HB": 16,
-                    "BLOCK_N": 16,
-                    "HAS_SINK": sink,
-                    "DIRECT": direct,
-                }
-                out.append((sparse.sparse_attention_kernel, sig, consts))
-            sig = {
-                "part_ptr": "*fp32",
-                "lse_ptr": "*fp32",
-                "sink_ptr": "*fp32",
-                "out_ptr": f"*{dt}",
-                "H": "i32",
-                "SPLITS": "i32",
-            }
-            consts = {"DV": dv, "DV_BLOCK": 512, "S_BLOCK": 4, "HAS_SINK": sink}
-            out.append((sparse.sparse_merge_kernel, sig, consts))
-        sig = {
-            "q_ptr": f"*{dt}",
-            "w_ptr": "*fp32",
-            "pool_ptr": f"*{dt}",
-            "lists_ptr": "*i32",
-            "which_ptr": "*i32",
-            "seen_ptr": "*i32",
-            "out_ptr": "*fp32",
-            "scale": "fp32",
-            "pool_stride": "i64",
-            "list_stride": "i64",
-            "S": "i32",
-        }
+            out += [_sparse_attention(dt, D, dv, sink, direct) for direct in (True, False)]
+            out.append(_sparse_merge(dt, dv, sink))
         # GLM-5's indexer (32 heads) and DeepSeek-V4's (64), keys of 128
-        for heads in (32, 64):
-            consts = {"HEADS": heads, "H_BLOCK": heads, "D": 128, "D_BLOCK": 128, "BLOCK_S": 64}
-            out.append((indexer.index_scores_kernel, sig, consts))
+        out += [_index_scores(dt, heads) for heads in (32, 64)]
     return out
 
 

@@ -351,12 +351,27 @@ INTERPRET = (
 )
 
 
+def _gpu_step(lane, dev, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
+    """One layer's post, the two copies a GPU step makes, and the collect: y plus the CPU's
+    routes, as the GPU step would have it."""
+    from freetoken.kernels.triton import lane as kernels
+    from freetoken.moe.lane import MAX_SPINS, SEQ
+
+    mailbox = (dev.x, dev.ids, dev.wts, dev.pos, lane.pend, lane.count)
+    kernels.post_kernel[(1,)](x, ids, w, cpu, *mailbox, layer, K, H=H, BLOCK_H=32, K=16)
+    lane.host.raw.copy_(dev.raw)
+    lane.ctl[SEQ : SEQ + 1].copy_(lane.count)
+    out = torch.empty_like(y)
+    books = (lane.out, lane.ctl, lane.pend, lane.count, lane.polls, MAX_SPINS)
+    kernels.collect_kernel[(1,)](y, out, *books, H=H, BLOCK_H=32)
+    return out
+
+
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
 def test_gpu_kernels_drive_the_loop_in_the_interpreter():
     """The post and collect kernels (run by Triton's interpreter on host tensors) against the
     loop, with the copies a GPU step makes between them: the CPU's routes added to y."""
-    from freetoken.kernels.triton import lane as kernels
-    from freetoken.moe.lane import MAX_SPINS, SEQ, Mailbox
+    from freetoken.moe.lane import Mailbox
 
     hb = banks()
     lane = CpuLane(hb, torch.device("cpu"), threads=1)
@@ -368,47 +383,10 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
             x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
             ids, w = torch.randperm(E, generator=g)[:K], torch.rand(K, generator=g)
             cpu = torch.rand(K, generator=g) < 0.5
-            kernels.post_kernel[(1,)](
-                x,
-                ids,
-                w,
-                cpu,
-                dev.x,
-                dev.ids,
-                dev.wts,
-                dev.pos,
-                lane.pend,
-                lane.count,
-                step % L,
-                K,
-                H=H,
-                BLOCK_H=32,
-                K=16,
-            )
-            lane.host.raw.copy_(dev.raw)
-            lane.ctl[SEQ : SEQ + 1].copy_(lane.count)
-            out = torch.empty_like(y)
-            kernels.collect_kernel[(1,)](
-                y,
-                out,
-                lane.out,
-                lane.ctl,
-                lane.pend,
-                lane.count,
-                lane.polls,
-                MAX_SPINS,
-                H=H,
-                BLOCK_H=32,
-            )
+            out = _gpu_step(lane, dev, x, y, ids, w, cpu, step % L)
             sel = torch.nonzero(cpu).reshape(-1)
-            want = y + cpu_kernel.moe_experts(
-                x,
-                hb.banks[step % L],
-                torch.zeros(len(sel), dtype=torch.int64),
-                ids[sel],
-                w[sel],
-                hb.spec,
-            )
+            tok = torch.zeros(len(sel), dtype=torch.int64)
+            want = y + cpu_kernel.moe_experts(x, hb.banks[step % L], tok, ids[sel], w[sel], hb.spec)
             assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), f"step {step}"
         assert lane.stats()["timeouts"] == 0
     finally:

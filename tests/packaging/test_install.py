@@ -65,6 +65,31 @@ def installed(tmp_path_factory) -> Path:
     return prefix
 
 
+def _installed_registry(python: Path, tmp_path: Path) -> Path:
+    """A copy of the demo registry the installed package ships (not this checkout's)."""
+    where = (
+        "import freetoken.registry as r, pathlib; "
+        "print(pathlib.Path(r.__file__).parent / 'embedded')"
+    )
+    found = subprocess.run(
+        [str(python), "-c", where],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+        check=True,
+    ).stdout.strip()
+    assert not found.startswith(str(ROOT))
+    root = tmp_path / "registry"
+    shutil.copytree(found, root)
+    return root
+
+
+def _start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    out = subprocess.DEVNULL
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=out)
+
+
 def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
     ft = installed / "bin" / "freetoken"
     assert ft.is_symlink() and ft.resolve() == installed / "venv" / "bin" / "freetoken"
@@ -73,23 +98,7 @@ def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
     )
     assert version.stdout.startswith("freetoken version is "), version.stderr
     python = installed / "venv" / "bin" / "python"
-    # the demo registry comes from the installed package, not from this checkout
-    embedded = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import freetoken.registry as r, pathlib; "
-            "print(pathlib.Path(r.__file__).parent / 'embedded')",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=_clean_env(),
-        check=True,
-    ).stdout.strip()
-    assert not embedded.startswith(str(ROOT))
-    root = tmp_path / "registry"
-    shutil.copytree(embedded, root)
+    root = _installed_registry(python, tmp_path)
     reg_port, port = _free_port(), _free_port()
     env = _clean_env(
         FREETOKEN_CACHE_DIR=str(installed / "cache"),
@@ -97,30 +106,10 @@ def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
         FREETOKEN_MODELS=str(tmp_path / "models"),
         FREETOKEN_REGISTRY=f"http://127.0.0.1:{reg_port}",
     )
+    registry = [str(python), "-m", "freetoken.registry", "serve", "--root", str(root)]
     procs = [
-        subprocess.Popen(
-            [
-                str(python),
-                "-m",
-                "freetoken.registry",
-                "serve",
-                "--root",
-                str(root),
-                "--port",
-                str(reg_port),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ),
-        subprocess.Popen(
-            [str(ft), "serve"],
-            env=env,
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ),
+        _start([*registry, "--port", str(reg_port)], env, tmp_path),
+        _start([str(ft), "serve"], env, tmp_path),
     ]
     try:
         _wait(f"http://127.0.0.1:{reg_port}/v2/", procs[0])
