@@ -38,7 +38,7 @@ E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
 
 def _bank(shape: tuple[int, ...], pin: bool, seed: int) -> torch.Tensor:
     n = int(np.prod(shape))
-    buf = hostmem.HostBuffer(n * 2, hostmem.huge_pages_pay())  # the pages a load would use
+    buf = hostmem.HostBuffer(n * 2, hostmem.huge_pages_pay_here())  # the pages a load would use
     t = buf.tensor("bfloat16", list(shape), n * 2)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # random numbers are far faster on a GPU
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -191,7 +191,7 @@ def measure_torch_cpu(banks: Banks, seconds: float) -> float:
 def measure_dram(seconds: float) -> float:
     # 2 GiB on the pages the banks are on, so that the kernels' fraction of it compares like
     # with like
-    buf = hostmem.HostBuffer(1 << 31, hostmem.huge_pages_pay())
+    buf = hostmem.HostBuffer(1 << 31, hostmem.huge_pages_pay_here())
     a = buf.tensor("float32", [1 << 29], 1 << 31).fill_(1.0)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -242,7 +242,7 @@ def measure_formats(
     FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
     (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
     `exact_gbps` with the fp32 activations of an fp32 model; `by_threads` at each of
-    `threads`; `by_prefetch` with the int8 kernels asking each of `prefetch` rows ahead."""
+    `threads`; `by_prefetch` with the int8 kernels asking each of `prefetch` bytes ahead."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
@@ -271,19 +271,19 @@ def measure_formats(
 def by_prefetch(
     prefetch: list[int], threads: list[int], measure: Callable[[], float]
 ) -> dict[int, dict[int, float]]:
-    """{rows ahead: {threads: GB/s}}: the int8 kernels' software prefetch set to each count
-    in turn (at `threads`, or the default count), then put back."""
+    """{bytes ahead: {threads: GB/s}}: the int8 kernels' software prefetch set to each
+    distance in turn (at `threads`, or the default count), then put back."""
     ext = cpu_kernel.extension()
     if not prefetch or ext is None:
         return {}
     counts = list(threads) or [torch.get_num_threads()]
-    out, last = {}, ext.quant_set_prefetch_rows(0)
+    out, last = {}, ext.quant_set_prefetch_bytes(0)
     try:
-        for rows in prefetch:
-            ext.quant_set_prefetch_rows(rows)
-            out[rows] = at_threads(counts, measure)
+        for ahead in prefetch:
+            ext.quant_set_prefetch_bytes(ahead)
+            out[ahead] = at_threads(counts, measure)
     finally:
-        ext.quant_set_prefetch_rows(last)
+        ext.quant_set_prefetch_bytes(last)
     return out
 
 
@@ -340,21 +340,21 @@ def main(argv: list[str] | None = None) -> None:
         help="thread counts to measure each kernel at besides the default (comma-separated)",
     )
     ap.add_argument(
-        "--prefetch-rows",
+        "--prefetch-bytes",
         default="",
-        help="rows ahead the packed formats' int8 kernels prefetch, each measured in turn at "
-        "--threads (comma-separated; 0: none; the kernel's default is 4)",
+        help="bytes ahead the packed formats' int8 kernels prefetch, each measured in turn at "
+        "--threads (comma-separated; 0: none; the kernel's default is 4096)",
     )
     args = ap.parse_args(argv)
     from freetoken import config
 
     try:
         threads = [int(n) for n in args.threads.split(",") if n]
-        prefetch = [int(n) for n in args.prefetch_rows.split(",") if n]
+        prefetch = [int(n) for n in args.prefetch_bytes.split(",") if n]
     except ValueError:
-        ap.error("--threads and --prefetch-rows take whole numbers")
+        ap.error("--threads and --prefetch-bytes take whole numbers")
     if any(n < 1 for n in threads) or any(n < 0 for n in prefetch):
-        ap.error("--threads counts are at least 1, --prefetch-rows at least 0")
+        ap.error("--threads counts are at least 1, --prefetch-bytes at least 0")
     formats = [f for f in args.formats.split(",") if f]
     for fmt in formats:
         if fmt not in quant.FORMATS:
@@ -422,12 +422,12 @@ def thread_rows(r: dict) -> list[dict]:
     for fmt, f in r["formats"].items():
         for ahead, by in (f.get("by_prefetch") or {}).items():
             for n, gbps in by.items():
-                path = f"CPU expert kernel, {fmt}, {n} threads, prefetch {ahead} rows"
+                path = f"CPU expert kernel, {fmt}, {n} threads, prefetch {ahead} bytes ahead"
                 rows.append(
                     {
                         "path": path,
                         "gbps": gbps,
-                        "note": f"{f['gbps']:.1f} at the default threads and 4 rows",
+                        "note": f"{f['gbps']:.1f} at the default threads and distance",
                     }
                 )
     for name, by in kernels:

@@ -15,7 +15,7 @@ import struct
 import torch
 
 from freetoken import quant
-from freetoken.ftw.hostmem import HostBuffer, huge_pages_pay
+from freetoken.ftw.hostmem import HostBuffer, huge_pages_pay_here
 from freetoken.models.base import ExpertSpec
 
 __all__ = ["PackedBanks", "host_copy", "random_packed"]
@@ -55,7 +55,7 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     """t in a fresh page-aligned host mapping, of the pages banks read from FTW get here:
     the kernel read Q4_K banks 6 % faster from huge pages (development VM, two threads)."""
     n = t.numel() * t.element_size()
-    buf = HostBuffer(n, huge_pages_pay())
+    buf = HostBuffer(n, huge_pages_pay_here())
     host = buf.tensor(str(t.dtype).removeprefix("torch."), list(t.shape), n)
     host.copy_(t)
     return host

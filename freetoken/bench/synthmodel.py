@@ -15,7 +15,7 @@ import torch
 
 from freetoken import models
 from freetoken.bench import packed
-from freetoken.ftw.hostmem import HostBuffer, huge_pages_pay
+from freetoken.ftw.hostmem import HostBuffer, huge_pages_pay_here
 from freetoken.layers.computed import reset_buffers
 from freetoken.models.base import ExpertSpec
 from freetoken.models.shapes import SHAPES
@@ -125,7 +125,9 @@ def _expert_banks(
                 continue
             n = math.prod(shape)
             # the pages a load would give them (packed.host_copy alike)
-            buf = HostBuffer(n * torch.tensor([], dtype=dtype).element_size(), huge_pages_pay())
+            buf = HostBuffer(
+                n * torch.tensor([], dtype=dtype).element_size(), huge_pages_pay_here()
+            )
             host = buf.tensor(str(dtype).removeprefix("torch."), list(shape), buf.nbytes)
             w = (
                 torch.randn(shape, generator=g, device=gen_device, dtype=torch.float32)

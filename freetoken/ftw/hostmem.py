@@ -71,6 +71,14 @@ def huge_pages_pay() -> bool:
     return huge < small
 
 
+@functools.cache
+def huge_pages_pay_here() -> bool:
+    """`huge_pages_pay`, measured once in this process: a benchmark's banks all sit on one
+    kind of page. Timed anew for each bank, the verdict of a machine where the two are close
+    could differ from one bank to the next, and a comparison of kernels with it."""
+    return huge_pages_pay()
+
+
 def _fault_seconds(huge: bool) -> float:
     import numpy as np
 

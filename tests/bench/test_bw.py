@@ -85,20 +85,20 @@ def test_thread_counts_are_checked(capsys):
 
 
 def test_a_prefetch_sweep_measures_each_count_and_puts_the_default_back():
-    """`--prefetch-rows 0,8`: each packed format's int8 kernel at each count of rows asked
-    ahead, at the swept thread counts, with a row each; the kernel's own count is restored."""
+    """`--prefetch-bytes 0,8192`: each packed format's int8 kernel at each distance asked
+    ahead, at the swept thread counts, with a row each; the kernel's own distance is restored."""
     from freetoken.kernels import cpu as cpu_kernel
 
     ext = cpu_kernel.extension()
     if ext is None:
         pytest.skip("needs the compiled CPU kernel")
     calls = []
-    got = bw.by_prefetch([0, 8], [1], lambda: calls.append(1) or 5.0)
-    assert got == {0: {1: 5.0}, 8: {1: 5.0}} and calls
-    assert ext.quant_set_prefetch_rows(4) == 4  # put back: the default
+    got = bw.by_prefetch([0, 8192], [1], lambda: calls.append(1) or 5.0)
+    assert got == {0: {1: 5.0}, 8192: {1: 5.0}} and calls
+    assert ext.quant_set_prefetch_bytes(4096) == 4096  # put back: the default
     assert bw.by_prefetch([], [1], lambda: 1.0) == {}
     r = {"formats": {"q4_k": {"gbps": 3.0, "by_prefetch": got, "by_threads": {}}}, "by_threads": {}}
     assert [row["path"] for row in bw.thread_rows(r)] == [
-        "CPU expert kernel, q4_k, 1 threads, prefetch 0 rows",
-        "CPU expert kernel, q4_k, 1 threads, prefetch 8 rows",
+        "CPU expert kernel, q4_k, 1 threads, prefetch 0 bytes ahead",
+        "CPU expert kernel, q4_k, 1 threads, prefetch 8192 bytes ahead",
     ]

@@ -221,23 +221,25 @@ def test_int8_activations_with_a_float_bank_beside():
     assert float((int8 - ref).norm() / ref.norm()) <= INT8_TOLERANCE
 
 
-def test_the_software_prefetch_changes_no_result():
-    """However many rows the int8 kernels ask for ahead (bench bw's sweep), the dot products
-    are the same."""
-    if not _int8_kernel("q4_k"):
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "mxfp4", "nvfp4"])
+def test_the_software_prefetch_changes_no_result(fmt):
+    """However far ahead the int8 kernels ask for rows (bench bw's sweep: none, less than a
+    line, past the call's last row), the dot products are the same."""
+    if not _int8_kernel(fmt):
         pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
     ext = cpu.extension()
     g = torch.Generator().manual_seed(9)
-    rows = experts.pack(torch.randn((70, 512), generator=g), "q4_k")
+    rows = experts.pack(torch.randn((70, 512), generator=g), fmt)
     x = torch.randn(512, generator=g)
-    want = ext.quant_matvec(rows, x, quant.get("q4_k").code, -1, True)
-    last = ext.quant_set_prefetch_rows(0)
+    code = quant.get(fmt).code
+    last = ext.quant_set_prefetch_bytes(0)
     try:
-        for ahead in (0, 1, 12, 100):
-            ext.quant_set_prefetch_rows(ahead)
-            assert torch.equal(ext.quant_matvec(rows, x, quant.get("q4_k").code, -1, True), want)
+        want = ext.quant_matvec(rows, x, code, -1, True)
+        for ahead in (1, 100, 4096, 1 << 20):
+            ext.quant_set_prefetch_bytes(ahead)
+            assert torch.equal(ext.quant_matvec(rows, x, code, -1, True), want), ahead
     finally:
-        ext.quant_set_prefetch_rows(last)
+        ext.quant_set_prefetch_bytes(last)
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])

@@ -38,7 +38,7 @@ int64_t quant_row_bytes(int64_t fmt, int64_t cols);
 void quant_rows_dot(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const float* x,
                     float* y, float (*dot)(const float*, const float*, int64_t), bool avx512);
 // quant_act.cpp, quant_vnni.cpp
-int64_t quant_set_prefetch_rows(int64_t rows);
+int64_t quant_set_prefetch_bytes(int64_t bytes);
 int64_t quant_act_bytes(int64_t fmt, int64_t n);
 void quant_act_prepare(int64_t fmt, const float* x, int64_t n, uint8_t* buf);
 bool quant_int8_ok(int64_t fmt);
@@ -388,7 +388,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_matvec", &quant_matvec, "packed rows . x (the packed dot products alone, for tests)");
   m.def("has_int8_kernel", &quant_int8_ok, "whether this CPU has an int8-activation kernel for a format code");
-  m.def("quant_set_prefetch_rows", &quant_set_prefetch_rows,
-        "rows the int8 kernels prefetch ahead in software (0: none); returns the last value");
+  m.def("quant_set_prefetch_bytes", &quant_set_prefetch_bytes,
+        "bytes the int8 kernels prefetch ahead in software (0: none); returns the last value");
   m.def("cpu_tier", &cpu_tier, "best instruction-set tier of this CPU (0 scalar .. 3 AVX-512-BF16)");
 }

@@ -41,6 +41,33 @@ Act act_of(const uint8_t* buf, int64_t n) {
           reinterpret_cast<const float*>(buf + at + s), reinterpret_cast<const int32_t*>(buf + at + 2 * s)};
 }
 
+// The rows a call reads, asked into L2 in software a fixed distance ahead of the kernel, a
+// cache line at a time as each block is reached. Rows used to be asked for whole, a few rows
+// ahead (a row of Q4_K: 18 lines back to back); streamed, the Q4_K expert kernel at two
+// threads of the development VM read 18.3-19.8 GB/s where it had read 17.2-18.4 (its DRAM
+// read: 28), and every other packed format gained 6-13 %. Only the call's own range is asked
+// for (the next range is another thread's), and its first `dist` bytes are left to the
+// hardware, so no call begins with a burst. `freetoken bench bw --prefetch-bytes` sweeps it.
+int64_t g_ahead_bytes = 4096;
+
+struct Ahead {
+  const uint8_t* next;  // the first line not yet asked for
+  const uint8_t* end;   // the end of the call's range
+  int64_t dist;
+
+  Ahead(const uint8_t* start, const uint8_t* stop, int64_t d)
+      : next(reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(start + d) & ~uintptr_t{63})),
+        end(stop),
+        dist(d) {}
+
+  // asks for every line up to `dist` bytes past `at`, the end of what is about to be read
+  inline void upto(const uint8_t* at) {
+    if (dist <= 0) return;
+    const uint8_t* stop = at + dist < end ? at + dist : end;
+    for (; next < stop; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), _MM_HINT_T1);
+  }
+};
+
 inline uint64_t u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
@@ -113,7 +140,7 @@ VNNI inline __m512i fifth(__m512i q, __m512i h, int s0) {
 // 256 weights a block in 8 sub-blocks of 32: one 64-byte load of codes holds sub-blocks 2c
 // and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones (activations in that order).
 template <bool FIVE>
-VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a) {
+VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   constexpr int kBytes = FIVE ? 176 : 144, kQs = FIVE ? 48 : 16;
   const __m512i low = _mm512_set1_epi8(15);
   const __m512i idx[4] = {halves(0, 2), halves(1, 3), halves(4, 6), halves(5, 7)};
@@ -123,6 +150,7 @@ VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a) {
     const __m512 p = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a.dx + 8 * k)),
                                         _mm256_loadu_ps(a.xs + 8 * k), 1);
     const uint8_t* b = row + k * kBytes;
+    ahead.upto(b + kBytes);
     const __m512 s = k_scales(b, p);
     mins = _mm512_add_ps(mins, s);
     const __m512i v0 = ld(b + kQs), v1 = ld(b + kQs + 64);
@@ -145,7 +173,7 @@ VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a) {
 
 // Per half of 128 weights, one 64-byte load of ql holds weights 0-63 in low nibbles and 64-127
 // in high ones; their top 2 bits are pairs of bits of the same 32 qh bytes.
-VNNI __m512 q6k_row(const uint8_t* row, int64_t nb, const Act& a) {
+VNNI __m512 q6k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   const __m512i low = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
   // bits 2c..2c+1 of qh to bits 4..5: left by 4 and 2 (weights 0-63), right by 0 and 2 (64-127)
   const __m512i up = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16(4), _mm512_set1_epi16(2));
@@ -156,6 +184,7 @@ VNNI __m512 q6k_row(const uint8_t* row, int64_t nb, const Act& a) {
     const int8_t* xq = a.q + 256 * k;
     const int32_t* cr = a.corr + 64 * k;
     const uint8_t* b = row + k * 210;
+    ahead.upto(b + 210);
     const __m512 dx = pick(_mm512_castps256_ps512(_mm256_loadu_ps(a.dx + 8 * k)), pairs);  // per 16 weights
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ld128(b + 192)));
     const __m512 s = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(f16(b + 208))), dx);
@@ -181,7 +210,7 @@ VNNI inline __m512i q8_pair(const uint8_t* b, __m512i flip) {
 
 // Four blocks (136 bytes) a step, two to a register; codes made unsigned by flipping the sign
 // bit (q + 128). A row's last blocks past a multiple of four go one at a time in 256 bits.
-VNNI __m512 q8_0_row(const uint8_t* row, int64_t nb, const Act& a) {
+VNNI __m512 q8_0_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i i01 = halves(0, 1), i23 = halves(2, 3);
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -189,6 +218,7 @@ VNNI __m512 q8_0_row(const uint8_t* row, int64_t nb, const Act& a) {
   const int64_t groups = nb / 4;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = row + g * 136;
+    ahead.upto(b + 136);
     const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(f16x4(b, 34), _mm_loadu_ps(a.dx + 4 * g)));
     const __m512i lanes0 = _mm512_dpbusd_epi32(ld(a.corr + 32 * g), q8_pair(b, flip), ld(a.q + 128 * g));
     const __m512i lanes1 = _mm512_dpbusd_epi32(ld(a.corr + 32 * g + 16), q8_pair(b + 68, flip), ld(a.q + 128 * g + 64));
@@ -253,7 +283,7 @@ struct Nib {
 };
 
 template <int FMT>
-VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a) {
+VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   using N = Nib<FMT>;
   const __m512i low = _mm512_set1_epi8(15), t = N::table(), idx = spread(2, 0);
   __m512 acc = _mm512_setzero_ps();
@@ -261,6 +291,7 @@ VNNI __m512 nib_row(const uint8_t* row, int64_t nb, const Act& a) {
   const int64_t groups = nb / 4;
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* b = row + g * 4 * N::kBytes;
+    ahead.upto(b + 4 * N::kBytes);
     const uint8_t* q = b + N::kAt;
     __m512i v = _mm512_castsi128_si512(ld128(q));
     v = _mm512_inserti32x4(v, ld128(q + N::kBytes), 1);
@@ -300,13 +331,14 @@ VNNI inline __m256 e4m3x8(const uint8_t* p) {
 // one register and 1, 3, 5, 7 in the other, as the activations are prepared. Codes become
 // 2·value + 12 by MXFP4's byte shuffle, so the scales are halved; each group's scale times
 // its 32 activations' one scales the four int32 lanes that hold it.
-VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
+VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   const __m512i low = _mm512_set1_epi8(15), t = Nib<MXFP4>::table();
   const __m512i even = _mm512_slli_epi32(spread(2, 0), 1), odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);  // group j: 32-block j / 2
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t k = 0; k < nb; ++k) {
     const uint8_t* b = row + 76 * k;
+    ahead.upto(b + 76);
     float s2;
     std::memcpy(&s2, b, 4);
     const __m512i v = ld(b + 12);
@@ -328,17 +360,6 @@ VNNI __m512 nvfp4_row(const uint8_t* row, int64_t nb, const Act& a) {
 
 // ---- rows ------------------------------------------------------------------------------------
 
-// A row read a few rows ahead is asked into L2 in software: the 4-bit rows are decoded fast
-// enough that the hardware prefetchers' distance left one core waiting on DRAM (development
-// VM, one core, a Q4_K matrix far larger than the caches: 6.0 -> 7.3 GB/s). Only rows of the
-// caller's own range are asked for: the next range is another thread's.
-// 4 by default; `freetoken bench bw --prefetch-rows` measures others (0: none) on a machine.
-int g_ahead_rows = 4;
-
-inline void prefetch_row(const uint8_t* row, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(row + o), _MM_HINT_T1);
-}
-
 // The sums of 16 vectors' lanes as one vector, lane j the sum of v[j]: pairs of vectors
 // interleaved and added, then pairs of those, then 128-bit lanes, 45 instructions in all.
 VNNI inline __m512 sums16(const __m512* v) {
@@ -355,7 +376,7 @@ VNNI inline __m512 sums16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
 }
 
-using Row = __m512 (*)(const uint8_t*, int64_t, const Act&);
+using Row = __m512 (*)(const uint8_t*, int64_t, const Act&, Ahead&);
 
 struct Kernel {
   Row row;
@@ -393,22 +414,21 @@ VNNI void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, in
   const Kernel k = kernel_of(fmt);
   const int64_t nb = cols / k.block, stride = nb * k.bytes;
   const Act a = act_of(act, cols);
+  Ahead ahead(base + row0 * stride, base + (row0 + rows) * stride, g_ahead_bytes);
   for (int j0 = 0; j0 < rows; j0 += 16) {
     const int n = rows - j0 < 16 ? rows - j0 : 16;
     __m512 v[16];
     for (int j = 0; j < 16; ++j) {
-      const int ahead = g_ahead_rows;
-      if (ahead > 0 && j0 + j + ahead < rows) prefetch_row(base + (row0 + j0 + j + ahead) * stride, stride);
-      v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a) : _mm512_setzero_ps();
+      v[j] = j < n ? k.row(base + (row0 + j0 + j) * stride, nb, a, ahead) : _mm512_setzero_ps();
     }
     _mm512_mask_storeu_ps(y + j0, static_cast<__mmask16>((1u << n) - 1), sums16(v));
   }
 }
 
-// Sets how many rows ahead the int8 kernels ask for in software (0: none); returns the last
+// Sets how many bytes ahead the int8 kernels ask for in software (0: none); returns the last
 // value. For measuring (bench bw), between calls of the kernel, never during one.
-int64_t quant_set_prefetch_rows(int64_t rows) {
-  const int64_t last = g_ahead_rows;
-  g_ahead_rows = static_cast<int>(rows < 0 ? 0 : rows);
+int64_t quant_set_prefetch_bytes(int64_t bytes) {
+  const int64_t last = g_ahead_bytes;
+  g_ahead_bytes = bytes < 0 ? 0 : bytes;
   return last;
 }
