@@ -32,6 +32,27 @@ def test_every_format_is_measured_against_bf16(monkeypatch, tmp_path):
     assert profile.bandwidths(tmp_path) == pytest.approx((20e9, 10e9, True))
 
 
+def test_each_format_row_gives_its_fraction_of_dram_read():
+    """The packed kernels' goal is a fraction of DRAM read, so each format's row states it."""
+    fmt = {
+        "gbps": 20.0,
+        "experts_per_s": 7000.0,
+        "vs_bf16": 2.9,
+        "exact_gbps": 6.0,
+        "by_threads": {},
+    }
+    r = {
+        "cpu_expert_gbps": 24.0,
+        "torch_cpu_expert_gbps": 12.0,
+        "dram_read_gbps": 25.0,
+        "cpu_kernel": "avx512-bf16",
+        "formats": {"q4_k": fmt},
+        "by_threads": {},
+    }
+    [row] = [row for row in bw.table_rows(r) if row["path"] == "CPU expert kernel, q4_k"]
+    assert row["gbps"] == 20.0 and row["note"].startswith("80% of DRAM read, 7000 experts/s")
+
+
 def test_the_lane_is_timed_beside_the_kernel_called_directly(monkeypatch):
     """`bench bw`'s lane rows: the kernel through the lane and called directly at a split's
     routes, alone and beside a busy process, as served and on every core."""
