@@ -139,6 +139,13 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
         w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
         w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    elif arch == "ernie4_5-moe":
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_count(c.moe_num_shared_experts)
+        w.add_leading_dense_block_count(c.moe_layer_start_index)
+        w.add_interleave_moe_layer_step(c.moe_layer_interval)
+        # what llama.cpp's converter writes here (unused by its model)
+        w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
     elif arch == "glm4moe":
         w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
@@ -182,6 +189,8 @@ def _tensors(model, arch: str, block_count: int):
             name += ".weight"
         # as llama.cpp's converter does before looking names up
         name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        # ERNIE's Hub checkpoints (what llama.cpp reads) keep the bias beside the router
+        name = name.replace(".mlp.gate.moe_statics.", ".mlp.moe_statics.")
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             arr = permute_for_ggml_rope(arr, heads)

@@ -52,7 +52,7 @@ def _shape(name: str, config: dict[str, Any], info: dict[str, Any]) -> dict[str,
         "name": name,
         "experts": int(info.get(f"{a}.expert_count") or hub.num_experts(config)),
         "experts_per_token": int(
-            info.get(f"{a}.expert_used_count") or config.get("num_experts_per_tok") or 0
+            info.get(f"{a}.expert_used_count") or hub.experts_per_token(config)
         ),
         "context_length": int(info.get(f"{a}.context_length") or 0),
         "kv_bytes_per_token": 2 * layers * kv_heads * head * _BF16,

@@ -18,6 +18,7 @@ __all__ = [
     "Router",
     "ScoredTopK",
     "SigmoidGroupedTopK",
+    "SoftmaxBiasedTopK",
     "SoftmaxGroupedTopK",
     "TopKRouter",
 ]
@@ -155,6 +156,27 @@ class SoftmaxGroupedTopK(Router):
             probs = grouped.masked_fill(~mask.scatter_(1, keep, True)[:, :, None], 0.0).view(T, E)
         weights, ids = torch.topk(probs, self.top_k, dim=-1, sorted=False)
         return (weights * self.routed_scaling).to(x.dtype), ids
+
+
+class SoftmaxBiasedTopK(Router):
+    """ERNIE-4.5 routing, in fp32: softmax over every expert's logit; experts chosen by
+    probability plus a correction bias; the weights the chosen plain probabilities,
+    renormalised over the k with the sum held at `norm_min` or more. The bias is [1, E], as
+    checkpoints store it (one group of experts)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, norm_min: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(1, num_experts))
+        self.top_k, self.norm_min = top_k, norm_min
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = F.linear(x.float(), self.weight.float()).softmax(dim=-1)  # [T, E]
+        choice = probs + self.e_score_correction_bias.float()
+        ids = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
+        weights = probs.gather(1, ids)
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp(min=self.norm_min)
+        return weights.to(x.dtype), ids
 
 
 # expert scores from router logits, by a config's `scoring_func` (transformers' activations

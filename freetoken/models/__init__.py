@@ -63,6 +63,7 @@ ARCHITECTURES: dict[str, Arch] = {
         # the multimodal checkpoint (text_config inside) and its language model alone
         Arch("qwen3_5_moe", "freetoken.models.qwen3_5_moe", "qwen35moe", "qwen35moe"),
         Arch("qwen3_5_moe_text", "freetoken.models.qwen3_5_moe", "qwen35moe", "qwen35moe"),
+        Arch("ernie4_5_moe", "freetoken.models.ernie4_5_moe", "ernie4_5-moe", "ernie4_5-moe"),
     )
 }
 
@@ -142,7 +143,7 @@ def tensor_counts(tensors: list[Mapping[str, Any]], config: Mapping[str, Any]) -
     experts = sum(numel(t) for t in tensors if t.get("kind") == "bank")
     config = hub.text_config(config)
     e = hub.num_experts(config)
-    k = int(hub.first(config, "num_experts_per_tok", default=e) or 0)
+    k = hub.experts_per_token(config, default=e)
     active = total - experts + (experts * k // e if e else 0)
     return total, active
 

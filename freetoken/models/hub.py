@@ -57,7 +57,13 @@ def rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def num_experts(config: Mapping[str, Any]) -> int:
     config = text_config(config)
-    return int(first(config, "num_experts", "num_local_experts", "n_routed_experts", default=0))
+    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    return int(first(config, *keys, default=0))
+
+
+def experts_per_token(config: Mapping[str, Any], default: int = 0) -> int:
+    """The routed experts a token takes (ERNIE-4.5 spells it `moe_k`)."""
+    return int(first(text_config(config), "num_experts_per_tok", "moe_k", default=default) or 0)
 
 
 def standard_info(gguf_arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,7 +89,7 @@ def standard_info(gguf_arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     e = num_experts(config)
     if e:
         info[f"{a}.expert_count"] = e
-        info[f"{a}.expert_used_count"] = int(first(config, "num_experts_per_tok", default=0))
+        info[f"{a}.expert_used_count"] = experts_per_token(config)
         info[f"{a}.expert_feed_forward_length"] = int(
             first(config, "moe_intermediate_size", default=0)
         )
