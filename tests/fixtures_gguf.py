@@ -187,10 +187,7 @@ def _tensors(model, arch: str, block_count: int):
             continue
         if name.endswith(".sinks"):  # llama.cpp's converter names them as a weight
             name += ".weight"
-        # as llama.cpp's converter does before looking names up
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
-        # ERNIE's Hub checkpoints (what llama.cpp reads) keep the bias beside the router
-        name = name.replace(".mlp.gate.moe_statics.", ".mlp.moe_statics.")
+        name = _as_llama_cpp_reads(name)
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             arr = permute_for_ggml_rope(arr, heads)
@@ -203,6 +200,13 @@ def _tensors(model, arch: str, block_count: int):
             yield gguf_name(name) + ".weight", arr
         else:
             yield gguf_name(name), arr
+
+
+def _as_llama_cpp_reads(name: str) -> str:
+    """A transformers state-dict name as llama.cpp's converter looks it up."""
+    name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+    # ERNIE's Hub checkpoints (what llama.cpp reads) keep the bias beside the router
+    return name.replace(".mlp.gate.moe_statics.", ".mlp.moe_statics.")
 
 
 def _gpt_oss_experts(name: str, arr: np.ndarray, gguf_name):
@@ -321,7 +325,7 @@ def dequantized_model(model, path: Path, arch: str):
 
     import gguf
 
-    assert arch in ("qwen3moe", "olmoe", "qwen2moe"), arch
+    assert arch in ("qwen3moe", "olmoe", "qwen2moe", "ernie4_5-moe"), arch
     arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
     names = gguf.get_tensor_name_map(arch_enum, model.config.num_hidden_layers)
     state = dequantized_state(path)
@@ -342,5 +346,5 @@ def dequantized_model(model, path: Path, arch: str):
             elif name.endswith("experts.down_proj"):
                 t.copy_(experts(name))
             else:
-                t.copy_(of(name).reshape(t.shape))
+                t.copy_(of(_as_llama_cpp_reads(name)).reshape(t.shape))
     return ref

@@ -62,13 +62,19 @@ def _family_names() -> set[str]:
     return names
 
 
+# GGUF's own vocabulary that a family's name happens to spell: `tokenizer.ggml.model` is
+# "llama" for every SentencePiece file (Mixtral's, ERNIE's), not the llama family
+NOT_FAMILIES = {"freetoken/weights/gguf_tokenizer.py": {"llama"}}
+
+
 def test_model_families_are_named_only_in_their_own_places():
     names, found = _family_names(), []
     for p in _sources():
         if _rel(p).startswith(FAMILY_PLACES):
             continue
+        allowed = NOT_FAMILIES.get(_rel(p), set())
         for node in ast.walk(_tree(p)):
-            if isinstance(node, ast.Constant) and node.value in names:
+            if isinstance(node, ast.Constant) and node.value in names - allowed:
                 found.append(f"{_rel(p)}:{node.lineno} {node.value!r}")
     assert not found, f"model families named in generic code: {found}"
 

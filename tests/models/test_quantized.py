@@ -1,4 +1,4 @@
-"""Quantized GGUF files of two families end to end: a Q4_K_M file (Q4_K, with Q6_K for the
+"""Quantized GGUF files of three families end to end: Q4_K_M files (Q4_K, with Q6_K for the
 output head and some layers' expert down projections) and a Q8_0 one become FTW no larger than
 1.3 × the file, continue text as transformers does with the weights the file decodes to, and
 give the resident model's results under every expert policy (the banks stay packed: CPU
@@ -41,10 +41,28 @@ def _qwen3(path):
     return fixtures.hf_qwen3_moe(path, seed=9, moe_intermediate_size=256, num_experts=4, **SHAPE)
 
 
+def _ernie(path):
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    from tests.models.test_ernie4_5_moe import CONFIG
+
+    config = {**CONFIG, **SHAPE, "moe_intermediate_size": 256, "moe_num_experts": 4}
+    config["moe_layer_start_index"] = 0  # every layer routed, as the others here
+    return fixtures.hf_model(
+        path,
+        Ernie4_5_MoeConfig,
+        Ernie4_5_MoeForCausalLM,
+        config,
+        seed=10,
+        rerandomize_params=family.rerandomize_with_biases,
+    )
+
+
 # family: (its transformers model, the file's type, the formats its expert down banks get)
 CASES = {
     "qwen3moe": (_qwen3, "Q4_K_M", {"q4_k", "q6_k"}),
     "olmoe": (_olmoe, "Q8_0", {"q8_0"}),
+    "ernie4_5-moe": (_ernie, "Q4_K_M", {"q4_k", "q6_k"}),
 }
 
 
@@ -122,9 +140,9 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
 # (make_engine(dtype="bfloat16") against "float32", PROMPT): qwen3moe 0.012. OLMoE's file
 # gives 0.063 on the CPU as on a GPU: its first layer routes token 5 between experts whose
 # fp32 logits differ by 0.0024, BF16's rounding of the router input (0.8%, as in
-# transformers' own BF16 model) swaps them, and that row then differs by 0.19. A broken
-# kernel gives errors of order 1.
-BF16_TOL = {"qwen3_moe": 3e-2, "olmoe": 0.1}
+# transformers' own BF16 model) swaps them, and that row then differs by 0.19. ERNIE-4.5:
+# 0.016. A broken kernel gives errors of order 1.
+BF16_TOL = {"qwen3_moe": 3e-2, "olmoe": 0.1, "ernie4_5_moe": 3e-2}
 
 
 def test_bf16_on_the_cpu_is_within_its_margin(quantized):
