@@ -146,6 +146,13 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_interleave_moe_layer_step(c.moe_layer_interval)
         # what llama.cpp's converter writes here (unused by its model)
         w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
+    elif arch == "dots1":
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_leading_dense_block_count(c.first_k_dense_replace)
+        w.add_expert_shared_count(c.n_shared_experts)
+        w.add_expert_weights_scale(c.routed_scaling_factor)
+        w.add_expert_weights_norm(c.norm_topk_prob)
+        w.add_expert_gating_func(sigmoid)
     elif arch == "glm4moe":
         w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
