@@ -21,6 +21,9 @@ __all__ = [
     "GgufNames",
     "args_from",
     "gguf_base_config",
+    "gguf_sigmoid_routing",
+    "require_sigmoid_gating",
+    "sigmoid_routing_info",
     "renamer",
     "require_default_rope",
     "rotary_dim",
@@ -183,4 +186,52 @@ def gguf_base_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(g("context_length", 4096)),
+    }
+
+
+SIGMOID_GATING = 2  # llama.cpp's expert_gating_func for sigmoid scores
+
+
+def require_sigmoid_gating(kv: Mapping[str, Any], arch: str) -> None:
+    """Refuses a file whose experts are gated otherwise than by sigmoid scores (an absent
+    key reads as sigmoid: older converters wrote none)."""
+    gating = int(kv.get(f"{arch}.expert_gating_func", SIGMOID_GATING))
+    if gating != SIGMOID_GATING:
+        raise ValueError(f"{arch} GGUF with expert gating function {gating} (not sigmoid)")
+
+
+def sigmoid_routing_info(arch: str, a: Any) -> dict[str, Any]:
+    """The GGUF-style keys of grouped sigmoid routing beside shared experts after leading
+    dense layers (DeepSeek-V3's, as GLM-4.5 and dots.llm1 route), from args holding its
+    config's names."""
+    return {
+        f"{arch}.expert_shared_count": a.n_shared_experts,
+        f"{arch}.leading_dense_block_count": a.first_k_dense_replace,
+        f"{arch}.expert_group_count": a.n_group,
+        f"{arch}.expert_group_used_count": a.topk_group,
+        f"{arch}.expert_gating_func": SIGMOID_GATING,
+        f"{arch}.expert_weights_scale": a.routed_scaling_factor,
+        f"{arch}.expert_weights_norm": a.norm_topk_prob,
+    }
+
+
+def gguf_sigmoid_routing(
+    kv: Mapping[str, Any], arch: str, *, shared: int, leading: int, norm: bool
+) -> dict[str, Any]:
+    """The config keys `sigmoid_routing_info` writes, read back from GGUF metadata (the
+    defaults: what the family's converter leaves out)."""
+    require_sigmoid_gating(kv, arch)
+
+    def g(key: str, default: Any) -> Any:
+        return kv.get(f"{arch}.{key}", default)
+
+    return {
+        "moe_intermediate_size": int(g("expert_feed_forward_length", 0)),
+        "n_routed_experts": int(g("expert_count", 0)),
+        "n_shared_experts": int(g("expert_shared_count", shared)),
+        "first_k_dense_replace": int(g("leading_dense_block_count", leading)),
+        "n_group": int(g("expert_group_count", 1)),
+        "topk_group": int(g("expert_group_used_count", 1)),
+        "routed_scaling_factor": float(g("expert_weights_scale", 1.0)),
+        "norm_topk_prob": bool(g("expert_weights_norm", norm)),
     }

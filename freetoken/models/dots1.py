@@ -24,7 +24,6 @@ from freetoken.models.base import GGUF_TENSORS, ExpertSpec
 from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
 
 GGUF_ARCH = "dots1"
-SIGMOID = 2  # llama.cpp's expert_gating_func code
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
@@ -135,39 +134,16 @@ class Model(DecoderModel):
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         a = ModelArgs.from_dict(config)
-        info = hub.standard_info(GGUF_ARCH, config)
-        a_ = f"{GGUF_ARCH}."
-        info |= {
-            a_ + "expert_shared_count": a.n_shared_experts,
-            a_ + "leading_dense_block_count": a.first_k_dense_replace,
-            a_ + "expert_gating_func": SIGMOID,
-            a_ + "expert_weights_scale": a.routed_scaling_factor,
-            a_ + "expert_weights_norm": a.norm_topk_prob,
-        }
-        return info
+        return hub.standard_info(GGUF_ARCH, config) | common.sigmoid_routing_info(GGUF_ARCH, a)
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         """A Hub-style config.json from GGUF metadata; attention biases from the file's
         tensor names."""
-
-        def g(key: str, default: Any = None) -> Any:
-            return kv.get(f"{arch}.{key}", default)
-
-        gating = int(g("expert_gating_func", SIGMOID))
-        if gating != SIGMOID:
-            raise ValueError(f"{arch} GGUF with expert gating function {gating} (not sigmoid)")
         return {
             **common.gguf_base_config(kv, arch),
             "architectures": ["Dots1ForCausalLM"],
             "model_type": "dots1",
-            "moe_intermediate_size": int(g("expert_feed_forward_length")),
-            "n_routed_experts": int(g("expert_count")),
-            "n_shared_experts": int(g("expert_shared_count", 0)),
-            "first_k_dense_replace": int(g("leading_dense_block_count", 0)),
-            "n_group": int(g("expert_group_count", 1)),
-            "topk_group": int(g("expert_group_used_count", 1)),
-            "routed_scaling_factor": float(g("expert_weights_scale", 1.0)),
-            "norm_topk_prob": bool(g("expert_weights_norm", False)),
+            **common.gguf_sigmoid_routing(kv, arch, shared=0, leading=0, norm=False),
             "attention_bias": "blk.0.attn_q.bias" in set(kv.get(GGUF_TENSORS) or ()),
         }

@@ -28,7 +28,6 @@ from freetoken.models.base import GGUF_TENSORS, ExpertSpec
 from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
 
 GGUF_ARCH = "glm4moe"
-SIGMOID = 2  # llama.cpp's expert_gating_func code
 
 
 @dataclass(frozen=True)
@@ -129,18 +128,8 @@ class Model(DecoderModel):
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         a = ModelArgs.from_dict(config)
         info = hub.standard_info(GGUF_ARCH, config)
-        a_ = f"{GGUF_ARCH}."
-        info |= {
-            a_ + "rope.dimension_count": a.rotary_dim,
-            a_ + "expert_shared_count": a.n_shared_experts,
-            a_ + "leading_dense_block_count": a.first_k_dense_replace,
-            a_ + "expert_group_count": a.n_group,
-            a_ + "expert_group_used_count": a.topk_group,
-            a_ + "expert_gating_func": SIGMOID,
-            a_ + "expert_weights_scale": a.routed_scaling_factor,
-            a_ + "expert_weights_norm": a.norm_topk_prob,
-        }
-        return info
+        info[f"{GGUF_ARCH}.rope.dimension_count"] = a.rotary_dim
+        return info | common.sigmoid_routing_info(GGUF_ARCH, a)
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -153,9 +142,6 @@ class Model(DecoderModel):
         base = common.gguf_base_config(kv, arch)
         names = set(kv.get(GGUF_TENSORS) or ())
         nextn = int(g("nextn_predict_layers", 0))
-        gating = int(g("expert_gating_func", SIGMOID))
-        if gating != SIGMOID:
-            raise ValueError(f"{arch} GGUF with expert gating function {gating} (not sigmoid)")
         rot = int(g("rope.dimension_count", base["head_dim"] // 2))
         return {
             **base,
@@ -164,14 +150,7 @@ class Model(DecoderModel):
             "num_hidden_layers": base["num_hidden_layers"] - nextn,
             "num_nextn_predict_layers": nextn,
             "partial_rotary_factor": rot / base["head_dim"],
-            "moe_intermediate_size": int(g("expert_feed_forward_length")),
-            "n_routed_experts": int(g("expert_count")),
-            "n_shared_experts": int(g("expert_shared_count", 1)),
-            "first_k_dense_replace": int(g("leading_dense_block_count", 1)),
-            "n_group": int(g("expert_group_count", 1)),
-            "topk_group": int(g("expert_group_used_count", 1)),
-            "routed_scaling_factor": float(g("expert_weights_scale", 1.0)),
-            "norm_topk_prob": bool(g("expert_weights_norm", True)),
+            **common.gguf_sigmoid_routing(kv, arch, shared=1, leading=1, norm=True),
             "attention_bias": "blk.0.attn_q.bias" in names,
             "use_qk_norm": "blk.0.attn_q_norm.weight" in names,
         }

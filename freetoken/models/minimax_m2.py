@@ -26,7 +26,6 @@ from freetoken.models.base import ExpertSpec
 from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
 
 GGUF_ARCH = "minimax-m2"
-SIGMOID = 2  # llama.cpp's expert_gating_func code
 
 
 @dataclass(frozen=True)
@@ -129,16 +128,14 @@ class Model(DecoderModel):
         info = hub.standard_info(GGUF_ARCH, config)
         info[f"{GGUF_ARCH}.expert_feed_forward_length"] = a.intermediate_size
         info[f"{GGUF_ARCH}.rope.dimension_count"] = a.rotary_dim
-        info[f"{GGUF_ARCH}.expert_gating_func"] = SIGMOID
+        info[f"{GGUF_ARCH}.expert_gating_func"] = common.SIGMOID_GATING
         return info
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         """A Hub-style config.json from GGUF metadata."""
         base = common.gguf_base_config(kv, arch)
-        gating = int(kv.get(f"{arch}.expert_gating_func", SIGMOID))
-        if gating != SIGMOID:
-            raise ValueError(f"{arch} GGUF with expert gating function {gating} (not sigmoid)")
+        common.require_sigmoid_gating(kv, arch)
         return {
             **base,
             "architectures": ["MiniMaxM2ForCausalLM"],

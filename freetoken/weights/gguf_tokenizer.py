@@ -49,7 +49,7 @@ NORMALIZERS: dict[str | None, str] = {"qwen2": "NFC", "qwen35": "NFC"}
 # tokenizer.ggml.token_type values (llama.cpp's): control tokens are not text; user-defined
 # ones are added tokens matched whole but decoded as text (<think>, <tool_call>), as the
 # checkpoint's tokenizer.json has them ("special": false)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
 
 
@@ -88,11 +88,9 @@ def _bpe(kv: dict):
 def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
     """Every split of every normal piece into two pieces, the pieces that score highest
     first (then by id): the order llama.cpp joins pairs in."""
-    ids = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, BYTE)}
+    ids = {t: i for i, t in enumerate(tokens) if types[i] == NORMAL}
     found = []
     for t, i in ids.items():
-        if types[i] != NORMAL:
-            continue
         for cut in range(1, len(t)):
             left, right = t[:cut], t[cut:]
             if left in ids and right in ids:
