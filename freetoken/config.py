@@ -347,6 +347,14 @@ SETTINGS: tuple[Setting, ...] = (
         "python executable for runner processes (default: the server's)",
     ),
     Setting(
+        "warm_start",
+        "FREETOKEN_WARM_START",
+        parse_bool,
+        "1",
+        "the server keeps a converter started ahead, its imports done (saves each create "
+        "torch's import, seconds; costs an idle process)",
+    ),
+    Setting(
         "nohistory",
         "FREETOKEN_NOHISTORY",
         parse_bool,

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The servers the suite starts keep no converter started ahead (each would import torch
+# beside the test on a two-core machine); tests/server/test_serve.py turns it on for its own.
+os.environ.setdefault("FREETOKEN_WARM_START", "0")
 
 from tests import fixtures
 

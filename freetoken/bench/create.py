@@ -10,9 +10,12 @@ Around each create, in the same run, the checkpoint's files are read (as the cre
 them: whatever of them is in the page cache stays there) and as many bytes are written to a
 file on the store's filesystem and fsynced; the baseline is the mean of the reads and
 writes before and after it. Each row gives create / (read + write), the goal being 1.3 at
-most, and what the store then holds against the FTW alone (goal: 1.05 at most). The
-converter's start-up (a Python with torch) is measured on its own: a fixed cost that a
-checkpoint of a few hundred MB does not hide and a real model does.
+most, and what the store then holds against the FTW alone (goal: 1.05 at most).
+
+The server keeps a converter started ahead (FREETOKEN_WARM_START), so a create skips the
+converter's start-up (a Python importing torch: seconds where CUDA's libraries load).
+--cold adds rows from a server without it; the start-up is measured on its own, and a cold
+row's last column is its ratio without it.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", default="", help="where the checkpoint and the store are kept")
     ap.add_argument("--repeats", type=int, default=3, help="creates of each path")
     ap.add_argument("--upload", action="store_true", help="also time the upload path")
+    ap.add_argument("--cold", action="store_true", help="also without a converter started ahead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     head = common.header("create")
@@ -174,14 +178,21 @@ def main(argv: list[str] | None = None) -> None:
     store.mkdir(exist_ok=True)
     start = converter_start()
     rows = []
-    with served.server(store, [], work / "create-server.log") as url:
-        for _ in range(args.repeats):
-            for in_place in (True, False) if args.upload else (True,):
-                row = one_create(url, store, source, in_place)
-                # the work past the converter's fixed start-up, for what larger models meet
-                work_ratio = (row["seconds"] - start) / (row["read_s"] + row["write_s"])
-                rows.append({**row, "start_s": start, "work_ratio": work_ratio})
-    extra = [("start_s", "start s"), ("work_ratio", "(create-start)/(read+write)")]
+    for warm in (True, False) if args.cold else (True,):
+        env = [f"FREETOKEN_WARM_START={int(warm)}"]
+        with served.server(store, env, work / "create-server.log") as url:
+            for _ in range(args.repeats):
+                for in_place in (True, False) if args.upload else (True,):
+                    row = one_create(url, store, source, in_place)
+                    # what is left once the converter's start-up is not paid
+                    paid = 0.0 if warm else start
+                    work_ratio = (row["seconds"] - paid) / (row["read_s"] + row["write_s"])
+                    rows.append(
+                        {**row, "converter": "spare" if warm else "cold", "start_s": start}
+                        | {"work_ratio": work_ratio}
+                    )
+    extra = [("converter", "converter"), ("start_s", "start-up s")]
+    extra += [("work_ratio", "(create-start-up paid)/(read+write)")]
     common.emit(rows, [*COLUMNS, *extra], args.json, head)
 
 

@@ -21,7 +21,7 @@ def serve(cfg: Any = None) -> None:
     import uvicorn
 
     from freetoken.api import create_app
-    from freetoken.store import Store
+    from freetoken.store import Store, convert
 
     cfg = cfg or config.current()
     if not logging.getLogger().handlers:
@@ -51,7 +51,14 @@ def serve(cfg: Any = None) -> None:
             timeout_graceful_shutdown=5,
         )
     )
-    server.run(sockets=[sock])
+    if cfg.warm_start:
+        convert.SPARE.start(convert.interpreter())
+    # (uvicorn ends a SIGTERM'd process by raising the signal again: then the spare ends
+    # on its own, at the end of its input)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        convert.SPARE.close()
 
 
 class BindError(RuntimeError):

@@ -3,7 +3,8 @@
 The converter prints JSON progress lines; they become Ollama-style create statuses, and
 its last line names each file's digest, hashed as it was written. Its output directory
 lives next to the blobs, so each file is renamed into the store, neither copied nor read
-again.
+again. A server keeps a converter started ahead (`SPARE`, freetoken/spare.py) so a create
+does not wait for torch's import.
 """
 
 from __future__ import annotations
@@ -19,16 +20,23 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConversionFailed", "run_converter", "source_of_files", "work_dir"]
+from freetoken.spare import Spare
+
+__all__ = ["SPARE", "ConversionFailed", "run_converter", "source_of_files", "work_dir"]
 
 WORK_PREFIX = ".convert-"
+MODULE = "freetoken.ftw.convert"
+_PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+# this process's converter started ahead: `freetoken serve` turns it on (FREETOKEN_WARM_START)
+SPARE = Spare(MODULE, **_PIPES)
 
 
 class ConversionFailed(RuntimeError):
     """The converter exited with an error; the message carries its last words."""
 
 
-def _python() -> str:
+def interpreter() -> str:
+    """The converter's interpreter (the runners' setting; default: this one)."""
     from freetoken import config
 
     return config.current().runner_python or sys.executable
@@ -57,10 +65,13 @@ def run_converter(
     """Runs `freetoken.ftw.convert` (quantizing the experts where asked), yielding progress;
     returns the digests of the files it wrote (by name). Raises ConversionFailed, naming
     the source as `label`."""
-    cmd = [_python(), "-m", "freetoken.ftw.convert", str(src), str(out), "--json-progress"]
+    args = [str(src), str(out), "--json-progress"]
     if quantize:
-        cmd += ["--quantize", quantize]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        args += ["--quantize", quantize]
+    python = interpreter()
+    proc = SPARE.take(args, python)
+    if proc is None:
+        proc = subprocess.Popen([python, "-m", MODULE, *args], **_PIPES)
     try:
         if quantize:
             yield {"status": f"quantizing the experts to {quantize}"}
@@ -98,6 +109,7 @@ def run_converter(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        SPARE.refill()  # for the next create, now that this one's cores are free
 
 
 def cleanup(path: Path) -> None:

@@ -4,12 +4,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from freetoken.store import Store
 
-from .harness import free_port
+from .harness import free_port, tiny_model_dir
 
 
 def test_serve_prunes_then_answers(tmp_path):
@@ -70,3 +71,74 @@ def test_a_second_server_on_a_busy_port_says_so_and_never_listening(tmp_path):
     assert r.returncode == 1
     assert f"Error: listen tcp 127.0.0.1:{port}: bind: address already in use" in r.stderr
     assert "listening on" not in r.stderr
+
+
+def _children(pid: int, marker: str) -> list[int]:
+    """Processes whose parent is `pid` and whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and _running(int(entry.name)) and marker in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _one_spare(server: int, seconds: float = 30) -> int:
+    deadline = time.monotonic() + seconds
+    while not (found := _children(server, "freetoken.spare")):
+        assert time.monotonic() < deadline, "no converter started ahead"
+        time.sleep(0.05)
+    assert len(found) == 1
+    return found[0]
+
+
+def test_a_create_takes_the_converter_started_ahead(tmp_path):
+    """FREETOKEN_WARM_START: the server keeps one converter waiting; a create runs in it (it
+    is gone after, and another waits); stopping the server ends the waiting one."""
+    port = free_port()
+    env = {**os.environ, "FREETOKEN_MODELS": str(tmp_path / "models")}
+    env |= {"FREETOKEN_HOST": f"127.0.0.1:{port}", "FREETOKEN_WARM_START": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "freetoken", "serve"], env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_answering(url, proc)
+        first = _one_spare(proc.pid)
+        source = str(tiny_model_dir())
+        r = httpx.post(f"{url}/api/create", json={"model": "t", "from": source}, timeout=120)
+        assert r.status_code == 200 and r.text.strip().endswith('{"status":"success"}'), r.text
+        assert _one_spare(proc.pid) != first  # the first ran the conversion and ended
+        assert [m["name"] for m in httpx.get(f"{url}/api/tags").json()["models"]] == ["t:latest"]
+        second = _one_spare(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30  # ended by the server, or by its input's end
+    while _running(second):
+        assert time.monotonic() < deadline, "the converter started ahead outlived its server"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_answering(url: str, proc: subprocess.Popen, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
