@@ -153,6 +153,18 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_expert_weights_scale(c.routed_scaling_factor)
         w.add_expert_weights_norm(c.norm_topk_prob)
         w.add_expert_gating_func(sigmoid)
+    elif arch == "qwen3next":
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+        w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
+        w.add_ssm_state_size(c.linear_key_head_dim)
+        w.add_ssm_group_count(c.linear_num_key_heads)
+        w.add_ssm_time_step_rank(c.linear_num_value_heads)
+        w.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
+        # the Hub config's full_attention_interval (transformers keeps only layer_types)
+        w.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
+        factor = c.rope_parameters.get("partial_rotary_factor", 0.25)
+        w.add_rope_dimension_count(int(_head_dim(c) * factor))
     elif arch == "glm4moe":
         w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
@@ -173,8 +185,9 @@ def permute_for_ggml_rope(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _tensors(model, arch: str, block_count: int):
-    """(GGUF name, array) of every tensor, named by gguf's own map for the arch."""
+def _tensors(model, arch: str, block_count: int, legacy: bool = False):
+    """(GGUF name, array) of every tensor, named by gguf's own map for the arch; `legacy`:
+    as older converters wrote it (qwen3next: q/k/v/z kept in one tensor)."""
     import gguf
 
     c = model.config
@@ -192,6 +205,11 @@ def _tensors(model, arch: str, block_count: int):
         if arch == "gpt-oss" and ".experts." in name:
             yield from _gpt_oss_experts(name, arr, gguf_name)
             continue
+        if arch == "qwen3next":
+            name, arr = _qwen3next_values(name, arr)
+            if name.endswith("in_proj_qkvz.weight") and not legacy:
+                yield from _qwen3next_qkvz(name, arr, c, gguf_name)
+                continue
         if name.endswith(".sinks"):  # llama.cpp's converter names them as a weight
             name += ".weight"
         name = _as_llama_cpp_reads(name)
@@ -207,6 +225,34 @@ def _tensors(model, arch: str, block_count: int):
             yield gguf_name(name) + ".weight", arr
         else:
             yield gguf_name(name), arr
+
+
+def _qwen3next_values(name: str, arr: np.ndarray) -> tuple[str, np.ndarray]:
+    """What llama.cpp's Qwen3-Next converter does to values and names: −e^{A_log} for A_log,
+    dt_bias named as dt_proj's bias, the conv kernel's middle axis dropped, and one added to
+    every norm's weight but the DeltaNet's gated norm (zero-centred norms made plain)."""
+    if name.endswith(".A_log"):
+        return name, -np.exp(arr)
+    if name.endswith(".dt_bias"):
+        return name.replace(".dt_bias", ".dt_proj.bias"), arr
+    if "conv1d" in name:
+        return name, arr.squeeze(1)
+    if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        return name, arr + 1
+    return name, arr
+
+
+def _qwen3next_qkvz(name: str, arr: np.ndarray, c, gguf_name):
+    """in_proj_qkvz (rows grouped by key head: q, k, then its value heads' v and z) split as
+    llama.cpp's converter splits it: every q, every k, every v (attn_qkv), and z (attn_gate)."""
+    r = c.linear_num_value_heads // c.linear_num_key_heads
+    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+    grouped = arr.reshape(c.linear_num_key_heads, 2 * dk + 2 * r * dv, arr.shape[-1])
+    q, k, v, z = np.split(grouped, np.cumsum([dk, dk, r * dv]), axis=1)
+    flat = [x.reshape(-1, arr.shape[-1]) for x in (q, k, v, z)]
+    base = name.removesuffix(".in_proj_qkvz.weight")
+    yield gguf_name(f"{base}.in_proj_qkv.weight"), np.concatenate(flat[:3])
+    yield gguf_name(f"{base}.in_proj_z.weight"), flat[3]
 
 
 def _as_llama_cpp_reads(name: str) -> str:
@@ -244,12 +290,14 @@ def write_gguf(
     extra: dict[str, np.ndarray] | None = None,
     pre: str = "gpt-2",
     file_type: int | None = None,
+    legacy: bool = False,
 ) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
     tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
     (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
-    tensors by GGUF name; `file_type` is general.file_type (llama.cpp's LlamaFileType)."""
+    tensors by GGUF name; `file_type` is general.file_type (llama.cpp's LlamaFileType);
+    `legacy`: the layout older converters of `arch` wrote."""
     import gguf
 
     c = model.config
@@ -262,7 +310,8 @@ def write_gguf(
     if file_type is not None:
         w.add_file_type(file_type)
     _tokenizer_kv(w, tok_dir, pre)
-    for name, arr in [*_tensors(model, arch, c.num_hidden_layers), *(extra or {}).items()]:
+    tensors = _tensors(model, arch, c.num_hidden_layers, legacy)
+    for name, arr in [*tensors, *(extra or {}).items()]:
         quantize = arr.ndim == 3 or (arr.ndim == 2 and arr.shape[-1] % 256 == 0)  # experts, big
         _add(w, name, arr, _type_of(qtype, name, c.num_hidden_layers) if quantize else "F32")
     w.write_header_to_file()

@@ -12,7 +12,10 @@ reads and writes the slots by index on the device, so it can be captured as a gr
 Projection layouts (`projections`):
   grouped  in_proj_qkvz and in_proj_ba, rows grouped by key head: for each key head its q,
            k, then the v and z of the value heads it serves; b and a likewise (Qwen3-Next);
-  split    in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a (Qwen3.5).
+  split    in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a (Qwen3.5);
+  split_qkvz  in_proj_qkv and in_proj_z as `split` has them, in_proj_ba as `grouped` has
+           it (llama.cpp's Qwen3-Next GGUF files: its converter splits the fused q/k/v/z
+           projection, not b/a).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from freetoken.layers.gated_delta import (
     gates,
 )
 
-PROJECTIONS = ("grouped", "split")
+PROJECTIONS = ("grouped", "split", "split_qkvz")
 
 
 class CausalConv1d(nn.Module):
@@ -72,12 +75,14 @@ class GatedDeltaNet(nn.Module):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         if projections == "grouped":
             self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, False)
-            self.in_proj_ba = nn.Linear(hidden, 2 * v_heads, bias=False)
         else:
             self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
             self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+        if projections == "split":
             self.in_proj_b = nn.Linear(hidden, v_heads, bias=False)
             self.in_proj_a = nn.Linear(hidden, v_heads, bias=False)
+        else:
+            self.in_proj_ba = nn.Linear(hidden, 2 * v_heads, bias=False)
         self.conv1d = CausalConv1d(self.conv_dim, conv_kernel)
         self.dt_bias = nn.Parameter(torch.ones(v_heads))
         self.A_log = nn.Parameter(torch.zeros(v_heads))
@@ -98,9 +103,12 @@ class GatedDeltaNet(nn.Module):
             z = self.in_proj_z(x).view(T, self.HV, self.Dv)
             return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
         r = self.HV // self.HK
+        b, a = self.in_proj_ba(x).view(T, self.HK, 2 * r).split([r, r], dim=-1)
+        if self.projections == "split_qkvz":
+            z = self.in_proj_z(x).view(T, self.HV, self.Dv)
+            return self.in_proj_qkv(x), z, b.reshape(T, -1), a.reshape(T, -1)
         qkvz = self.in_proj_qkvz(x).view(T, self.HK, -1)
         q, k, v, z = qkvz.split([self.Dk, self.Dk, r * self.Dv, r * self.Dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(T, self.HK, 2 * r).split([r, r], dim=-1)
         qkv = torch.cat((q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)), dim=-1)
         return qkv, z.reshape(T, self.HV, self.Dv), b.reshape(T, -1), a.reshape(T, -1)
 

@@ -231,6 +231,8 @@ class ModelFile(Protocol):
                               for a dense weight;
       dense_key(name)         the model's own name for a dense checkpoint tensor;
       gguf_key(name)          the model's name for a GGUF tensor, or its ExpertKey;
+      gguf_tensor(key, t)     a float dense GGUF tensor as the model's parameter holds it
+                              (what a llama.cpp converter folded in, undone);
       ignored(name, config)   a checkpoint tensor the model does not use (a
                               multi-token-prediction layer after the last), skipped by
                               the weight readers (optional: none where absent);
@@ -267,6 +269,9 @@ class ModelFile(Protocol):
 
     @staticmethod
     def gguf_key(name: str) -> str | ExpertKey: ...
+
+    @staticmethod
+    def gguf_tensor(key: str, t: Any) -> Any: ...
 
     @classmethod
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool: ...

@@ -146,10 +146,16 @@ GGUF_PER_EXPERT = {"ffn_gate": ("gate_up", 0), "ffn_up": ("gate_up", 1), "ffn_do
 
 class GgufNames:
     """A `gguf_key`: llama.cpp's tensor names to the model's names or expert banks; `layer`
-    replaces or adds per-layer names where a family's modules differ."""
+    replaces or adds per-layer names where a family's modules differ, `whole` adds
+    (kind, suffix) pairs named whole (as GGUF_WHOLE)."""
 
-    def __init__(self, layer: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        layer: Mapping[str, str] | None = None,
+        whole: Mapping[tuple[str, str], str] | None = None,
+    ):
         self.layer = {**GGUF_LAYER, **(layer or {})}
+        self.whole = {**GGUF_WHOLE, **(whole or {})}
 
     def __call__(self, name: str) -> str | ExpertKey:
         parts = name.split(".")
@@ -163,8 +169,8 @@ class GgufNames:
         if len(parts) == 5 and kind in GGUF_PER_EXPERT:
             bank, half = GGUF_PER_EXPERT[kind]
             return ExpertKey(layer, bank, expert=int(parts[3]), half=half)
-        if (kind, suffix) in GGUF_WHOLE:
-            return f"model.layers.{layer}.{GGUF_WHOLE[(kind, suffix)]}"
+        if (kind, suffix) in self.whole:
+            return f"model.layers.{layer}.{self.whole[(kind, suffix)]}"
         return f"model.layers.{layer}.{self.layer[kind]}.{suffix}"
 
 

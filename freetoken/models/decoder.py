@@ -110,6 +110,13 @@ class DecoderModel(nn.Module):
         """Checkpoints name dense tensors as these modules do; a family that differs maps here."""
         return name
 
+    @staticmethod
+    def gguf_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
+        """A float dense tensor of a GGUF file, under the model's name `key`, as the model's
+        parameter holds it: as stored, unless the family's llama.cpp converter changed its
+        values or shape (which the family then undoes here)."""
+        return t
+
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         raise NotImplementedError

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.models import common
+from freetoken.models import UnsupportedModel, common
 from freetoken.models import qwen3_next as next_
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import text_config
@@ -65,3 +65,19 @@ class Model(next_.Model):
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         return next_.hybrid_info(GGUF_ARCH, text_config(config), ModelArgs.from_dict(config))
+
+    # llama.cpp's qwen35moe files reorder the value heads (key heads tiled, not grouped),
+    # which no layout here reads yet
+    @staticmethod
+    def gguf_key(name: str) -> str | ExpertKey:
+        raise UnsupportedModel(GGUF_UNSUPPORTED)
+
+    @staticmethod
+    def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
+        raise UnsupportedModel(GGUF_UNSUPPORTED)
+
+
+GGUF_UNSUPPORTED = (
+    "GGUF files of Qwen3.5-MoE are not read yet: create the model from its Hugging Face "
+    "(safetensors) directory"
+)

@@ -27,8 +27,8 @@ from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
-from freetoken.models import UnsupportedModel, common, hub
-from freetoken.models.base import ExpertKey, ExpertSpec, KVLayout
+from freetoken.models import common, hub
+from freetoken.models.base import GGUF_TENSORS, ExpertSpec, KVLayout
 from freetoken.models.decoder import DecoderModel, DecoderStack
 
 GGUF_ARCH = "qwen3next"
@@ -64,6 +64,9 @@ class ModelArgs:
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
+    # the DeltaNet's input projections (layers/deltanet.py): the Hub's "grouped", or what a
+    # GGUF file holds (its config says so)
+    linear_projections: str = "grouped"
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ModelArgs:
@@ -159,7 +162,7 @@ def moe_block(a: ModelArgs, i: int) -> SparseMoeBlock:
 
 def _layer(a: ModelArgs, i: int) -> HybridLayer:
     mlp = moe_block(a, i) if a.is_moe_layer(i) else GatedMLP(a.hidden_size, a.intermediate_size)
-    return HybridLayer(mixer(a, i, "grouped"), mlp, a.hidden_size, a.rms_norm_eps)
+    return HybridLayer(mixer(a, i, a.linear_projections), mlp, a.hidden_size, a.rms_norm_eps)
 
 
 # checkpoints call the shared expert and its gate mlp.shared_expert(_gate)
@@ -167,6 +170,20 @@ _SHARED = (
     (r"\.mlp\.shared_expert_gate\.", ".mlp.shared_gate."),
     (r"\.mlp\.shared_expert\.", ".mlp.shared_experts."),
 )
+# llama.cpp's names for the DeltaNet's tensors; `ssm_in` is the fused q/k/v/z projection as
+# the Hub has it, which older converters kept whole (newer ones split it: attn_qkv, attn_gate)
+_GGUF_LAYER = {
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_in": "linear_attn.in_proj_qkvz",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+}
+_GGUF_WHOLE = {("ssm_a", "ssm_a"): "linear_attn.A_log", ("ssm_dt", "bias"): "linear_attn.dt_bias"}
+
+
 # multi-token-prediction weights, which no step runs
 _IGNORED = re.compile(r"mtp\.")
 
@@ -208,22 +225,60 @@ class Model(DecoderModel):
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         return hybrid_info(GGUF_ARCH, config, ModelArgs.from_dict(config))
 
+    gguf_key = staticmethod(common.GgufNames(_GGUF_LAYER, _GGUF_WHOLE))
+
     @staticmethod
-    def gguf_key(name: str) -> str | ExpertKey:
-        raise UnsupportedModel(GGUF_UNSUPPORTED)
+    def gguf_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
+        """Undoes what llama.cpp's converter did to the values: it stores −e^{A_log} for
+        A_log, the norms' weights plus one (its RMSNorm is not zero-centred; the DeltaNet's
+        gated norm is, neither there nor here), and the conv kernel without its middle
+        axis."""
+        if key.endswith(".linear_attn.A_log"):
+            return torch.log(-t.float()).to(t.dtype)
+        if key.endswith(".linear_attn.conv1d.weight"):
+            return t.unsqueeze(1)
+        if key.endswith("norm.weight") and not key.endswith(".linear_attn.norm.weight"):
+            return t - 1
+        return t
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
-        raise UnsupportedModel(GGUF_UNSUPPORTED)
+        return gguf_config(kv, arch)
 
 
-# llama.cpp's converter rewrites these models' DeltaNet tensors (value heads reordered, the
-# fused projections split, A_log and the norms' offsets folded in); reading them back is
-# not done yet
-GGUF_UNSUPPORTED = (
-    "GGUF files of the hybrid DeltaNet families are not read yet: create the model from its "
-    "Hugging Face (safetensors) directory"
-)
+def gguf_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """A Hub-style config from a `qwen3next` file's metadata (its ssm.* keys describe the
+    DeltaNet layers); which layers are MoE and how the DeltaNet's projections are laid out
+    come from its tensor names."""
+
+    def g(key: str, default: Any = None) -> Any:
+        return kv.get(f"{arch}.{key}", default)
+
+    base = common.gguf_base_config(kv, arch)
+    names = set(kv.get(GGUF_TENSORS) or ())
+    layers = range(base["num_hidden_layers"])
+    v_heads = int(g("ssm.time_step_rank"))
+    routed = [i for i in layers if f"blk.{i}.ffn_gate_inp.weight" in names] if names else layers
+    fused = any(n.endswith(".ssm_in.weight") for n in names)
+    return {
+        **base,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "rotary_dim": int(g("rope.dimension_count", base["head_dim"])),
+        "full_attention_interval": int(g("full_attention_interval", 4)),
+        "linear_conv_kernel_dim": int(g("ssm.conv_kernel")),
+        "linear_key_head_dim": int(g("ssm.state_size")),
+        "linear_num_key_heads": int(g("ssm.group_count")),
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": int(g("ssm.inner_size")) // v_heads,
+        "linear_projections": "grouped" if fused else "split_qkvz",
+        "num_experts": int(g("expert_count")),
+        "moe_intermediate_size": int(g("expert_feed_forward_length")),
+        "shared_expert_intermediate_size": int(g("expert_shared_feed_forward_length", 0)),
+        "norm_topk_prob": bool(g("expert_weights_norm", True)),
+        "mlp_only_layers": [i for i in layers if i not in routed],
+        "attention_bias": any(n.endswith(".attn_q.bias") for n in names),
+    }
 
 
 def hybrid_info(arch: str, config: Mapping[str, Any], a: ModelArgs) -> dict[str, Any]:

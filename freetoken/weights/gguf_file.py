@@ -128,6 +128,13 @@ def tensor_of(t) -> tuple[torch.Tensor, str | None]:
     return values.to(torch.bfloat16), None
 
 
+def dense_of(cls: type, t, key: str) -> tuple[torch.Tensor, str | None]:
+    """A dense GGUF tensor as the model holds it (`tensor_of`, then the family's
+    `gguf_tensor` for a float one) and its block format."""
+    tensor, fmt = tensor_of(t)
+    return (tensor if fmt else cls.gguf_tensor(key, tensor)), fmt
+
+
 def dequantized_types(reader) -> list[str]:
     """The quantized types of the file that no kernel reads: dequantized to BF16."""
     kept = set(_FLOAT_TYPES) | set(quant.GGML_TYPES)
@@ -187,7 +194,7 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
         if isinstance(key, ExpertKey):
             pieces[(key.layer, key.bank)].append((t, key))
             continue
-        tensor, fmt = tensor_of(t)
+        tensor, fmt = dense_of(cls, t, key)
         weights.dense[key] = tensor if fmt or dtype is None else tensor.to(dtype)
         if fmt:
             weights.formats[key] = fmt

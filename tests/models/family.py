@@ -143,14 +143,17 @@ def fixed_shape_decode_matches(path: Path, hf, prompt=PROMPT, n: int = 16) -> No
     assert seq.output_ids == fixtures.hf_greedy(hf, prompt, n)
 
 
-def gguf_matches(path: Path, hf, work: Path, arch: str, prompt=PROMPT) -> None:
-    """The model written as llama.cpp's converter writes `arch` (F32), converted to FTW and
-    loaded bare: transformers' logits and greedy tokens."""
+def gguf_matches(
+    path: Path, hf, work: Path, arch: str, prompt=PROMPT, legacy: bool = False
+) -> None:
+    """The model written as llama.cpp's converter writes `arch` (F32; `legacy`: as its older
+    versions did), converted to FTW and loaded bare: transformers' logits and greedy
+    tokens."""
     from freetoken.ftw.convert import convert
     from freetoken.runtime import loader
     from tests.fixtures_gguf import write_gguf
 
-    gguf = write_gguf(hf, path, work / "m.gguf", "F32", arch=arch)
+    gguf = write_gguf(hf, path, work / "m.gguf", "F32", arch=arch, legacy=legacy)
     engine = make_engine(convert(gguf, work / "ftw"))
     assert rel(full_logits(engine, prompt), fixtures.hf_logits(hf, prompt)) <= 1e-4
     (seq,) = generate(engine, [prompt], 16)

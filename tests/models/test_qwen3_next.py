@@ -98,6 +98,12 @@ def interval(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def every_layer_moe(tmp_path_factory):
+    """INTERVAL with MoE in every layer: llama.cpp's qwen3next has no dense MLP layers."""
+    return _build(tmp_path_factory, "qwen3-next-moe", dict(INTERVAL, mlp_only_layers=[]), seed=53)
+
+
+@pytest.fixture(scope="module")
 def listed(tmp_path_factory):
     """transformers 5's fused expert banks, and the Hub's config spelling."""
     path, hf = _build(tmp_path_factory, "qwen3-next-listed", LISTED, 52, original_format=False)
@@ -178,8 +184,6 @@ def test_structure_follows_the_config(interval, listed):
     assert info["qwen3next.full_attention_interval"] == 2
     assert info["qwen3next.ssm.inner_size"] == 64 and info["qwen3next.ssm.group_count"] == 2
     assert info["qwen3next.rope.dimension_count"] == 8
-    with pytest.raises(models.UnsupportedModel, match="safetensors"):
-        qwen3_next.Model.config_from_gguf({}, "qwen3next")
     listed_config = json.loads((listed[0] / "config.json").read_text())
     assert qwen3_next.Model.model_info(listed_config)["qwen3next.full_attention_interval"] == 0
 
@@ -212,3 +216,26 @@ def test_batching_on_a_gpu_mixes_decode_tokens_with_prefill_chunks(interval):
     engine = make_engine(path, chunk=8, page_size=4, pages=128, device="cuda", graphs="capture")
     for p, s in zip(prompts, generate(engine, prompts, 16)):
         assert s.output_ids == fixtures.hf_greedy(hf, p, 16)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["split", "fused"])
+def test_gguf_import_matches_transformers(every_layer_moe, tmp_path, legacy):
+    """llama.cpp's qwen3next file: its converter's −e^{A_log}, norms plus one, squeezed conv
+    kernels and dt_proj bias undone; q/k/v/z split in two tensors, or (older files) whole."""
+    path, hf = every_layer_moe
+    family.gguf_matches(path, hf, tmp_path, "qwen3next", legacy=legacy)
+
+
+def test_gguf_config_reads_the_layout_from_the_tensor_names(every_layer_moe, tmp_path):
+    from freetoken.weights import gguf_file
+    from tests.fixtures_gguf import write_gguf
+
+    path, hf = every_layer_moe
+    for legacy, layout in ((False, "split_qkvz"), (True, "grouped")):
+        gguf = write_gguf(hf, path, tmp_path / f"{layout}.gguf", arch="qwen3next", legacy=legacy)
+        reader = gguf_file._open(gguf)
+        config = gguf_file.config_of(reader, gguf_file.metadata(reader))
+        a = qwen3_next.ModelArgs.from_dict(config)
+        assert a.linear_projections == layout and a.mlp_only_layers == ()
+        assert a.layer_types == ("linear_attention", "full_attention") * 2
+        assert (a.rotary_dim, a.linear_value_head_dim, a.linear_num_value_heads) == (8, 16, 4)
