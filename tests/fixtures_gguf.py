@@ -89,7 +89,8 @@ def _base_kv(w, c, block_count: int, rms_eps: float) -> None:
     w.add_block_count(block_count)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
+    if getattr(c, "intermediate_size", None) is not None:  # all-MoE configs may name none
+        w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
@@ -153,7 +154,7 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_expert_weights_scale(c.routed_scaling_factor)
         w.add_expert_weights_norm(c.norm_topk_prob)
         w.add_expert_gating_func(sigmoid)
-    elif arch == "qwen3next":
+    elif arch in ("qwen3next", "qwen35moe"):
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
         w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
@@ -205,10 +206,15 @@ def _tensors(model, arch: str, block_count: int, legacy: bool = False):
         if arch == "gpt-oss" and ".experts." in name:
             yield from _gpt_oss_experts(name, arr, gguf_name)
             continue
-        if arch == "qwen3next":
+        if arch in ("qwen3next", "qwen35moe"):
+            if arch == "qwen35moe" and ".linear_attn." in name:
+                arr = _tiled_value_heads(name, arr, c)
             name, arr = _qwen3next_values(name, arr)
             if name.endswith("in_proj_qkvz.weight") and not legacy:
                 yield from _qwen3next_qkvz(name, arr, c, gguf_name)
+                continue
+            if name.endswith("in_proj_ba.weight") and arch == "qwen35moe":  # Ollama's name
+                yield f"blk.{name.split('.')[2]}.ssm_ba.weight", arr
                 continue
         if name.endswith(".sinks"):  # llama.cpp's converter names them as a weight
             name += ".weight"
@@ -240,6 +246,33 @@ def _qwen3next_values(name: str, arr: np.ndarray) -> tuple[str, np.ndarray]:
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         return name, arr + 1
     return name, arr
+
+
+def _tiled_value_heads(name: str, arr: np.ndarray, c) -> np.ndarray:
+    """Qwen3.5's value heads as its converters order them where they outnumber the key
+    heads: the one serving key head g as its j-th moves from g·r + j to j·HK + g, along the
+    rows of q/k/v (v's part), z, b, a, A_log, dt_bias and the conv kernel (v's channels), and
+    the output projection's columns. (A Qwen3-Next model's, as Ollama writes it, stay.)"""
+    hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
+    if hk == hv or c.model_type == "qwen3_next":
+        return arr
+    r, dv, qk = hv // hk, c.linear_value_head_dim, 2 * hk * c.linear_key_head_dim
+
+    def tile(x: np.ndarray, axis: int, width: int) -> np.ndarray:
+        shape = x.shape
+        grouped = x.reshape(*shape[:axis], hk, r, width, *shape[axis + 1 :])
+        return np.swapaxes(grouped, axis, axis + 1).reshape(shape)
+
+    part = name.split(".linear_attn.")[1]
+    if part in ("in_proj_qkv.weight", "conv1d.weight"):
+        return np.concatenate([arr[:qk], tile(arr[qk:], 0, dv)])
+    if part == "in_proj_z.weight":
+        return tile(arr, 0, dv)
+    if part in ("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+        return tile(arr, 0, 1)
+    if part == "out_proj.weight":
+        return tile(arr, 1, dv)
+    return arr
 
 
 def _qwen3next_qkvz(name: str, arr: np.ndarray, c, gguf_name):

@@ -91,7 +91,7 @@ def _write_tensors(
         if isinstance(key, ExpertKey):
             pieces[(key.layer, key.bank)].append((t, key))
             continue
-        writer.add_dense(key, *gguf_file.dense_of(cls, t, key))
+        writer.add_dense(key, *gguf_file.dense_of(cls, t, key, config))
         done += int(t.n_bytes)
         progress and progress(done, total)
     banks = BankQuantizer(quantize, [layer for layer, _ in pieces])

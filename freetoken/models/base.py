@@ -231,8 +231,10 @@ class ModelFile(Protocol):
                               for a dense weight;
       dense_key(name)         the model's own name for a dense checkpoint tensor;
       gguf_key(name)          the model's name for a GGUF tensor, or its ExpertKey;
-      gguf_tensor(key, t)     a float dense GGUF tensor as the model's parameter holds it
-                              (what a llama.cpp converter folded in, undone);
+      gguf_tensor(key, t, fmt, config)  a dense GGUF tensor (and its block format) as
+                              the model's parameter holds it (what a converter folded in
+                              or reordered, undone);
+      gguf_float(key, config) whether the reader decodes that tensor first;
       ignored(name, config)   a checkpoint tensor the model does not use (a
                               multi-token-prediction layer after the last), skipped by
                               the weight readers (optional: none where absent);
@@ -271,7 +273,12 @@ class ModelFile(Protocol):
     def gguf_key(name: str) -> str | ExpertKey: ...
 
     @staticmethod
-    def gguf_tensor(key: str, t: Any) -> Any: ...
+    def gguf_float(key: str, config: Mapping[str, Any]) -> bool: ...
+
+    @staticmethod
+    def gguf_tensor(
+        key: str, t: Any, fmt: str | None, config: Mapping[str, Any]
+    ) -> tuple[Any, str | None]: ...
 
     @classmethod
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool: ...

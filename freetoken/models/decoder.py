@@ -111,11 +111,20 @@ class DecoderModel(nn.Module):
         return name
 
     @staticmethod
-    def gguf_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
-        """A float dense tensor of a GGUF file, under the model's name `key`, as the model's
-        parameter holds it: as stored, unless the family's llama.cpp converter changed its
-        values or shape (which the family then undoes here)."""
-        return t
+    def gguf_float(key: str, config: Mapping[str, Any]) -> bool:
+        """Whether the GGUF reader decodes this dense tensor before `gguf_tensor` (one whose
+        columns the family reorders, which packed blocks do not allow)."""
+        return False
+
+    @staticmethod
+    def gguf_tensor(
+        key: str, t: torch.Tensor, fmt: str | None, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, str | None]:
+        """A dense tensor of a GGUF file (float, or packed in block format `fmt`) under the
+        model's name `key`, as the model's parameter holds it, and its format: as stored,
+        unless the family's converters changed its values, shape or order (which the family
+        then undoes here, from the file's `config`)."""
+        return t, fmt
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.models import UnsupportedModel, common
+import torch
+
+from freetoken.models import common
 from freetoken.models import qwen3_next as next_
-from freetoken.models.base import ExpertKey
+from freetoken.models.base import GGUF_TENSORS, ExpertKey
 from freetoken.models.hub import text_config
 
 GGUF_ARCH = "qwen35moe"
@@ -66,18 +68,72 @@ class Model(next_.Model):
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         return next_.hybrid_info(GGUF_ARCH, text_config(config), ModelArgs.from_dict(config))
 
-    # llama.cpp's qwen35moe files reorder the value heads (key heads tiled, not grouped),
-    # which no layout here reads yet
-    @staticmethod
-    def gguf_key(name: str) -> str | ExpertKey:
-        raise UnsupportedModel(GGUF_UNSUPPORTED)
-
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
-        raise UnsupportedModel(GGUF_UNSUPPORTED)
+        return gguf_config(kv, arch)
+
+    @staticmethod
+    def gguf_float(key: str, config: Mapping[str, Any]) -> bool:
+        return bool(config.get(TILED)) and key.endswith(".linear_attn.out_proj.weight")
+
+    @staticmethod
+    def gguf_tensor(
+        key: str, t: torch.Tensor, fmt: str | None, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, str | None]:
+        if config.get(TILED):
+            t, fmt = _untiled(key, t, fmt, next_.ModelArgs.from_dict(config))
+        return next_.gguf_values(key, t), fmt
 
 
-GGUF_UNSUPPORTED = (
-    "GGUF files of Qwen3.5-MoE are not read yet: create the model from its Hugging Face "
-    "(safetensors) directory"
-)
+# A qwen35moe file holds Qwen3.5 (b and a as ssm_beta, ssm_alpha), or Qwen3-Next as Ollama
+# converts it (b and a grouped in ssm_ba; its value heads as the Hub orders them).
+# Converters of Qwen3.5 reorder the value heads where they outnumber the key heads: the
+# value head serving key head g as its j-th goes from g·r + j to j·HK + g ("tiled"), so
+# that GGML broadcasts the key heads; the import puts them back.
+TILED = "gguf_value_heads_tiled"
+
+
+def gguf_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    config = next_.gguf_config(kv, arch)
+    names = set(kv.get(GGUF_TENSORS) or ())
+    if any(n.endswith(".ssm_ba.weight") for n in names):
+        return config  # Qwen3-Next
+    tiled = config["linear_num_value_heads"] != config["linear_num_key_heads"]
+    return {
+        **config,
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "linear_projections": "split",
+        "norm_topk_prob": True,
+        TILED: bool(kv.get(f"{arch}.ssm.v_head_reordered", tiled)) and tiled,
+    }
+
+
+def _untiled(
+    key: str, t: torch.Tensor, fmt: str | None, a: next_.ModelArgs
+) -> tuple[torch.Tensor, str | None]:
+    """The tensor with its value heads in the Hub's order (rows of a packed tensor move
+    whole; the output projection's columns cannot: it comes decoded, `gguf_float`)."""
+    _, found, part = key.partition(".linear_attn.")
+    if not found:
+        return t, fmt
+    hk, dv = a.linear_num_key_heads, a.linear_value_head_dim
+    r = a.linear_num_value_heads // hk
+    qk = 2 * hk * a.linear_key_head_dim
+    if part in ("in_proj_qkv.weight", "conv1d.weight"):
+        return torch.cat([t[:qk], _grouped(t[qk:], 0, hk, r, dv)]), fmt
+    if part == "in_proj_z.weight":
+        return _grouped(t, 0, hk, r, dv), fmt
+    if part in ("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+        return _grouped(t, 0, hk, r, 1), fmt
+    if part == "out_proj.weight":
+        assert fmt is None, "gguf_float asks for this one decoded"
+        return _grouped(t, 1, hk, r, dv), fmt
+    return t, fmt
+
+
+def _grouped(t: torch.Tensor, dim: int, hk: int, r: int, width: int) -> torch.Tensor:
+    """Heads of `width` along `dim` from tiled order ([r, HK]) to grouped ([HK, r])."""
+    shape = t.shape
+    tiled = t.reshape(*shape[:dim], r, hk, width, *shape[dim + 1 :])
+    return tiled.transpose(dim, dim + 1).reshape(shape)

@@ -177,6 +177,8 @@ _GGUF_LAYER = {
     "attn_gate": "linear_attn.in_proj_z",
     "ssm_in": "linear_attn.in_proj_qkvz",
     "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
     "ssm_conv1d": "linear_attn.conv1d",
     "ssm_norm": "linear_attn.norm",
     "ssm_out": "linear_attn.out_proj",
@@ -228,22 +230,28 @@ class Model(DecoderModel):
     gguf_key = staticmethod(common.GgufNames(_GGUF_LAYER, _GGUF_WHOLE))
 
     @staticmethod
-    def gguf_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
-        """Undoes what llama.cpp's converter did to the values: it stores −e^{A_log} for
-        A_log, the norms' weights plus one (its RMSNorm is not zero-centred; the DeltaNet's
-        gated norm is, neither there nor here), and the conv kernel without its middle
-        axis."""
-        if key.endswith(".linear_attn.A_log"):
-            return torch.log(-t.float()).to(t.dtype)
-        if key.endswith(".linear_attn.conv1d.weight"):
-            return t.unsqueeze(1)
-        if key.endswith("norm.weight") and not key.endswith(".linear_attn.norm.weight"):
-            return t - 1
-        return t
+    def gguf_tensor(
+        key: str, t: torch.Tensor, fmt: str | None, config: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, str | None]:
+        return gguf_values(key, t), fmt
 
     @staticmethod
     def config_from_gguf(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return gguf_config(kv, arch)
+
+
+def gguf_values(key: str, t: torch.Tensor) -> torch.Tensor:
+    """Undoes what llama.cpp's (and Ollama's) converters do to these values: they store
+    −e^{A_log} for A_log, the norms' weights plus one (their RMSNorm is not zero-centred; the
+    DeltaNet's gated norm is, there and here) and the conv kernel without its middle axis.
+    (These tensors are never packed: one-dimensional, or K = 4 columns wide.)"""
+    if key.endswith(".linear_attn.A_log"):
+        return torch.log(-t.float()).to(t.dtype)
+    if key.endswith(".linear_attn.conv1d.weight"):
+        return t.unsqueeze(1)
+    if key.endswith("norm.weight") and not key.endswith(".linear_attn.norm.weight"):
+        return t - 1
+    return t
 
 
 def gguf_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
@@ -255,6 +263,8 @@ def gguf_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         return kv.get(f"{arch}.{key}", default)
 
     base = common.gguf_base_config(kv, arch)
+    # multi-token-prediction layers are counted in block_count (Qwen3.5's, Ollama's files)
+    base["num_hidden_layers"] -= int(g("nextn_predict_layers", 0))
     names = set(kv.get(GGUF_TENSORS) or ())
     layers = range(base["num_hidden_layers"])
     v_heads = int(g("ssm.time_step_rank"))
@@ -275,7 +285,8 @@ def gguf_config(kv: Mapping[str, Any], arch: str) -> dict[str, Any]:
         "num_experts": int(g("expert_count")),
         "moe_intermediate_size": int(g("expert_feed_forward_length")),
         "shared_expert_intermediate_size": int(g("expert_shared_feed_forward_length", 0)),
-        "norm_topk_prob": bool(g("expert_weights_norm", True)),
+        # llama.cpp's key, or Ollama's
+        "norm_topk_prob": bool(g("expert_weights_norm", g("norm_top_k_prob", True))),
         "mlp_only_layers": [i for i in layers if i not in routed],
         "attention_bias": any(n.endswith(".attn_q.bias") for n in names),
     }

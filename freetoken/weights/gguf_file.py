@@ -128,11 +128,13 @@ def tensor_of(t) -> tuple[torch.Tensor, str | None]:
     return values.to(torch.bfloat16), None
 
 
-def dense_of(cls: type, t, key: str) -> tuple[torch.Tensor, str | None]:
-    """A dense GGUF tensor as the model holds it (`tensor_of`, then the family's
-    `gguf_tensor` for a float one) and its block format."""
+def dense_of(cls: type, t, key: str, config: dict[str, Any]) -> tuple[torch.Tensor, str | None]:
+    """A dense GGUF tensor as the model holds it (`tensor_of`, decoded where the family's
+    `gguf_float` asks, then its `gguf_tensor`) and its block format."""
     tensor, fmt = tensor_of(t)
-    return (tensor if fmt else cls.gguf_tensor(key, tensor)), fmt
+    if fmt and cls.gguf_float(key, config):
+        tensor, fmt = _float(tensor, fmt), None
+    return cls.gguf_tensor(key, tensor, fmt, config)
 
 
 def dequantized_types(reader) -> list[str]:
@@ -194,7 +196,7 @@ def read(path: Path, dtype: torch.dtype | None = None) -> ModelWeights:
         if isinstance(key, ExpertKey):
             pieces[(key.layer, key.bank)].append((t, key))
             continue
-        tensor, fmt = dense_of(cls, t, key)
+        tensor, fmt = dense_of(cls, t, key, weights.config)
         weights.dense[key] = tensor if fmt or dtype is None else tensor.to(dtype)
         if fmt:
             weights.formats[key] = fmt

@@ -69,7 +69,7 @@ def multimodal_config(vocab_size: int, **_):
     return Qwen3_5MoeConfig(text_config={**TEXT, "vocab_size": vocab_size}, vision_config=VISION)
 
 
-def _build(tmp_path_factory, name, seed, multimodal=True):
+def _build(tmp_path_factory, name, seed, multimodal=True, text=TEXT_ONLY):
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
     from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
@@ -77,7 +77,7 @@ def _build(tmp_path_factory, name, seed, multimodal=True):
     if multimodal:
         cls, config, settings = m.Qwen3_5MoeForConditionalGeneration, multimodal_config, {}
     else:
-        cls, config, settings = m.Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, TEXT_ONLY
+        cls, config, settings = m.Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, text
     hf = fixtures.hf_model(
         path,
         config,
@@ -99,6 +99,13 @@ def multimodal(tmp_path_factory):
 def text_only(tmp_path_factory):
     """transformers 5's fused expert banks."""
     return _build(tmp_path_factory, "qwen3.5-moe-text", seed=62, multimodal=False)
+
+
+@pytest.fixture(scope="module")
+def text_interval(tmp_path_factory):
+    """The language model alone, two value heads per key head, attention every other layer
+    (a layer pattern GGUF metadata can say)."""
+    return _build(tmp_path_factory, "qwen3.5-moe-interval", seed=63, multimodal=False, text=TEXT)
 
 
 @pytest.mark.parametrize("layout", ["multimodal", "text_only"])
@@ -153,6 +160,53 @@ def test_structure_follows_the_config(multimodal, text_only):
         assert model.moe_layers == list(range(model.args.num_hidden_layers))
         linear = model.model.layers[1 if path == text_only[0] else 0].linear_attn
         assert linear.projections == "split"
+
+
+def test_gguf_import_matches_transformers(text_interval, tmp_path):
+    """llama.cpp's qwen35moe file: the value heads it tiled put back in the Hub's order (rows
+    of q/k/v, z, b, a, A_log, dt_bias and the conv kernel, the output projection's columns),
+    besides what its Qwen3-Next converter does."""
+    path, hf = text_interval
+    family.gguf_matches(path, hf, tmp_path, "qwen35moe")
+
+
+def test_a_qwen3_next_in_a_qwen35moe_file_is_read_as_qwen3_next(tmp_path_factory, tmp_path):
+    """Ollama converts Qwen3-Next to its qwen35moe architecture, b and a kept grouped
+    (ssm_ba) and the value heads in the Hub's order."""
+    from tests.models import test_qwen3_next
+
+    path, hf = test_qwen3_next._build(
+        tmp_path_factory, "next-as-35", dict(test_qwen3_next.INTERVAL, mlp_only_layers=[]), 54
+    )
+    family.gguf_matches(path, hf, tmp_path, "qwen35moe")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_untiling_moves_packed_rows_whole(packed):
+    """Rows of a packed tensor move as the decoded rows do; the output projection, whose
+    columns move, is asked for decoded."""
+    import torch
+
+    from freetoken.kernels.reference import dequantize
+    from freetoken.quant.quantize import quantize
+
+    config = dict(TEXT, num_hidden_layers=2, vocab_size=10, linear_value_head_dim=64)
+    config |= {qwen3_5_moe.TILED: True}
+    a = qwen3_5_moe.ModelArgs.from_dict(config)
+    z = torch.randn(4 * 64, 256)
+    key = "model.layers.0.linear_attn.in_proj_z.weight"
+    plain, _ = qwen3_5_moe.Model.gguf_tensor(key, z, None, config)
+    if packed:
+        q, fmt = qwen3_5_moe.Model.gguf_tensor(key, quantize(z, "q8_0"), "q8_0", config)
+        assert fmt == "q8_0"
+        assert torch.equal(
+            dequantize(q, fmt),
+            qwen3_5_moe._grouped(dequantize(quantize(z, "q8_0"), "q8_0"), 0, 2, 2, 64),
+        )
+    assert torch.equal(plain, z.reshape(2, 2, 64, 256).transpose(0, 1).reshape(256, 256))
+    assert a.linear_value_head_dim == 64
+    assert qwen3_5_moe.Model.gguf_float("model.layers.0.linear_attn.out_proj.weight", config)
+    assert not qwen3_5_moe.Model.gguf_float(key, config)
 
 
 # A chat template in the form of these models' own (a test's, not the checkpoints'): tools
