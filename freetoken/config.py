@@ -351,8 +351,8 @@ SETTINGS: tuple[Setting, ...] = (
         "FREETOKEN_WARM_START",
         parse_bool,
         "1",
-        "the server keeps a converter started ahead, its imports done (saves each create "
-        "torch's import, seconds; costs an idle process)",
+        "the server keeps a converter and a runner started ahead, their imports done (saves "
+        "each create and each model load torch's import, seconds; costs two idle processes)",
     ),
     Setting(
         "nohistory",

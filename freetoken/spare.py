@@ -17,6 +17,7 @@ imports torch) holds it, and the child imports only what MODULE does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import json
@@ -28,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Spare", "main"]
+__all__ = ["AsyncSpare", "Spare", "main"]
 
 log = logging.getLogger("freetoken.spare")
 
@@ -101,6 +102,64 @@ class Spare:
             proc, self._waiting, self._python = self._waiting, None, ""
         if proc is not None:
             _end(proc)
+
+
+class AsyncSpare:
+    """`Spare` on an event loop: the waiting interpreter is an asyncio process, whose pipes
+    the loop reads (runners). Use it from the loop's thread only."""
+
+    def __init__(self, module: str, **spawn: Any) -> None:
+        self.module = module
+        self.spawn = spawn
+        self._python = ""
+        self._waiting: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._waiting
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    async def start(self, python: str) -> None:
+        self._python = python
+        await self.refill()
+
+    async def refill(self) -> None:
+        if not self._python or self.pid is not None:
+            return
+        cmd = [self._python, "-m", __name__, self.module]
+        self._waiting = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.PIPE, **self.spawn
+        )
+        log.debug("a spare %s is starting (pid %d)", self.module, self._waiting.pid)
+
+    def take(self, argv: Sequence[str], python: str) -> asyncio.subprocess.Process | None:
+        """As `Spare.take`."""
+        proc, self._waiting = self._waiting, None
+        if proc is None:
+            return None
+        if python != self._python or proc.returncode is not None:
+            _discard(proc)
+            return None
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(list(argv)) + "\n").encode())
+        proc.stdin.close()
+        return proc
+
+    async def close(self) -> None:
+        proc, self._waiting, self._python = self._waiting, None, ""
+        if proc is None:
+            return
+        _discard(proc)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+def _discard(proc: asyncio.subprocess.Process) -> None:
+    """End of input: a waiting spare ends as soon as its imports are done."""
+    if proc.stdin is not None:
+        proc.stdin.close()
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -136,3 +136,30 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_the_event_loop_s_spare_runs_its_job_and_ends_when_closed(tmp_path):
+    import asyncio
+
+    from freetoken.spare import AsyncSpare
+
+    (tmp_path / "spare_job.py").write_text(textwrap.dedent(_JOB))
+    env = {**os.environ, "SPARE_TEST_OUT": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+
+    async def run() -> tuple[bytes, int, int, int | None]:
+        spare = AsyncSpare("spare_job", stdout=asyncio.subprocess.PIPE, env=env)
+        await spare.start(sys.executable)
+        pid = spare.pid
+        assert pid is not None and _imported(tmp_path, pid)
+        proc = spare.take(["x"], sys.executable)
+        assert proc is not None and proc.pid == pid and spare.pid is None
+        out, _ = await proc.communicate()
+        await spare.refill()
+        waiting = spare.pid
+        await spare.close()
+        return out, pid, proc.returncode, waiting
+
+    out, pid, code, waiting = asyncio.run(run())
+    assert out.split() == [b"ran", str(pid).encode(), b"x"] and code == 0
+    assert waiting not in (None, pid) and not _alive(waiting)

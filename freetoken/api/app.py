@@ -70,9 +70,13 @@ async def _method_not_allowed(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    cfg: Any = None, store: Store | None = None, residency: Residency | None = None
+    cfg: Any = None,
+    store: Store | None = None,
+    residency: Residency | None = None,
+    spare: bool = False,
 ) -> Starlette:
     """The app for `cfg` (default: this process's settings); stopping it stops the runners.
+    `spare`: keep a runner started ahead (`freetoken serve` asks, FREETOKEN_WARM_START).
 
     Requests pass the Host-header guard (only when `cfg.host` is a loopback address), CORS
     (`freetoken.api.middleware`) and the request guard (`freetoken.api.guard`: body size,
@@ -82,6 +86,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if spare:
+            await svc.residency.start_spare()
         try:
             yield
         finally:

@@ -45,16 +45,16 @@ def serve(cfg: Any = None) -> None:
     log.info("models in %s; listening on %s", store.root, cfg.host.url)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(cfg, store),
+            create_app(cfg, store, spare=cfg.warm_start),
             log_level="debug" if cfg.debug else "info",
             access_log=bool(cfg.debug),
             timeout_graceful_shutdown=5,
         )
     )
-    if cfg.warm_start:
+    if cfg.warm_start:  # a converter started ahead (the app starts a runner ahead)
         convert.SPARE.start(convert.interpreter())
-    # (uvicorn ends a SIGTERM'd process by raising the signal again: then the spare ends
-    # on its own, at the end of its input)
+    # (uvicorn ends a SIGTERM'd process by raising the signal again: then the spares end
+    # on their own, at the end of their input)
     try:
         server.run(sockets=[sock])
     finally:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ from typing import Any
 from freetoken import doctor
 from freetoken.config_values import keep_alive_seconds
 from freetoken.doctor.memory import MemoryProbe, SystemMemory
+from freetoken.server import runner as runner_mod
 from freetoken.server.entry import Entry
 from freetoken.server.room import Room, TooLarge, make_room
 from freetoken.server.runner import Runner, RunnerError, RunnerSpec
+from freetoken.spare import AsyncSpare
 from freetoken.store.models import ModelView
 
 __all__ = ["Lease", "ModelTooLarge", "Residency", "ServerBusy", "default_num_ctx"]
@@ -99,6 +102,8 @@ class Residency:
     ):
         self.cfg = cfg
         self._start_runner = start_runner
+        # a runner started ahead, its imports done (FREETOKEN_WARM_START; `start_spare`)
+        self.spare = AsyncSpare(runner_mod.MODULE, **runner_mod.SPAWN)
         self._memory = memory or SystemMemory(cfg)
         self._facts: dict[str, doctor.ModelFacts | None] = {}  # by manifest digest
         self._models: dict[tuple[str, ...], Entry] = {}
@@ -334,6 +339,7 @@ class Residency:
                 load_timeout=float(self.cfg.load_timeout),
                 on_progress=progress,
                 max_connections=self.connections,
+                spare=self.spare,
             )
         except asyncio.CancelledError:
             self._forget(entry)
@@ -409,8 +415,13 @@ class Residency:
         else:
             entry.drop_when_idle = True
 
+    async def start_spare(self) -> None:
+        """Keeps a runner started ahead from now on (each load then skips the imports)."""
+        await self.spare.start(self.cfg.runner_python or sys.executable)
+
     async def shutdown(self) -> None:
         """Stops every runner, loaded or loading, and waits for them to exit."""
+        await self.spare.close()
         await asyncio.gather(
             *(self._unload(e) for e in list(self._models.values())), return_exceptions=True
         )

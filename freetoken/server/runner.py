@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from freetoken.protocol import CompletionRequest
+from freetoken.spare import AsyncSpare
 
 __all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
 
@@ -80,6 +81,15 @@ def refusal(status: int, body: bytes) -> RunnerError:
     return RunnerRequestError(status, text) if 400 <= status < 500 else RunnerError(text)
 
 
+MODULE = "freetoken.runtime.runner"
+SPAWN: dict[str, Any] = {
+    "stdout": asyncio.subprocess.PIPE,
+    "stderr": asyncio.subprocess.STDOUT,
+    # Its own session: a Ctrl-C at the server's terminal is the server's to handle.
+    "start_new_session": True,
+}
+
+
 class Runner:
     """A started runner process. Use `Runner.start`; then `completion`, and `stop` at the end."""
 
@@ -122,31 +132,34 @@ class Runner:
         load_timeout: float = 300.0,
         on_progress: Callable[[int, int], None] | None = None,
         max_connections: int = _DEFAULT_CONNECTIONS,
+        spare: AsyncSpare | None = None,
     ) -> Runner:
-        """Starts the process and waits until it reports the model loaded; `max_connections`
-        bounds the requests that can be in flight to it at once."""
+        """Starts the process (or hands `spare`'s waiting one the job) and waits until it
+        reports the model loaded; `max_connections` bounds the requests that can be in
+        flight to it at once."""
         workdir = Path(tempfile.mkdtemp(prefix="freetoken-runner-"))
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         # --parent-pid: the runner exits when this process is gone, however it went.
-        cmd = [python or sys.executable, "-m", "freetoken.runtime.runner"]
-        cmd += ["--socket", str(workdir / "runner.sock"), "--spec", str(spec_path)]
-        cmd += ["--parent-pid", str(os.getpid())]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            # Its own session: a Ctrl-C at the server's terminal is the server's to handle.
-            start_new_session=True,
-        )
+        args = ["--socket", str(workdir / "runner.sock"), "--spec", str(spec_path)]
+        args += ["--parent-pid", str(os.getpid())]
+        python = python or sys.executable
+        proc = spare.take(args, python) if spare is not None else None
+        ahead = " (started ahead)" if proc is not None else ""
+        if proc is None:
+            proc = await asyncio.create_subprocess_exec(
+                python, "-m", MODULE, *args, stdin=asyncio.subprocess.DEVNULL, **SPAWN
+            )
         runner = cls(spec, proc, workdir, max_connections)
-        log.info("runner for %s started (pid %d)", spec.name, proc.pid)
+        log.info("runner for %s started (pid %d)%s", spec.name, proc.pid, ahead)
         try:
             await runner._wait_ready(load_timeout, on_progress)
         except BaseException:
             await runner.stop()
             raise
+        finally:
+            if spare is not None:  # the next one's imports, now that this load's are done
+                await spare.refill()
         return runner
 
     @property

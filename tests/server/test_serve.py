@@ -90,18 +90,22 @@ def _children(pid: int, marker: str) -> list[int]:
     return found
 
 
-def _one_spare(server: int, seconds: float = 30) -> int:
+def _one_spare(server: int, module: str, seconds: float = 30) -> int:
     deadline = time.monotonic() + seconds
-    while not (found := _children(server, "freetoken.spare")):
-        assert time.monotonic() < deadline, "no converter started ahead"
+    while not (found := _children(server, f"freetoken.spare {module}")):
+        assert time.monotonic() < deadline, f"no {module} started ahead"
         time.sleep(0.05)
     assert len(found) == 1
     return found[0]
 
 
-def test_a_create_takes_the_converter_started_ahead(tmp_path):
-    """FREETOKEN_WARM_START: the server keeps one converter waiting; a create runs in it (it
-    is gone after, and another waits); stopping the server ends the waiting one."""
+CONVERTER, RUNNER = "freetoken.ftw.convert", "freetoken.runtime.runner"
+
+
+def test_a_create_and_a_load_take_the_processes_started_ahead(tmp_path):
+    """FREETOKEN_WARM_START: the server keeps a converter and a runner waiting; a create runs
+    in the first (it is gone after, and another waits), a load in the second (it serves the
+    model until unloaded); stopping the server ends the waiting ones."""
     port = free_port()
     env = {**os.environ, "FREETOKEN_MODELS": str(tmp_path / "models")}
     env |= {"FREETOKEN_HOST": f"127.0.0.1:{port}", "FREETOKEN_WARM_START": "1"}
@@ -109,19 +113,36 @@ def test_a_create_takes_the_converter_started_ahead(tmp_path):
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_answering(url, proc)
-        first = _one_spare(proc.pid)
+        first = _one_spare(proc.pid, CONVERTER)
         source = str(tiny_model_dir())
         r = httpx.post(f"{url}/api/create", json={"model": "t", "from": source}, timeout=120)
         assert r.status_code == 200 and r.text.strip().endswith('{"status":"success"}'), r.text
-        assert _one_spare(proc.pid) != first  # the first ran the conversion and ended
+        assert not _running(first)  # it ran the conversion and ended
         assert [m["name"] for m in httpx.get(f"{url}/api/tags").json()["models"]] == ["t:latest"]
-        second = _one_spare(proc.pid)
+        runner = _one_spare(proc.pid, RUNNER)
+        r = httpx.post(f"{url}/api/generate", json={"model": "t"}, timeout=300)  # a load
+        assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
+        # it is the runner now (its command line still the spare's), and another waits
+        deadline = time.monotonic() + 30
+        while len(now := _children(proc.pid, f"freetoken.spare {RUNNER}")) < 2:
+            assert time.monotonic() < deadline, "no runner started ahead after the load"
+            time.sleep(0.05)
+        assert runner in now and len(now) == 2
+        r = httpx.post(f"{url}/api/generate", json={"model": "t", "keep_alive": 0}, timeout=60)
+        assert r.status_code == 200
+        _wait_gone(runner)
+        waiting = [_one_spare(proc.pid, m) for m in (CONVERTER, RUNNER)]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    deadline = time.monotonic() + 30  # ended by the server, or by its input's end
-    while _running(second):
-        assert time.monotonic() < deadline, "the converter started ahead outlived its server"
+    for pid in waiting:  # ended by the server, or by their input's end
+        _wait_gone(pid)
+
+
+def _wait_gone(pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while _running(pid):
+        assert time.monotonic() < deadline, f"process {pid} is still running"
         time.sleep(0.05)
 
 
