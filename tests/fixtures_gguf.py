@@ -324,17 +324,20 @@ def write_gguf(
     pre: str = "gpt-2",
     file_type: int | None = None,
     legacy: bool = False,
+    split_max_tensors: int = 0,
 ) -> Path:
     """The model's weights as a GGUF of llama.cpp's architecture `arch`, with the metadata
     and tensor names its converter writes (names from gguf's own map); expert (and large)
     tensors in `qtype`. nextn: the model's last layers are multi-token-prediction layers
     (counted in block_count, as llama.cpp's GLM-4.5 converter counts them); `extra` adds
     tensors by GGUF name; `file_type` is general.file_type (llama.cpp's LlamaFileType);
-    `legacy`: the layout older converters of `arch` wrote."""
+    `legacy`: the layout older converters of `arch` wrote; `split_max_tensors`: split in
+    parts of that many tensors, as gguf's writer (llama.cpp's gguf-split) names them (the
+    first part's path is returned)."""
     import gguf
 
     c = model.config
-    w = gguf.GGUFWriter(str(out), arch)
+    w = gguf.GGUFWriter(str(out), arch, split_max_tensors=split_max_tensors)
     # llama.cpp's OLMoE converter writes a fixed epsilon
     _base_kv(w, c, c.num_hidden_layers, 1e-5 if arch == "olmoe" else c.rms_norm_eps)
     _arch_kv(w, c, arch)
@@ -351,7 +354,8 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return out
+    parts = sorted(out.parent.glob(f"{out.stem}-*-of-*.gguf"))
+    return parts[0] if split_max_tensors and parts else out
 
 
 def _type_of(qtype: str, name: str, layers: int) -> str:

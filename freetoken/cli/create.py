@@ -18,6 +18,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from freetoken import gguf_split
 from freetoken.cli.client import Client
 from freetoken.cli.errors import CommandError, ServerError
 from freetoken.cli.progress import Progress
@@ -92,8 +93,11 @@ def model_files(directory: Path) -> list[Path]:
 def _local_files(path: Path) -> list[tuple[str, Path]]:
     if path.is_dir():
         return [(p.name, p) for p in model_files(path)]
-    if path.suffix.lower() == ".gguf":
-        return [(path.name, path)]
+    if path.suffix.lower() == ".gguf":  # every part, where it is one of a split file's
+        try:
+            return [(p.name, p) for p in gguf_split.parts(path)]
+        except gguf_split.MissingParts as e:
+            raise CommandError(str(e)) from None
     raise CommandError(f"'{path}' is neither a model directory nor a .gguf file")
 
 

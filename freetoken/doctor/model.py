@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from freetoken import gguf_split, quant
 from freetoken import models as archs
-from freetoken import quant
 from freetoken.ftw import INDEX
 from freetoken.models import hub
 
@@ -124,18 +124,20 @@ def _kept_format(config: dict[str, Any]) -> quant.QuantFormat | None:
 
 
 def _from_gguf(path: Path) -> ModelFacts:
+    """A GGUF file's facts (every part's, for a split one: its first holds the metadata)."""
     from gguf import GGUFReader
 
-    reader = GGUFReader(str(path))
+    files = gguf_split.parts(path)
+    readers = [GGUFReader(str(p)) for p in files]
     info = {}
-    for key, value in reader.fields.items():
+    for key, value in readers[0].fields.items():
         if value.types and len(value.data) == 1:
             info[key] = value.contents()
     shape = _shape(path.name, {}, info)
     # GGUF stacks each layer's experts into ffn_*_exps tensors: kept in their blocks where a
     # kernel reads the type, else BF16; dense weights are BF16 on the device either way
     banks = dense = 0
-    for t in reader.tensors:
+    for t in (t for r in readers for t in r.tensors):
         if "_exps" not in t.name:
             dense += int(t.n_elements) * _BF16
         elif int(t.tensor_type) in quant.GGML_TYPES:
@@ -145,7 +147,7 @@ def _from_gguf(path: Path) -> ModelFacts:
     return ModelFacts(
         bank_bytes=banks,
         dense_bytes=dense,
-        source_bytes=path.stat().st_size,
+        source_bytes=sum(p.stat().st_size for p in files),
         converted=False,
         **shape,
     )

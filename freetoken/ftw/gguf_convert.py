@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from freetoken import gguf_split
 from freetoken.ftw import DEFAULT_SHARD_LIMIT
 from freetoken.ftw.quantize import BankQuantizer
 from freetoken.ftw.reader import require_host_memory
@@ -53,13 +54,14 @@ def convert_gguf(
             (meta_dir / "config.json").write_text(json.dumps(config, indent=2))
             from freetoken.ftw.convert import fingerprint
 
+            parts = {p.name: p for p in gguf_split.parts(src)}
             meta = {
                 "model_type": config["model_type"],
                 "model_info": cls.model_info(config),
                 "source": {
                     "format": "gguf",
-                    "fingerprint": fingerprint({src.name: src}),
-                    "files": [src.name],
+                    "fingerprint": fingerprint(parts),
+                    "files": sorted(parts),
                     # the file's own name for its mix of types, true of the FTW where
                     # every tensor kept the type it had
                     **({"file_type": kind} if kind and not dequantized else {}),

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from freetoken import ftw, models
+from freetoken import ftw, gguf_split, models
 from freetoken.ftw import reader as ftw_reader
 from freetoken.models import hub
 from freetoken.models.base import ExpertSpec, uniform_spec
@@ -98,8 +98,10 @@ def is_quantized(files: dict[str, Path], config: dict[str, Any]) -> bool:
 
 
 def gguf_path(files: dict[str, Path]) -> Path | None:
-    found = [p for n, p in files.items() if n.endswith(".gguf")]
-    return Path(found[0]) if len(found) == 1 and ftw.INDEX not in files else None
+    """The GGUF file the model is (the first part of a split one), if it is one."""
+    found = {n: p for n, p in files.items() if n.endswith(".gguf")}
+    first = next(iter(found)) if len(found) == 1 else gguf_split.first_of(found)
+    return Path(found[first]) if first and ftw.INDEX not in files else None
 
 
 def load_banks(

@@ -20,6 +20,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+from freetoken import gguf_split
 from freetoken.spare import Spare
 
 __all__ = ["SPARE", "ConversionFailed", "run_converter", "source_of_files", "work_dir"]
@@ -56,7 +57,10 @@ def source_of_files(files: dict[str, Path], into: Path) -> Path:
     for name, path in files.items():
         (src / name).symlink_to(path)
     gguf = [n for n in files if n.endswith(".gguf")]
-    return src / gguf[0] if len(gguf) == 1 and len(files) == 1 else src
+    if len(gguf) == len(files) and (len(gguf) == 1 or gguf_split.first_of(gguf)):
+        # a GGUF file, or a split one's parts: the converter finds the others beside the first
+        return src / (gguf[0] if len(gguf) == 1 else gguf_split.first_of(gguf))
+    return src
 
 
 def run_converter(

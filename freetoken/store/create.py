@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from freetoken import gguf_split, quant
 from freetoken import models as archs
 from freetoken import options as opts
-from freetoken import quant
 from freetoken.models import hub
 from freetoken.store import convert
 from freetoken.store import manifest as mf
@@ -193,10 +193,11 @@ def _check_files(
     """Checks a model directory's file set; returns its manifest config blob. An FTW
     model's index and shards are checked whole (`size_of`: a file's size, None if absent).
 
-    A single GGUF file is accepted as it is: what it holds is known once it is converted.
+    A single GGUF file (or every part of a split one) is accepted as it is: what it holds
+    is known once it is converted.
     """
     ggufs = [n for n in names if n.endswith(".gguf")]
-    if len(ggufs) > 1:
+    if len(ggufs) > 1 and not gguf_split.first_of(ggufs):
         raise CreateError(f"{where}: more than one GGUF file ({', '.join(sorted(ggufs))})")
     if ggufs:
         return {}
@@ -415,7 +416,10 @@ def _from_local(plan: CreatePlan, files: dict[str, LocalFile]) -> None:
 def _from_directory(plan: CreatePlan, text: str) -> None:
     path = Path(text).expanduser().absolute()  # links to its files are made elsewhere
     if path.is_file() and path.suffix == ".gguf":
-        plan.local = {path.name: path}
+        try:
+            plan.local = {p.name: p for p in gguf_split.parts(path)}
+        except gguf_split.MissingParts as e:
+            raise CreateError(str(e)) from None
         return
     if not path.exists():
         raise CreateError(f"directory {str(path)!r} does not exist")
@@ -433,7 +437,8 @@ def _from_directory(plan: CreatePlan, text: str) -> None:
     ggufs = _gguf_names(path)
     size_of = lambda name: (path / name).stat().st_size  # noqa: E731
     plan.model_config = _check_files(set(names) | ggufs, read, where, size_of)
-    kept = [next(iter(ggufs))] if ggufs else names
+    split = gguf_split.first_of(ggufs)
+    kept = sorted(ggufs) if split else [next(iter(ggufs))] if ggufs else names
     plan.local = {name: path / name for name in kept}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from freetoken import models, quant
+from freetoken import gguf_split, models, quant
 from freetoken.models.base import GGUF_TENSORS, ExpertKey
 from freetoken.models.hub import num_experts
 from freetoken.weights import BankKey, ModelWeights, WeightsError
@@ -33,6 +33,16 @@ _FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 
 
 def _open(path: Path):
+    """The file's reader; for a part of a split GGUF, every part's, read as one file."""
+    try:
+        files = gguf_split.parts(path)
+    except gguf_split.MissingParts as e:
+        raise WeightsError(str(e)) from None
+    readers = [_open_one(p) for p in files]
+    return readers[0] if len(readers) == 1 else Parts(files, readers)
+
+
+def _open_one(path: Path):
     from freetoken.weights.gguf_checks import CheckedReader
 
     try:
@@ -41,6 +51,35 @@ def _open(path: Path):
         raise WeightsError(f"{path.name}: {e}") from None
     except Exception as e:  # gguf raises plain ValueError/struct errors on bad files
         raise WeightsError(f"{path}: not a readable GGUF file: {e}") from None
+
+
+class Parts:
+    """A split GGUF's parts as one reader: the first part's metadata, every part's tensors.
+    Each part must say it is that part of that many, and together they must hold the
+    tensors the first part counts, each once."""
+
+    def __init__(self, files: list[Path], readers: list) -> None:
+        self.fields = readers[0].fields
+        self.tensors = [t for r in readers for t in r.tensors]
+        for i, (path, reader) in enumerate(zip(files, readers)):
+            said = (_split_key(reader, "no"), _split_key(reader, "count"))
+            if said != (i, len(files)):
+                raise WeightsError(
+                    f"{path.name}: says it is part {said[0]} (from 0) of {said[1]}, "
+                    f"not {i} of {len(files)}"
+                )
+        total = _split_key(readers[0], "tensors.count")
+        names = [t.name for t in self.tensors]
+        if total != len(names) or len(set(names)) != len(names):
+            raise WeightsError(
+                f"{files[0].name}: the parts hold {len(set(names))} tensors, not the "
+                f"{total} the split counts"
+            )
+
+
+def _split_key(reader, key: str) -> int | None:
+    field = reader.fields.get(f"split.{key}")
+    return int(field.contents()) if field is not None else None
 
 
 def metadata(reader) -> dict[str, Any]:

@@ -268,3 +268,18 @@ def test_other_errors_of_an_in_place_create_are_not_retried(api, model_dir):
     with pytest.raises(ServerError, match="unknown parameter"):
         create(local_client(api), "demo", mf, Progress(io.StringIO(), tty=False))
     assert len(api.bodies("POST", "/api/create")) == 1
+
+
+def test_a_part_of_a_split_gguf_brings_every_part(api, tmp_path):
+    """FROM names one part of llama.cpp's gguf-split files: all of them are offered (or
+    uploaded); one missing is said before anything is sent."""
+    names = [f"big-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"GGUF" + name.encode())
+    mf = write_modelfile(tmp_path, f"FROM ./{names[1]}\n")
+    request = build_request(local_client(api), "big", mf, Progress(io.StringIO(), tty=False))
+    assert sorted(request["local_files"]) == names
+    (tmp_path / names[2]).unlink()
+    with pytest.raises(CommandError, match=f"missing beside it: {names[2]}"):
+        build_request(local_client(api), "big", mf, Progress(io.StringIO(), tty=False))
+    assert not [r for r in api.requests if "/api/blobs" in r.url.path]  # nothing uploaded

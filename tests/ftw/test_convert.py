@@ -102,3 +102,25 @@ def test_a_model_beyond_the_memory_available_is_refused_at_conversion(
     with pytest.raises(reader.HostMemoryError, match=r"GiB of host memory and 0\.0 GiB is"):
         convert(path, tmp_path / "ftw")
     assert not (tmp_path / "ftw").exists()
+
+
+def test_a_split_gguf_converts_as_the_whole_file(tiny_model, tmp_path):
+    """llama.cpp's gguf-split parts (here written by gguf's own writer), named by any part:
+    the same weights as the whole file; a missing part is named."""
+    from freetoken.runtime import loader
+    from freetoken.weights import WeightsError
+
+    path, hf = tiny_model
+    whole = write_gguf(hf, path, tmp_path / "whole.gguf", "F32")
+    (tmp_path / "split").mkdir()
+    first = write_gguf(hf, path, tmp_path / "split" / "m.gguf", "F32", split_max_tensors=12)
+    parts = sorted(first.parent.glob("m-*-of-*.gguf"))
+    assert first == parts[0] and len(parts) > 2
+    expected = full_logits(make_engine(convert(whole, tmp_path / "ftw-whole")), PROMPT)
+    out = convert(parts[1], tmp_path / "ftw-split")
+    assert torch.equal(full_logits(make_engine(out), PROMPT), expected)
+    files = loader.with_gguf_metadata({p.name: p for p in parts}, tmp_path / "meta")
+    assert loader.load(files, "cpu").config["num_experts"] == hf.config.num_experts
+    parts[-1].unlink()
+    with pytest.raises(WeightsError, match=f"missing beside it: {parts[-1].name}"):
+        convert(first, tmp_path / "ftw-missing")

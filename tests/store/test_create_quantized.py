@@ -54,3 +54,27 @@ def test_a_bad_tensor_is_named_and_nothing_is_stored(store, hf, tmp_path):
         create(store, "q", from_=str(gguf))
     assert store.list_models() == []
     assert not store.blobs.root.exists() or not any(store.blobs.root.iterdir())
+
+
+def test_a_split_gguf_is_created_from_any_part(store, hf, tmp_path):
+    """Every part is read (named in the request, or found beside the one FROM names), and
+    the source it records is all of them; a part missing is a clear error."""
+    first = write_gguf(hf[1], hf[0], tmp_path / "m.gguf", "Q8_0", split_max_tensors=12)
+    parts = sorted(first.parent.glob("m-*-of-*.gguf"))
+    statuses = [e["status"] for e in create(store, "s", from_=str(parts[-1]))]
+    assert statuses[-1] == "success"
+    model = store.resolve("s")
+    assert model.info["file_type"] == "Q8_0"
+    local = {p.name: _offered(p) for p in parts}
+    assert [e["status"] for e in create(store, "t", local_files=local)][-1] == "success"
+    parts[1].unlink()
+    with pytest.raises(CreateError, match=f"missing beside it: {parts[1].name}"):
+        create(store, "u", from_=str(first))
+
+
+def _offered(path):
+    """The file as a client on this machine names it (`local_files`)."""
+    from freetoken.store.create import LocalFile
+
+    st = path.stat()
+    return LocalFile(str(path), st.st_size, st.st_mtime_ns)
