@@ -181,6 +181,92 @@ def test_a_qwen3_next_in_a_qwen35moe_file_is_read_as_qwen3_next(tmp_path_factory
     family.gguf_matches(path, hf, tmp_path, "qwen35moe")
 
 
+# wide enough that the projections are packed (rows of 256), two value heads per key head
+PACKED = dict(
+    TEXT,
+    hidden_size=256,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+    head_dim=64,
+    linear_key_head_dim=32,
+    linear_value_head_dim=64,
+)
+
+
+def test_a_packed_gguf_matches_transformers_on_its_decoded_weights(tmp_path_factory, tmp_path):
+    """Q8_0 (the value heads' rows moved packed; the output projection decoded, then its
+    columns moved) against transformers on the file's weights as gguf decodes them, put back
+    in the Hub's layout by the test's own inverse of the converter."""
+    from freetoken.ftw.convert import convert
+    from tests.fixtures_gguf import write_gguf
+    from tests.runtime.engine_util import full_logits, generate, make_engine
+
+    path, hf = _build(tmp_path_factory, "qwen3.5-packed", 64, multimodal=False, text=PACKED)
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", "Q8_0", arch="qwen35moe")
+    engine = make_engine(convert(gguf, tmp_path / "ftw"), dtype="float32")
+    assert engine.model.args.linear_num_value_heads == 4
+    ref = _decoded_reference(hf, gguf)
+    (seq,) = generate(engine, [family.PROMPT], 16)
+    assert seq.output_ids == fixtures.hf_greedy(ref, family.PROMPT, 16)
+    # the CPU kernels' int8 activations apart (measured 0.006), the logits are the reference's
+    got = full_logits(engine, family.PROMPT)
+    assert family.rel(got, fixtures.hf_logits(ref, family.PROMPT)) <= 0.02
+
+
+def _decoded_reference(hf, gguf):
+    """A copy of `hf` holding the GGUF's weights as gguf decodes them, with the converter's
+    changes undone here: value heads from tiled to grouped, A = −e^{A_log}, norms less one,
+    the conv kernel's middle axis."""
+    import copy
+
+    import gguf as gg
+    import torch
+
+    from tests.fixtures_gguf import dequantized_state
+
+    c = hf.config
+    state = dequantized_state(gguf)
+    names = gg.get_tensor_name_map(gg.MODEL_ARCH.QWEN35MOE, c.num_hidden_layers)
+    hk, r = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads
+    dv, qk = c.linear_value_head_dim, 2 * c.linear_num_key_heads * c.linear_key_head_dim
+
+    def grouped(t, dim, width):
+        shape = t.shape
+        return t.reshape(*shape[:dim], r, hk, width, *shape[dim + 1 :]).transpose(dim, dim + 1)
+
+    def of(name):
+        hf_name = name.replace(".dt_bias", ".dt_proj.bias")
+        if name.endswith("experts.gate_up_proj"):
+            base = name.removesuffix(".gate_up_proj")
+            gate, up = (
+                state[names.get_name(f"{base}.{p}_proj") + ".weight"] for p in ("gate", "up")
+            )
+            return torch.cat([gate, up], 1)
+        if name.endswith("experts.down_proj"):
+            return state[names.get_name(name) + ".weight"]
+        t = state[names.get_name(hf_name, try_suffixes=(".weight", ".bias"))]
+        part = name.split(".linear_attn.")[-1]
+        if part in ("in_proj_qkv.weight", "conv1d.weight"):
+            t = torch.cat([t[:qk], grouped(t[qk:], 0, dv).reshape(t[qk:].shape)])
+        elif part == "in_proj_z.weight":
+            t = grouped(t, 0, dv).reshape(t.shape)
+        elif part in ("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+            t = grouped(t, 0, 1).reshape(t.shape)
+        elif part == "out_proj.weight":
+            t = grouped(t, 1, dv).reshape(t.shape)
+        if name.endswith("A_log"):
+            return torch.log(-t)
+        if name.endswith("norm.weight") and ".linear_attn." not in name:
+            return t - 1
+        return t
+
+    ref = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, t in ref.state_dict().items():
+            t.copy_(of(name).reshape(t.shape))
+    return ref
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_untiling_moves_packed_rows_whole(packed):
     """Rows of a packed tensor move as the decoded rows do; the output projection, whose
