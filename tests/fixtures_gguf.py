@@ -119,7 +119,7 @@ def _arch_kv(w, c, arch: str) -> None:
     import gguf
 
     sigmoid = gguf.ExpertGatingFuncType.SIGMOID
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen3vlmoe"):
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     elif arch == "qwen2moe":
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
@@ -191,7 +191,7 @@ def _tensors(model, arch: str, block_count: int, legacy: bool = False):
     as older converters wrote it (qwen3next: q/k/v/z kept in one tensor)."""
     import gguf
 
-    c = model.config
+    c = model.config.get_text_config()  # a multimodal model's language model
     arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]
     name_map = gguf.get_tensor_name_map(arch_enum, block_count)
 
@@ -202,6 +202,10 @@ def _tensors(model, arch: str, block_count: int, legacy: bool = False):
         return found
 
     for name, t in model.state_dict().items():
+        if arch == "qwen3vlmoe":  # the language model alone, named as a text model's
+            if name.startswith("model.visual."):
+                continue
+            name = name.replace("model.language_model.", "model.")
         arr = t.detach().float().numpy()
         if arch == "gpt-oss" and ".experts." in name:
             yield from _gpt_oss_experts(name, arr, gguf_name)
@@ -336,7 +340,7 @@ def write_gguf(
     first part's path is returned)."""
     import gguf
 
-    c = model.config
+    c = model.config.get_text_config()  # a multimodal model's language model
     w = gguf.GGUFWriter(str(out), arch, split_max_tensors=split_max_tensors)
     # llama.cpp's OLMoE converter writes a fixed epsilon
     _base_kv(w, c, c.num_hidden_layers, 1e-5 if arch == "olmoe" else c.rms_norm_eps)
