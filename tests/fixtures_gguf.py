@@ -154,6 +154,11 @@ def _arch_kv(w, c, arch: str) -> None:
         w.add_expert_weights_scale(c.routed_scaling_factor)
         w.add_expert_weights_norm(c.norm_topk_prob)
         w.add_expert_gating_func(sigmoid)
+    elif arch == "granitemoe":
+        w.add_attention_scale(c.attention_multiplier)
+        w.add_embedding_scale(c.embedding_multiplier)
+        w.add_residual_scale(c.residual_multiplier)
+        w.add_logit_scale(c.logits_scaling)
     elif arch in ("qwen3next", "qwen35moe"):
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
@@ -223,9 +228,12 @@ def _tensors(model, arch: str, block_count: int, legacy: bool = False):
         if name.endswith(".sinks"):  # llama.cpp's converter names them as a weight
             name += ".weight"
         name = _as_llama_cpp_reads(name)
-        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch in ("llama", "granitemoe") and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             arr = permute_for_ggml_rope(arr, heads)
+        if arch == "granitemoe" and ".experts." in name:  # its converter names them itself
+            yield from _granite_experts(name, arr)
+            continue
         if name.endswith("experts.gate_up_proj"):
             base = name.removesuffix(".gate_up_proj")
             gate, up = np.split(arr, 2, axis=1)
@@ -292,8 +300,24 @@ def _qwen3next_qkvz(name: str, arr: np.ndarray, c, gguf_name):
     yield gguf_name(f"{base}.in_proj_z.weight"), flat[3]
 
 
+def _granite_experts(name: str, arr: np.ndarray):
+    """Granite's input_linear split into gate and up banks, output_linear the down bank."""
+    import gguf
+
+    layer = int(name.split(".")[2])
+    names = gguf.TENSOR_NAMES
+    t = gguf.MODEL_TENSOR
+    if name.endswith("gate_up_proj"):
+        gate, up = np.split(arr, 2, axis=1)
+        yield names[t.FFN_GATE_EXP].format(bid=layer) + ".weight", gate
+        yield names[t.FFN_UP_EXP].format(bid=layer) + ".weight", up
+    else:
+        yield names[t.FFN_DOWN_EXP].format(bid=layer) + ".weight", arr
+
+
 def _as_llama_cpp_reads(name: str) -> str:
     """A transformers state-dict name as llama.cpp's converter looks it up."""
+    name = name.replace(".block_sparse_moe.router.weight", ".block_sparse_moe.router.layer.weight")
     name = name.replace("e_score_correction_bias", "e_score_correction.bias")
     # ERNIE's Hub checkpoints (what llama.cpp reads) keep the bias beside the router
     return name.replace(".mlp.gate.moe_statics.", ".mlp.moe_statics.")

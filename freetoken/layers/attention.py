@@ -42,6 +42,7 @@ class Attention(nn.Module):
     gate: q_proj also yields a gate per head (its rows, head by head, are that head's q then
         its gate); the attention output is scaled by σ(gate) before o_proj (Qwen3-Next).
     zero_centered: the q/k norms scale by 1 + weight (layers/norm.py).
+    scale: what q·k is multiplied by (default 1/√head_dim; Granite sets its own).
     Partial rotary needs no option: the rope tables' width is the rotated width.
     """
 
@@ -63,11 +64,12 @@ class Attention(nn.Module):
         sinks: bool = False,
         gate: bool = False,
         zero_centered: bool = False,
+        scale: float | None = None,
     ):
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.qk_norm = "head" if qk_norm is True else (qk_norm or None)
         if self.qk_norm not in (None, *QK_NORMS):
             raise ValueError(f"unknown q/k norm {qk_norm!r} (one of {QK_NORMS})")

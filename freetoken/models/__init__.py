@@ -65,6 +65,7 @@ ARCHITECTURES: dict[str, Arch] = {
         Arch("qwen3_5_moe_text", "freetoken.models.qwen3_5_moe", "qwen35moe", "qwen35moe"),
         Arch("ernie4_5_moe", "freetoken.models.ernie4_5_moe", "ernie4_5-moe", "ernie4_5-moe"),
         Arch("dots1", "freetoken.models.dots1", "dots1", "dots1"),
+        Arch("granitemoe", "freetoken.models.granitemoe", "granitemoe", "granitemoe"),
         # the multimodal checkpoint's language model, on text
         Arch("qwen3_vl_moe", "freetoken.models.qwen3_vl_moe", "qwen3vlmoe", "qwen3vlmoe"),
     )
