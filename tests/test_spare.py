@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from freetoken.spare import Spare
+from tests import procs
 
 # A module that notes when it was imported and, when run, what it was given and by whom.
 _JOB = """
@@ -95,7 +96,7 @@ def test_closing_ends_the_waiting_one_without_running_anything(spare, tmp_path):
     pid = spare.pid
     assert pid is not None and _imported(tmp_path, pid)
     spare.close()
-    assert not _alive(pid) and not spare.on and spare.pid is None
+    assert not procs.running(pid) and not spare.on and spare.pid is None
     spare.refill()  # off: starts nothing
     assert spare.pid is None
 
@@ -123,19 +124,7 @@ def test_a_spare_whose_holder_is_gone_exits_without_its_job(tmp_path):
     assert _imported(tmp_path, pid)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, exited but not yet reaped by init, counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    procs.wait_gone(pid)
 
 
 def test_the_event_loop_s_spare_runs_its_job_and_ends_when_closed(tmp_path):
@@ -162,4 +151,4 @@ def test_the_event_loop_s_spare_runs_its_job_and_ends_when_closed(tmp_path):
 
     out, pid, code, waiting = asyncio.run(run())
     assert out.split() == [b"ran", str(pid).encode(), b"x"] and code == 0
-    assert waiting not in (None, pid) and not _alive(waiting)
+    assert waiting not in (None, pid) and not procs.running(waiting)

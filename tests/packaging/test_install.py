@@ -11,11 +11,11 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from tests.procs import wait_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -32,18 +32,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait(url: str, proc: subprocess.Popen, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"{url} did not answer"
-            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +100,8 @@ def test_the_installed_command_runs_and_serves_the_demo(installed, tmp_path):
         _start([str(ft), "serve"], env, tmp_path),
     ]
     try:
-        _wait(f"http://127.0.0.1:{reg_port}/v2/", procs[0])
-        _wait(f"http://127.0.0.1:{port}/", procs[1])
+        wait_answering(f"http://127.0.0.1:{reg_port}/v2/", procs[0], 120)
+        wait_answering(f"http://127.0.0.1:{port}/", procs[1], 120)
         run = lambda *a: subprocess.run(  # noqa: E731
             [str(ft), *a], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
         )

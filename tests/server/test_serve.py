@@ -4,11 +4,11 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
 from freetoken.store import Store
+from tests import procs
 
 from .harness import free_port, tiny_model_dir
 
@@ -27,14 +27,8 @@ def test_serve_prunes_then_answers(tmp_path):
         [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
+        procs.wait_answering(f"http://127.0.0.1:{port}/", proc)
+        r = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
         assert r.text == "Ollama is running"
         assert httpx.get(f"http://127.0.0.1:{port}/api/tags").json() == {"models": []}
         assert list(store.blobs.root.iterdir()) == []
@@ -73,26 +67,9 @@ def test_a_second_server_on_a_busy_port_says_so_and_never_listening(tmp_path):
     assert "listening on" not in r.stderr
 
 
-def _children(pid: int, marker: str) -> list[int]:
-    """Processes whose parent is `pid` and whose command line holds `marker`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and _running(int(entry.name)) and marker in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 def _one_spare(server: int, module: str, seconds: float = 30) -> int:
     deadline = time.monotonic() + seconds
-    while not (found := _children(server, f"freetoken.spare {module}")):
+    while not (found := procs.children(server, f"freetoken.spare {module}")):
         assert time.monotonic() < deadline, f"no {module} started ahead"
         time.sleep(0.05)
     assert len(found) == 1
@@ -112,54 +89,28 @@ def test_a_create_and_a_load_take_the_processes_started_ahead(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "freetoken", "serve"], env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_answering(url, proc)
+        procs.wait_answering(url, proc)
         first = _one_spare(proc.pid, CONVERTER)
         source = str(tiny_model_dir())
         r = httpx.post(f"{url}/api/create", json={"model": "t", "from": source}, timeout=120)
         assert r.status_code == 200 and r.text.strip().endswith('{"status":"success"}'), r.text
-        assert not _running(first)  # it ran the conversion and ended
+        assert not procs.running(first)  # it ran the conversion and ended
         assert [m["name"] for m in httpx.get(f"{url}/api/tags").json()["models"]] == ["t:latest"]
         runner = _one_spare(proc.pid, RUNNER)
         r = httpx.post(f"{url}/api/generate", json={"model": "t"}, timeout=300)  # a load
         assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
         # it is the runner now (its command line still the spare's), and another waits
         deadline = time.monotonic() + 30
-        while len(now := _children(proc.pid, f"freetoken.spare {RUNNER}")) < 2:
+        while len(now := procs.children(proc.pid, f"freetoken.spare {RUNNER}")) < 2:
             assert time.monotonic() < deadline, "no runner started ahead after the load"
             time.sleep(0.05)
         assert runner in now and len(now) == 2
         r = httpx.post(f"{url}/api/generate", json={"model": "t", "keep_alive": 0}, timeout=60)
         assert r.status_code == 200
-        _wait_gone(runner)
+        procs.wait_gone(runner)
         waiting = [_one_spare(proc.pid, m) for m in (CONVERTER, RUNNER)]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     for pid in waiting:  # ended by the server, or by their input's end
-        _wait_gone(pid)
-
-
-def _wait_gone(pid: int, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while _running(pid):
-        assert time.monotonic() < deadline, f"process {pid} is still running"
-        time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _wait_answering(url: str, proc: subprocess.Popen, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        procs.wait_gone(pid)
