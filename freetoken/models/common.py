@@ -59,6 +59,16 @@ def rotary_dim(cfg: Mapping[str, Any], head_dim: int, default_factor: float = 1.
     return int(head_dim * float(factor))
 
 
+# where a multimodal checkpoint keeps its language model's tensors
+LANGUAGE_MODEL = r"^model\.language_model\."
+_LANGUAGE_MODEL = re.compile(LANGUAGE_MODEL)
+
+
+def language_model(name: str) -> str:
+    """A multimodal checkpoint's language-model tensor under the text model's name."""
+    return _LANGUAGE_MODEL.sub("model.", name)
+
+
 def renamer(*pairs: tuple[str, str]) -> Callable[[str], str]:
     """A `dense_key`: checkpoint names to the model's, by regex substitutions in order."""
     compiled = [(re.compile(p), r) for p, r in pairs]

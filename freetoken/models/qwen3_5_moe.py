@@ -26,7 +26,6 @@ from freetoken.models.hub import text_config
 
 GGUF_ARCH = "qwen35moe"
 
-_PREFIX = re.compile(r"^model\.language_model\.")
 _IGNORED = re.compile(r"(?:mtp|model\.visual)\.")
 
 
@@ -42,27 +41,23 @@ def _layer(a: ModelArgs, i: int) -> next_.HybridLayer:
     return next_.HybridLayer(mixer, next_.moe_block(a, i), a.hidden_size, a.rms_norm_eps)
 
 
-def _language_model(name: str) -> str:
-    return _PREFIX.sub("model.", name)
-
-
 _experts = common.ExpertNames()
 
 
 class Model(next_.Model):
     args_class = ModelArgs
     build_layer = staticmethod(_layer)
-    dense_key = staticmethod(common.renamer((_PREFIX.pattern, "model."), *next_._SHARED))
+    dense_key = staticmethod(common.renamer((common.LANGUAGE_MODEL, "model."), *next_._SHARED))
 
     @staticmethod
     def expert_key(name: str) -> ExpertKey | None:
-        return _experts(_language_model(name))
+        return _experts(common.language_model(name))
 
     @classmethod
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:
         if _IGNORED.match(name):
             return True
-        return super().ignored(_language_model(name), text_config(config))
+        return super().ignored(common.language_model(name), text_config(config))
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.models import qwen3_moe
+from freetoken.models import common, qwen3_moe
 from freetoken.models.base import ExpertKey
 from freetoken.models.hub import standard_info, text_config
 
 GGUF_ARCH = "qwen3vlmoe"
 
-_PREFIX = re.compile(r"^model\.language_model\.")
 _IGNORED = re.compile(r"model\.visual\.")
 _BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
 
@@ -37,10 +36,6 @@ class ModelArgs(qwen3_moe.ModelArgs):
         return super().from_dict({**text_config(cfg), "norm_topk_prob": True})
 
 
-def _language_model(name: str) -> str:
-    return _PREFIX.sub("model.", name)
-
-
 class Model(qwen3_moe.Model):
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Model:
@@ -48,11 +43,11 @@ class Model(qwen3_moe.Model):
 
     @staticmethod
     def dense_key(name: str) -> str:
-        return _language_model(name)
+        return common.language_model(name)
 
     @staticmethod
     def expert_key(name: str) -> ExpertKey | None:
-        m = _BANK.fullmatch(_language_model(name))
+        m = _BANK.fullmatch(common.language_model(name))
         if m is None:
             return None
         bank = "gate_up" if m.group(2) == "gate_up_proj" else "down"
@@ -62,7 +57,7 @@ class Model(qwen3_moe.Model):
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:
         if _IGNORED.match(name):
             return True
-        return super().ignored(_language_model(name), text_config(config))
+        return super().ignored(common.language_model(name), text_config(config))
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ entry claims (Qwen's families, OLMoE, architectures added later) get the format 
 markers their template shows, Qwen's when it shows none of the others'.
 
 Forced calls (`tool_choice`) have grammars in every format: JSON arguments (Qwen's,
-DeepSeek's, Mistral's, Harmony's) or tagged parameters whose strings are bare text and
+DeepSeek's, Mistral's, Granite's, Harmony's) or tagged parameters whose strings are bare text and
 other values JSON (GLM's, MiniMax-M2's, Qwen3-Coder's, DeepSeek-V4's DSML).
 """
 
@@ -21,6 +21,7 @@ from freetoken.chat.formats.base import CallSection, ChatFormat, Event, ParseOpt
 from freetoken.chat.formats.deepseek import DeepSeekFormat
 from freetoken.chat.formats.dsml import DsmlFormat
 from freetoken.chat.formats.glm import GlmFormat
+from freetoken.chat.formats.granite import GraniteFormat
 from freetoken.chat.formats.harmony import HarmonyFormat
 from freetoken.chat.formats.minimax import MiniMaxFormat
 from freetoken.chat.formats.mistral import MistralFormat
@@ -36,6 +37,7 @@ __all__ = [
     "DsmlFormat",
     "Event",
     "GlmFormat",
+    "GraniteFormat",
     "HarmonyFormat",
     "MiniMaxFormat",
     "MistralFormat",
@@ -53,6 +55,7 @@ FORMATS: tuple[type[ChatFormat], ...] = (
     MiniMaxFormat,
     MistralFormat,
     HarmonyFormat,
+    GraniteFormat,
 )
 
 # model_type -> the format the family's checkpoints are trained to write
@@ -66,6 +69,7 @@ BY_ARCHITECTURE: dict[str, type[ChatFormat]] = {
     "minimax_m2": MiniMaxFormat,
     "mixtral": MistralFormat,
     "gpt_oss": HarmonyFormat,
+    "granitemoe": GraniteFormat,
 }
 
 # what identifies a format in a template, most specific first (Qwen's is the default)
@@ -76,6 +80,7 @@ _TEMPLATE_MARKS: tuple[tuple[type[ChatFormat], str], ...] = (
     (MiniMaxFormat, "<minimax:tool_call>"),
     (GlmFormat, "<arg_key>"),
     (MistralFormat, "[TOOL_CALLS]"),
+    (GraniteFormat, "<|tool_call|>"),
 )
 
 # every format's control tokens: the runner decodes them as text, whatever the request's

@@ -10,6 +10,7 @@ from freetoken.chat.formats import (
     DeepSeekFormat,
     DsmlFormat,
     GlmFormat,
+    GraniteFormat,
     HarmonyFormat,
     MiniMaxFormat,
     MistralFormat,
@@ -30,6 +31,7 @@ from freetoken.tools import synth
         ("minimax_m2", MiniMaxFormat),
         ("mixtral", MistralFormat),
         ("gpt_oss", HarmonyFormat),
+        ("granitemoe", GraniteFormat),
     ],
 )
 def test_the_architecture_declares_the_format_whatever_the_template(architecture, cls):
@@ -40,6 +42,7 @@ def test_the_architecture_declares_the_format_whatever_the_template(architecture
 def test_every_architecture_that_is_not_claimed_is_read_from_its_template():
     unclaimed = set(models.ARCHITECTURES) - set(formats.BY_ARCHITECTURE)
     qwen = {"qwen3_moe", "qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"}
+    qwen |= {"qwen3_vl_moe"}
     assert unclaimed == qwen | {"olmoe", "ernie4_5_moe", "dots1"}
 
 
