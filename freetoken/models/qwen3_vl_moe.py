@@ -8,7 +8,8 @@ Checkpoints are the multimodal model's: config.json nests the language model's s
 under `text_config`, its tensors sit under `model.language_model.`, the vision tower
 (`model.visual.`) is ignored, and the experts are whole banks stored transposed
 (gate_up_proj [E, H, 2I], down_proj [E, I, H]). llama.cpp's `qwen3vlmoe` GGUF holds the
-language model with Qwen3-MoE's tensor names (its vision tower is a file of its own).
+language model with Qwen3-MoE's tensor names (its vision tower is a file of its own);
+Ollama's holds the vision tower too, which is left out.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from freetoken.models.hub import standard_info, text_config
 
 GGUF_ARCH = "qwen3vlmoe"
 
-_IGNORED = re.compile(r"model\.visual\.")
+# the vision tower: the Hub's model.visual., and the v.* (and mm.*) tensors Ollama's GGUF
+# files hold beside the language model's
+_IGNORED = re.compile(r"model\.visual\.|v\.|mm\.")
 _BANK = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
 
 

@@ -112,3 +112,24 @@ def test_the_checkpoint_s_layout_and_what_is_ignored(multimodal, tmp_path):
 
 def test_gguf_import_matches_transformers(multimodal, tmp_path):
     family.gguf_matches(*multimodal, tmp_path, "qwen3vlmoe")
+
+
+def test_ollama_s_file_with_the_vision_tower_inside_reads_its_language_model(multimodal, tmp_path):
+    """Ollama's qwen3vlmoe file holds the vision tower too (`v.*` tensors, `vision.*`
+    keys): they are left out."""
+    import numpy as np
+
+    from freetoken.ftw.convert import convert
+    from tests.fixtures_gguf import write_gguf
+    from tests.runtime.engine_util import full_logits, make_engine
+
+    path, hf = multimodal
+    vision = {
+        "v.blk.0.attn_qkv.weight": np.ones((96, 32), np.float32),
+        "v.patch_embed.weight": np.ones((32, 48), np.float32),
+        "v.deepstack_merger.0.norm.weight": np.ones(32, np.float32),
+    }
+    gguf = write_gguf(hf, path, tmp_path / "m.gguf", "F32", arch="qwen3vlmoe", extra=vision)
+    engine = make_engine(convert(gguf, tmp_path / "ftw"))
+    got = full_logits(engine, family.PROMPT)
+    assert family.rel(got, fixtures.hf_logits(hf, family.PROMPT)) <= 1e-4
