@@ -114,3 +114,13 @@ LEVELS = (
     "{%- elif enable_thinking is defined %}{{ 'on' if enable_thinking else 'off' }}"
     "{%- else %}unset{% endif %}>"
 )
+
+GRANITE = (
+    "{% if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}"
+    "<|end_of_text|>\n{% endif %}{% for m in messages %}"
+    "{% if m.tool_calls %}<|start_of_role|>assistant<|end_of_role|>{{ m.content }}<|tool_call|>"
+    "{{ m.tool_calls | map(attribute='function') | list | tojson }}<|end_of_text|>\n"
+    "{% elif m.role == 'tool' %}<|start_of_role|>tool_response<|end_of_role|>{{ m.content }}"
+    "<|end_of_text|>\n{% else %}<|start_of_role|>{{ m.role }}<|end_of_role|>{{ m.content }}"
+    "<|end_of_text|>\n{% endif %}{% endfor %}<|start_of_role|>assistant<|end_of_role|>"
+)

@@ -94,6 +94,13 @@ def _mixtral(f: pytest.TempPathFactory) -> Path:
     return m._build(f, "fmt-mixtral", m.CONFIG, 84)[0]
 
 
+def _granite(f: pytest.TempPathFactory) -> Path:
+    from tests.models import test_granitemoe as m
+
+    # an output head of its own, as the script needs
+    return m._build(f, "fmt-granite", {**m.CONFIG, "tie_word_embeddings": False}, 86)[0]
+
+
 DS_BEGIN, DS_CALL, DS_SEP = "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"
 DS_END, DS_CLOSE = "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"
 
@@ -172,6 +179,18 @@ FAMILIES = {
         "",
         "Let me check.",
         BOTH,
+    ),
+    "granite": Family(
+        _granite,
+        templates.GRANITE,
+        ["<|end_of_role|>", "Let me check.", "<|tool_call|>"]
+        + ['[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, ']
+        + ['{"name": "get_time", "arguments": {"zone": "Asia/Tokyo", "n": [1, 2]}}]'],
+        ("<|end_of_role|>", "<|tool_call|>"),
+        "",
+        "Let me check.",
+        BOTH,
+        eos="<|end_of_text|>",
     ),
     "harmony": Family(
         _qwen,

@@ -34,13 +34,17 @@ CONFIG = dict(
 )
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def _build(tmp_path_factory, name, config, seed):
     from transformers import GraniteMoeConfig, GraniteMoeForCausalLM
 
-    path = tmp_path_factory.mktemp("granitemoe")
-    hf = fixtures.hf_model(path, GraniteMoeConfig, GraniteMoeForCausalLM, CONFIG, seed=81)
+    path = tmp_path_factory.mktemp(name)
+    hf = fixtures.hf_model(path, GraniteMoeConfig, GraniteMoeForCausalLM, config, seed=seed)
     return path, hf
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return _build(tmp_path_factory, "granitemoe", CONFIG, 81)
 
 
 def test_logits_and_greedy_tokens_match_transformers(hub):
