@@ -106,6 +106,8 @@ class Runner:
         self.socket = workdir / "runner.sock"
         self.info: dict[str, Any] = {}
         self.started_at = time.monotonic()
+        self.ahead = False  # started ahead of its job (AsyncSpare)
+        self.answered = False  # its /health has answered at least once
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         # One connection per request in flight: the residency's queue cap is the
         # backpressure (a 503 past it), so a request never waits here for a connection,
@@ -136,30 +138,55 @@ class Runner:
     ) -> Runner:
         """Starts the process (or hands `spare`'s waiting one the job) and waits until it
         reports the model loaded; `max_connections` bounds the requests that can be in
-        flight to it at once."""
+        flight to it at once. A runner started ahead that never answers (it had ended while
+        it waited: killed, out of memory) is replaced by one started now."""
+        python = python or sys.executable
+        try:
+            for source in (spare, None) if spare is not None else (None,):
+                runner = await cls._launch(spec, python, max_connections, source)
+                try:
+                    await runner._wait_ready(load_timeout, on_progress)
+                    return runner
+                except RunnerError:
+                    await runner.stop()
+                    if not runner.ahead or runner.answered:
+                        raise
+                    log.warning(
+                        "the runner started ahead for %s had ended; starting one", spec.name
+                    )
+                except BaseException:
+                    await runner.stop()
+                    raise
+            raise AssertionError("a runner started now is never retried")
+        finally:
+            if spare is not None:  # the next one's imports, now that this load's are done
+                await spare.refill()
+
+    @classmethod
+    async def _launch(
+        cls, spec: RunnerSpec, python: str, max_connections: int, spare: AsyncSpare | None
+    ) -> Runner:
+        """The process for `spec`: `spare`'s waiting one where it has one, else a new one."""
         workdir = Path(tempfile.mkdtemp(prefix="freetoken-runner-"))
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(asdict(spec)))
         # --parent-pid: the runner exits when this process is gone, however it went.
         args = ["--socket", str(workdir / "runner.sock"), "--spec", str(spec_path)]
         args += ["--parent-pid", str(os.getpid())]
-        python = python or sys.executable
         proc = spare.take(args, python) if spare is not None else None
-        ahead = " (started ahead)" if proc is not None else ""
+        ahead = proc is not None
         if proc is None:
             proc = await asyncio.create_subprocess_exec(
                 python, "-m", MODULE, *args, stdin=asyncio.subprocess.DEVNULL, **SPAWN
             )
         runner = cls(spec, proc, workdir, max_connections)
-        log.info("runner for %s started (pid %d)%s", spec.name, proc.pid, ahead)
-        try:
-            await runner._wait_ready(load_timeout, on_progress)
-        except BaseException:
-            await runner.stop()
-            raise
-        finally:
-            if spare is not None:  # the next one's imports, now that this load's are done
-                await spare.refill()
+        runner.ahead = ahead
+        log.info(
+            "runner for %s started (pid %d)%s",
+            spec.name,
+            proc.pid,
+            " (started ahead)" if ahead else "",
+        )
         return runner
 
     @property
@@ -242,6 +269,7 @@ class Runner:
     async def _health(self) -> dict[str, Any]:
         try:
             r = await self._client.get("/health", timeout=5.0)
+            self.answered = True
             data = r.json()
             return data if isinstance(data, dict) else {}
         except (httpx.TransportError, ValueError):

@@ -128,3 +128,53 @@ def test_the_runners_load_judgement_reaches_the_server_log(caplog):
     assert levels["t runner INFO doctor: decode: at most 9.0 tok/s"] == logging.INFO
     assert levels["t runner WARNING pinning refused"] == logging.INFO
     assert levels["t runner INFO CPU experts: C++ (avx2) (built)"] == logging.INFO
+
+
+def test_a_runner_started_ahead_runs_the_load_and_one_that_ended_is_replaced(files, caplog):
+    """The load runs in the process started ahead; where that process had ended while it
+    waited (killed here), the load starts a runner of its own and succeeds."""
+    import os
+    import signal
+    import sys
+
+    from freetoken.server.runner import MODULE, SPAWN
+    from freetoken.spare import AsyncSpare
+    from tests import procs
+
+    async def scenario():
+        spare = AsyncSpare(MODULE, **SPAWN)
+        await spare.start(sys.executable)
+        try:
+            waiting = spare.pid
+            runner = await Runner.start(spec(files), spare=spare)
+            assert runner.pid == waiting and runner.ahead
+            await runner.stop()
+            killed = spare.pid  # the next one, started once that load was done
+            assert killed not in (None, waiting)
+            os.kill(killed, signal.SIGKILL)
+            procs.wait_gone(killed)
+            await _loads_without(spare, killed)
+            # ended just as it was handed the job: the load finds out, and starts one
+            take = spare.take
+
+            def take_one_that_ends(argv, python):
+                proc = take(argv, python)
+                proc.kill()
+                return proc
+
+            spare.take = take_one_that_ends
+            await spare.refill()
+            await _loads_without(spare, spare.pid)
+        finally:
+            await spare.close()
+
+    async def _loads_without(spare, dead):
+        runner = await Runner.start(spec(files), spare=spare)
+        try:
+            assert runner.pid != dead and not runner.ahead and runner.alive
+        finally:
+            await runner.stop()
+
+    caplog.set_level("WARNING", logger="freetoken.server.runner")
+    asyncio.run(scenario())
+    assert "the runner started ahead for tiny:latest had ended; starting one" in caplog.text
