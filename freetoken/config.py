@@ -249,6 +249,14 @@ SETTINGS: tuple[Setting, ...] = (
         "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)",
     ),
     Setting(
+        "lookahead",
+        "FREETOKEN_LOOKAHEAD",
+        _choice("auto", "on", "off"),
+        "auto",
+        "with the books on the device, a decode step guesses the next MoE layer's experts from "
+        "its router and fetches them while the current layer computes (auto: on GPUs)",
+    ),
+    Setting(
         "huge_pages",
         "FREETOKEN_HUGE_PAGES",
         _choice("auto", "on", "off"),

@@ -28,6 +28,8 @@ def _summary(name: str, stats: dict) -> dict:
         "pcie_ms_per_expert": experts.get("pcie_cost_ms"),
         "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
         "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
+        # experts fetched on the next layer's guessed routes (lookahead), since load
+        "guessed": experts.get("guessed"),
         "placement": (experts.get("placement") or {}).get("mode"),
         "books": experts.get("books"),
         # what adaptive measured: step time per placement and per PCIe share, and the lane

@@ -44,7 +44,9 @@ def _arguments() -> argparse.ArgumentParser:
         "--policies",
         default="lru-pcie,cpu-misses,static-layers,adaptive",
         help="comma-separated; NAME:host keeps the cache's books on the host, "
-        "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs)",
+        "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs), "
+        "NAME:ahead fetches the next layer's experts ahead on the routing's own (always right) "
+        "guesses",
     )
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
@@ -114,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     for p in args.policies.split(","):  # before the model is built: a typo costs nothing
         name, _, variant = p.partition(":")
-        if name not in POLICIES or variant not in ("", "host", "lane", "nolane"):
+        if name not in POLICIES or variant not in ("", "host", "lane", "nolane", "ahead"):
             ap.error(
                 f"unknown policy {p!r}: one of {', '.join(POLICIES)}, "
-                "optionally :host, :lane or :nolane"
+                "optionally :host, :lane, :nolane or :ahead"
             )
     if args.quant and args.quant not in (*quant.FORMATS, *quant.QUANTIZE_TYPES):
         ap.error(f"unknown --quant {args.quant!r}")

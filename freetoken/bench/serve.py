@@ -54,6 +54,7 @@ COLUMNS = [
     ("ttft_ms", "TTFT ms"),
     ("hit_rate", "hit"),
     ("misses_per_token", "miss/tok"),
+    ("guessed_per_token", "guess/tok"),
     ("placement", "placement"),
     ("lane_ms", "lane ms"),
     ("host_ms", "host ms"),
@@ -153,9 +154,11 @@ def window(before: dict, after: dict) -> dict[str, Any]:
     if not c1 or tokens <= 0 or steps <= 0:
         return {"placement": after.get("placement")}
     hits, misses = c1["hits"] - c0.get("hits", 0), c1["misses"] - c0.get("misses", 0)
+    guessed = (after.get("guessed") or 0) - (before.get("guessed") or 0)
     return {
         "hit_rate": hits / max(hits + misses, 1),
         "misses_per_token": misses / tokens,
+        "guessed_per_token": guessed / tokens,
         "misses_per_step": misses / steps,
         "placement": after.get("placement"),
         # adaptive's moves in the window: each a visit's edge, and the graphs recaptured

@@ -18,7 +18,7 @@ import torch
 from freetoken.bench import bw, packed, routing, synthmodel
 from freetoken.layers.context import SeqSpan, StepContext, step_context
 from freetoken.moe import setup
-from freetoken.moe.backend import ExpertBackend, ExpertsOps
+from freetoken.moe.backend import ExpertBackend, ExpertsOps, routers_of
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.budget import ACTIVATION_RESERVE
 from freetoken.moe.cache import ExpertCache
@@ -85,7 +85,10 @@ class Bench:
         """`policy` as the runner has it (on a GPU, adaptive's single-token CPU routes go
         through the CPU lane); "NAME:host" keeps the cache's books on the host (no device-kept
         books), "adaptive:nolane" serves CPU routes from the host, and "adaptive:lane" through
-        the lane even on a CPU: each measures what the piece it leaves out brings."""
+        the lane even on a CPU: each measures what the piece it leaves out brings.
+        "NAME:ahead" fetches the next layer's guessed experts ahead (moe/lookahead.py); under
+        trace or uniform routing the routers read the table, so the guesses are always right:
+        the ceiling of what guessing brings, not what a model's routers achieve."""
         policy, _, books = policy.partition(":")
         if self.backend is not None:
             self.backend.close()
@@ -120,8 +123,10 @@ class Bench:
             split,
             self.sm.device,
             device_lru=self.sm.device.type == "cuda" and books != "host",
-            cpu_lane=books == "lane" or (books == "" and self.sm.device.type == "cuda"),
+            cpu_lane=books == "lane" or (books in ("", "ahead") and self.sm.device.type == "cuda"),
+            lookahead=books == "ahead",
         )
+        self.backend.use_routers(routers_of(self.sm.model))
         self._ops.route_through(self.backend)
         self.backend.warm()
         return self.backend

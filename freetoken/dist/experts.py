@@ -114,6 +114,10 @@ class DistributedExperts(ExpertBackend):
     def account_device(self, layer: int, routes: int) -> None:
         self.local.account_device(layer, routes)
 
+    def use_routers(self, routers: dict) -> None:
+        """No guesses: each rank's books keep only its own experts, and a layer's routes
+        reach the ranks together (the local backend was built without lookahead)."""
+
     def between_steps(self, tokens: int) -> None:
         self.local.between_steps(tokens)
 

@@ -14,10 +14,10 @@ from collections.abc import Hashable
 import torch
 from torch import nn
 
-from freetoken.layers.moe import Experts
+from freetoken.layers.moe import Experts, Router, SparseMoeBlock
 from freetoken.weights import WeightsError
 
-__all__ = ["ExpertBackend", "ExpertsOps", "attach"]
+__all__ = ["ExpertBackend", "ExpertsOps", "attach", "routers_of"]
 
 
 class ExpertBackend(abc.ABC):
@@ -36,6 +36,12 @@ class ExpertBackend(abc.ABC):
     @abc.abstractmethod
     def account_device(self, layer: int, routes: int) -> None:
         """Counts a layer run inside a graph, at each replay (a capture counts nothing)."""
+
+    @abc.abstractmethod
+    def use_routers(self, routers: dict[int, Router]) -> None:
+        """The model's router of each MoE layer, given once at attach: a backend may guess a
+        layer's experts ahead of its call with them (a guess never replaces the call's
+        routes)."""
 
     # --- between steps ------------------------------------------------------------------
     @abc.abstractmethod
@@ -154,3 +160,10 @@ def attach(model: nn.Module, backend: ExpertBackend, layers: list[int]) -> None:
         if m.layer not in layers:
             raise WeightsError(f"checkpoint has no experts for layer {m.layer}")
         m.backend = backend
+    backend.use_routers(routers_of(model))
+
+
+def routers_of(model: nn.Module) -> dict[int, Router]:
+    """The router of each MoE layer built as a `SparseMoeBlock`, by its experts' layer."""
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    return {b.experts.layer: b.gate for b in blocks}

@@ -101,15 +101,22 @@ class DeviceLRU:
         return slots
 
     def assign(
-        self, layer: int, ids: torch.Tensor, split: bool = False
+        self,
+        layer: int,
+        ids: torch.Tensor,
+        split: bool = False,
+        counts: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Books a step's routes `ids` [T, k]: slots [T, k], what to fetch (a slot per route,
         -1 for none) and which routes are left to the CPU ([T·k] bool).
 
         Every miss is fetched, or with `split` the first round(share·m) of the m missed
-        experts in route order (`self.share`); the others keep slot -1 and are not cached."""
+        experts in route order (`self.share`); the others keep slot -1 and are not cached.
+        The hits, misses, evictions and fetches are added to `counts` [4] (the layer's row
+        of `self.counts` unless given: guessed routes count apart)."""
+        counts = self.counts[layer] if counts is None else counts
         if self.fused and self.device.type == "cuda" and self.cache.capacity <= FUSED_MAX_SLOTS:
-            return self.assign_fused(layer, ids, split)
+            return self.assign_fused(layer, ids, split, counts)
         E, S = self.cache.E, self.cache.capacity
         flat = ids.reshape(-1) + layer * E  # [T·k]
         k = flat.numel()
@@ -137,13 +144,13 @@ class DeviceLRU:
         self.owner.scatter_(0, target, flat.masked_fill(~fetched, -1))
         self.stamp.scatter_(0, target, now)
         self.stamp[S:].fill_(NEVER)
-        self.counts[layer] += torch.stack([hit.sum(), miss.sum(), (old >= 0).sum(), fetched.sum()])
+        counts += torch.stack([hit.sum(), miss.sum(), (old >= 0).sum(), fetched.sum()])
         self.clock += 1
         final = self.slot_of.index_select(0, flat).long()  # a repeated expert's slot too
         return final.view(ids.shape), v.masked_fill(~fetched, -1).to(torch.int32), final < 0
 
     def assign_fused(
-        self, layer: int, ids: torch.Tensor, split: bool = False
+        self, layer: int, ids: torch.Tensor, split: bool, counts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`assign` as one kernel launch (kernels/triton/books.py): the same books and results."""
         from freetoken.kernels.triton import books
@@ -159,7 +166,7 @@ class DeviceLRU:
             self.owner,
             self.stamp,
             self.clock,
-            self.counts[layer],
+            counts,
             slots,
             fetch,
             cpu,

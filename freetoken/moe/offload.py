@@ -33,6 +33,7 @@ from freetoken.moe.counters import Counters
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import Split
 from freetoken.moe.learned import Learned
+from freetoken.moe.lookahead import Lookahead
 from freetoken.moe.paths import CpuPath, DeviceBooksPath, HostBooksPath, Shared
 from freetoken.moe.placement import PlacementState
 from freetoken.moe.policy import POLICIES, Mode, Policy
@@ -64,6 +65,7 @@ class OffloadExperts(ExpertBackend):
         cpu_lane: bool = False,
         learned: Learned | None = None,
         hot: hotset.HotSet | None = None,
+        lookahead: bool = False,
     ):
         self.policy = Policy.parse(policy)
         self.learned, self.hot = learned, hot
@@ -93,6 +95,7 @@ class OffloadExperts(ExpertBackend):
         self.cpu = CpuPath(self.shared)
         self.host_books = HostBooksPath(self.shared, self.cpu, self._choose, self.policy.uses_cpu)
         self.device_books = DeviceBooksPath(self.shared, self.cpu)
+        self._lookahead = lookahead  # wanted: built once the model's routers are given
         # cpu-misses keeps the books on the device where the lane computes its misses: split
         # at a share of 0, each step one graph (the host's books cost a round trip a layer)
         self._device_lru = device_lru and (
@@ -288,6 +291,12 @@ class OffloadExperts(ExpertBackend):
     def account_device(self, layer: int, routes: int) -> None:
         self.shared.account_device(layer, routes)
 
+    def use_routers(self, routers: dict) -> None:
+        """Guesses come only where every miss is fetched with the books on the device: a
+        decode step of lru-pcie, or of adaptive's device placement."""
+        if self._lookahead and self._device_lru and self.cache is not None:
+            self.device_books.lookahead = Lookahead(routers, list(self.banks.layers), self.device)
+
     # --- between steps --------------------------------------------------------------------
     def between_steps(self, tokens: int) -> None:
         """Times the step that just ended (adaptive), moves to the placement the tuner asks
@@ -418,10 +427,17 @@ class OffloadExperts(ExpertBackend):
     # --- statistics -----------------------------------------------------------------------
     @property
     def steps(self) -> dict:
-        """Counters of routed work (a copy), with the misses the device-kept books have counted."""
+        """Counters of routed work (a copy), with the misses the device-kept books have counted
+        and the experts fetched on guesses ("guessed", apart from q: fetches of missed routes)."""
         _, m, _, f = self._unpulled()
         s = self.shared.counters.steps
-        return {**s, "m": s["m"] + m, "q": s["q"] + f}
+        ahead = self.device_books.lookahead
+        return {
+            **s,
+            "m": s["m"] + m,
+            "q": s["q"] + f,
+            "guessed": ahead.fetched() if ahead is not None else 0,
+        }
 
     @property
     def timers(self) -> dict:

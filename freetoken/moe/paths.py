@@ -5,8 +5,9 @@
   HostBooksPath    the host looks up the layer's experts in the cache, fetches q of the m
                    misses over PCIe and computes the others on the CPU, at the same time;
   DeviceBooksPath  decode steps whose cache books live on the device: every miss fetched
-                   by a GPU kernel, or (single tokens) a tuned share with the CPU taking the
-                   rest.
+                   by a GPU kernel (the next layer's guessed experts fetched ahead, where
+                   the model's routers are known), or (single tokens) a tuned share with the
+                   CPU taking the rest.
 Fixed layers (every expert in a slot) and prefill streaming (moe/prefill.py) need no class.
 All of them share one `Shared`: the banks, the cache, the counters and the copy machinery.
 """
@@ -28,6 +29,7 @@ from freetoken.moe.cache import ExpertCache
 from freetoken.moe.counters import Counters
 from freetoken.moe.device_lru import DeviceLRU
 from freetoken.moe.dispatch import Split
+from freetoken.moe.lookahead import Lookahead
 from freetoken.moe.placement import PlacementState
 from freetoken.moe.staging import CopyTimings, Staging
 
@@ -211,6 +213,7 @@ class HostBooksPath:
 class DeviceBooksPath:
     def __init__(self, s: Shared, cpu: CpuPath):
         self.s, self.cpu = s, cpu
+        self.lookahead: Lookahead | None = None  # set once the model's routers are known
 
     def __call__(
         self,
@@ -224,7 +227,14 @@ class DeviceBooksPath:
         self.s.account_device(layer, ids.numel())
         if split:
             return self._split(layer, x, ids, weights, lru)
-        return self.s.from_slots(layer, x, lru(layer, ids), weights)
+        ahead = self.lookahead
+        if ahead is None:
+            return self.s.from_slots(layer, x, lru(layer, ids), weights)
+        ahead.join(layer)
+        slots = lru(layer, ids)
+        if ahead.fits(lru, ids.numel()):  # the next layer's guessed experts, fetched meanwhile
+            ahead.after(layer, x, lru, lambda n: not self.s.placement.is_cpu(n))
+        return self.s.from_slots(layer, x, slots, weights)
 
     def _split(self, layer, x, ids, weights, lru: DeviceLRU) -> torch.Tensor:
         """One token's layer with the books on the device: a share of the misses fetched by

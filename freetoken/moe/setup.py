@@ -40,6 +40,8 @@ class Placement:
     cpu_lane: str = "auto"
     # the model's weights, named (the hot set kept across loads is theirs); "": none kept
     model_key: str = ""
+    # device-kept books fetch the next layer's guessed experts ahead: auto (on GPUs), on, off
+    lookahead: str = "auto"
 
     def switch(self, setting: str, device: torch.device, ranks_on_host: int) -> bool:
         """An auto/on/off setting for one process: auto means on GPUs. The device-kept books
@@ -131,6 +133,7 @@ def build(
         cpu_lane=host.pinned and placement.switch(placement.cpu_lane, device, ranks_on_host),
         learned=_learned(placement, host, ranks_on_host),
         hot=_hot(placement, ranks_on_host),
+        lookahead=placement.switch(placement.lookahead, device, ranks_on_host),
     )
     log.info(
         "experts: policy %s, %s slots of %.1f MiB%s, B_P %.1f GB/s B_H %.1f GB/s (%s)",

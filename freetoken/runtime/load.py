@@ -165,6 +165,7 @@ class ModelLoad:
             device_cache=cfg.device_cache,
             cpu_lane=cfg.cpu_lane,
             model_key=self._weights_key(),
+            lookahead=cfg.lookahead,
         )
 
     def _weights_key(self) -> str:

@@ -16,12 +16,13 @@ from tests.server.harness import LiveServer, add_model, make_config
 def test_the_window_is_the_difference_of_two_snapshots():
     before = {"cache": {"hits": 100, "misses": 50}, "decoded": 10, "steps": 10}
     after = {"cache": {"hits": 400, "misses": 150}, "decoded": 60, "steps": 35}
-    before |= {"placement_moves": 3}
-    after |= {"placement": "split", "placement_moves": 5}
+    before |= {"placement_moves": 3, "guessed": 10}
+    after |= {"placement": "split", "placement_moves": 5, "guessed": 35}
     win = serve.window(before, after)
     assert win == {
         "hit_rate": 0.75,
         "misses_per_token": 2.0,
+        "guessed_per_token": 0.5,
         "misses_per_step": 4.0,
         "placement": "split",
         "moves": 2,

@@ -47,13 +47,17 @@ def make_engine(
     anchor_ids: frozenset[int] = frozenset(),
     dtype: str = "auto",
     overlap: bool = False,
+    lookahead: str = "auto",
 ) -> Engine:
     """anchor_ids: with the prefix cache, a hybrid model's boundary tokens (its recurrent
     state is kept after them, at prompt ends and at sequence ends)."""
     """graphs: "" none, "eager" fixed-shape decode without capture, "capture" CUDA graphs."""
     files = files_of(path)
     loaded = loader.load(files, device, dtype)
-    loader.place_experts(loaded, loader.Placement(policy, 0, None, slots, device_cache, cpu_lane))
+    loader.place_experts(
+        loaded,
+        loader.Placement(policy, 0, None, slots, device_cache, cpu_lane, lookahead=lookahead),
+    )
     layout = loaded.model.kv_layout()
     kv = KVCache(layout, pages, page_size, loaded.dtype, loaded.device)
     state = StateCache.for_layout(layout, max_running, loaded.dtype, loaded.device)
