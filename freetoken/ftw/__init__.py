@@ -4,7 +4,10 @@ FORMAT = "freetoken-ftw"
 VERSION = 1
 ALIGN = 4096
 INDEX = "ftw.json"
-DEFAULT_SHARD_LIMIT = 8 << 30
+# 2 GiB: each shard is one SHA-256 chain, hashed by one core at about a disk's speed or
+# slower, so a create hashes several shards at once (ftw/sink.py); registries and pulls
+# move each shard as a layer of its own, in parallel too
+DEFAULT_SHARD_LIMIT = 2 << 30
 
 
 class FtwError(ValueError):

@@ -1,6 +1,6 @@
 """Converts a Hugging Face directory or a GGUF file to FTW (or an FTW model, to quantize it).
 
-    python -m freetoken.ftw.convert SRC OUT [--shard-gib 8] [--json-progress] [--quantize q4_K_M]
+    python -m freetoken.ftw.convert SRC OUT [--shard-gib 2] [--json-progress] [--quantize q4_K_M]
 
 Banks are assembled and written one (layer, bank) at a time, so memory stays near one
 layer's experts whatever the model's size. With --json-progress the last line names each

@@ -5,9 +5,15 @@ A create is bound by the disk only if nothing else runs in series with it. Measu
 16 GB checkpoint (16 cores, a 1.4 GB/s disk), one thread that wrote then hashed each piece,
 and a caller that computed each tensor's CRC-32 itself, took 1.7-2x the time to read and
 write the bytes, the converter's start-up aside. So each job has a thread of its own: the
-writer (the disk), the hasher (SHA-256 of each file, in order) and a small pool for the
-tensors' CRC-32s, which are independent of one another. File writes, hashlib and zlib
-release the GIL for buffers of this size, so the threads run in parallel.
+writer (the disk), the hashers (SHA-256 of each file) and a small pool for the tensors'
+CRC-32s, which are independent of one another. File writes, hashlib and zlib release the
+GIL for buffers of this size, so the threads run in parallel.
+
+One file's SHA-256 is a sequential chain, and one core hashes at about the speed of a
+fast disk or slower (1.2 GB/s on a development VM with SHA extensions): a single hasher
+then sets the pace. So each file goes to the next of a few hashers in turn, whose queue
+may fall up to HASH_BACKLOG bytes behind the writer: within a shard the writer runs ahead
+of its hasher, which catches up while the next shard's bytes go to another.
 
 The writer also asks the kernel to start writing back what it has written (and to drop it
 from the page cache) every WRITEBACK bytes: the closing fsync then waits for the last
@@ -18,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import sys
 import threading
 import zlib
@@ -29,63 +34,114 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 WRITEBACK = 256 << 20
+HASHERS = 4  # files hashed at once (the shards of a large model, DEFAULT_SHARD_LIMIT each)
+HASH_BACKLOG = 512 << 20  # bytes a hasher may hold behind the writer (its tensors kept alive)
 _LINUX = sys.platform.startswith("linux")  # where posix_fadvise starts writeback
 _STOP = ("stop", None)
 
 
 class _Worker:
-    """One thread taking (op, arg) jobs from a bounded queue: at most `depth` wait, so a
-    caller ahead of the disk holds a bounded number of tensors in memory."""
+    """One thread taking (op, arg) jobs in order: at most `depth` wait besides the one it
+    runs, and (with `budget`) at most that many bytes of buffers in all, so a caller ahead
+    of it holds a bounded amount in memory. A job larger than the budget is taken once
+    nothing else is queued."""
 
-    def __init__(self, name: str, handle: Callable[[str, Any], None], depth: int):
+    def __init__(self, name: str, handle: Callable[[str, Any], None], depth: int, budget: int = 0):
         self.error: BaseException | None = None
         self._handle = handle
-        self._q: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+        self._depth, self._budget = depth, budget
+        self._jobs: deque[tuple[str, Any]] = deque()
+        self._bytes = 0  # of the buffers waiting
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def put(self, op: str, arg: Any) -> None:
-        self._q.put((op, arg))
+        n = _size(arg)
+        with self._cond:
+            while self._jobs and (
+                len(self._jobs) > self._depth or (self._budget and self._bytes + n > self._budget)
+            ):
+                self._cond.wait()
+            self._jobs.append((op, arg))
+            self._bytes += n
+            self._cond.notify_all()
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self._q.put(_STOP)
+            self.put(*_STOP)
             self._thread.join()
 
     def _run(self) -> None:
         while True:
-            op, arg = self._q.get()
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                op, arg = self._jobs[0]
             if self.error is None or op == "stop":  # after an error, drain until stopped
                 try:
                     self._handle(op, arg)
                 except BaseException as e:
                     self.error = e
+            with self._cond:  # done with it: only now may its bytes be reused
+                self._jobs.popleft()
+                self._bytes -= _size(arg)
+                self._cond.notify_all()
             if op == "stop":
                 return
 
 
-class Sink:
-    """Opens and writes the shards in order on one thread and hashes them on another;
-    `digests` names each file once `finish` returns."""
+def _size(arg: Any) -> int:
+    return arg.nbytes if isinstance(arg, memoryview) else 0
 
-    def __init__(self, depth: int = 2):
+
+class _Hasher:
+    """SHA-256 of the files given to it, one after another."""
+
+    def __init__(self, name: str):
         self.digests: dict[str, str] = {}
+        self._hash: tuple[str, Any] | None = None  # (file name, sha256) being computed
+        self.worker = _Worker(name, self._digest, depth=1 << 16, budget=HASH_BACKLOG)
+
+    def _digest(self, op: str, arg: Any) -> None:
+        if op in ("open", "stop") and self._hash is not None:
+            name, h = self._hash
+            self.digests[name] = "sha256:" + h.hexdigest()
+            self._hash = None
+        if op == "open":
+            self._hash = (Path(arg).name, hashlib.sha256())
+        elif op == "write":
+            assert self._hash is not None
+            self._hash[1].update(arg)
+
+
+class Sink:
+    """Opens and writes the shards in order on one thread and hashes them on others, each
+    file on one hasher; `digests` names each file once `finish` returns."""
+
+    def __init__(self, depth: int = 2, hashers: int | None = None):
         self._file: BinaryIO | None = None
         self._flushed = 0  # bytes of the open file handed to writeback
-        self._hash: tuple[str, Any] | None = None  # (file name, sha256) being computed
-        self._workers = (
-            _Worker("ftw-writer", self._write, depth),
-            _Worker("ftw-hasher", self._digest, depth),
-        )
+        self._writer = _Worker("ftw-writer", self._write, depth)
+        n = HASHERS if hashers is None else max(hashers, 1)
+        self._hashers = [_Hasher(f"ftw-hasher-{i}") for i in range(n)]
+        self._files = 0  # opened so far: the next goes to the next hasher
+        self._hasher = self._hashers[0]
+
+    @property
+    def digests(self) -> dict[str, str]:
+        return {name: d for h in self._hashers for name, d in h.digests.items()}
 
     def open(self, path: Path) -> None:
+        self._hasher = self._hashers[self._files % len(self._hashers)]
+        self._files += 1
         self._put("open", path)
 
     def write(self, data: memoryview) -> None:
         self._put("write", data)  # the view keeps its tensor alive until written and hashed
 
     def stop(self) -> None:
-        """Waits for every write and ends the threads."""
+        """Waits for every write and hash, and ends the threads."""
         for w in self._workers:
             w.stop()
 
@@ -94,10 +150,14 @@ class Sink:
         self.stop()
         self._raise()
 
+    @property
+    def _workers(self) -> list[_Worker]:
+        return [self._writer, *(h.worker for h in self._hashers)]
+
     def _put(self, op: str, arg: Any) -> None:
         self._raise()
-        for w in self._workers:
-            w.put(op, arg)
+        self._writer.put(op, arg)
+        self._hasher.worker.put(op, arg)
 
     def _raise(self) -> None:
         for w in self._workers:
@@ -123,17 +183,6 @@ class Sink:
             start, self._flushed = self._flushed, end - WRITEBACK
             f.flush()
             os.posix_fadvise(f.fileno(), start, self._flushed - start, os.POSIX_FADV_DONTNEED)
-
-    def _digest(self, op: str, arg: Any) -> None:
-        if op in ("open", "stop") and self._hash is not None:
-            name, h = self._hash
-            self.digests[name] = "sha256:" + h.hexdigest()
-            self._hash = None
-        if op == "open":
-            self._hash = (Path(arg).name, hashlib.sha256())
-        elif op == "write":
-            assert self._hash is not None
-            self._hash[1].update(arg)
 
 
 class Checksums:

@@ -1,5 +1,6 @@
 import hashlib
 import os
+import threading
 import zlib
 
 import pytest
@@ -24,6 +25,44 @@ def test_files_written_and_hashed_in_order(tmp_path):
         data = b"".join(pieces)
         assert (tmp_path / name).read_bytes() == data
         assert s.digests[name] == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("hashers", [1, 2, 3])
+def test_files_spread_over_hashers_keep_their_own_digests(tmp_path, monkeypatch, hashers):
+    monkeypatch.setattr(sink, "HASH_BACKLOG", 5000)  # a hasher holds a piece or two at most
+    s = Sink(hashers=hashers)
+    files = {f"{i}.bin": _pieces(4 + i % 3, 2000 + 300 * i) for i in range(7)}
+    for name, pieces in files.items():
+        s.open(tmp_path / name)
+        for p in pieces:
+            s.write(memoryview(p))
+    s.finish()
+    assert set(s.digests) == set(files)
+    for name, pieces in files.items():
+        data = b"".join(pieces)
+        assert (tmp_path / name).read_bytes() == data
+        assert s.digests[name] == "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_a_worker_holds_at_most_its_budget_of_bytes():
+    release, seen, most = threading.Event(), [], [0]
+
+    def handle(op, arg):
+        release.wait()
+        seen.append(op)
+
+    w = sink._Worker("t", handle, depth=100, budget=250)
+    w.put("write", memoryview(b"x" * 400))  # larger than the budget: taken with nothing queued
+    blocked = threading.Thread(target=lambda: w.put("write", memoryview(b"y" * 10)))
+    blocked.start()
+    blocked.join(0.2)
+    assert blocked.is_alive()  # 400 bytes held: the next waits for them
+    most[0] = w._bytes
+    release.set()
+    blocked.join(5)
+    assert not blocked.is_alive()
+    w.stop()
+    assert most[0] == 400 and seen == ["write", "write", "stop"] and w._bytes == 0
 
 
 def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch):
