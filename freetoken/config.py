@@ -251,10 +251,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "lookahead",
         "FREETOKEN_LOOKAHEAD",
-        _choice("auto", "on", "off"),
-        "auto",
+        _choice("on", "off"),
+        "off",
         "with the books on the device, a decode step guesses the next MoE layer's experts from "
-        "its router and fetches them while the current layer computes (auto: on GPUs)",
+        "its router and fetches them while the current layer computes (off by default: where "
+        "the guesses are poor their fetches slow every step)",
     ),
     Setting(
         "huge_pages",

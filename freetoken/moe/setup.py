@@ -40,8 +40,8 @@ class Placement:
     cpu_lane: str = "auto"
     # the model's weights, named (the hot set kept across loads is theirs); "": none kept
     model_key: str = ""
-    # device-kept books fetch the next layer's guessed experts ahead: auto (on GPUs), on, off
-    lookahead: str = "auto"
+    # device-kept books fetch the next layer's guessed experts ahead: on, off
+    lookahead: str = "off"
 
     def switch(self, setting: str, device: torch.device, ranks_on_host: int) -> bool:
         """An auto/on/off setting for one process: auto means on GPUs. The device-kept books

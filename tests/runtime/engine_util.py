@@ -47,7 +47,7 @@ def make_engine(
     anchor_ids: frozenset[int] = frozenset(),
     dtype: str = "auto",
     overlap: bool = False,
-    lookahead: str = "auto",
+    lookahead: str = "off",
 ) -> Engine:
     """anchor_ids: with the prefix cache, a hybrid model's boundary tokens (its recurrent
     state is kept after them, at prompt ends and at sequence ends)."""
