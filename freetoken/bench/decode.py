@@ -26,6 +26,13 @@ from freetoken.models.hub import num_experts
 from freetoken.moe.dispatch import Split
 from freetoken.moe.policy import POLICIES
 
+# the variants each leave out or add one piece of the runner's path (bench/stepper.py)
+POLICIES_HELP = (
+    "comma-separated; NAME:host keeps the cache's books on the host, "
+    "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs), "
+    "NAME:ahead fetches the next layer's experts ahead on the routing's own (always right) guesses"
+)
+
 
 def _arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -43,10 +50,7 @@ def _arguments() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policies",
         default="lru-pcie,cpu-misses,static-layers,adaptive",
-        help="comma-separated; NAME:host keeps the cache's books on the host, "
-        "adaptive:nolane serves CPU routes without the CPU lane (which adaptive uses on GPUs), "
-        "NAME:ahead fetches the next layer's experts ahead on the routing's own (always right) "
-        "guesses",
+        help=POLICIES_HELP,
     )
     ap.add_argument("--routing", default="random-tokens,trace")
     ap.add_argument("--tokens", type=int, default=256)
