@@ -1,6 +1,7 @@
 """`freetoken bench bw`: the two bandwidths the split is built on, measured on real paths.
 
-B_P: host->GPU expert gather from pinned banks into cache slots (the fetch path).
+B_P: host->GPU expert gather from pinned banks into cache slots (the fetch path), by the
+copy engine; and the fetch kernel that device-kept books use, a miss at a time.
 B_H: the CPU expert kernel on experts read from DRAM (banks far larger than the caches),
 in BF16 and in each block format (GB/s of the bytes it reads, experts/s against BF16's; a
 BF16 model's int8 activations, the default for quantized models, and fp32 ones).
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from freetoken import quant
-from freetoken.bench import common, packed
+from freetoken.bench import common, fetchbw, packed
 from freetoken.ftw import hostmem
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.base import ExpertSpec
@@ -312,6 +313,7 @@ def run(
     if cuda:
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
+        result["fetch"] = {n: fetchbw.measure_fetch(banks, seconds / 2, n) for n in (1, K)}
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
     del banks
     per_format = measure_formats(
@@ -396,6 +398,7 @@ def table_rows(r: dict) -> list[dict]:
                 "note": f"sum {r['pcie_concurrent_gbps'] + r['cpu_concurrent_gbps']:.1f} GB/s "
                 "together",
             },
+            *fetchbw.rows(r.get("fetch") or {}, r["pcie_gbps"]),
         ]
     for fmt, f in r["formats"].items():
         # the packed formats' goal is a fraction of DRAM read (Q4_K: 0.8), so it is printed

@@ -1,0 +1,84 @@
+"""The fetch kernel's PCIe bandwidth: what a miss costs a decode step whose books are on the device.
+
+B_P (bench bw) is timed with the copy engine, eight experts a batch. A decode step with
+the cache's books on the device fetches each layer's misses with a GPU kernel that reads
+the pinned banks itself (kernels/triton/fetch.py), most often one expert at a time: its
+bandwidth, and its time a call, are what a miss adds to such a step. Measured here at one
+expert a call and at a token's top-k, from banks far larger than any cache, into slots.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from freetoken.kernels import moe_gpu
+
+CALLS_AHEAD = 64  # calls queued before the host waits: launches stay ahead of the GPU
+EXPERTS_DRAWN = 4096  # random experts drawn once, on the device, read in turn
+
+
+class HasBanks(Protocol):
+    layers: list[dict[str, torch.Tensor]]  # bank name -> [E, ...] pinned host tensor
+    expert_bytes: int
+
+
+def measure_fetch(banks: HasBanks, seconds: float, routes: int, device: str = "cuda") -> dict:
+    """{"gbps", "us_per_call"}: `routes` experts of random layers fetched a call, into
+    `routes` slots, for about `seconds`."""
+    dev = torch.device(device)
+    first = banks.layers[0]
+    num_experts = next(iter(first.values())).shape[0]
+    slots = {
+        n: torch.empty((routes, *b.shape[1:]), dtype=b.dtype, device=dev) for n, b in first.items()
+    }
+    rng = np.random.default_rng(2)
+    drawn = np.stack([rng.choice(num_experts, routes, replace=False) for _ in range(EXPERTS_DRAWN)])
+    experts = torch.from_numpy(drawn.astype(np.int32)).to(dev)
+    into = torch.arange(routes, dtype=torch.int32, device=dev)
+    calls, t0 = 0, time.perf_counter()
+    start, end = _event(dev), _event(dev)
+    _record(start)
+    while time.perf_counter() - t0 < seconds:
+        layer = banks.layers[int(rng.integers(len(banks.layers)))]
+        for name, src in layer.items():
+            moe_gpu.fetch_experts(src, slots[name], experts[calls % EXPERTS_DRAWN], into)
+        calls += 1
+        if calls % CALLS_AHEAD == 0:
+            _sync(dev)
+    _record(end)
+    _sync(dev)
+    elapsed = start.elapsed_time(end) / 1e3 if start is not None else time.perf_counter() - t0
+    return {
+        "gbps": calls * routes * banks.expert_bytes / elapsed / 1e9,
+        "us_per_call": elapsed / calls * 1e6,
+    }
+
+
+def _event(dev: torch.device) -> torch.cuda.Event | None:
+    return torch.cuda.Event(enable_timing=True) if dev.type == "cuda" else None
+
+
+def _record(event: torch.cuda.Event | None) -> None:
+    if event is not None:
+        event.record()
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def rows(fetch: dict[int, dict], b_p: float) -> list[dict]:
+    """bench bw's table rows: each routes-a-call figure against the copy engine's B_P."""
+    return [
+        {
+            "path": f"PCIe fetch kernel, {n} expert{'s' * (n > 1)} a call",
+            "gbps": f["gbps"],
+            "note": f"{f['us_per_call']:.0f} us a call; {f['gbps'] / b_p:.2f}x B_P",
+        }
+        for n, f in fetch.items()
+    ]
