@@ -218,5 +218,32 @@ def fetch_experts(
     )
 
 
+def fetch_banks(
+    banks: list[tuple[torch.Tensor, torch.Tensor]], experts: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """`fetch_experts` for each (src, dst) of a layer's banks, two banks a launch on a GPU."""
+    if not banks or not banks[0][1].is_cuda:
+        for src, dst in banks:
+            fetch_experts(src, dst, experts, slots)
+        return
+    from freetoken.kernels.triton import fetch
+
+    for i in range(0, len(banks) - 1, 2):
+        (src_a, dst_a), (src_b, dst_b) = banks[i], banks[i + 1]
+        row_a, stride_a, row_b, stride_b = (t[0].numel() for t in (src_a, dst_a, src_b, dst_b))
+        assert stride_a >= row_a and stride_b >= row_b, "shapes disagree"
+        assert all(t.is_contiguous() for t in (src_a, dst_a, src_b, dst_b)), "not contiguous"
+        blocks_a = triton_cdiv(row_a, FETCH_BLOCK)
+        grid = (blocks_a + triton_cdiv(row_b, FETCH_BLOCK),)
+        fetch.fetch_pair_kernel[grid](
+            *(src_a, dst_a, row_a, stride_a, blocks_a),
+            *(src_b, dst_b, row_b, stride_b),
+            *(experts, slots, slots.numel()),
+            BLOCK=FETCH_BLOCK,
+        )
+    if len(banks) % 2:
+        fetch_experts(*banks[-1], experts, slots)
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)

@@ -186,8 +186,8 @@ class DeviceLRU:
         """Copies the experts `assign` chose to fetch from the pinned host banks into their
         slots."""
         experts = ids.reshape(-1).to(torch.int32)
-        for bank, src in self.banks.banks[layer].items():
-            moe_gpu.fetch_experts(src, self.cache.slots[bank], experts, fetch)
+        banks = [(src, self.cache.slots[name]) for name, src in self.banks.banks[layer].items()]
+        moe_gpu.fetch_banks(banks, experts, fetch)
 
 
 def first_routes(flat: torch.Tensor) -> torch.Tensor:

@@ -227,3 +227,29 @@ def test_fetch_fills_the_first_bytes_of_wider_slots(device):
     cpu_pool = torch.zeros(5, 4, 50, dtype=torch.uint8)
     moe_gpu.fetch_experts(bank.cpu(), cpu_pool, experts_.cpu(), slots.cpu())
     assert torch.equal(cpu_pool, pool.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_banks_in_one_launch_fill_their_own_slots(device):
+    """A layer's two banks (here bf16 rows and wider packed slots) fetched by one launch of
+    the pair kernel: each bank's programs copy only their bank (run by Triton's interpreter on
+    the CPU), as two separate fetches would."""
+    from freetoken.kernels.triton import fetch
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn((6, 3, 40), generator=g).bfloat16().to(device)
+    b = torch.randint(0, 256, (6, 4, 34), generator=g, dtype=torch.uint8).to(device)
+    pool_a = torch.zeros(5, 3, 40, dtype=torch.bfloat16, device=device)
+    pool_b = torch.zeros(5, 4, 50, dtype=torch.uint8, device=device)
+    experts_ = torch.tensor([3, 1, 4, 5], dtype=torch.int32, device=device)
+    slots = torch.tensor([2, -1, 0, 4], dtype=torch.int32, device=device)
+    if device == "cpu":  # blocks of 64: two programs of bank a (120), three of bank b (136)
+        args = (a, pool_a, 120, 120, 2, b, pool_b, 136, 200, experts_, slots, 4)
+        fetch.fetch_pair_kernel[(5,)](*args, BLOCK=64)
+    else:
+        moe_gpu.fetch_banks([(a, pool_a), (b, pool_b)], experts_, slots)
+    want_a, want_b = torch.zeros_like(pool_a).cpu(), torch.zeros_like(pool_b).cpu()
+    for src, want in ((a, want_a), (b, want_b)):
+        moe_gpu.fetch_experts(src.cpu(), want, experts_.cpu(), slots.cpu())
+    assert want_a.any() and torch.equal(pool_a.cpu(), want_a)
+    assert want_b.any() and torch.equal(pool_b.cpu(), want_b)

@@ -40,7 +40,14 @@ def _packed_expert_kernels():
 
     fetch_args = {"src_ptr": "*u8", "dst_ptr": "*u8", "expert_ptr": "*i32", "slot_ptr": "*i32",
                   "routes": "i32", "row": "i32", "stride": "i32"}  # fmt: skip
-    out = [(fetch.fetch_kernel, fetch_args, {"BLOCK": 4096})]
+    pair_args = {"src_a": "*bf16", "dst_a": "*bf16", "row_a": "i32", "stride_a": "i32",
+                 "blocks_a": "i32", "src_b": "*u8", "dst_b": "*u8", "row_b": "i32",
+                 "stride_b": "i32", "expert_ptr": "*i32", "slot_ptr": "*i32",
+                 "routes": "i32"}  # fmt: skip
+    out = [
+        (fetch.fetch_kernel, fetch_args, {"BLOCK": 4096}),
+        (fetch.fetch_pair_kernel, pair_args, {"BLOCK": 4096}),
+    ]
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
     cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
     cases.append((quant.get("q4_k"), 4096, 2048, False, 2))  # DeepSeek-V4's clamped SwiGLU

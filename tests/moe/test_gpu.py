@@ -60,6 +60,29 @@ def test_fetch_kernel_copies_from_pinned_banks(dtype, rows):
     assert torch.equal(pool.cpu(), want)
 
 
+@pytest.mark.parametrize("banks", [2, 3])
+def test_a_layers_banks_fetched_in_pairs_from_pinned_memory(banks):
+    """gate_up and down in one launch; a third bank (biases) in one of its own."""
+    from freetoken.ftw.hostmem import HostBuffer
+
+    E, S, shapes = 9, 5, [(2 * 96, 64), (64, 96), (2 * 96,)][:banks]
+    pairs = []
+    for shape in shapes:
+        n = E * int(torch.tensor(shape).prod())
+        buf = HostBuffer(n * 2)
+        bank = buf.tensor("bfloat16", [E, *shape], n * 2)
+        bank.copy_(torch.randn(E, *shape).bfloat16())
+        buf.pin()
+        pairs.append((bank, torch.zeros(S, *shape, dtype=torch.bfloat16, device="cuda"), buf))
+    experts = torch.tensor([8, 2, 5], dtype=torch.int32, device="cuda")
+    slots = torch.tensor([1, 4, -1], dtype=torch.int32, device="cuda")
+    moe_gpu.fetch_banks([(src, dst) for src, dst, _ in pairs], experts, slots)
+    for src, dst, _ in pairs:
+        want = torch.zeros_like(dst).cpu()
+        want[1], want[4] = src[8], src[2]
+        assert torch.equal(dst.cpu(), want)
+
+
 CASES = [("lru-pcie", 9), ("cpu-misses", 9), ("static-layers", 8), ("adaptive", 9)]
 
 

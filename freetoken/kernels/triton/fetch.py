@@ -7,6 +7,8 @@ each copying its block of every route whose slot is not negative. A warm cache f
 nothing in most steps, yet a graph launches the fetch of every layer: with a program per
 (route, block) that was 9,216 programs a layer at one token and four times that at four
 streams, each reading a slot only to return; now it is a few hundred programs a layer.
+A layer's two banks go in one launch (`fetch_pair_kernel`): each kernel node of a
+captured step costs its launch and tail whether or not anything is fetched.
 """
 
 import triton
@@ -14,11 +16,11 @@ import triton.language as tl
 
 
 @triton.jit
-def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, routes, row, stride, BLOCK: tl.constexpr):
-    """row: elements of one expert in src; stride: of one slot in dst (>= row: a packed
-    expert fills the first bytes of a slot sized for the widest format); routes: entries of
-    expert_ptr and slot_ptr."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _copy_block(
+    src_ptr, dst_ptr, expert_ptr, slot_ptr, routes, row, stride, b, BLOCK: tl.constexpr
+):
+    """Block b of every fetched route's expert: src row -> dst slot."""
+    offs = b * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row
     r = tl.full([], 0, tl.int32)  # a while loop: the interpreter ranges over constants only
     while r < routes:
@@ -28,3 +30,40 @@ def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, routes, row, stride, BL
             v = tl.load(src_ptr + e * row + offs, mask=mask)
             tl.store(dst_ptr + slot.to(tl.int64) * stride + offs, v, mask=mask)
         r += 1
+
+
+@triton.jit
+def fetch_kernel(src_ptr, dst_ptr, expert_ptr, slot_ptr, routes, row, stride, BLOCK: tl.constexpr):
+    """row: elements of one expert in src; stride: of one slot in dst (>= row: a packed
+    expert fills the first bytes of a slot sized for the widest format); routes: entries of
+    expert_ptr and slot_ptr."""
+    _copy_block(
+        src_ptr, dst_ptr, expert_ptr, slot_ptr, routes, row, stride, tl.program_id(0), BLOCK
+    )
+
+
+@triton.jit
+def fetch_pair_kernel(
+    src_a,
+    dst_a,
+    row_a,
+    stride_a,
+    blocks_a,
+    src_b,
+    dst_b,
+    row_b,
+    stride_b,
+    expert_ptr,
+    slot_ptr,
+    routes,
+    BLOCK: tl.constexpr,
+):
+    """Two banks of the same routes in one launch: the first `blocks_a` programs copy bank
+    a, the rest bank b (a layer's gate_up and down: one graph node a layer instead of two)."""
+    pid = tl.program_id(0)
+    if pid < blocks_a:
+        _copy_block(src_a, dst_a, expert_ptr, slot_ptr, routes, row_a, stride_a, pid, BLOCK)
+    else:
+        _copy_block(
+            src_b, dst_b, expert_ptr, slot_ptr, routes, row_b, stride_b, pid - blocks_a, BLOCK
+        )
