@@ -414,6 +414,7 @@ class OffloadExperts(ExpertBackend):
         else:
             self.placement.mode = Mode.CACHE
             kept = self.cache.resize(slots)
+            self.placement.place(self.policy)  # every expert fixed where the pool holds all
             self.lru = self._new_lru()
         self._make_streamer()
         log.info(

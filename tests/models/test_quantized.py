@@ -18,7 +18,7 @@ from tests.models import family
 from tests.runtime.engine_util import full_logits, generate, make_engine
 
 # rows of 256 weights: whole K-quant blocks everywhere
-SHAPE = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=2)
+SHAPE = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=3)  # 3: prefill streams
 
 
 def _olmoe(path):

@@ -125,14 +125,22 @@ def test_bf16_policies_stay_close_to_resident(tiny_model, tmp_path):
         assert float((got - ref).norm() / ref.norm()) <= 1e-2, policy
 
 
-def test_streamed_prefill_never_overwrites_a_buffer_in_use(tiny_model, monkeypatch):
+@pytest.fixture(scope="module")
+def three_layers(tmp_path_factory):
+    """24 experts: a pool of 20 streams prefill (one that holds every expert fixes them)."""
+    path = tmp_path_factory.mktemp("tiny-3-layers-gpu")
+    fixtures.hf_qwen3_moe(path, seed=5, num_hidden_layers=3)
+    return path
+
+
+def test_streamed_prefill_never_overwrites_a_buffer_in_use(three_layers, monkeypatch):
     """Random GPU delays before each layer's expert compute: a refill that did not wait for
     the layer reading the buffer would corrupt the result."""
     import random
 
     from freetoken.moe import prefill
 
-    path, _ = tiny_model
+    path = three_layers
     rng = random.Random(0)
     real = prefill.moe_gpu.experts_from_slots
 

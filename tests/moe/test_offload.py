@@ -113,16 +113,30 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     assert seq.output_ids == fixtures.hf_greedy(hf, long_prompt, 8)
 
 
-def test_adaptive_with_every_expert_cached_keeps_the_books_on_the_device(tiny_model):
-    """Nothing to choose when the cache holds every expert: the books stay on the device
-    (one graph a step on a GPU), not on the host with a round trip a layer for no miss."""
+@pytest.mark.parametrize("policy", ["adaptive", "lru-pcie", "cpu-misses"])
+def test_a_pool_holding_every_expert_routes_like_resident(tiny_model, policy):
+    """Nothing can miss when the cache holds every expert: every layer is fixed in its
+    slots and routed on the device with no books (one graph a step on a GPU, no books
+    kernel nor fetch a layer); a resize below that gives the layers back to the cache."""
     path, hf = tiny_model
-    engine = make_engine(path, policy="adaptive", slots=16, device_cache="on")
+    engine = make_engine(path, policy=policy, slots=16, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
-    assert backend.placement.mode == "device"
+    layers = engine.model.moe_layers
+    assert backend.placement.fixed_layers == set(layers)
+    assert all(backend.device_only(layer, t) for layer in layers for t in (1, 2))
     (seq,) = generate(engine, [PROMPT], 16)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
-    assert backend.lru is not None and backend.lru.live
+    stats = backend.stats()
+    assert stats["cache"]["misses"] == 0 and stats["cache"]["hits"] > 0 and stats["m"] == 0
+    backend.resize(12)
+    assert not backend.placement.fixed_layers and not backend.cache.fixed.any()
+    (seq,) = generate(engine, [PROMPT], 16)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
+    assert backend.stats()["cache"]["misses"] > 0
+    backend.resize(16)  # grown back: fixed again, the cached experts kept in their slots
+    assert backend.placement.fixed_layers == set(layers) and backend.cache.fixed.all()
+    (seq,) = generate(engine, [PROMPT], 8)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 8)
 
 
 @pytest.mark.parametrize("near_uniform, settles_in", [(1e9, "device"), (0.0, "predicted")])
