@@ -10,7 +10,7 @@ import torch
 from freetoken.layers.routers import Router
 from freetoken.moe.lookahead import Lookahead
 from tests import fixtures
-from tests.moe.test_device_lru import K, L, check, setup
+from tests.moe import test_device_lru as books
 from tests.runtime.engine_util import full_logits, generate, make_engine
 
 
@@ -28,11 +28,11 @@ class Fixed(Router):
 
 def lookahead(guesses: dict[int, list[int]]) -> Lookahead:
     routers = {layer: Fixed(e) for layer, e in guesses.items()}
-    return Lookahead(routers, list(range(L)), torch.device("cpu"))
+    return Lookahead(routers, list(range(books.L)), torch.device("cpu"))
 
 
 def test_a_right_guess_turns_the_next_layers_misses_into_hits():
-    hb, cache, lru = setup(slots=4 * K)
+    hb, cache, lru = books.setup(slots=4 * books.K)
     lru.push()
     ahead = lookahead({1: [3, 5, 7]})
     x = torch.randn(1, 8)
@@ -43,13 +43,13 @@ def test_a_right_guess_turns_the_next_layers_misses_into_hits():
     assert lru.counts[1].tolist() == [3, 0, 0, 0]  # hits, misses, evictions, fetches
     assert ahead.counts[1].tolist() == [0, 3, 0, 3] and ahead.fetched() == 3
     assert ahead.counts[0].tolist() == [0, 0, 0, 0]
-    check(hb, cache, lru)
+    books.check(hb, cache, lru)
     for s, e in zip(slots.view(-1).tolist(), (7, 3, 5), strict=True):
         assert torch.equal(cache.slots["gate_up"][s], hb.banks[1]["gate_up"][e])
 
 
 def test_a_wrong_guess_costs_fetches_not_results():
-    hb, cache, lru = setup(slots=2 * K)  # every guess evicts what the layer before used
+    hb, cache, lru = books.setup(slots=2 * books.K)  # every guess evicts what the layer before used
     lru.push()
     ahead = lookahead({1: [9, 10, 11], 2: [0, 1, 2]})
     for step in range(4):
@@ -60,20 +60,20 @@ def test_a_wrong_guess_costs_fetches_not_results():
             ahead.after(layer, torch.randn(1, 8), lru, lambda n: True)
             for s, e in zip(slots.view(-1).tolist(), ids.view(-1).tolist(), strict=True):
                 assert torch.equal(cache.slots["down"][s], hb.banks[layer]["down"][e])
-            check(hb, cache, lru)
+            books.check(hb, cache, lru)
     assert ahead.fetched() > 0 and int(lru.counts[1:3, 1].sum()) > 0
 
 
 def test_no_guess_for_a_layer_off_the_device_or_a_router_by_token():
-    hb, cache, lru = setup(slots=4 * K)
+    hb, cache, lru = books.setup(slots=4 * books.K)
     lru.push()
     routers = {1: Fixed([1, 2, 3]), 2: Fixed([1, 2, 3], by_token=True), 3: Fixed([4, 5, 6])}
-    ahead = Lookahead(routers, list(range(L)), torch.device("cpu"))
+    ahead = Lookahead(routers, list(range(books.L)), torch.device("cpu"))
     assert ahead.next == {0: 1, 2: 3}
     ahead.after(0, torch.randn(1, 8), lru, lambda n: n != 1)  # layer 1 on the CPU
     ahead.after(1, torch.randn(1, 8), lru, lambda n: True)  # by token: no guess
     assert ahead.fetched() == 0
-    assert Lookahead.fits(lru, 2 * K) and not Lookahead.fits(lru, 2 * K + 1)
+    assert Lookahead.fits(lru, 2 * books.K) and not Lookahead.fits(lru, 2 * books.K + 1)
 
 
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
