@@ -56,6 +56,17 @@ def reference(tiny_model):
     return make_engine(path, policy="resident", slots=16, page_size=4, pages=128)
 
 
+@pytest.fixture(scope="module")
+def three_layers(tmp_path_factory):
+    """Three MoE layers: a rank's pool can stream prefill yet fall short of its experts (with
+    two, a pool of two layers' slots holds every expert, which are then fixed)."""
+    from tests import fixtures
+
+    path = tmp_path_factory.mktemp("tiny-3-layers")
+    fixtures.hf_qwen3_moe(path, seed=5, num_hidden_layers=3)
+    return path, make_engine(path, policy="resident", slots=24, page_size=4, pages=128)
+
+
 def test_share_gives_every_expert_to_one_rank():
     for E, world in [(8, 2), (8, 3), (128, 3), (5, 5)]:
         blocks = [dist.share(E, world, r) for r in range(world)]
@@ -95,14 +106,19 @@ def test_local_part_sums_only_the_ranks_own_routes():
 
 
 # world, policy, slots per rank, source: a slot pool with room to stream prefill layers (2
-# ranks), a pool too small for streaming so misses are fetched one by one (3 ranks, each
-# reading only its rows of the FTW banks), no pool at all
+# ranks of 4 experts a layer, 3 layers), a pool too small for streaming so misses are fetched
+# one by one (3 ranks, each reading only its rows of the FTW banks), no pool at all
 @pytest.mark.parametrize(
     "world,policy,slots,source",
-    [(2, "adaptive", 8, "hf"), (3, "lru-pcie", 3, "ftw"), (2, "cpu-misses", 0, "hf")],
+    [(2, "adaptive", 8, "hf3"), (3, "lru-pcie", 3, "ftw"), (2, "cpu-misses", 0, "hf")],
 )
-def test_logits_equal_single_process(tiny_model, tiny_ftw, reference, world, policy, slots, source):
-    path = tiny_ftw if source == "ftw" else tiny_model[0]
+def test_logits_equal_single_process(request, world, policy, slots, source):
+    if source == "hf3":
+        path, reference = request.getfixturevalue("three_layers")
+    else:
+        reference = request.getfixturevalue("reference")
+        path = request.getfixturevalue("tiny_ftw" if source == "ftw" else "tiny_model")
+        path = path if source == "ftw" else path[0]
     engine = dist_engine(path, world, policy=policy, slots=slots, page_size=4, pages=128)
     try:
         assert _rel(full_logits(engine, PROMPT), full_logits(reference, PROMPT)) <= 1e-5
