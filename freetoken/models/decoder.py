@@ -50,8 +50,12 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(hidden, eps)
         self.rotary = rotary
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T, H]: a family that scales its embeddings does it here."""
+        return self.embed_tokens(input_ids)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [T, H]
+        x = self.embed(input_ids)  # [T, H]
         rope = self.rotary(positions, x.dtype)
         for layer in self.layers:
             x = layer(x, rope)

@@ -92,12 +92,8 @@ class GraniteStack(DecoderStack):
         super().__init__(a.vocab_size, a.hidden_size, layers, a.rms_norm_eps, rotary)
         self.embedding_multiplier = a.embedding_multiplier
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids) * self.embedding_multiplier  # [T, H]
-        rope = self.rotary(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, rope)
-        return self.norm(x)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.embedding_multiplier
 
 
 def _layer(a: ModelArgs, i: int) -> GraniteLayer:

@@ -28,7 +28,13 @@ __all__ = ["Lookahead"]
 
 
 class Lookahead:
-    def __init__(self, routers: dict[int, Router], layers: list[int], device: torch.device):
+    def __init__(
+        self,
+        routers: dict[int, Router],
+        layers: list[int],
+        device: torch.device,
+        on_cpu: Callable[[int], bool],
+    ):
         order = sorted(layers)
         # a router that chooses by token ids needs the step's tokens: not guessed
         self.next = {
@@ -37,6 +43,9 @@ class Lookahead:
             if b in routers and not routers[b].by_token
         }
         self.routers, self.device = routers, device
+        # a layer on the CPU cuts a captured step, which would end the capture with the side
+        # stream not joined: no guess is made for one
+        self.on_cpu = on_cpu
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         # what the guesses booked, per layer: hits, misses, evictions, fetches (the real
         # bookings count apart, so hit rates stay those of the routes the model took)
@@ -56,15 +65,11 @@ class Lookahead:
         if held is not None and self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
-    def after(
-        self, layer: int, x: torch.Tensor, lru: DeviceLRU, on_device: Callable[[int], bool]
-    ) -> None:
+    def after(self, layer: int, x: torch.Tensor, lru: DeviceLRU) -> None:
         """Once `layer`'s own booking and fetch are queued: guesses the next layer's experts
-        from `x` (this layer's expert input) and books and fetches them on the side stream.
-        Only for a next layer that books on the device too (`on_device`): one that cuts a
-        captured step would end the capture with the side stream not joined."""
+        from `x` (this layer's expert input) and books and fetches them on the side stream."""
         n = self.next.get(layer)
-        if n is None or not on_device(n):
+        if n is None or self.on_cpu(n):
             return
         if self.stream is None:  # on the CPU nothing overlaps: the same books, in order
             self._book(n, x, lru)

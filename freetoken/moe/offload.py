@@ -295,7 +295,9 @@ class OffloadExperts(ExpertBackend):
         """Guesses come only where every miss is fetched with the books on the device: a
         decode step of lru-pcie, or of adaptive's device placement."""
         if self._lookahead and self._device_lru and self.cache is not None:
-            self.device_books.lookahead = Lookahead(routers, list(self.banks.layers), self.device)
+            self.device_books.lookahead = Lookahead(
+                routers, list(self.banks.layers), self.device, self.placement.is_cpu
+            )
 
     # --- between steps --------------------------------------------------------------------
     def between_steps(self, tokens: int) -> None:

@@ -233,7 +233,7 @@ class DeviceBooksPath:
         ahead.join(layer)
         slots = lru(layer, ids)
         if ahead.fits(lru, ids.numel()):  # the next layer's guessed experts, fetched meanwhile
-            ahead.after(layer, x, lru, lambda n: not self.s.placement.is_cpu(n))
+            ahead.after(layer, x, lru)
         return self.s.from_slots(layer, x, slots, weights)
 
     def _split(self, layer, x, ids, weights, lru: DeviceLRU) -> torch.Tensor:

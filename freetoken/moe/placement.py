@@ -58,7 +58,7 @@ class PlacementState:
         elif policy is Policy.STATIC_LAYERS:
             self.place_layers()
         elif self.cache.capacity >= L * E:
-            self.fix_every_expert()
+            self.fix_layers(self.banks.layers)
 
     def place_layers(self) -> None:
         """The first layers on the CPU, as many of the last as fit fixed in slots."""
@@ -68,25 +68,15 @@ class PlacementState:
         self.fix_layers(self.banks.layers[L - fit :])
 
     def fix_layers(self, gpu_layers: list[int]) -> None:
-        E = self.banks.num_experts
+        """Every expert of `gpu_layers` fixed in a slot: those already cached where they are,
+        the others copied in."""
         for layer in gpu_layers:
-            experts = np.arange(E)
-            self.copy_in(layer, experts, self.cache.fix(layer, experts))
-        # layers whose experts are all fixed in slots route on the device: no host round trip
-        self.fixed_layers = set(gpu_layers)
-        self.fixed_slots = torch.from_numpy(self.cache.slot_of.copy()).to(self.device)
-        self.version += 1
-
-    def fix_every_expert(self) -> None:
-        """Every expert of every layer fixed in a slot, those already cached where they are:
-        for a pool that holds them all, where no lookup can miss and no slot need change."""
-        none = np.empty(0, dtype=np.int64)
-        for layer in self.banks.layers:
             missing = np.flatnonzero(self.cache.slot_of[layer] < 0)
             if len(missing):
-                self.copy_in(layer, missing, self.cache.allocate(layer, missing, none))
+                self.copy_in(layer, missing, self.cache.fix(layer, missing))
             self.cache.fixed[self.cache.slot_of[layer]] = True
-        self.fixed_layers = set(self.banks.layers)
+        # layers whose experts are all fixed in slots route on the device: no host round trip
+        self.fixed_layers = set(gpu_layers)
         self.fixed_slots = torch.from_numpy(self.cache.slot_of.copy()).to(self.device)
         self.version += 1
 

@@ -28,7 +28,7 @@ class Fixed(Router):
 
 def lookahead(guesses: dict[int, list[int]]) -> Lookahead:
     routers = {layer: Fixed(e) for layer, e in guesses.items()}
-    return Lookahead(routers, list(range(books.L)), torch.device("cpu"))
+    return Lookahead(routers, list(range(books.L)), torch.device("cpu"), lambda n: False)
 
 
 def test_a_right_guess_turns_the_next_layers_misses_into_hits():
@@ -37,7 +37,7 @@ def test_a_right_guess_turns_the_next_layers_misses_into_hits():
     ahead = lookahead({1: [3, 5, 7]})
     x = torch.randn(1, 8)
     lru(0, torch.tensor([[0, 1, 2]]))
-    ahead.after(0, x, lru, lambda n: True)
+    ahead.after(0, x, lru)
     ahead.join(1)
     slots = lru(1, torch.tensor([[7, 3, 5]]))
     assert lru.counts[1].tolist() == [3, 0, 0, 0]  # hits, misses, evictions, fetches
@@ -57,7 +57,7 @@ def test_a_wrong_guess_costs_fetches_not_results():
             ahead.join(layer)
             ids = torch.tensor([[(layer + step) % 12, 4, 6]])
             slots = lru(layer, ids)
-            ahead.after(layer, torch.randn(1, 8), lru, lambda n: True)
+            ahead.after(layer, torch.randn(1, 8), lru)
             for s, e in zip(slots.view(-1).tolist(), ids.view(-1).tolist(), strict=True):
                 assert torch.equal(cache.slots["down"][s], hb.banks[layer]["down"][e])
             books.check(hb, cache, lru)
@@ -68,11 +68,14 @@ def test_no_guess_for_a_layer_off_the_device_or_a_router_by_token():
     hb, cache, lru = books.setup(slots=4 * books.K)
     lru.push()
     routers = {1: Fixed([1, 2, 3]), 2: Fixed([1, 2, 3], by_token=True), 3: Fixed([4, 5, 6])}
-    ahead = Lookahead(routers, list(range(books.L)), torch.device("cpu"))
+    on_cpu = {1}  # layer 1 on the CPU
+    ahead = Lookahead(routers, list(range(books.L)), torch.device("cpu"), on_cpu.__contains__)
     assert ahead.next == {0: 1, 2: 3}
-    ahead.after(0, torch.randn(1, 8), lru, lambda n: n != 1)  # layer 1 on the CPU
-    ahead.after(1, torch.randn(1, 8), lru, lambda n: True)  # by token: no guess
+    ahead.after(0, torch.randn(1, 8), lru)  # layer 1 on the CPU: no guess
+    ahead.after(1, torch.randn(1, 8), lru)  # layer 2 routes by token: no guess
     assert ahead.fetched() == 0
+    ahead.after(2, torch.randn(1, 8), lru)  # layer 3: on the device, by its weights
+    assert ahead.fetched() == 3
     assert Lookahead.fits(lru, 2 * books.K) and not Lookahead.fits(lru, 2 * books.K + 1)
 
 
