@@ -95,15 +95,17 @@ def measure_cpu(
     stop: threading.Event | None = None,
     compute_dtype: torch.dtype = torch.bfloat16,
     routes: int = K,
+    experts: int | None = None,
 ) -> float:
     rng = np.random.default_rng(1)
+    experts = experts or E
     x = torch.randn(1, H)
     tok = torch.zeros(routes, dtype=torch.long)
     w = torch.full((routes,), 1.0 / routes)
     moved, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds and not (stop and stop.is_set()):
         layer = banks.layers[rng.integers(len(banks.layers))]
-        exp = torch.from_numpy(rng.choice(E, routes, replace=False).astype(np.int64))
+        exp = torch.from_numpy(rng.choice(experts, routes, replace=False).astype(np.int64))
         cpu_kernel.moe_experts(
             x, layer, tok, exp, w, banks.spec, isa=isa, compute_dtype=compute_dtype
         )
@@ -242,8 +244,11 @@ def measure_formats(
     """The CPU kernel on banks of each block format (as large as the BF16 ones, up to
     FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
     (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
-    `exact_gbps` with the fp32 activations of an fp32 model; `by_threads` at each of
-    `threads`; `by_prefetch` with the int8 kernels asking each of `prefetch` bytes ahead."""
+    `exact_gbps` with the fp32 activations of an fp32 model; `hot_gbps` on one layer's 8
+    experts called again and again (tens of MB, in the last-level cache where it is that
+    large: the kernel's own speed, so whether DRAM or the kernel holds `gbps` back);
+    `by_threads` at each of `threads`; `by_prefetch` with the int8 kernels asking each of
+    `prefetch` bytes ahead."""
     bf16_rate = bf16_gbps * 1e9 / ((2 * I * H + H * I) * 2)
     out = {}
     for fmt in formats:
@@ -254,11 +259,15 @@ def measure_formats(
         gbps = measure_cpu(banks, seconds)
         exact = measure_cpu(banks, seconds / 2, compute_dtype=torch.float32)
         rate = gbps * 1e9 / banks.expert_bytes
+        hot = packed.PackedBanks.make(fmt, K, H, I, 1)
+        measure_cpu(hot, 0.2, experts=K)
+        hot_gbps = measure_cpu(hot, seconds / 2, experts=K)
         out[fmt] = {
             "gbps": gbps,
             "experts_per_s": rate,
             "vs_bf16": rate / bf16_rate,
             "exact_gbps": exact,
+            "hot_gbps": hot_gbps,
             "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
             "by_prefetch": by_prefetch(prefetch, threads, partial(measure_cpu, banks, seconds / 2)),
         }
@@ -404,7 +413,8 @@ def table_rows(r: dict) -> list[dict]:
         # the packed formats' goal is a fraction of DRAM read (Q4_K: 0.8), so it is printed
         note = f"{f['gbps'] / r['dram_read_gbps']:.0%} of DRAM read, "
         note += f"{f['experts_per_s']:.0f} experts/s, {f['vs_bf16']:.2f}x BF16's; "
-        note += f"fp32 activations {f['exact_gbps']:.1f} GB/s"
+        note += f"fp32 activations {f['exact_gbps']:.1f} GB/s; "
+        note += f"{f['hot_gbps']:.1f} GB/s on 8 experts in cache"
         rows.append({"path": f"CPU expert kernel, {fmt}", "gbps": f["gbps"], "note": note})
         if "lane_split_gbps" in f:  # a split's routes through the lane, against the kernel's
             lane, called = f["lane_split_gbps"], f["cpu_split_gbps"]

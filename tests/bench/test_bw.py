@@ -21,6 +21,7 @@ def test_every_format_is_measured_against_bf16(monkeypatch, tmp_path):
     assert set(r) == set(formats)
     for fmt, f in r.items():
         assert f["gbps"] > 0 and f["experts_per_s"] > 0 and f["vs_bf16"] > 0, fmt
+        assert f["hot_gbps"] > 0, fmt  # the kernel's own speed, beside DRAM's
         if cpu_kernel.extension() is not None:  # each format through the lane as well
             assert f["lane_split_gbps"] > 0 and f["cpu_split_gbps"] > 0, fmt
     monkeypatch.setattr(profile, "machine_key", lambda: "test")
@@ -39,6 +40,7 @@ def test_each_format_row_gives_its_fraction_of_dram_read():
         "experts_per_s": 7000.0,
         "vs_bf16": 2.9,
         "exact_gbps": 6.0,
+        "hot_gbps": 40.0,
         "by_threads": {},
     }
     r = {
@@ -51,6 +53,7 @@ def test_each_format_row_gives_its_fraction_of_dram_read():
     }
     [row] = [row for row in bw.table_rows(r) if row["path"] == "CPU expert kernel, q4_k"]
     assert row["gbps"] == 20.0 and row["note"].startswith("80% of DRAM read, 7000 experts/s")
+    assert row["note"].endswith("40.0 GB/s on 8 experts in cache")
 
 
 def test_the_lane_is_timed_beside_the_kernel_called_directly(monkeypatch):

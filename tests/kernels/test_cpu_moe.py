@@ -50,9 +50,10 @@ def test_kernel_matches_reference(variant, isa, dtype, shape):
 def test_subset_of_routes_accumulates_into_out(variant):
     E, H, I = 4, 32, 16
     spec = experts.spec(variant, H, I)
-    banks = experts.banks(E, spec, torch.float32, torch.Generator().manual_seed(3))
-    x = torch.randn(2, H)
-    base = torch.randn(2, H)
+    g = torch.Generator().manual_seed(3)
+    banks = experts.banks(E, spec, torch.float32, g)
+    x = torch.randn(2, H, generator=g)
+    base = torch.randn(2, H, generator=g)
     out = cpu.moe_experts(
         x,
         banks,
@@ -64,7 +65,9 @@ def test_subset_of_routes_accumulates_into_out(variant):
     )
     expect = base.clone()
     expect[1] += 0.5 * reference.expert_ffn(x[1:2], {b: t[3] for b, t in banks.items()}, spec)[0]
-    assert torch.allclose(out, expect, atol=1e-5)
+    # fp32 sums in another order: relative to the values, not a fixed 1e-5 (unseeded inputs
+    # of a few units failed that now and then)
+    assert torch.allclose(out, expect, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_routes_are_rejected():

@@ -105,28 +105,23 @@ VNNI inline __m512i spread(int shift, int base) {
 
 // ---- Q4_K and Q5_K ---------------------------------------------------------------------------
 
-// A K-quant block's 8 scales and 8 mins (6 bits each, docs/ftw.md) as one vector
-// [d·sc[j]·dx[j] | dmin·m[j]·xs[j]]: `p` holds [dx | xs] of the block's 8 sub-blocks. The
-// 6-bit fields are cut out of the header's 16 bytes in one 128-bit register (two byte
-// shuffles, shifts and masks): done with scalar shifts per block, they took a third of a
-// Q4_K row's time on one core.
-VNNI inline __m512 k_scales(const uint8_t* b, __m512 p) {
-  const __m128i v = ld128(b);  // d, dmin (fp16), then the 12 bytes s[0..11] of fields
+// Two K-quant blocks' headers (d, dmin in fp16, then 12 bytes of 6-bit fields, docs/ftw.md),
+// one a 128-bit lane, as bytes [sc[0..7] | m[0..7]] per lane: two byte shuffles, shifts and
+// masks for both blocks (done per block with scalar shifts, they took a third of a Q4_K
+// row's time on one core).
+VNNI inline __m256i k_fields(__m256i v) {
   const char z = static_cast<char>(0x80);  // a shuffle index that yields 0
   // bytes: sc[0..3] = s[0..3] & 63, sc[4..7] = (s[8..11] & 15) | (s[0..3] >> 6) << 4,
   //        m[0..3] = s[4..7] & 63,  m[4..7] = (s[8..11] >> 4) | (s[4..7] >> 6) << 4
-  const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m128i t = _mm_shuffle_epi8(v, _mm_setr_epi8(z, z, z, z, 4, 5, 6, 7, z, z, z, z, 8, 9, 10, 11));
-  const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0);
-  const __m128i upper = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15);
+  const __m256i a = _mm256_shuffle_epi8(
+      v, _mm256_broadcastsi128_si256(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+  const __m256i t =
+      _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(_mm_setr_epi8(z, z, z, z, 4, 5, 6, 7, z, z, z, z, 8, 9, 10, 11)));
+  const __m256i keep = _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+  const __m256i upper = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
   // 16-bit shifts carry the next byte's low bits into a byte's top ones: the masks drop them
-  const __m128i fields = _mm_or_si128(
-      _mm_or_si128(_mm_and_si128(a, keep), _mm_and_si128(_mm_srli_epi16(a, 4), upper)),
-      _mm_and_si128(_mm_srli_epi16(t, 2), _mm_set1_epi8(0x30)));
-  const __m512i codes = _mm512_cvtepu8_epi32(fields);
-  const __m128 dd = _mm_cvtph_ps(v);  // d, dmin (and two fields' bytes read as fp16, unused)
-  const __m512 d = pick(_mm512_castps128_ps512(dd), halves(0, 1));
-  return _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(codes), d), p);
+  return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(a, keep), _mm256_and_si256(_mm256_srli_epi16(a, 4), upper)),
+                         _mm256_and_si256(_mm256_srli_epi16(t, 2), _mm256_set1_epi8(0x30)));
 }
 
 // Q5_K's fifth bits: bit s of byte l of qh is weight l of sub-block s; `h` is qh in both
@@ -137,36 +132,78 @@ VNNI inline __m512i fifth(__m512i q, __m512i h, int s0) {
   return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, bits), q, _mm512_set1_epi8(16));
 }
 
-// 256 weights a block in 8 sub-blocks of 32: one 64-byte load of codes holds sub-blocks 2c
-// and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones (activations in that order).
+// Which int16 lane of a pair's fields (sc, m of block 0, then of block 1) scales each int16
+// lane of packs(lanes of sub-blocks 2c and 2c + 2, lanes of 2c + 1 and 2c + 3): packs takes
+// four lanes of each argument a 128-bit lane, so each sub-block's scale four times, by turns.
+// Offset by 4 for sub-blocks 4-7 and by 16 for block 1.
+alignas(64) constexpr int16_t kScaleIdx[32] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1,
+                                               2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3};
+
+// The int32 sum, over a block of 256 weights, of each sub-block's integer dot product times
+// its scale `s` (int16, in a pair's fields' lanes), in 16 lanes. A 64-byte load of codes holds
+// sub-blocks 2c and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones (activations in
+// that order); one vpdpbusd a 64 codes, packed to int16 two vectors at a time (a lane sums at
+// most 4 × 31 × 127), then one vpdpwssd a pair by the scales (at most 16,129: 4 × 15,748 ×
+// 16,129 stays inside int32).
+template <bool FIVE>
+VNNI inline __m512i k_block(const uint8_t* b, const int8_t* xq, __m512i s, const __m512i* idx) {
+  constexpr int kQs = FIVE ? 48 : 16;
+  const __m512i low = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+  const __m512i v0 = ld(b + kQs), v1 = ld(b + kQs + 64);
+  __m512i q[4] = {_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
+                  _mm512_and_si512(v1, low), _mm512_and_si512(_mm512_srli_epi16(v1, 4), low)};
+  if constexpr (FIVE) {
+    const __m512i h = _mm512_broadcast_i64x4(ld256(b + 16));
+    for (int c = 0; c < 4; ++c) q[c] = fifth(q[c], h, (c >> 1) * 4 + (c & 1));
+  }
+  __m512i l[4];
+  for (int c = 0; c < 4; ++c) l[c] = _mm512_dpbusd_epi32(zero, q[c], ld(xq + 64 * c));
+  const __m512i s01 = _mm512_permutexvar_epi16(idx[0], s), s23 = _mm512_permutexvar_epi16(idx[1], s);
+  return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, _mm512_packs_epi32(l[0], l[1]), s01),
+                             _mm512_packs_epi32(l[2], l[3]), s23);
+}
+
+// Blocks k and k + 1 of a row (k + 1 only if PAIR). Each block's scales sc[j] times its
+// activations' dx[j] / top in Q14 (quant_act.cpp) are its sub-blocks' integer scales, so its
+// int32 sum converts once, times d · top / 256; the mins' terms, dmin · Σ m[j] · xs[j], in fp32.
+template <bool FIVE, bool PAIR>
+VNNI inline void k_pair(const uint8_t* b, const Act& a, int64_t k, const __m512i* idx, __m512* acc, __m512& mins) {
+  constexpr int kBytes = FIVE ? 176 : 144;
+  const __m256i v = PAIR ? _mm256_inserti128_si256(_mm256_castsi128_si256(ld128(b)), ld128(b + kBytes), 1)
+                         : _mm256_zextsi128_si256(ld128(b));
+  const __m256i fields = k_fields(v);
+  const __m512i r = ld(reinterpret_cast<const int16_t*>(a.corr) + 16 * k);
+  const __m512i s = _mm512_mulhrs_epi16(_mm512_slli_epi16(_mm512_cvtepu8_epi16(fields), 9), r);
+  // d, dmin of block k in lanes 0, 1 and of block k + 1 in lanes 8, 9, times top / 256 and 1
+  const __m512 hd = _mm512_mul_ps(_mm512_cvtph_ps(v), _mm512_loadu_ps(a.dx + 8 * k));
+  const __m128i m8 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(fields, 0x0D));  // both blocks' m
+  const __m512 m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m8)), _mm512_loadu_ps(a.xs + 8 * k));
+  mins = _mm512_fmadd_ps(m, pick(hd, halves(1, 9)), mins);
+  const __m512i s0 = k_block<FIVE>(b, a.q + 256 * k, s, idx);
+  acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), pick(hd, _mm512_setzero_si512()), acc[0]);
+  if constexpr (PAIR) {
+    const __m512i s1 = k_block<FIVE>(b + kBytes, a.q + 256 * (k + 1), s, idx + 2);
+    acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), pick(hd, _mm512_set1_epi32(8)), acc[1]);
+  }
+}
+
 template <bool FIVE>
 VNNI __m512 k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
-  constexpr int kBytes = FIVE ? 176 : 144, kQs = FIVE ? 48 : 16;
-  const __m512i low = _mm512_set1_epi8(15);
-  const __m512i idx[4] = {halves(0, 2), halves(1, 3), halves(4, 6), halves(5, 7)};
+  constexpr int kBytes = FIVE ? 176 : 144;
+  const __m512i base = _mm512_load_si512(kScaleIdx);
+  const __m512i idx[4] = {base, _mm512_add_epi16(base, _mm512_set1_epi16(4)), _mm512_add_epi16(base, _mm512_set1_epi16(16)),
+                          _mm512_add_epi16(base, _mm512_set1_epi16(20))};
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, mins = _mm512_setzero_ps();
-  for (int64_t k = 0; k < nb; ++k) {
-    const int8_t* xq = a.q + 256 * k;
-    const __m512 p = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a.dx + 8 * k)),
-                                        _mm256_loadu_ps(a.xs + 8 * k), 1);
-    const uint8_t* b = row + k * kBytes;
-    ahead.upto(b + kBytes);
-    const __m512 s = k_scales(b, p);
-    mins = _mm512_add_ps(mins, s);
-    const __m512i v0 = ld(b + kQs), v1 = ld(b + kQs + 64);
-    __m512i q[4] = {_mm512_and_si512(v0, low), _mm512_and_si512(_mm512_srli_epi16(v0, 4), low),
-                    _mm512_and_si512(v1, low), _mm512_and_si512(_mm512_srli_epi16(v1, 4), low)};
-    if constexpr (FIVE) {
-      const __m512i h = _mm512_broadcast_i64x4(ld256(b + 16));
-      for (int c = 0; c < 4; ++c) q[c] = fifth(q[c], h, (c >> 1) * 4 + (c & 1));
-    }
-    for (int c = 0; c < 4; ++c) {
-      const __m512i lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[c], ld(xq + 64 * c));
-      acc[c & 1] = fma_i(lanes, pick(s, idx[c]), acc[c & 1]);
-    }
+  int64_t k = 0;
+  for (; k + 2 <= nb; k += 2) {
+    ahead.upto(row + (k + 2) * kBytes);
+    k_pair<FIVE, true>(row + k * kBytes, a, k, idx, acc, mins);
   }
-  const __m512 sum = _mm512_add_ps(acc[0], acc[1]);
-  return _mm512_mask_sub_ps(sum, 0xFF00, sum, mins);  // the mins' terms are mins' high lanes
+  if (k < nb) {
+    ahead.upto(row + nb * kBytes);
+    k_pair<FIVE, false>(row + k * kBytes, a, k, idx, acc, mins);
+  }
+  return _mm512_sub_ps(_mm512_add_ps(acc[0], acc[1]), mins);
 }
 
 // ---- Q6_K ------------------------------------------------------------------------------------
