@@ -323,6 +323,8 @@ def run(
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
         result["fetch"] = {n: fetchbw.measure_fetch(banks, seconds / 2, n) for n in (1, K)}
+        # a step of one token and of four streams whose routes all hit
+        result["fetch_idle_us"] = {n: fetchbw.measure_idle(banks, 0.5, n) for n in (K, 4 * K)}
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
     del banks
     per_format = measure_formats(
@@ -407,7 +409,7 @@ def table_rows(r: dict) -> list[dict]:
                 "note": f"sum {r['pcie_concurrent_gbps'] + r['cpu_concurrent_gbps']:.1f} GB/s "
                 "together",
             },
-            *fetchbw.rows(r.get("fetch") or {}, r["pcie_gbps"]),
+            *fetchbw.rows(r.get("fetch") or {}, r["pcie_gbps"], r.get("fetch_idle_us")),
         ]
     for fmt, f in r["formats"].items():
         # the packed formats' goal is a fraction of DRAM read (Q4_K: 0.8), so it is printed

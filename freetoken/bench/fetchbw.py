@@ -4,7 +4,9 @@ B_P (bench bw) is timed with the copy engine, eight experts a batch. A decode st
 the cache's books on the device fetches each layer's misses with a GPU kernel that reads
 the pinned banks itself (kernels/triton/fetch.py), most often one expert at a time: its
 bandwidth, and its time a call, are what a miss adds to such a step. Measured here at one
-expert a call and at a token's top-k, from banks far larger than any cache, into slots.
+expert a call and at a token's top-k, from banks far larger than any cache, into slots,
+a layer's banks a launch as a step fetches them; and a call with nothing to fetch, which a
+captured step still launches in every layer whose routes all hit.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def measure_fetch(banks: HasBanks, seconds: float, routes: int, device: str = "c
     _record(start)
     while time.perf_counter() - t0 < seconds:
         layer = banks.layers[int(rng.integers(len(banks.layers)))]
-        for name, src in layer.items():
-            moe_gpu.fetch_experts(src, slots[name], experts[calls % EXPERTS_DRAWN], into)
+        pairs = [(src, slots[name]) for name, src in layer.items()]
+        moe_gpu.fetch_banks(pairs, experts[calls % EXPERTS_DRAWN], into)
         calls += 1
         if calls % CALLS_AHEAD == 0:
             _sync(dev)
@@ -56,6 +58,28 @@ def measure_fetch(banks: HasBanks, seconds: float, routes: int, device: str = "c
         "gbps": calls * routes * banks.expert_bytes / elapsed / 1e9,
         "us_per_call": elapsed / calls * 1e6,
     }
+
+
+def measure_idle(banks: HasBanks, seconds: float, routes: int, device: str = "cuda") -> float:
+    """Microseconds a call of the fetch with `routes` routes, none of them to be fetched
+    (every slot -1): what the fetch costs a layer whose routes all hit."""
+    dev = torch.device(device)
+    first = banks.layers[0]
+    pairs = [(b, torch.empty((1, *b.shape[1:]), dtype=b.dtype, device=dev)) for b in first.values()]
+    experts = torch.zeros(routes, dtype=torch.int32, device=dev)
+    none = torch.full((routes,), -1, dtype=torch.int32, device=dev)
+    calls, t0 = 0, time.perf_counter()
+    start, end = _event(dev), _event(dev)
+    _record(start)
+    while time.perf_counter() - t0 < seconds:
+        moe_gpu.fetch_banks(pairs, experts, none)
+        calls += 1
+        if calls % CALLS_AHEAD == 0:
+            _sync(dev)
+    _record(end)
+    _sync(dev)
+    elapsed = start.elapsed_time(end) / 1e3 if start is not None else time.perf_counter() - t0
+    return elapsed / calls * 1e6
 
 
 def _event(dev: torch.device) -> torch.cuda.Event | None:
@@ -72,13 +96,22 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def rows(fetch: dict[int, dict], b_p: float) -> list[dict]:
-    """bench bw's table rows: each routes-a-call figure against the copy engine's B_P."""
-    return [
+def rows(fetch: dict[int, dict], b_p: float, idle: dict[int, float] | None = None) -> list[dict]:
+    """bench bw's table rows: each routes-a-call figure against the copy engine's B_P, then
+    each idle call's time (routes: microseconds)."""
+    out = [
         {
             "path": f"PCIe fetch kernel, {n} expert{'s' * (n > 1)} a call",
             "gbps": f["gbps"],
             "note": f"{f['us_per_call']:.0f} us a call; {f['gbps'] / b_p:.2f}x B_P",
         }
         for n, f in fetch.items()
+    ]
+    return out + [
+        {
+            "path": f"PCIe fetch kernel, {n} routes, nothing to fetch",
+            "gbps": 0.0,
+            "note": f"{us:.1f} us a call (a layer's banks, one launch)",
+        }
+        for n, us in (idle or {}).items()
     ]

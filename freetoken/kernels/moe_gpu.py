@@ -214,7 +214,9 @@ def fetch_experts(
 
     grid = (triton_cdiv(row, FETCH_BLOCK),)
     fetch.fetch_kernel[grid](
-        src, dst, experts, slots, slots.numel(), row, stride, BLOCK=FETCH_BLOCK
+        *(src, dst, experts, slots, slots.numel(), row, stride),
+        BLOCK=FETCH_BLOCK,
+        ROUTES=triton_pow2(slots.numel()),
     )
 
 
@@ -240,6 +242,7 @@ def fetch_banks(
             *(src_b, dst_b, row_b, stride_b),
             *(experts, slots, slots.numel()),
             BLOCK=FETCH_BLOCK,
+            ROUTES=triton_pow2(slots.numel()),
         )
     if len(banks) % 2:
         fetch_experts(*banks[-1], experts, slots)
@@ -247,3 +250,8 @@ def fetch_banks(
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def triton_pow2(n: int) -> int:
+    """The least power of two >= n (and >= 1): a block size Triton takes."""
+    return 1 << max(n - 1, 0).bit_length()

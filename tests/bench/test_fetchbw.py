@@ -27,30 +27,51 @@ def banks(device_pinned: bool) -> SmallBanks:
 @pytest.mark.parametrize("routes", [1, 4])
 def test_every_call_moves_its_routes_experts(device, routes, monkeypatch):
     copied = []
-    real = fetchbw.moe_gpu.fetch_experts
+    real = fetchbw.moe_gpu.fetch_banks
 
-    def spy(src, dst, experts, slots):
-        real(src, dst, experts, slots)
-        copied.append(experts.numel())
-        for r, e in enumerate(experts.tolist()):  # each slot holds its expert's bytes
-            assert torch.equal(dst[r].cpu(), src[e])
+    def spy(pairs, experts, slots):
+        real(pairs, experts, slots)
+        copied.append((len(pairs), experts.numel()))
+        for src, dst in pairs:  # each slot holds its expert's bytes
+            for r, e in enumerate(experts.tolist()):
+                assert torch.equal(dst[r].cpu(), src[e])
 
-    monkeypatch.setattr(fetchbw.moe_gpu, "fetch_experts", spy)
+    monkeypatch.setattr(fetchbw.moe_gpu, "fetch_banks", spy)
     b = banks(device == "cuda")
     out = fetchbw.measure_fetch(b, 0.05, routes, device)
-    calls = len(copied) // 2  # two banks a call
-    assert calls > 0 and set(copied) == {routes}
+    assert copied and set(copied) == {(2, routes)}  # a layer's two banks a call
     assert out["us_per_call"] > 0
     # the rate is the bytes moved over the time the calls took
     assert out["gbps"] * 1e9 * out["us_per_call"] * 1e-6 == pytest.approx(routes * b.expert_bytes)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_idle_call_fetches_nothing(device, monkeypatch):
+    """Every slot -1: the call is timed and no slot is written."""
+    seen = []
+    real = fetchbw.moe_gpu.fetch_banks
+
+    def spy(pairs, experts, slots):
+        before = [dst.clone() for _, dst in pairs]
+        real(pairs, experts, slots)
+        seen.append(slots.tolist())
+        assert all(torch.equal(a, dst) for a, (_, dst) in zip(before, pairs, strict=True))
+
+    monkeypatch.setattr(fetchbw.moe_gpu, "fetch_banks", spy)
+    us = fetchbw.measure_idle(banks(device == "cuda"), 0.05, 8, device)
+    assert us > 0 and seen and all(s == [-1] * 8 for s in seen)
+
+
 def test_rows_give_each_call_size_against_b_p():
     rows = fetchbw.rows(
-        {1: {"gbps": 26.0, "us_per_call": 363.0}, 8: {"gbps": 39.0, "us_per_call": 1936.0}}, 52.0
+        {1: {"gbps": 26.0, "us_per_call": 363.0}, 8: {"gbps": 39.0, "us_per_call": 1936.0}},
+        52.0,
+        {8: 4.25},
     )
     assert [r["path"] for r in rows] == [
         "PCIe fetch kernel, 1 expert a call",
         "PCIe fetch kernel, 8 experts a call",
+        "PCIe fetch kernel, 8 routes, nothing to fetch",
     ]
     assert rows[0]["note"] == "363 us a call; 0.50x B_P" and rows[1]["gbps"] == 39.0
+    assert rows[2]["note"].startswith("4.2 us a call")

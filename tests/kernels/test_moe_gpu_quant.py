@@ -217,7 +217,7 @@ def test_fetch_fills_the_first_bytes_of_wider_slots(device):
     slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
     if device == "cpu":  # the kernel itself: fetch_experts copies without it on the CPU
         # blocks of 64 of a 136-byte expert: three programs, the last one partly filled
-        fetch.fetch_kernel[(3,)](bank, pool, experts_, slots, 3, 4 * 34, 4 * 50, BLOCK=64)
+        fetch.fetch_kernel[(3,)](bank, pool, experts_, slots, 3, 4 * 34, 4 * 50, BLOCK=64, ROUTES=4)
     else:
         moe_gpu.fetch_experts(bank, pool, experts_, slots)
     flat = pool.view(5, -1)
@@ -245,7 +245,7 @@ def test_two_banks_in_one_launch_fill_their_own_slots(device):
     slots = torch.tensor([2, -1, 0, 4], dtype=torch.int32, device=device)
     if device == "cpu":  # blocks of 64: two programs of bank a (120), three of bank b (136)
         args = (a, pool_a, 120, 120, 2, b, pool_b, 136, 200, experts_, slots, 4)
-        fetch.fetch_pair_kernel[(5,)](*args, BLOCK=64)
+        fetch.fetch_pair_kernel[(5,)](*args, BLOCK=64, ROUTES=4)
     else:
         moe_gpu.fetch_banks([(a, pool_a), (b, pool_b)], experts_, slots)
     want_a, want_b = torch.zeros_like(pool_a).cpu(), torch.zeros_like(pool_b).cpu()

@@ -45,8 +45,8 @@ def _packed_expert_kernels():
                  "stride_b": "i32", "expert_ptr": "*i32", "slot_ptr": "*i32",
                  "routes": "i32"}  # fmt: skip
     out = [
-        (fetch.fetch_kernel, fetch_args, {"BLOCK": 4096}),
-        (fetch.fetch_pair_kernel, pair_args, {"BLOCK": 4096}),
+        (fetch.fetch_kernel, fetch_args, {"BLOCK": 4096, "ROUTES": 8}),
+        (fetch.fetch_pair_kernel, pair_args, {"BLOCK": 4096, "ROUTES": 32}),
     ]
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
     cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
