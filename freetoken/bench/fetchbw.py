@@ -12,6 +12,7 @@ captured step still launches in every layer whose routes all hit.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -41,19 +42,13 @@ def measure_fetch(banks: HasBanks, seconds: float, routes: int, device: str = "c
     drawn = np.stack([rng.choice(num_experts, routes, replace=False) for _ in range(EXPERTS_DRAWN)])
     experts = torch.from_numpy(drawn.astype(np.int32)).to(dev)
     into = torch.arange(routes, dtype=torch.int32, device=dev)
-    calls, t0 = 0, time.perf_counter()
-    start, end = _event(dev), _event(dev)
-    _record(start)
-    while time.perf_counter() - t0 < seconds:
+
+    def call(n: int) -> None:
         layer = banks.layers[int(rng.integers(len(banks.layers)))]
         pairs = [(src, slots[name]) for name, src in layer.items()]
-        moe_gpu.fetch_banks(pairs, experts[calls % EXPERTS_DRAWN], into)
-        calls += 1
-        if calls % CALLS_AHEAD == 0:
-            _sync(dev)
-    _record(end)
-    _sync(dev)
-    elapsed = start.elapsed_time(end) / 1e3 if start is not None else time.perf_counter() - t0
+        moe_gpu.fetch_banks(pairs, experts[n % EXPERTS_DRAWN], into)
+
+    calls, elapsed = _timed(dev, seconds, call)
     return {
         "gbps": calls * routes * banks.expert_bytes / elapsed / 1e9,
         "us_per_call": elapsed / calls * 1e6,
@@ -68,18 +63,25 @@ def measure_idle(banks: HasBanks, seconds: float, routes: int, device: str = "cu
     pairs = [(b, torch.empty((1, *b.shape[1:]), dtype=b.dtype, device=dev)) for b in first.values()]
     experts = torch.zeros(routes, dtype=torch.int32, device=dev)
     none = torch.full((routes,), -1, dtype=torch.int32, device=dev)
+    calls, elapsed = _timed(dev, seconds, lambda n: moe_gpu.fetch_banks(pairs, experts, none))
+    return elapsed / calls * 1e6
+
+
+def _timed(dev: torch.device, seconds: float, call: Callable[[int], None]) -> tuple[int, float]:
+    """(calls, seconds they took): call(0), call(1), ... for about `seconds`, timed on the
+    device between events, the host waiting every CALLS_AHEAD calls."""
     calls, t0 = 0, time.perf_counter()
     start, end = _event(dev), _event(dev)
     _record(start)
     while time.perf_counter() - t0 < seconds:
-        moe_gpu.fetch_banks(pairs, experts, none)
+        call(calls)
         calls += 1
         if calls % CALLS_AHEAD == 0:
             _sync(dev)
     _record(end)
     _sync(dev)
     elapsed = start.elapsed_time(end) / 1e3 if start is not None else time.perf_counter() - t0
-    return elapsed / calls * 1e6
+    return calls, elapsed
 
 
 def _event(dev: torch.device) -> torch.cuda.Event | None:
