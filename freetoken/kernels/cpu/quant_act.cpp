@@ -19,11 +19,10 @@
 //                      q - 32 in Q6_K, Q8_0's and MXFP4's codes made unsigned), which takes the
 //                      bias back out at no cost per weight
 // Q4_K and Q5_K sum a block's sub-blocks in int32 (quant_vnni.cpp), each times its integer
-// scale sc made a multiple of its activations' scale: sc · dx_j / top · 256 rounded, where top
-// is the block's largest dx_j. So their dx holds per block [top / 256, 1, zeros] (the
-// multipliers of d and dmin) and corr per block int16 [dx_j / top in Q14 (8), zeros (8)],
-// laid out as the kernel's register of a block's scales and mins; the padding after dx, xs
-// and those is zero (the kernel reads a lone last block's as a pair's second).
+// scale sc made a multiple of its activations' scale: sc · dx_j / top · 128 rounded, where top
+// is the block's largest dx_j. So their dx holds per block [top / 128, 1, zeros] (the
+// multipliers of d and dmin) and corr per block int16 [dx_j / top in Q14] (8); the padding
+// after dx, xs and those is zero (the kernel reads a lone last block's as a pair's second).
 // Orders: Q4_K and Q5_K keep each 256 as sub-blocks 0,2,1,3,4,6,5,7 (one 64-byte load of
 // nibbles holds sub-blocks 2c and 2c + 2 in its low nibbles); Q4_0 and MXFP4 keep each four
 // blocks as their first 16 activations then their last 16 (four blocks' 16-byte nibble runs
@@ -82,8 +81,8 @@ ACT void quantize32(const float* x, float* dx, float* xs, int8_t* lo, int8_t* hi
 }
 
 // One K-quant block of 256 activations (natural order), quantized per 32 as every format's:
-// its codes in the kernel's sub-block order, the sums xs; in dx its largest 32's scale / 256
-// and 1 (the multipliers of d and dmin); in r each 32's scale over the largest one in Q14.
+// its codes in the kernel's sub-block order, the sums xs; in dx its largest 32's scale / 128
+// (the multiplier of d) and 1 (of dmin); in r each 32's scale over the largest one in Q14.
 ACT void prepare_k(const float* x, int8_t* q, float* dx, float* xs, int16_t* r) {
   static const int kOrder[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // position of each sub-block
   float s[8], top = 0.f;
@@ -92,7 +91,7 @@ ACT void prepare_k(const float* x, int8_t* q, float* dx, float* xs, int16_t* r) 
     quantize32(x + 32 * j, s + j, xs + j, to, to + 16);
     top = s[j] > top ? s[j] : top;
   }
-  dx[0] = top / 256.f;
+  dx[0] = top / 128.f;
   dx[1] = 1.f;
   for (int j = 0; j < 8; ++j) r[j] = top > 0.f ? static_cast<int16_t>(std::lrint(s[j] / top * 16384.f)) : 0;
 }
@@ -112,7 +111,7 @@ ACT void quant_act_prepare(int64_t fmt, const float* x, int64_t n, uint8_t* buf)
   if (fmt == Q4_K || fmt == Q5_K) {  // zeros beside and after every block's values
     std::memset(buf + up64(n), 0, 2 * s + 32 * (nb / 8 + 1));
     for (int64_t k = 0; k < nb / 8; ++k) {
-      prepare_k(x + 256 * k, q + 256 * k, dx + 8 * k, xs + 8 * k, reinterpret_cast<int16_t*>(corr) + 16 * k);
+      prepare_k(x + 256 * k, q + 256 * k, dx + 8 * k, xs + 8 * k, reinterpret_cast<int16_t*>(corr) + 8 * k);
     }
     return;
   }
