@@ -23,6 +23,7 @@ stretch only, not for gigabytes held dirty in memory.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 import threading
@@ -125,7 +126,7 @@ class Sink:
         self._writer = _Worker("ftw-writer", self._write, depth)
         n = HASHERS if hashers is None else max(hashers, 1)
         self._hashers = [_Hasher(f"ftw-hasher-{i}") for i in range(n)]
-        self._files = 0  # opened so far: the next goes to the next hasher
+        self._turns = itertools.cycle(self._hashers)  # each file opened goes to the next
         self._hasher = self._hashers[0]
 
     @property
@@ -133,8 +134,7 @@ class Sink:
         return {name: d for h in self._hashers for name, d in h.digests.items()}
 
     def open(self, path: Path) -> None:
-        self._hasher = self._hashers[self._files % len(self._hashers)]
-        self._files += 1
+        self._hasher = next(self._turns)
         self._put("open", path)
 
     def write(self, data: memoryview) -> None:

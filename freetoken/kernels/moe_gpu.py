@@ -203,21 +203,14 @@ def fetch_experts(
     GPU the GPU reads the bank itself: no host work, so the copy can be captured in a CUDA
     graph.
     """
+    if dst.is_cuda:
+        _fetch_launch((src, dst), (src, dst), experts, slots, pair=False)
+        return
     row, stride = src[0].numel(), dst[0].numel()
     assert src.is_contiguous() and dst.is_contiguous() and stride >= row, "shapes disagree"
-    if not dst.is_cuda:
-        keep = slots >= 0
-        rows = src.reshape(src.shape[0], -1).index_select(0, experts[keep].long())
-        dst.reshape(dst.shape[0], -1)[:, :row].index_copy_(0, slots[keep].long(), rows)
-        return
-    from freetoken.kernels.triton import fetch
-
-    grid = (triton_cdiv(row, FETCH_BLOCK),)
-    fetch.fetch_kernel[grid](
-        *(src, dst, experts, slots, slots.numel(), row, stride),
-        BLOCK=FETCH_BLOCK,
-        ROUTES=triton_pow2(slots.numel()),
-    )
+    keep = slots >= 0
+    rows = src.reshape(src.shape[0], -1).index_select(0, experts[keep].long())
+    dst.reshape(dst.shape[0], -1)[:, :row].index_copy_(0, slots[keep].long(), rows)
 
 
 def fetch_banks(
@@ -228,24 +221,35 @@ def fetch_banks(
         for src, dst in banks:
             fetch_experts(src, dst, experts, slots)
         return
-    from freetoken.kernels.triton import fetch
-
     for i in range(0, len(banks) - 1, 2):
-        (src_a, dst_a), (src_b, dst_b) = banks[i], banks[i + 1]
-        row_a, stride_a, row_b, stride_b = (t[0].numel() for t in (src_a, dst_a, src_b, dst_b))
-        assert stride_a >= row_a and stride_b >= row_b, "shapes disagree"
-        assert all(t.is_contiguous() for t in (src_a, dst_a, src_b, dst_b)), "not contiguous"
-        blocks_a = triton_cdiv(row_a, FETCH_BLOCK)
-        grid = (blocks_a + triton_cdiv(row_b, FETCH_BLOCK),)
-        fetch.fetch_pair_kernel[grid](
-            *(src_a, dst_a, row_a, stride_a, blocks_a),
-            *(src_b, dst_b, row_b, stride_b),
-            *(experts, slots, slots.numel()),
-            BLOCK=FETCH_BLOCK,
-            ROUTES=triton_pow2(slots.numel()),
-        )
+        _fetch_launch(banks[i], banks[i + 1], experts, slots, pair=True)
     if len(banks) % 2:
         fetch_experts(*banks[-1], experts, slots)
+
+
+def _fetch_launch(
+    a: tuple[torch.Tensor, torch.Tensor],
+    b: tuple[torch.Tensor, torch.Tensor],
+    experts: torch.Tensor,
+    slots: torch.Tensor,
+    pair: bool,
+) -> None:
+    """One launch of the fetch kernel: bank a's blocks, then bank b's if `pair`."""
+    from freetoken.kernels.triton import fetch
+
+    (src_a, dst_a), (src_b, dst_b) = a, b
+    row_a, stride_a, row_b, stride_b = (t[0].numel() for t in (src_a, dst_a, src_b, dst_b))
+    assert stride_a >= row_a and stride_b >= row_b, "shapes disagree"
+    assert all(t.is_contiguous() for t in (src_a, dst_a, src_b, dst_b)), "not contiguous"
+    blocks_a = triton_cdiv(row_a, FETCH_BLOCK)
+    grid = (blocks_a + (triton_cdiv(row_b, FETCH_BLOCK) if pair else 0),)
+    fetch.fetch_pair_kernel[grid](
+        *(src_a, dst_a, row_a, stride_a, blocks_a),
+        *(src_b, dst_b, row_b, stride_b),
+        *(experts, slots, slots.numel()),
+        BLOCK=FETCH_BLOCK,
+        ROUTES=triton_pow2(slots.numel()),
+    )
 
 
 def triton_cdiv(a: int, b: int) -> int:

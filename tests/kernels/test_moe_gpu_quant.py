@@ -216,8 +216,10 @@ def test_fetch_fills_the_first_bytes_of_wider_slots(device):
     experts_ = torch.tensor([3, 1, 4], dtype=torch.int32, device=device)
     slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
     if device == "cpu":  # the kernel itself: fetch_experts copies without it on the CPU
-        # blocks of 64 of a 136-byte expert: three programs, the last one partly filled
-        fetch.fetch_kernel[(3,)](bank, pool, experts_, slots, 3, 4 * 34, 4 * 50, BLOCK=64, ROUTES=4)
+        # blocks of 64 of a 136-byte expert: three programs, the last one partly filled; a
+        # grid of bank a's programs alone copies one bank (bank b is never reached)
+        args = (bank, pool, 4 * 34, 4 * 50, 3, bank, pool, 4 * 34, 4 * 50, experts_, slots, 3)
+        fetch.fetch_pair_kernel[(3,)](*args, BLOCK=64, ROUTES=4)
     else:
         moe_gpu.fetch_experts(bank, pool, experts_, slots)
     flat = pool.view(5, -1)

@@ -38,14 +38,11 @@ def _packed_expert_kernels():
     from freetoken import quant
     from freetoken.kernels.triton import fetch, moe_quant
 
-    fetch_args = {"src_ptr": "*u8", "dst_ptr": "*u8", "expert_ptr": "*i32", "slot_ptr": "*i32",
-                  "routes": "i32", "row": "i32", "stride": "i32"}  # fmt: skip
     pair_args = {"src_a": "*bf16", "dst_a": "*bf16", "row_a": "i32", "stride_a": "i32",
                  "blocks_a": "i32", "src_b": "*u8", "dst_b": "*u8", "row_b": "i32",
                  "stride_b": "i32", "expert_ptr": "*i32", "slot_ptr": "*i32",
                  "routes": "i32"}  # fmt: skip
     out = [
-        (fetch.fetch_kernel, fetch_args, {"BLOCK": 4096, "ROUTES": 8}),
         (fetch.fetch_pair_kernel, pair_args, {"BLOCK": 4096, "ROUTES": 32}),
     ]
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]

@@ -105,6 +105,9 @@ VNNI inline __m512i spread(int shift, int base) {
 
 // ---- Q4_K and Q5_K ---------------------------------------------------------------------------
 
+// A constant the same in both 128-bit lanes (one block a lane).
+VNNI inline __m256i both(__m128i c) { return _mm256_broadcastsi128_si256(c); }
+
 // Two K-quant blocks' headers (d, dmin in fp16, then 12 bytes of 6-bit fields, docs/ftw.md),
 // one a 128-bit lane, as bytes [sc[0..7] | m[0..7]] per lane: two byte shuffles, shifts and
 // masks for both blocks (done per block with scalar shifts, they took a third of a Q4_K
@@ -114,11 +117,10 @@ VNNI inline __m256i k_fields(__m256i v) {
   // bytes: sc[0..3] = s[0..3] & 63, sc[4..7] = (s[8..11] & 15) | (s[0..3] >> 6) << 4,
   //        m[0..3] = s[4..7] & 63,  m[4..7] = (s[8..11] >> 4) | (s[4..7] >> 6) << 4
   const __m256i a = _mm256_shuffle_epi8(
-      v, _mm256_broadcastsi128_si256(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
-  const __m256i t =
-      _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(_mm_setr_epi8(z, z, z, z, 4, 5, 6, 7, z, z, z, z, 8, 9, 10, 11)));
-  const __m256i keep = _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
-  const __m256i upper = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+      v, both(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+  const __m256i t = _mm256_shuffle_epi8(v, both(_mm_setr_epi8(z, z, z, z, 4, 5, 6, 7, z, z, z, z, 8, 9, 10, 11)));
+  const __m256i keep = both(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+  const __m256i upper = both(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
   // 16-bit shifts carry the next byte's low bits into a byte's top ones: the masks drop them
   return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(a, keep), _mm256_and_si256(_mm256_srli_epi16(a, 4), upper)),
                          _mm256_and_si256(_mm256_srli_epi16(t, 2), _mm256_set1_epi8(0x30)));
@@ -137,13 +139,16 @@ VNNI inline __m512i fifth(__m512i q, __m512i h, int s0) {
 // lanes of each argument a 128-bit lane, so each sub-block's scale four times, by turns; the
 // first for sub-blocks 0-3, the second for 4-7.
 alignas(64) constexpr int8_t kScaleShuffle[2][64] = {
-    {0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
-    {8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}};
+    {0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+     4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8,  9,  8,  9,  8,  9,  8,  9,  10, 11, 10, 11, 10, 11, 10, 11, 8,  9,  8,  9,  8,  9,
+     8,  9,  10, 11, 10, 11, 10, 11, 10, 11, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15,
+     14, 15, 14, 15, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15}};
 
 // The int32 sum, over a block of 256 weights, of each sub-block's integer dot product times
-// its scale (`s`: the block's 8 int16 scales in every 128-bit lane), in 16 lanes. A 64-byte load of codes holds
-// sub-blocks 2c and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones (activations in
-// that order); one vpdpbusd a 64 codes, packed to int16 two vectors at a time (a lane sums at
+// its scale (`s`: the block's 8 int16 scales in every 128-bit lane), in 16 lanes. A 64-byte
+// load of codes holds sub-blocks 2c and 2c + 2 in low nibbles and 2c + 1, 2c + 3 in high ones
+// (activations in that order); one vpdpbusd a 64 codes, packed to int16 two vectors at a time (a lane sums at
 // most 4 × 31 × 127), then one vpdpwssd a pair by the scales (at most 63 · 128: 4 × 15,748 ×
 // 8,064 stays inside int32).
 template <bool FIVE>
