@@ -1,8 +1,8 @@
 """`freetoken bench create`: `freetoken create` of a synthetic checkpoint through a server on
 loopback, against the time to read the checkpoint and write its FTW at this disk's speed.
 
-A random Qwen3-MoE checkpoint of about --mib MiB (bf16, 32 experts a layer) is written once
-into --work. A `freetoken serve` over a fresh store there takes each create as the CLI sends
+A random Qwen3-MoE checkpoint of about --mib MiB (bf16, 32 experts a layer, in shards of 5
+GB as the Hub's are) is written once into --work. A `freetoken serve` over a fresh store there takes each create as the CLI sends
 it:
   in place  the server reads the files where they are (a server on this machine)
   upload    the files are hashed and uploaded over HTTP first (a remote server's path)
@@ -47,6 +47,7 @@ _EXPERT_LAYER = {  # one layer: 32 experts of 3 x 1024 x 512 bf16 (~100 MB) plus
 }
 _LAYER_BYTES = 32 * 3 * 1024 * 512 * 2 + 2 * (8 + 4) * 128 * 1024 * 2
 _CHUNK = 8 << 20
+_SHARD = 5 * 10**9  # Hugging Face's default largest shard: a checkpoint larger than RAM fits
 
 
 def checkpoint(work: Path, mib: int) -> Path:
@@ -58,7 +59,9 @@ def checkpoint(work: Path, mib: int) -> Path:
     if (out / "config.json").exists():
         return out
     partial = out.with_name(out.name + ".partial")
-    synth.write_qwen3_moe(partial, dtype="bfloat16", num_hidden_layers=layers, **_EXPERT_LAYER)
+    synth.write_qwen3_moe(
+        partial, dtype="bfloat16", num_hidden_layers=layers, shard_bytes=_SHARD, **_EXPERT_LAYER
+    )
     partial.rename(out)
     return out
 

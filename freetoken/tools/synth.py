@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pydoc
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,14 @@ def qwen3_moe_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
 def _random_tensors(
     cfg: dict[str, Any], seed: int, dtype: str, embed_std: float = 0.0, experts: bool = True
 ) -> dict[str, Any]:
+    return dict(_random_items(cfg, seed, dtype, embed_std, experts))
+
+
+def _random_items(
+    cfg: dict[str, Any], seed: int, dtype: str, embed_std: float = 0.0, experts: bool = True
+) -> Iterator[tuple[str, Any]]:
+    """The checkpoint's tensors one at a time, drawn in a fixed order from one generator (a
+    writer may keep only a shard of them in memory)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -224,28 +233,61 @@ def _random_tensors(
         cfg["moe_intermediate_size"],
         cfg["num_experts"],
     )
-    t: dict[str, torch.Tensor] = {
-        "model.embed_tokens.weight": _embedding(v, h, embed_std, g).to(tdtype),
-        "model.norm.weight": norm(h),
-        "lm_head.weight": mat(v, h),
-    }
+    yield "model.embed_tokens.weight", _embedding(v, h, embed_std, g).to(tdtype)
+    yield "model.norm.weight", norm(h)
+    yield "lm_head.weight", mat(v, h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = norm(h)
-        t[p + "post_attention_layernorm.weight"] = norm(h)
-        t[p + "self_attn.q_proj.weight"] = mat(nq * hd, h)
-        t[p + "self_attn.k_proj.weight"] = mat(nkv * hd, h)
-        t[p + "self_attn.v_proj.weight"] = mat(nkv * hd, h)
-        t[p + "self_attn.o_proj.weight"] = mat(h, nq * hd)
-        t[p + "self_attn.q_norm.weight"] = norm(hd)
-        t[p + "self_attn.k_norm.weight"] = norm(hd)
-        t[p + "mlp.gate.weight"] = mat(e, h)
+        yield p + "input_layernorm.weight", norm(h)
+        yield p + "post_attention_layernorm.weight", norm(h)
+        yield p + "self_attn.q_proj.weight", mat(nq * hd, h)
+        yield p + "self_attn.k_proj.weight", mat(nkv * hd, h)
+        yield p + "self_attn.v_proj.weight", mat(nkv * hd, h)
+        yield p + "self_attn.o_proj.weight", mat(h, nq * hd)
+        yield p + "self_attn.q_norm.weight", norm(hd)
+        yield p + "self_attn.k_norm.weight", norm(hd)
+        yield p + "mlp.gate.weight", mat(e, h)
         for x in range(e if experts else 0):
             q = f"{p}mlp.experts.{x}."
-            t[q + "gate_proj.weight"] = mat(inter, h)
-            t[q + "up_proj.weight"] = mat(inter, h)
-            t[q + "down_proj.weight"] = mat(h, inter)
-    return t
+            yield q + "gate_proj.weight", mat(inter, h)
+            yield q + "up_proj.weight", mat(inter, h)
+            yield q + "down_proj.weight", mat(h, inter)
+
+
+def save_sharded(items: Iterable[tuple[str, Any]], out: Path, shard_bytes: int) -> list[Path]:
+    """Tensors saved as Hugging Face shards of about `shard_bytes` each
+    (model-0000i-of-0000n.safetensors, with model.safetensors.index.json), one shard in
+    memory at a time."""
+    from safetensors.torch import save_file
+
+    written: list[tuple[Path, list[str]]] = []
+    shard: dict[str, Any] = {}
+    size = total = 0
+
+    def flush() -> None:
+        path = out / f".shard-{len(written)}.safetensors"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        written.append((path, list(shard)))
+        shard.clear()
+
+    for name, tensor in items:
+        n = tensor.numel() * tensor.element_size()
+        if shard and size + n > shard_bytes:
+            flush()
+            size = 0
+        shard[name] = tensor
+        size, total = size + n, total + n
+    if shard or not written:
+        flush()
+    weight_map, paths = {}, []
+    for i, (tmp, names) in enumerate(written):
+        path = out / f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+        tmp.rename(path)
+        paths.append(path)
+        weight_map.update(dict.fromkeys(names, path.name))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return paths
 
 
 def write_qwen3_moe(
@@ -259,12 +301,15 @@ def write_qwen3_moe(
     embed_std: float = 0.0,
     weights: dict[str, Any] | None = None,
     experts: bool = True,
+    shard_bytes: int = 0,
     **overrides: Any,
 ) -> Path:
     """A complete Qwen3-MoE directory: config, weights (`weights`, under a checkpoint's
     names, else random), tokenizer (`tokenizer`, else one trained to `vocab_size`),
     generation config; `embed_std` as in `_embedding`. `experts=False` leaves the routed
-    experts' weights out (bench/synthftw.py writes them packed)."""
+    experts' weights out (bench/synthftw.py writes them packed). `shard_bytes`: random
+    weights in shards of about that size, drawn as they are written (a checkpoint larger
+    than the RAM), where 0 writes one model.safetensors."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -280,6 +325,9 @@ def write_qwen3_moe(
         import torch
 
         weights = {k: v.to(getattr(torch, dtype)) for k, v in weights.items()}
+    elif shard_bytes:
+        save_sharded(_random_items(cfg, seed, dtype, embed_std, experts), out, shard_bytes)
+        return out
     save_file(
         _random_tensors(cfg, seed, dtype, embed_std, experts) if weights is None else weights,
         str(out / "model.safetensors"),
