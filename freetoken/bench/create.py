@@ -2,8 +2,8 @@
 loopback, against the time to read the checkpoint and write its FTW at this disk's speed.
 
 A random Qwen3-MoE checkpoint of about --mib MiB (bf16, 32 experts a layer, in shards of 5
-GB as the Hub's are) is written once into --work. A `freetoken serve` over a fresh store there takes each create as the CLI sends
-it:
+GB as the Hub's are) is written once into --work. A `freetoken serve` over a fresh store
+there takes each create as the CLI sends it:
   in place  the server reads the files where they are (a server on this machine)
   upload    the files are hashed and uploaded over HTTP first (a remote server's path)
 Around each create, in the same run, the checkpoint's files are read (as the create finds

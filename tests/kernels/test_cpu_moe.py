@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -174,3 +176,14 @@ def test_checkouts_with_the_same_sources_share_one_build(tmp_path):
     first = cpu._sources_in(build, [a / "k.cpp"])
     assert first == cpu._sources_in(build, [b / "k.cpp"]) == [str(build / "k.cpp")]
     assert (build / "k.cpp").read_text() == (a / "k.cpp").read_text()
+
+
+def test_every_included_header_is_copied_and_keyed():
+    """The build compiles copies of the sources: each header they include must be copied
+    beside them (HEADERS), and its content keys the build directory like theirs."""
+    srcs, headers = cpu._files()
+    included = set()
+    for path in srcs + headers:
+        included |= set(re.findall(r'^#include "([^"]+)"', path.read_text(), re.M))
+    assert included == {h.name for h in headers} == set(cpu.HEADERS)
+    assert all(h.exists() for h in headers)

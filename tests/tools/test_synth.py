@@ -22,7 +22,8 @@ def test_shards_hold_the_one_file_checkpoints_tensors(tmp_path):
     expected = load_file(str(whole / "model.safetensors"))
     shards = sorted(sharded.glob("model-*.safetensors"))
     assert len(shards) > 2 and not (sharded / "model.safetensors").exists()
-    assert [p.name for p in shards][-1] == f"model-{len(shards):05d}-of-{len(shards):05d}.safetensors"
+    n = len(shards)
+    assert shards[-1].name == f"model-{n:05d}-of-{n:05d}.safetensors"
     assert not list(sharded.glob(".*"))  # no shard left under its temporary name
 
     index = json.loads((sharded / "model.safetensors.index.json").read_text())

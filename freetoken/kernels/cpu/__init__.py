@@ -48,6 +48,13 @@ SOURCES = (
     "quant_vnni.cpp",
     "lane.cpp",
 )
+HEADERS = ("quant_vnni.h", "quant_vnni_k.h")  # included by the sources: copied beside them
+
+
+def _files() -> tuple[list[Path], list[Path]]:
+    """The sources and the headers they include, from this package."""
+    here = Path(__file__)
+    return [here.with_name(n) for n in SOURCES], [here.with_name(n) for n in HEADERS]
 
 
 def _build_dir(sources: list[Path]) -> Path:
@@ -156,8 +163,8 @@ def _build():
         # torch's build calls `ninja` by name: this environment's goes first, so two ninjas
         # of different versions never rebuild each other's output
         config.put_first_on_path(tools)
-    srcs = [Path(__file__).with_name(name) for name in SOURCES]
-    build = _build_dir(srcs)
+    srcs, headers = _files()
+    build = _build_dir(srcs + headers)
     fresh = not any(build.glob("*.so"))
     if fresh:
         log.warning(
@@ -166,6 +173,7 @@ def _build():
         )
     t0 = time.perf_counter()
     with _exclusive(build):
+        _sources_in(build, headers)
         ext = load(
             name="freetoken_cpu_moe",
             sources=_sources_in(build, srcs),
@@ -185,8 +193,8 @@ def peek() -> Status:
     what the first load would do, without building it."""
     if _status is not None:
         return _status
-    srcs = [Path(__file__).with_name(name) for name in SOURCES]
-    build = _build_dir(srcs)
+    srcs, headers = _files()
+    build = _build_dir(srcs + headers)
     if any(build.glob("*.so")):
         return status()
     return Status(
