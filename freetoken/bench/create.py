@@ -11,6 +11,8 @@ them: whatever of them is in the page cache stays there) and as many bytes are w
 file on the store's filesystem and fsynced; the baseline is the mean of the reads and
 writes before and after it. Each row gives create / (read + write), the goal being 1.3 at
 most, and what the store then holds against the FTW alone (goal: 1.05 at most).
+Where the store's filesystem has a block device, the device's own counters say how much of
+the create it was busy, and how fast it wrote while busy against the write baseline.
 
 The server keeps a converter started ahead (FREETOKEN_WARM_START), so a create skips the
 converter's start-up (a Python importing torch: seconds where CUDA's libraries load).
@@ -106,6 +108,19 @@ def disk_usage(root: Path) -> int:
     return total
 
 
+def disk_counters(path: Path) -> tuple[float, int] | None:
+    """The block device holding `path`: (seconds it has been busy, bytes written) since boot,
+    from /sys/dev/block (Linux); None where the filesystem has no block device of its own."""
+    st = os.stat(path)
+    stat = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
+    try:
+        fields = stat.read_text().split()
+    except OSError:
+        return None
+    # fields 7 and 10 (from 1): sectors written (512 bytes) and milliseconds spent doing I/O
+    return int(fields[9]) / 1e3, int(fields[6]) * 512
+
+
 def converter_start() -> float:
     """Seconds for a Python to import the converter (torch with it), as each create's does."""
     t0 = time.perf_counter()
@@ -121,9 +136,9 @@ def one_create(url: str, store: Path, source: Path, in_place: bool) -> dict[str,
     modelfile.write_text(f"FROM ./{source.name}\n")
     before = (read_seconds(files), write_seconds(store, nbytes))
     client = Client(url)
-    t0 = time.perf_counter()
+    disk0, t0 = disk_counters(store), time.perf_counter()
     create(client, "bench", modelfile, Progress(io.StringIO(), tty=False), in_place=in_place)
-    seconds = time.perf_counter() - t0
+    seconds, disk1 = time.perf_counter() - t0, disk_counters(store)
     show = client.call("POST", "/api/show", {"model": "bench"})
     ftw = sum(int(x["size"]) for x in _layers(store) if x.get("name"))
     held = disk_usage(store)
@@ -142,6 +157,23 @@ def one_create(url: str, store: Path, source: Path, in_place: bool) -> dict[str,
         "read_s": read,
         "write_s": write,
         "ratio": seconds / (read + write),
+    } | _disk_columns(disk0, disk1, seconds, nbytes / write)
+
+
+def _disk_columns(
+    before: tuple[float, int] | None, after: tuple[float, int] | None, seconds: float, rate: float
+) -> dict[str, Any]:
+    """What the store's disk did during a create: the fraction of its time the disk was
+    busy (below 1, it idled while the create ran: a stall upstream of it), and how fast it
+    wrote while busy against the write baseline's rate (below 1, the create's writes
+    reached the disk in a slower pattern). Absent where the store has no block device."""
+    if before is None or after is None:
+        return {}
+    busy, written = after[0] - before[0], after[1] - before[1]
+    return {
+        "disk_busy": busy / seconds,
+        "disk_written_mb": written / 1e6,
+        "busy_rate_over_write": written / busy / rate if busy > 0 else None,
     }
 
 
@@ -160,6 +192,9 @@ COLUMNS = [
     ("read_s", "read s"),
     ("write_s", "write s"),
     ("ratio", "/(read+write)"),
+    ("disk_busy", "disk busy"),
+    ("disk_written_mb", "disk MB written"),
+    ("busy_rate_over_write", "busy GB/s / write's"),
 ]
 
 

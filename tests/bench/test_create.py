@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from freetoken.bench import create as bench
 from freetoken.bench import served
 from tests.server.harness import tiny_model_dir
@@ -24,3 +26,17 @@ def test_one_create_of_each_path_is_timed_and_measured(tmp_path):
         # the uploaded checkpoint was collected: the store holds the FTW (and its manifest)
         assert 1.0 <= r["store_over_ftw"] < 1.05
     assert not any((store / "blobs").iterdir())  # each create was deleted after measuring
+
+
+def test_the_stores_disk_counts_what_is_written(tmp_path):
+    """The block device's own counters (where the filesystem has one) see a file written and
+    fsynced; their columns say how busy the disk was and how fast it wrote while busy."""
+    before = bench.disk_counters(tmp_path)
+    if before is None:
+        pytest.skip("this filesystem has no block device of its own")
+    bench.write_seconds(tmp_path, 8 << 20)
+    after = bench.disk_counters(tmp_path)
+    assert after[0] >= before[0] and after[1] - before[1] >= 8 << 20
+    cols = bench._disk_columns((1.0, 0), (3.0, 4_000_000_000), seconds=4.0, rate=1e9)
+    assert cols == {"disk_busy": 0.5, "disk_written_mb": 4000.0, "busy_rate_over_write": 2.0}
+    assert bench._disk_columns(None, after, 1.0, 1e9) == {}

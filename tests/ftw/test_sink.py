@@ -77,11 +77,28 @@ def test_writeback_is_started_behind_the_writer(tmp_path, monkeypatch):
     s.finish()
     total = sum(map(len, pieces))
     assert (tmp_path / "a.bin").read_bytes() == b"".join(pieces)
-    # contiguous stretches from the start, each ending a stretch behind the bytes written
+    # contiguous stretches from the start, each ending a stretch behind the bytes written,
+    # then the rest as the file closes
     assert calls and calls[0][0] == 0
     for (s0, n0), (s1, _) in zip(calls, calls[1:], strict=False):
         assert s0 + n0 == s1
-    assert 0 < calls[-1][0] + calls[-1][1] <= total - 4096
+    assert 0 < calls[-2][0] + calls[-2][1] <= total - 4096
+    assert calls[-1][0] + calls[-1][1] == total
+
+
+def test_each_file_is_handed_to_writeback_whole_as_it_closes(tmp_path, monkeypatch):
+    """A shard's tail is not left dirty for the final fsync, after every other shard."""
+    calls = []
+    monkeypatch.setattr(sink, "WRITEBACK", 1 << 20)  # no file here reaches a stretch
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, n, advice: calls.append((start, n)))
+    s = Sink()
+    sizes = {"a.bin": 5000, "b.bin": 0, "c.bin": 7000}
+    for name, n in sizes.items():
+        s.open(tmp_path / name)
+        if n:
+            s.write(memoryview(os.urandom(n)))
+    s.finish()
+    assert calls == [(0, 5000), (0, 7000)]  # an empty file has nothing to hand over
 
 
 def test_a_failed_write_is_raised_and_later_writes_refused(tmp_path):
