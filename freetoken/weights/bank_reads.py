@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,16 @@ from freetoken.models.base import ExpertKey
 
 READERS = 8
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+_pool: ThreadPoolExecutor | None = None  # the readers, started once: a 16 GB model has 322 banks
+_pool_lock = threading.Lock()
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="bank-read")
+        return _pool
 
 
 @dataclass(frozen=True)
@@ -63,9 +74,15 @@ def read_bank(
     bank, runs = plan
     flat = memoryview(bank.view(torch.uint8).reshape(-1).numpy()).cast("B")
     jobs = [runs[i::READERS] for i in range(READERS)]
-    with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="bank-read") as pool:
-        for f in [pool.submit(_read_runs, job, flat) for job in jobs if job]:
+    pool = _readers()
+    futures = [pool.submit(_read_runs, job, flat) for job in jobs if job]
+    try:
+        for f in futures:
             f.result()  # a short or failed read is raised here
+    finally:  # no reader may still be writing into the bank once it is dropped
+        for f in futures:
+            if not f.cancel():
+                f.exception()  # waits for a read already running
     return bank
 
 
