@@ -137,9 +137,15 @@ INT8_FORMATS = [f for f in FORMATS if f not in EXACT_ONLY]
 INT8_TOLERANCE = 2e-2
 
 
-def _int8_kernel(fmt: str) -> bool:
+def _int8_kernel(fmt: str, tier: int = -1) -> bool:
+    """Whether rows of `fmt` take int8 activations at `tier` (an index of cpu.TIERS; -1 the
+    CPU's best): AVX-512 VNNI's kernels, or AVX2's for the K-quants."""
     ext = cpu.extension()
-    return ext is not None and ext.has_int8_kernel(quant.get(fmt).code)
+    return ext is not None and ext.has_int8_kernel(quant.get(fmt).code, tier)
+
+
+# The int8 kernels' instruction sets: the CPU's best, and AVX2 (quant_avx2.cpp) below it.
+INT8_TIERS = [-1, cpu.TIERS.index("avx2")]
 
 
 def _representable(cols: int, g: torch.Generator) -> torch.Tensor:
@@ -160,6 +166,18 @@ def test_formats_without_an_int8_kernel_say_so(fmt):
     assert not ext.has_int8_kernel(quant.get(fmt).code)
 
 
+def test_below_avx512_the_k_quants_take_int8_activations():
+    """At the AVX2 tier (CPUs without AVX-512 VNNI), Q4_K, Q5_K and Q6_K rows, most of a
+    Q4_K_M or Q5_K_M GGUF's expert bytes, have int8 kernels; the other formats keep fp32
+    activations, and the plain C++ tier has none."""
+    ext = cpu.extension()
+    if ext is None or ext.cpu_tier() < cpu.TIERS.index("avx2"):
+        pytest.skip("needs the C++ kernel on a CPU with AVX2")
+    avx2 = cpu.TIERS.index("avx2")
+    assert {f for f in FORMATS if _int8_kernel(f, avx2)} == {"q4_k", "q5_k", "q6_k"}
+    assert not any(_int8_kernel(f, cpu.TIERS.index("scalar")) for f in FORMATS)
+
+
 def test_nvfp4_int8_kernel_takes_every_scale_code():
     """The int8 kernel converts the e4m3 group scales itself (through fp16's fields): every
     code, subnormal and negative ones too, on activations int8 holds exactly."""
@@ -173,21 +191,22 @@ def test_nvfp4_int8_kernel_takes_every_scale_code():
     assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
 
 
+@pytest.mark.parametrize("tier", INT8_TIERS)
 @pytest.mark.parametrize("fmt", INT8_FORMATS)
 @pytest.mark.parametrize("blocks", [1, 3, 5, 9, 12])
-def test_int8_kernels_are_exact_where_the_activations_are(fmt, blocks):
+def test_int8_kernels_are_exact_where_the_activations_are(fmt, blocks, tier):
     """On activations the quantization keeps exactly, the int8 kernels' dot products are
     decode-then-matmul's up to fp32 rounding: every code, scale and order is right. Odd row
     counts past a tile of 16 rows, and rows of a few blocks (32-weight formats go four blocks a
     step, then singly; K-quant rows of an odd number go two rows at once)."""
-    if not _int8_kernel(fmt):
-        pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
+    if not _int8_kernel(fmt, tier):
+        pytest.skip("no int8 kernel for this format at this tier on this CPU")
     cols = blocks * quant.get(fmt).block
     g = torch.Generator().manual_seed(blocks)
     rows = experts.pack(torch.randn(37, cols, generator=g) / cols**0.5, fmt)
     x = _representable(cols, g)
     ref = reference.dequantize(rows, fmt).double() @ x.double()
-    out = cpu.extension().quant_matvec(rows, x, quant.get(fmt).code, -1, True)
+    out = cpu.extension().quant_matvec(rows, x, quant.get(fmt).code, tier, True)
     assert float((out.double() - ref).abs().max()) <= 1e-6 * float(ref.abs().max())  # every row
     assert float((out.double() - ref).norm() / ref.norm()) <= 1e-6
 
@@ -196,16 +215,17 @@ def test_int8_kernels_are_exact_where_the_activations_are(fmt, blocks):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("T,k", [(1, 4), (5, 3)])
 def test_bf16_models_take_int8_activations_within_tolerance(fmt, isa, T, k):
-    """A BF16 model's packed banks: through the int8 kernels where the CPU has them, from the
-    AVX-512 tier up (within INT8_TOLERANCE of decode-then-matmul in fp32, and not equal to
-    it), else exactly as an fp32 model's; an fp32 model's stay exact."""
+    """A BF16 model's packed banks: through the int8 kernels where the CPU has them at the
+    tier (from the AVX-512 tier up with VNNI; the K-quants from AVX2 up), within
+    INT8_TOLERANCE of decode-then-matmul in fp32 and not equal to it, else exactly as an fp32
+    model's; an fp32 model's stay exact."""
     spec, banks, x, ids, w = _case((fmt, fmt), "swiglu", T, k, seed=11 + T)
     ref = reference.moe_experts(x, ids, w, banks, spec)
     tok = torch.arange(T).repeat_interleave(k)
     args = (x, banks, tok, ids.reshape(-1), w.reshape(-1), spec)
     out = cpu.moe_experts(*args, isa=isa, compute_dtype=torch.bfloat16)
     err = float((out - ref).norm() / ref.norm())
-    if _int8_kernel(fmt) and isa.startswith("avx512"):
+    if _int8_kernel(fmt, cpu.TIERS.index(isa)):
         assert 1e-6 < err <= INT8_TOLERANCE
     else:
         assert err <= 1e-5
@@ -223,12 +243,13 @@ def test_int8_activations_with_a_float_bank_beside():
     assert float((int8 - ref).norm() / ref.norm()) <= INT8_TOLERANCE
 
 
+@pytest.mark.parametrize("tier", INT8_TIERS)
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "mxfp4", "nvfp4"])
-def test_the_software_prefetch_changes_no_result(fmt):
+def test_the_software_prefetch_changes_no_result(fmt, tier):
     """However far ahead the int8 kernels ask for rows (bench bw's sweep: none, less than a
     line, past the call's last row), the dot products are the same."""
-    if not _int8_kernel(fmt):
-        pytest.skip("no int8 kernel on this CPU (needs AVX-512 VNNI)")
+    if not _int8_kernel(fmt, tier):
+        pytest.skip("no int8 kernel for this format at this tier on this CPU")
     ext = cpu.extension()
     g = torch.Generator().manual_seed(9)
     rows = experts.pack(torch.randn((70, 512), generator=g), fmt)
@@ -236,16 +257,17 @@ def test_the_software_prefetch_changes_no_result(fmt):
     code = quant.get(fmt).code
     last = ext.quant_set_prefetch_bytes(0)
     try:
-        want = ext.quant_matvec(rows, x, code, -1, True)
+        want = ext.quant_matvec(rows, x, code, tier, True)
         for ahead in (1, 100, 4096, 1 << 20):
             ext.quant_set_prefetch_bytes(ahead)
-            assert torch.equal(ext.quant_matvec(rows, x, code, -1, True), want), ahead
+            assert torch.equal(ext.quant_matvec(rows, x, code, tier, True), want), ahead
     finally:
         ext.quant_set_prefetch_bytes(last)
 
 
+@pytest.mark.parametrize("isa", [None, "avx2"])
 @pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
-def test_every_thread_count_gives_the_same_bits(fmt):
+def test_every_thread_count_gives_the_same_bits(fmt, isa):
     """Down tiles wait for their own route's h and sums for their own token's tiles, not for
     a barrier: any number of threads, more than the cores included (a waiting thread spins
     while the one it waits for is off its core), computes the same bits as one thread. The
@@ -258,7 +280,8 @@ def test_every_thread_count_gives_the_same_bits(fmt):
     try:
         for n in (1, 3, 8):
             torch.set_num_threads(n)
-            outs.append(cpu.moe_experts(x, banks, tok, exp, wt, spec, compute_dtype=torch.bfloat16))
+            args = (x, banks, tok, exp, wt, spec)
+            outs.append(cpu.moe_experts(*args, isa=isa, compute_dtype=torch.bfloat16))
     finally:
         torch.set_num_threads(before)
     assert outs[0][1].abs().max() == 0 and outs[0].abs().sum() > 0

@@ -46,6 +46,7 @@ SOURCES = (
     "quant_avx512.cpp",
     "quant_act.cpp",
     "quant_vnni.cpp",
+    "quant_avx2.cpp",
     "lane.cpp",
 )
 HEADERS = ("quant_vnni.h", "quant_vnni_k.h")  # included by the sources: copied beside them
@@ -257,7 +258,7 @@ def moe_experts(
     x: [T, H]; `banks` one layer's (reference.py names them) in host memory: bf16 or fp32,
     or packed in the block format `spec` gives each (read in place); `spec` what each expert
     computes; `compute_dtype` the model's (see int8_activations: with AVX-512 VNNI, packed
-    banks of a BF16 model take int8 activations).
+    banks of a BF16 model take int8 activations; with AVX2, Q4_K and Q5_K banks do).
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out

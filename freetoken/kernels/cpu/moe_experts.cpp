@@ -44,6 +44,11 @@ void quant_act_prepare(int64_t fmt, const float* x, int64_t n, uint8_t* buf);
 bool quant_int8_ok(int64_t fmt);
 void quant_rows_dot_int8(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols, const uint8_t* act,
                          float* y);
+// quant_avx2.cpp
+bool quant_int8_avx2_ok(int64_t fmt);
+void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf);
+void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols,
+                              const uint8_t* act, float* y);
 
 namespace {
 
@@ -133,23 +138,37 @@ struct Mat {
   int64_t expert_bytes;  // bytes from one expert to the next
 };
 
+// Which int8-activation kernel rows of format fmt take at a tier: AVX-512 VNNI's (every format
+// it has one for), else AVX2's (Q4_K, Q5_K and Q6_K), else none (fp32 activations).
+enum Int8Kernel { NO_INT8, VNNI_INT8, AVX2_INT8 };
+
+Int8Kernel int8_kernel(int64_t fmt, int tier) {
+  if (tier >= AVX512 && quant_int8_ok(fmt)) return VNNI_INT8;
+  if (tier >= AVX2 && quant_int8_avx2_ok(fmt)) return AVX2_INT8;
+  return NO_INT8;
+}
+
 // Activations of one bank prepared for its int8 kernel, a buffer per row of x [rows, n]; none
-// (`at` null) where the bank takes fp32 activations: a float bank, fp32 compute, no VNNI.
+// (`at` null) where the bank takes fp32 activations: a float bank, fp32 compute, no kernel.
 struct Int8Act {
   std::vector<uint8_t> mem;
   uint8_t* base = nullptr;
   int64_t stride = 0, n = 0, fmt = 0;
+  Int8Kernel kernel = NO_INT8;
 
   Int8Act(const Mat& m, bool allowed, int tier, int64_t rows, int64_t n) : n(n), fmt(m.fmt) {
-    if (!allowed || !m.fmt || tier < AVX512 || !quant_int8_ok(m.fmt)) return;
+    if (!allowed || !m.fmt) return;
+    kernel = int8_kernel(m.fmt, tier);
+    if (kernel == NO_INT8) return;
     stride = quant_act_bytes(m.fmt, n);  // a multiple of 64
     mem.resize(rows * stride + 64);
     base = mem.data() + (64 - reinterpret_cast<uintptr_t>(mem.data()) % 64) % 64;
   }
 
-  // row `row` from x [n]
+  // row `row` from x [n], by the kernel's own instruction set (the layout is the same)
   void prepare(int64_t row, const float* x) const {
-    if (base) quant_act_prepare(fmt, x, n, base + row * stride);
+    if (kernel == VNNI_INT8) quant_act_prepare(fmt, x, n, base + row * stride);
+    if (kernel == AVX2_INT8) quant_act_prepare_avx2(fmt, x, n, base + row * stride);
   }
 
   const uint8_t* at(int64_t row) const { return base ? base + row * stride : nullptr; }
@@ -161,7 +180,8 @@ inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n,
                      const uint8_t* q, float* y, int tier) {
   const uint8_t* base = m.p + e * m.expert_bytes;
   if (m.fmt && q) {
-    quant_rows_dot_int8(m.fmt, base, row0, rows, n, q, y);
+    if (int8_kernel(m.fmt, tier) == VNNI_INT8) quant_rows_dot_int8(m.fmt, base, row0, rows, n, q, y);
+    else quant_rows_dot_int8_avx2(m.fmt, base, row0, rows, n, q, y);
   } else if (m.fmt) {
     quant_rows_dot(m.fmt, base, row0, rows, n, x, y, float_dot(tier), tier >= AVX512);
   } else {
@@ -387,7 +407,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lane_serve", &lane_serve, "serve expert requests posted by GPU kernels until told to stop",
         py::call_guard<py::gil_scoped_release>());
   m.def("quant_matvec", &quant_matvec, "packed rows . x (the packed dot products alone, for tests)");
-  m.def("has_int8_kernel", &quant_int8_ok, "whether this CPU has an int8-activation kernel for a format code");
+  m.def(
+      "has_int8_kernel",
+      [](int64_t fmt, int64_t tier) { return int8_kernel(fmt, tier < 0 ? best_tier() : static_cast<int>(tier)) != NO_INT8; },
+      "whether this CPU has an int8-activation kernel for a format code at a tier (-1: its best)",
+      py::arg("fmt"), py::arg("tier") = -1);
   m.def("quant_set_prefetch_bytes", &quant_set_prefetch_bytes,
         "bytes the int8 kernels prefetch ahead in software (0: none); returns the last value");
   m.def("cpu_tier", &cpu_tier, "best instruction-set tier of this CPU (0 scalar .. 3 AVX-512-BF16)");
