@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,13 +24,11 @@ import numpy as np
 import torch
 
 from freetoken import quant
-from freetoken.bench import common, fetchbw, packed
+from freetoken.bench import common, fetchbw, lanebw, packed
 from freetoken.ftw import hostmem
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.models.base import ExpertSpec
-from freetoken.moe import lane as lanes
 from freetoken.moe import profile
-from freetoken.moe.banks import HostBanks
 
 E, H, I, K = 128, 2048, 768, 8  # Qwen3-30B-A3B experts, top-8
 
@@ -113,68 +109,6 @@ def measure_cpu(
     return moved / (time.perf_counter() - t0) / 1e9
 
 
-# A neighbour as a streaming server has: each token wakes the runner's event loop, the HTTP
-# process and the client for a few hundred microseconds of Python each.
-NEIGHBOUR = """
-import time
-while True:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 200e-6:
-        pass
-    time.sleep(300e-6)
-"""
-SPLIT_ROUTES = 2  # a split's CPU routes a request (served: 1.8-3.2 of top-8)
-
-
-def measure_lane(banks: Banks, seconds: float, routes: int, threads: int = 0) -> float:
-    """GB/s of the experts the CPU lane read over the time its loop spent serving them
-    (`cpu_us_per_request`, as /api/cache reports it), requests of `routes` routes posted from
-    here through the CPU-only mailbox, a pause between them as a GPU's share of a layer
-    leaves; `threads` as CpuLane takes it."""
-    host = {(i, b): t for i, layer in enumerate(banks.layers) for b, t in layer.items()}
-    formats = {k: banks.spec.format_of(k[1]) for k in host if banks.spec.format_of(k[1])}
-    lane = lanes.CpuLane(
-        HostBanks(host, torch.bfloat16, pin=False, spec=banks.spec, formats=formats),
-        torch.device("cpu"),
-        threads,
-    )
-    rng = np.random.default_rng(3)
-    x, w = torch.randn(1, H), torch.full((1, routes), 1.0 / routes)
-    lane.start()
-    try:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            ids = torch.from_numpy(rng.choice(E, routes, replace=False).astype(np.int64))
-            lane.post(int(rng.integers(len(banks.layers))), x, ids[None], w)
-            lane.collect(torch.zeros(1, H))
-            time.sleep(300e-6)
-        s = lane.stats()
-    finally:
-        lane.stop()
-    return s["routes_per_request"] * banks.expert_bytes / s["cpu_us_per_request"] / 1e3
-
-
-def measure_lanes(banks: Banks, seconds: float) -> dict:
-    """The kernel called directly and through the lane at a split's routes, alone and beside
-    a busy neighbour, the lane on every core but one (as served) and on every core."""
-    cores = len(cpu_kernel.physical_cpus())
-    out = {
-        "cpu_split_gbps": measure_cpu(banks, seconds, routes=SPLIT_ROUTES),
-        "lane_gbps": measure_lane(banks, seconds, K),
-        "lane_split_gbps": measure_lane(banks, seconds, SPLIT_ROUTES),
-    }
-    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
-    try:
-        time.sleep(0.2)
-        out["cpu_split_busy_gbps"] = measure_cpu(banks, seconds, routes=SPLIT_ROUTES)
-        out["lane_split_busy_gbps"] = measure_lane(banks, seconds, SPLIT_ROUTES)
-        out["lane_split_busy_all_gbps"] = measure_lane(banks, seconds, SPLIT_ROUTES, cores)
-    finally:
-        neighbour.kill()
-        neighbour.wait()
-    return out | {"lane_threads": len(lanes.lane_cpus(list(range(cores)))), "cores": cores}
-
-
 def measure_torch_cpu(banks: Banks, seconds: float) -> float:
     """Plain torch on the same work, for the ratio against a simple implementation."""
     from freetoken.kernels import reference
@@ -240,10 +174,11 @@ def measure_formats(
     bf16_gbps: float,
     threads: list[int] = (),
     prefetch: list[int] = (),
+    isa: str | None = None,
 ) -> dict:
     """The CPU kernel on banks of each block format (as large as the BF16 ones, up to
     FORMAT_GIB): GB/s of the packed bytes it reads, experts/s, and experts/s against BF16's
-    (the bound moves by that), for a BF16 model (int8 activations where the CPU has VNNI);
+    (the bound moves by that), for a BF16 model (int8 activations where the CPU has a kernel);
     `exact_gbps` with the fp32 activations of an fp32 model; `hot_gbps` on one layer's 8
     experts called again and again (tens of MB, in the last-level cache where it is that
     large: the kernel's own speed, so whether DRAM or the kernel holds `gbps` back);
@@ -255,25 +190,27 @@ def measure_formats(
         per = packed.PackedBanks.make(fmt, E, H, I, 1).expert_bytes
         layers = max(2, int(min(gib, FORMAT_GIB) * 2**30 // (E * per)))
         banks = packed.PackedBanks.make(fmt, E, H, I, layers)
-        measure_cpu(banks, 0.3)
-        gbps = measure_cpu(banks, seconds)
-        exact = measure_cpu(banks, seconds / 2, compute_dtype=torch.float32)
+        measure = partial(measure_cpu, banks, isa=isa)
+        measure(0.3)
+        gbps = measure(seconds)
+        exact = measure(seconds / 2, compute_dtype=torch.float32)
         rate = gbps * 1e9 / banks.expert_bytes
         hot = packed.PackedBanks.make(fmt, K, H, I, 1)
-        measure_cpu(hot, 0.2, experts=K)
-        hot_gbps = measure_cpu(hot, seconds / 2, experts=K)
+        measure_cpu(hot, 0.2, isa, experts=K)
+        hot_gbps = measure_cpu(hot, seconds / 2, isa, experts=K)
         out[fmt] = {
             "gbps": gbps,
             "experts_per_s": rate,
             "vs_bf16": rate / bf16_rate,
             "exact_gbps": exact,
             "hot_gbps": hot_gbps,
-            "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
-            "by_prefetch": by_prefetch(prefetch, threads, partial(measure_cpu, banks, seconds / 2)),
+            "by_threads": at_threads(list(threads), partial(measure, seconds / 2)),
+            "by_prefetch": by_prefetch(prefetch, threads, partial(measure, seconds / 2)),
         }
         if cpu_kernel.extension() is not None:  # a split's few routes, called and through the lane
-            out[fmt]["cpu_split_gbps"] = measure_cpu(banks, seconds / 2, routes=SPLIT_ROUTES)
-            out[fmt]["lane_split_gbps"] = measure_lane(banks, seconds / 2, SPLIT_ROUTES)
+            split = lanebw.SPLIT_ROUTES
+            out[fmt]["cpu_split_gbps"] = measure(seconds / 2, routes=split)
+            out[fmt]["lane_split_gbps"] = lanebw.measure_lane(banks, seconds / 2, split)
         del banks
     return out
 
@@ -303,22 +240,25 @@ def run(
     formats: list[str] | None = None,
     threads: list[int] = (),
     prefetch: list[int] = (),
+    isa: str | None = None,
 ) -> dict:
+    """Every measurement; `isa` holds the CPU kernels to that tier (cpu.TIERS) where they
+    are called directly (the lane's rows keep the CPU's best)."""
     cuda = torch.cuda.is_available()
     layers = max(2, int(gib * 2**30 // (E * 3 * I * H * 2)))
     banks = Banks(layers, pin=cuda)
-    measure_cpu(banks, 0.5)  # warm-up: compiles the kernel, spins up threads
+    measure_cpu(banks, 0.5, isa)  # warm-up: compiles the kernel, spins up threads
     result = {
-        "cpu_kernel": cpu_kernel.tier(),
+        "cpu_kernel": isa or cpu_kernel.tier(),
         "threads": torch.get_num_threads(),
-        "cpu_expert_gbps": measure_cpu(banks, seconds),
+        "cpu_expert_gbps": measure_cpu(banks, seconds, isa),
         "torch_cpu_expert_gbps": measure_torch_cpu(banks, seconds / 2),
         "dram_read_gbps": measure_dram(seconds / 2),
         "bank_gib": layers * E * banks.expert_bytes / 2**30,
-        "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2)),
+        "by_threads": at_threads(list(threads), partial(measure_cpu, banks, seconds / 2, isa)),
     }
     if cpu_kernel.extension() is not None:
-        result["lane"] = measure_lanes(banks, seconds / 2)
+        result["lane"] = lanebw.measure_lanes(banks, seconds / 2, partial(measure_cpu, banks))
     if cuda:
         measure_pcie(banks, 0.5)
         result["pcie_gbps"] = measure_pcie(banks, seconds)
@@ -328,7 +268,7 @@ def run(
         result["pcie_concurrent_gbps"], result["cpu_concurrent_gbps"] = concurrent(banks, seconds)
     del banks
     per_format = measure_formats(
-        formats or [], seconds, gib, result["cpu_expert_gbps"], threads, prefetch
+        formats or [], seconds, gib, result["cpu_expert_gbps"], threads, prefetch, isa
     )
     result["formats"] = per_format
     # the profile's B_H per format: runners of a packed model start their split from it
@@ -358,6 +298,12 @@ def main(argv: list[str] | None = None) -> None:
         help="bytes ahead the packed formats' int8 kernels prefetch, each measured in turn at "
         "--threads (comma-separated; 0: none; the kernel's default is 4096)",
     )
+    ap.add_argument(
+        "--isa",
+        choices=cpu_kernel.TIERS,
+        help="hold the CPU kernels to this instruction set (e.g. avx2: a desktop CPU without "
+        "AVX-512) where they are called directly; nothing is saved as this machine's profile",
+    )
     args = ap.parse_args(argv)
     from freetoken import config
 
@@ -372,9 +318,12 @@ def main(argv: list[str] | None = None) -> None:
     for fmt in formats:
         if fmt not in quant.FORMATS:
             ap.error(f"unknown format {fmt!r} (one of {', '.join(quant.FORMATS)})")
-    r = run(args.seconds, args.gib, formats, threads, prefetch)
+    ext = cpu_kernel.extension() if args.isa else None
+    if args.isa and (ext is None or cpu_kernel.TIERS.index(args.isa) > ext.cpu_tier()):
+        ap.error(f"--isa {args.isa}: this machine's CPU kernel is {cpu_kernel.tier()}")
+    r = run(args.seconds, args.gib, formats, threads, prefetch, args.isa)
     head = common.header("bw")
-    if not args.no_save:
+    if not args.no_save and not args.isa:
         r["profile"] = str(profile.save(config.current().cache_dir, {**r, "date": head["date"]}))
     if args.json:
         print(json.dumps({**head, **r}))
@@ -398,7 +347,7 @@ def table_rows(r: dict) -> list[dict]:
         },
     ]
     if "lane" in r:
-        rows += lane_rows(r["lane"], r["cpu_expert_gbps"])
+        rows += lanebw.lane_rows(r["lane"], r["cpu_expert_gbps"])
     if "pcie_gbps" in r:
         rows += [
             {"path": "PCIe expert gather (B_P)", "gbps": r["pcie_gbps"]},
@@ -422,7 +371,7 @@ def table_rows(r: dict) -> list[dict]:
             lane, called = f["lane_split_gbps"], f["cpu_split_gbps"]
             rows.append(
                 {
-                    "path": f"CPU lane, {fmt}, {SPLIT_ROUTES} routes a request",
+                    "path": f"CPU lane, {fmt}, {lanebw.SPLIT_ROUTES} routes a request",
                     "gbps": lane,
                     "note": f"{lane / called:.2f}x the kernel called ({called:.1f})",
                 }
@@ -457,38 +406,6 @@ def thread_rows(r: dict) -> list[dict]:
                 {"path": f"CPU expert kernel, {name}, {n} threads", "gbps": gbps, "note": note}
             )
     return rows
-
-
-def lane_rows(lane: dict, cpu_gbps: float) -> list[dict]:
-    """The lane's rows, each against the row it is to be read with."""
-    n, busy, alone = SPLIT_ROUTES, "beside a busy process", lane["lane_split_gbps"]
-    rows = [
-        ("CPU lane, 8 routes a request", lane["lane_gbps"], cpu_gbps, "the kernel called"),
-        (f"CPU kernel, {n} routes a call", lane["cpu_split_gbps"], cpu_gbps, "8 routes"),
-        (f"CPU lane, {n} routes a request", alone, lane["cpu_split_gbps"], "the kernel called"),
-        (
-            f"CPU kernel, {n} routes, {busy}",
-            lane["cpu_split_busy_gbps"],
-            lane["cpu_split_gbps"],
-            "alone",
-        ),
-        (f"CPU lane, {n} routes, {busy}", lane["lane_split_busy_gbps"], alone, "alone"),
-        (
-            f"CPU lane on every core, {n} routes, {busy}",
-            lane["lane_split_busy_all_gbps"],
-            alone,
-            "the lane alone, as served",
-        ),
-    ]
-    note = f"lane: {lane['lane_threads']} of {lane['cores']} cores unless every core"
-    return [
-        {
-            "path": path,
-            "gbps": gbps,
-            "note": f"{gbps / ref:.2f}x {than}" + (f"; {note}" if i == 0 else ""),
-        }
-        for i, (path, gbps, ref, than) in enumerate(rows)
-    ]
 
 
 if __name__ == "__main__":

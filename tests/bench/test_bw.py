@@ -56,24 +56,6 @@ def test_each_format_row_gives_its_fraction_of_dram_read():
     assert row["note"].endswith("40.0 GB/s on 8 experts in cache")
 
 
-def test_the_lane_is_timed_beside_the_kernel_called_directly(monkeypatch):
-    """`bench bw`'s lane rows: the kernel through the lane and called directly at a split's
-    routes, alone and beside a busy process, as served and on every core."""
-    from freetoken.kernels import cpu as cpu_kernel
-
-    if cpu_kernel.extension() is None:
-        pytest.skip("needs the compiled CPU kernel")
-    monkeypatch.setattr(bw, "E", 8)
-    monkeypatch.setattr(bw, "H", 256)
-    monkeypatch.setattr(bw, "I", 128)
-    r = bw.measure_lanes(bw.Banks(2, pin=False), 0.05)
-    gbps = [k for k in r if k.endswith("_gbps")]
-    assert len(gbps) == 6 and all(r[k] > 0 for k in gbps)
-    assert r["cores"] == len(cpu_kernel.physical_cpus()) >= r["lane_threads"] >= 1
-    rows = bw.lane_rows(r, 1.0)
-    assert len(rows) == 6 and all(row["gbps"] > 0 and "x" in row["note"] for row in rows)
-
-
 def test_a_thread_sweep_measures_every_kernel_at_every_count(monkeypatch):
     """`--threads 1,2`: BF16 and each format at both counts, with rows against DRAM and
     against one thread; torch's own thread count is put back."""
@@ -126,3 +108,35 @@ def test_a_prefetch_sweep_measures_each_count_and_puts_the_default_back():
         "CPU expert kernel, q4_k, 1 threads, prefetch 0 bytes ahead",
         "CPU expert kernel, q4_k, 1 threads, prefetch 8192 bytes ahead",
     ]
+
+
+def test_the_kernels_are_held_to_the_isa_asked_for(monkeypatch, capsys):
+    """`--isa avx2`: every kernel called directly runs at that tier (a desktop CPU's view on
+    a larger one), and the result says so; nothing is saved as the machine's profile."""
+    from freetoken.kernels import cpu as cpu_kernel
+
+    ext = cpu_kernel.extension()
+    if ext is None or ext.cpu_tier() < cpu_kernel.TIERS.index("avx2"):
+        pytest.skip("needs the compiled CPU kernel on a CPU with AVX2")
+    monkeypatch.setattr(bw, "E", 8)
+    monkeypatch.setattr(bw, "H", 256)
+    monkeypatch.setattr(bw, "I", 256)
+    monkeypatch.setattr(bw, "measure_dram", lambda seconds: 10.0)
+    # the lane serves at the CPU's best tier: not what this test is about
+    monkeypatch.setattr(bw.lanebw, "measure_lanes", lambda *a: {})
+    monkeypatch.setattr(bw.lanebw, "measure_lane", lambda *a: 1.0)
+    tiers, real = [], cpu_kernel.moe_experts
+
+    def kernel(*args, isa=None, **kw):
+        tiers.append(isa)
+        return real(*args, isa=isa, **kw)
+
+    monkeypatch.setattr(cpu_kernel, "moe_experts", kernel)
+    r = bw.run(0.02, 0.001, ["q4_k"], isa="avx2")
+    assert r["cpu_kernel"] == "avx2" and r["formats"]["q4_k"]["gbps"] > 0
+    assert tiers and set(tiers) == {"avx2"}
+    saved = []
+    monkeypatch.setattr(bw.profile, "save", lambda *a: saved.append(a))
+    monkeypatch.setattr(bw, "run", lambda *a: {k: v for k, v in r.items() if k != "lane"})
+    bw.main(["--isa", "avx2"])
+    assert not saved and "avx2" in capsys.readouterr().out
