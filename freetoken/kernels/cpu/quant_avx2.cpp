@@ -1,4 +1,4 @@
-// Q4_K, Q5_K and Q6_K rows dotted with int8 activations on CPUs with AVX2 but not AVX-512 VNNI
+// Q4_K, Q5_K, Q6_K and Q8_0 rows dotted with int8 activations on CPUs with AVX2 but not AVX-512 VNNI
 // (most Intel desktops, AMD before Zen 4). Without an int8 kernel these formats took the fp32
 // path, which below AVX-512 decodes each row into a buffer one weight at a time: on one core
 // of the development VM, Q4_K 2.9 GB/s and Q6_K 0.5, against 27 for the AVX-512 VNNI kernels.
@@ -12,8 +12,8 @@
 // sc · dx_j / top · 128, so a block's eight sub-blocks sum in int32 (at most 8 · 4 · 31 · 127
 // · 8064 a lane) and convert once, times d · top / 128; the mins' terms, dmin · Σ m_j · xs_j,
 // in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4 activations' sum),
-// a scale per 16 weights times d and the activations' scale per 32 in fp32. Layouts:
-// docs/ftw.md.
+// a scale per 16 weights times d and the activations' scale per 32 in fp32. Q8_0: see
+// q8_0_row. Layouts: docs/ftw.md.
 #include <immintrin.h>
 
 #include <cmath>
@@ -180,6 +180,23 @@ AVX2 float q6k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   return hsum(acc);
 }
 
+// ---- Q8_0: blocks of 32 signed codes after an fp16 scale. vpmaddubsw takes unsigned codes,
+// so each code's sign moves onto its activation (|w| · sign(w) x, at most 2 · 128 · 127 a
+// pair sum); one block is one register, its scale times its activations' one.
+AVX2 float q8_0_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t k = 0; k < nb; ++k) {
+    const uint8_t* b = row + 34 * k;
+    ahead.upto(b + 34);
+    const __m256i w = ld(b + 2), x = ld(a.q + 32 * k);
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+    acc[k & 1] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(f16(b) * a.dx[k]), acc[k & 1]);
+  }
+  return hsum(_mm256_add_ps(acc[0], acc[1]));
+}
+
 bool is_k(int64_t fmt) { return fmt == vnni::Q4_K || fmt == vnni::Q5_K; }
 
 // x's 256 activations of K-quant block k in quant_act.cpp's layout for Q4_K and Q5_K.
@@ -202,11 +219,11 @@ bool quant_int8_avx2_ok(int64_t fmt) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
-  return ok && (is_k(fmt) || fmt == vnni::Q6_K);
+  return ok && (is_k(fmt) || fmt == vnni::Q6_K || fmt == vnni::Q8_0);
 }
 
-// x (n fp32, n a multiple of 256) prepared for rows of format fmt (quant_int8_avx2_ok) in
-// buf: quant_act.cpp's layout, by portable code.
+// x (n fp32: a multiple of the format's block) prepared for rows of format fmt
+// (quant_int8_avx2_ok) in buf: quant_act.cpp's layout, by portable code.
 void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf) {
   const int64_t nb = n / 32, s = vnni::up64(nb * 4);
   int8_t* q = reinterpret_cast<int8_t*>(buf);
@@ -219,13 +236,16 @@ void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf
     return;
   }
   for (int64_t k = 0; k < nb; ++k) quantize32(x + 32 * k, dx + k, xs + k, q + 32 * k);
-  for (int64_t i = 0; i < n; i += 4) corr[i / 4] = -32 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);  // Q6_K's bias
+  if (fmt != vnni::Q6_K) return;  // Q8_0's codes carry no bias here
+  for (int64_t i = 0; i < n; i += 4) corr[i / 4] = -32 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
 }
 
 // y[j] = row(row0 + j) . activations, for j < rows; `act` prepared by quant_act_prepare_avx2.
 AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols,
                                    const uint8_t* act, float* y) {
-  const int64_t nb = cols / 256, stride = nb * (fmt == vnni::Q4_K ? 144 : fmt == vnni::Q5_K ? 176 : 210);
+  const bool q8 = fmt == vnni::Q8_0;
+  const int64_t nb = cols / (q8 ? 32 : 256);
+  const int64_t stride = nb * (q8 ? 34 : fmt == vnni::Q4_K ? 144 : fmt == vnni::Q5_K ? 176 : 210);
   const Act a = vnni::act_of(act, cols);
   const ScaleIdx si;
   Ahead ahead(base + row0 * stride, base + (row0 + rows) * stride, vnni::g_ahead_bytes);
@@ -233,6 +253,7 @@ AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row
     const uint8_t* row = base + (row0 + j) * stride;
     if (fmt == vnni::Q4_K) y[j] = k_row<false>(row, nb, a, ahead, si);
     else if (fmt == vnni::Q5_K) y[j] = k_row<true>(row, nb, a, ahead, si);
+    else if (q8) y[j] = q8_0_row(row, nb, a, ahead);
     else y[j] = q6k_row(row, nb, a, ahead);
   }
 }
