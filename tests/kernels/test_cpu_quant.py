@@ -168,13 +168,14 @@ def test_formats_without_an_int8_kernel_say_so(fmt):
 
 def test_below_avx512_the_k_quants_take_int8_activations():
     """At the AVX2 tier (CPUs without AVX-512 VNNI), Q4_K, Q5_K and Q6_K rows (most of a
-    Q4_K_M or Q5_K_M GGUF's expert bytes) and Q8_0 ones have int8 kernels; the other formats
-    keep fp32 activations, and the plain C++ tier has none."""
+    Q4_K_M or Q5_K_M GGUF's expert bytes), Q8_0, Q4_0 and MXFP4 (gpt-oss's) ones have int8
+    kernels; NVFP4 and FP8 keep fp32 activations, and the plain C++ tier has none."""
     ext = cpu.extension()
     if ext is None or ext.cpu_tier() < cpu.TIERS.index("avx2"):
         pytest.skip("needs the C++ kernel on a CPU with AVX2")
     avx2 = cpu.TIERS.index("avx2")
-    assert {f for f in FORMATS if _int8_kernel(f, avx2)} == {"q4_k", "q5_k", "q6_k", "q8_0"}
+    expected = {"q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "mxfp4"}
+    assert {f for f in FORMATS if _int8_kernel(f, avx2)} == expected
     assert not any(_int8_kernel(f, cpu.TIERS.index("scalar")) for f in FORMATS)
 
 

@@ -1,19 +1,19 @@
-// Q4_K, Q5_K, Q6_K and Q8_0 rows dotted with int8 activations on CPUs with AVX2 but not AVX-512 VNNI
-// (most Intel desktops, AMD before Zen 4). Without an int8 kernel these formats took the fp32
+// Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and MXFP4 rows dotted with int8 activations on CPUs with AVX2
+// but not AVX-512 VNNI (most Intel desktops, AMD before Zen 4). Without an int8 kernel these formats took the fp32
 // path, which below AVX-512 decodes each row into a buffer one weight at a time: on one core
 // of the development VM, Q4_K 2.9 GB/s and Q6_K 0.5, against 27 for the AVX-512 VNNI kernels.
-// They are most of a Q4_K_M or Q5_K_M GGUF's expert bytes.
+// The K-quants are most of a Q4_K_M or Q5_K_M GGUF's expert bytes, MXFP4 all of gpt-oss's.
 //
-// The activations are prepared in quant_act.cpp's layout (the buffer the VNNI kernels read),
-// here by portable code. vpmaddubsw multiplies 32 unsigned codes by 32 signed activations
+// The activations are prepared in quant_act.cpp's layout (the buffer the VNNI kernels read;
+// Q4_0's and MXFP4's codes in natural order here), by portable code. vpmaddubsw multiplies 32 unsigned codes by 32 signed activations
 // into 16 int16 pair sums (at most 2 · 63 · 127: no saturation), and vpmaddwd adds the pairs
 // into 8 int32 lanes of 4 products each, as one vpdpbusd would. Q4_K and Q5_K: the codes of
 // each 32 in the sub-block order 0,2,1,3,4,6,5,7, vpmaddwd by each sub-block's integer scale
 // sc · dx_j / top · 128, so a block's eight sub-blocks sum in int32 (at most 8 · 4 · 31 · 127
 // · 8064 a lane) and convert once, times d · top / 128; the mins' terms, dmin · Σ m_j · xs_j,
 // in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4 activations' sum),
-// a scale per 16 weights times d and the activations' scale per 32 in fp32. Q8_0: see
-// q8_0_row. Layouts: docs/ftw.md.
+// a scale per 16 weights times d and the activations' scale per 32 in fp32. The others: see
+// q8_0_row and nib_row. Layouts: docs/ftw.md.
 #include <immintrin.h>
 
 #include <cmath>
@@ -197,7 +197,56 @@ AVX2 float q8_0_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) 
   return hsum(_mm256_add_ps(acc[0], acc[1]));
 }
 
+// 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
+inline float e8m0(uint8_t e) {
+  const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// ---- Q4_0 and MXFP4: blocks of 32 after a scale (Q4_0's fp16 d, MXFP4's e8m0 exponent), 16
+// bytes whose low nibbles are weights 0-15 and high nibbles 16-31. A byte shuffle turns each
+// nibble into its signed value (Q4_0's q - 8; MXFP4's e2m1 doubled, so its scale is halved),
+// and the codes' signs move onto the activations as Q8_0's do.
+template <int FMT>
+AVX2 float nib_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
+  constexpr bool kMx = FMT == vnni::MXFP4;
+  constexpr int kBytes = kMx ? 17 : 18, kAt = kMx ? 1 : 2;
+  const __m256i table = kMx ? _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
+                                               6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+                            : _mm256_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5,
+                                               -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m128i low = _mm_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t k = 0; k < nb; ++k) {
+    const uint8_t* b = row + kBytes * k;
+    ahead.upto(b + kBytes);
+    const __m128i v = ld128(b + kAt);
+    const __m256i nibbles = _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));
+    const __m256i w = _mm256_shuffle_epi8(table, nibbles), x = ld(a.q + 32 * k);
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    const float scale = kMx ? e8m0(b[0]) * 0.5f : f16(b);
+    acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(scale * a.dx[k]),
+                                 acc[k & 1]);
+  }
+  return hsum(_mm256_add_ps(acc[0], acc[1]));
+}
+
 bool is_k(int64_t fmt) { return fmt == vnni::Q4_K || fmt == vnni::Q5_K; }
+
+// A block's bytes in each format this file reads.
+int64_t block_bytes(int64_t fmt) {
+  switch (fmt) {
+    case vnni::Q8_0: return 34;
+    case vnni::Q4_0: return 18;
+    case vnni::MXFP4: return 17;
+    case vnni::Q4_K: return 144;
+    case vnni::Q5_K: return 176;
+    default: return 210;  // Q6_K
+  }
+}
 
 // x's 256 activations of K-quant block k in quant_act.cpp's layout for Q4_K and Q5_K.
 void prepare_k(const float* x, int64_t k, int8_t* q, float* dx, float* xs, int16_t* r) {
@@ -219,7 +268,7 @@ bool quant_int8_avx2_ok(int64_t fmt) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
-  return ok && (is_k(fmt) || fmt == vnni::Q6_K || fmt == vnni::Q8_0);
+  return ok && (is_k(fmt) || fmt == vnni::Q6_K || fmt == vnni::Q8_0 || fmt == vnni::Q4_0 || fmt == vnni::MXFP4);
 }
 
 // x (n fp32: a multiple of the format's block) prepared for rows of format fmt
@@ -236,16 +285,15 @@ void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf
     return;
   }
   for (int64_t k = 0; k < nb; ++k) quantize32(x + 32 * k, dx + k, xs + k, q + 32 * k);
-  if (fmt != vnni::Q6_K) return;  // Q8_0's codes carry no bias here
+  if (fmt != vnni::Q6_K) return;  // the other formats' codes carry no bias here
   for (int64_t i = 0; i < n; i += 4) corr[i / 4] = -32 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
 }
 
 // y[j] = row(row0 + j) . activations, for j < rows; `act` prepared by quant_act_prepare_avx2.
 AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols,
                                    const uint8_t* act, float* y) {
-  const bool q8 = fmt == vnni::Q8_0;
-  const int64_t nb = cols / (q8 ? 32 : 256);
-  const int64_t stride = nb * (q8 ? 34 : fmt == vnni::Q4_K ? 144 : fmt == vnni::Q5_K ? 176 : 210);
+  const int64_t block = fmt == vnni::Q8_0 || fmt == vnni::Q4_0 || fmt == vnni::MXFP4 ? 32 : 256, nb = cols / block;
+  const int64_t stride = nb * block_bytes(fmt);
   const Act a = vnni::act_of(act, cols);
   const ScaleIdx si;
   Ahead ahead(base + row0 * stride, base + (row0 + rows) * stride, vnni::g_ahead_bytes);
@@ -253,7 +301,9 @@ AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row
     const uint8_t* row = base + (row0 + j) * stride;
     if (fmt == vnni::Q4_K) y[j] = k_row<false>(row, nb, a, ahead, si);
     else if (fmt == vnni::Q5_K) y[j] = k_row<true>(row, nb, a, ahead, si);
-    else if (q8) y[j] = q8_0_row(row, nb, a, ahead);
+    else if (fmt == vnni::Q8_0) y[j] = q8_0_row(row, nb, a, ahead);
+    else if (fmt == vnni::Q4_0) y[j] = nib_row<vnni::Q4_0>(row, nb, a, ahead);
+    else if (fmt == vnni::MXFP4) y[j] = nib_row<vnni::MXFP4>(row, nb, a, ahead);
     else y[j] = q6k_row(row, nb, a, ahead);
   }
 }
