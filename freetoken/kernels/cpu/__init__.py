@@ -258,7 +258,8 @@ def moe_experts(
     x: [T, H]; `banks` one layer's (reference.py names them) in host memory: bf16 or fp32,
     or packed in the block format `spec` gives each (read in place); `spec` what each expert
     computes; `compute_dtype` the model's (see int8_activations: with AVX-512 VNNI, packed
-    banks of a BF16 model take int8 activations; with AVX2, Q4_K and Q5_K banks do).
+    banks of a BF16 model take int8 activations; with AVX2, those of the formats
+    `quant_avx2.cpp` reads do).
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out

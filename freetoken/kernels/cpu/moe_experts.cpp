@@ -14,9 +14,10 @@
 // packed blocks of a quantized format read in place (quant_dot.cpp), each bank its own;
 // biases are bf16 or fp32; accumulation is fp32. The instruction set is chosen at run time:
 // AVX-512-BF16, AVX-512, AVX2+FMA, or plain C++ (float_dot.cpp). Where the caller allows it
-// (a model computing in BF16) and the CPU has AVX-512 VNNI, packed banks take their
-// activations quantized to int8, once per token for gate_up and once per route for down
-// (quant_act.cpp, quant_vnni.cpp).
+// (a model computing in BF16) and the CPU has an int8 kernel for the format (AVX-512 VNNI's,
+// or AVX2's for the formats quant_avx2.cpp reads), packed banks take their activations
+// quantized to int8, once per token for gate_up and once per route for down (quant_act.cpp,
+// quant_vnni.cpp, quant_avx2.cpp).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -139,7 +140,7 @@ struct Mat {
 };
 
 // Which int8-activation kernel rows of format fmt take at a tier: AVX-512 VNNI's (every format
-// it has one for), else AVX2's (Q4_K, Q5_K and Q6_K), else none (fp32 activations).
+// it has one for), else AVX2's (the formats quant_avx2.cpp reads), else none (fp32 ones).
 enum Int8Kernel { NO_INT8, VNNI_INT8, AVX2_INT8 };
 
 Int8Kernel int8_kernel(int64_t fmt, int tier) {
@@ -147,6 +148,13 @@ Int8Kernel int8_kernel(int64_t fmt, int tier) {
   if (tier >= AVX2 && quant_int8_avx2_ok(fmt)) return AVX2_INT8;
   return NO_INT8;
 }
+
+// One row of activations prepared for an int8 kernel, and which kernel; `act` null where the
+// bank takes fp32 activations.
+struct Int8Row {
+  Int8Kernel kernel;
+  const uint8_t* act;
+};
 
 // Activations of one bank prepared for its int8 kernel, a buffer per row of x [rows, n]; none
 // (`at` null) where the bank takes fp32 activations: a float bank, fp32 compute, no kernel.
@@ -171,17 +179,18 @@ struct Int8Act {
     if (kernel == AVX2_INT8) quant_act_prepare_avx2(fmt, x, n, base + row * stride);
   }
 
-  const uint8_t* at(int64_t row) const { return base ? base + row * stride : nullptr; }
+  Int8Row at(int64_t row) const { return {kernel, base ? base + row * stride : nullptr}; }
 };
 
 // y[j] = row (row0 + j) of expert e's matrix . x, for j < rows; `q` is x prepared for the
-// bank's int8 kernel, or null.
+// bank's int8 kernel, if it takes one.
 inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     const uint8_t* q, float* y, int tier) {
+                     Int8Row q, float* y, int tier) {
   const uint8_t* base = m.p + e * m.expert_bytes;
-  if (m.fmt && q) {
-    if (int8_kernel(m.fmt, tier) == VNNI_INT8) quant_rows_dot_int8(m.fmt, base, row0, rows, n, q, y);
-    else quant_rows_dot_int8_avx2(m.fmt, base, row0, rows, n, q, y);
+  if (m.fmt && q.kernel == VNNI_INT8) {
+    quant_rows_dot_int8(m.fmt, base, row0, rows, n, q.act, y);
+  } else if (m.fmt && q.kernel == AVX2_INT8) {
+    quant_rows_dot_int8_avx2(m.fmt, base, row0, rows, n, q.act, y);
   } else if (m.fmt) {
     quant_rows_dot(m.fmt, base, row0, rows, n, x, y, float_dot(tier), tier >= AVX512);
   } else {
@@ -204,7 +213,7 @@ struct Experts {
 };
 
 // Rows [i0, i0 + rows) of route's h = act(gate, up) (and its bf16 copy `hb`, if any).
-void gate_up_tile(const float* x, const uint16_t* xb, const Experts& w, const uint8_t* q, int64_t t, int64_t e,
+void gate_up_tile(const float* x, const uint16_t* xb, const Experts& w, Int8Row q, int64_t t, int64_t e,
                   int64_t i0, int64_t rows, int64_t H, int64_t I, float* h, uint16_t* hb, int tier,
                   const Act& act) {
   float g[kMaxTile], u[kMaxTile];
@@ -409,7 +418,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_matvec", &quant_matvec, "packed rows . x (the packed dot products alone, for tests)");
   m.def(
       "has_int8_kernel",
-      [](int64_t fmt, int64_t tier) { return int8_kernel(fmt, tier < 0 ? best_tier() : static_cast<int>(tier)) != NO_INT8; },
+      [](int64_t fmt, int64_t tier) {
+        return int8_kernel(fmt, tier < 0 ? best_tier() : static_cast<int>(tier)) != NO_INT8;
+      },
       "whether this CPU has an int8-activation kernel for a format code at a tier (-1: its best)",
       py::arg("fmt"), py::arg("tier") = -1);
   m.def("quant_set_prefetch_bytes", &quant_set_prefetch_bytes,

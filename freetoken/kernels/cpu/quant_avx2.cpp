@@ -1,14 +1,16 @@
 // Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and MXFP4 rows dotted with int8 activations on CPUs with AVX2
-// but not AVX-512 VNNI (most Intel desktops, AMD before Zen 4). Without an int8 kernel these formats took the fp32
-// path, which below AVX-512 decodes each row into a buffer one weight at a time: on one core
-// of the development VM, Q4_K 2.9 GB/s and Q6_K 0.5, against 27 for the AVX-512 VNNI kernels.
+// but not AVX-512 VNNI (most Intel desktops, AMD before Zen 4). Without an int8 kernel these
+// formats took the fp32 path, which below AVX-512 decodes each row into a buffer one weight at
+// a time: on one core of the development VM, Q4_K 2.9 GB/s and Q6_K 0.5, against 27 for the
+// AVX-512 VNNI kernels.
 // The K-quants are most of a Q4_K_M or Q5_K_M GGUF's expert bytes, MXFP4 all of gpt-oss's.
 //
 // The activations are prepared in quant_act.cpp's layout (the buffer the VNNI kernels read;
-// Q4_0's and MXFP4's codes in natural order here), by portable code. vpmaddubsw multiplies 32 unsigned codes by 32 signed activations
-// into 16 int16 pair sums (at most 2 · 63 · 127: no saturation), and vpmaddwd adds the pairs
-// into 8 int32 lanes of 4 products each, as one vpdpbusd would. Q4_K and Q5_K: the codes of
-// each 32 in the sub-block order 0,2,1,3,4,6,5,7, vpmaddwd by each sub-block's integer scale
+// Q4_0's and MXFP4's codes in natural order here), by portable code. vpmaddubsw multiplies 32
+// unsigned codes by 32 signed activations into 16 int16 pair sums (at most 2 · 63 · 127: no
+// saturation), and vpmaddwd adds the pairs into 8 int32 lanes of 4 products each, as one
+// vpdpbusd would. Q4_K and Q5_K: the codes of each 32 in the sub-block order
+// 0,2,1,3,4,6,5,7, vpmaddwd by each sub-block's integer scale
 // sc · dx_j / top · 128, so a block's eight sub-blocks sum in int32 (at most 8 · 4 · 31 · 127
 // · 8064 a lane) and convert once, times d · top / 128; the mins' terms, dmin · Σ m_j · xs_j,
 // in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4 activations' sum),
@@ -21,6 +23,9 @@
 #include <cstring>
 
 #include "quant_vnni.h"
+
+// quant_dot.cpp
+int64_t quant_row_bytes(int64_t fmt, int64_t cols);
 
 namespace {
 
@@ -89,7 +94,8 @@ struct ScaleIdx {
 // Q5_K's fifth bits: bit s of byte l of qh is weight l of sub-block s; sets bit 4 of the codes.
 AVX2 inline __m256i fifth(__m256i q, __m256i qh, int s) {
   const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-  return _mm256_or_si256(q, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16)));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+  return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
 }
 
 // Block k of a row into acc (d's part) and mins (dmin's part).
@@ -99,7 +105,8 @@ AVX2 inline void k_block(const uint8_t* b, const Act& a, int64_t k, const ScaleI
   const __m128i fields = k_fields(ld128(b));  // bytes 4..15 are the fields; 0..3 d and dmin
   const __m128i r = ld128(reinterpret_cast<const int16_t*>(a.corr) + 8 * k);
   // sc << 8 as int16 times dx[j] / top in Q14, >> 15: the sub-blocks' integer scales
-  const __m256i s = _mm256_broadcastsi128_si256(_mm_mulhrs_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), fields), r));
+  const __m128i scales = _mm_mulhrs_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), fields), r);
+  const __m256i s = _mm256_broadcastsi128_si256(scales);
   const __m256i low = _mm256_set1_epi8(15);
   const int8_t* xq = a.q + 256 * k;
   __m256i sum = _mm256_setzero_si256();
@@ -148,7 +155,8 @@ AVX2 inline void q6k_block(const uint8_t* b, const Act& a, int64_t k, __m256& ac
   __m256 sc[2];
   for (int h = 0; h < 2; ++h) {
     const __m256 dx = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(a.dx + 8 * k + 4 * h)), pairs);
-    const __m256 raw = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h))));
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * h));
+    const __m256 raw = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
     sc[h] = _mm256_mul_ps(_mm256_mul_ps(raw, d), dx);
   }
   const int8_t* xq = a.q + 256 * k;
@@ -159,7 +167,8 @@ AVX2 inline void q6k_block(const uint8_t* b, const Act& a, int64_t k, __m256& ac
         _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), top)),
         _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), top)),
         _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(qh, top)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), top)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), top)),
     };
     for (int c = 0; c < 4; ++c) {  // 32 weights: lanes 0-3 one scale's 16, lanes 4-7 the next's
       const int64_t at = 128 * h + 32 * c;
@@ -236,18 +245,6 @@ AVX2 float nib_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
 
 bool is_k(int64_t fmt) { return fmt == vnni::Q4_K || fmt == vnni::Q5_K; }
 
-// A block's bytes in each format this file reads.
-int64_t block_bytes(int64_t fmt) {
-  switch (fmt) {
-    case vnni::Q8_0: return 34;
-    case vnni::Q4_0: return 18;
-    case vnni::MXFP4: return 17;
-    case vnni::Q4_K: return 144;
-    case vnni::Q5_K: return 176;
-    default: return 210;  // Q6_K
-  }
-}
-
 // x's 256 activations of K-quant block k in quant_act.cpp's layout for Q4_K and Q5_K.
 void prepare_k(const float* x, int64_t k, int8_t* q, float* dx, float* xs, int16_t* r) {
   float sc[8], top = 0.f;
@@ -292,8 +289,7 @@ void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf
 // y[j] = row(row0 + j) . activations, for j < rows; `act` prepared by quant_act_prepare_avx2.
 AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row0, int rows, int64_t cols,
                                    const uint8_t* act, float* y) {
-  const int64_t block = fmt == vnni::Q8_0 || fmt == vnni::Q4_0 || fmt == vnni::MXFP4 ? 32 : 256, nb = cols / block;
-  const int64_t stride = nb * block_bytes(fmt);
+  const int64_t nb = cols / (is_k(fmt) || fmt == vnni::Q6_K ? 256 : 32), stride = quant_row_bytes(fmt, cols);
   const Act a = vnni::act_of(act, cols);
   const ScaleIdx si;
   Ahead ahead(base + row0 * stride, base + (row0 + rows) * stride, vnni::g_ahead_bytes);
