@@ -15,7 +15,7 @@
 // · 8064 a lane) and convert once, times d · top / 128; the mins' terms, dmin · Σ m_j · xs_j,
 // in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4 activations' sum),
 // a scale per 16 weights times d and the activations' scale per 32 in fp32. The others: see
-// q8_0_row and nib_row. Layouts: docs/ftw.md.
+// Blocks32. Layouts: docs/ftw.md.
 #include <immintrin.h>
 
 #include <cmath>
@@ -57,11 +57,13 @@ void quantize32(const float* x, float* dx, float* xs, int8_t* q) {
 AVX2 inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-AVX2 inline float f16(const uint8_t* p) {
+inline uint16_t u16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
+  return h;
 }
+
+AVX2 inline float f16(const uint8_t* p) { return _cvtsh_ss(u16(p)); }
 
 AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -189,23 +191,6 @@ AVX2 float q6k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   return hsum(acc);
 }
 
-// ---- Q8_0: blocks of 32 signed codes after an fp16 scale. vpmaddubsw takes unsigned codes,
-// so each code's sign moves onto its activation (|w| · sign(w) x, at most 2 · 128 · 127 a
-// pair sum); one block is one register, its scale times its activations' one.
-AVX2 float q8_0_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t k = 0; k < nb; ++k) {
-    const uint8_t* b = row + 34 * k;
-    ahead.upto(b + 34);
-    const __m256i w = ld(b + 2), x = ld(a.q + 32 * k);
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-    acc[k & 1] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(f16(b) * a.dx[k]), acc[k & 1]);
-  }
-  return hsum(_mm256_add_ps(acc[0], acc[1]));
-}
-
 // 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
 inline float e8m0(uint8_t e) {
   const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
@@ -214,34 +199,85 @@ inline float e8m0(uint8_t e) {
   return f;
 }
 
-// ---- Q4_0 and MXFP4: blocks of 32 after a scale (Q4_0's fp16 d, MXFP4's e8m0 exponent), 16
-// bytes whose low nibbles are weights 0-15 and high nibbles 16-31. A byte shuffle turns each
-// nibble into its signed value (Q4_0's q - 8; MXFP4's e2m1 doubled, so its scale is halved),
-// and the codes' signs move onto the activations as Q8_0's do.
+// ---- Q8_0, Q4_0 and MXFP4: blocks of 32 codes after a scale (an fp16 d; MXFP4's e8m0
+// exponent), four blocks a step, their scales (times the activations' dx) converted together:
+// a block at a time, the scalar scale and the loop's own work cost as much as the dot product
+// (Q8_0's 34-byte blocks and MXFP4's 17-byte ones took the same ~2 ns a block on one core).
+// Q8_0's codes are signed, and vpmaddubsw takes unsigned ones, so each code's sign moves onto
+// its activation (|w| · sign(w) x, at most 2 · 128 · 127 a pair sum). Q4_0's and MXFP4's are
+// 16 bytes whose low nibbles are weights 0-15 and high nibbles 16-31, kept unsigned: Q4_0's
+// nibble is q = w + 8; MXFP4's e2m1 value, doubled (its scale halved), plus 12, comes from a
+// byte shuffle. The offset's term, offset · scale · Σ x over the block, is the activations'
+// own sum xs (quant_act.cpp) times the scale, four blocks in one multiply-add.
+
 template <int FMT>
-AVX2 float nib_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
-  constexpr bool kMx = FMT == vnni::MXFP4;
-  constexpr int kBytes = kMx ? 17 : 18, kAt = kMx ? 1 : 2;
-  const __m256i table = kMx ? _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
-                                               6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
-                            : _mm256_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5,
-                                               -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  const __m128i low = _mm_set1_epi8(15);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t k = 0; k < nb; ++k) {
-    const uint8_t* b = row + kBytes * k;
-    ahead.upto(b + kBytes);
-    const __m128i v = ld128(b + kAt);
-    const __m256i nibbles = _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));
-    const __m256i w = _mm256_shuffle_epi8(table, nibbles), x = ld(a.q + 32 * k);
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    const float scale = kMx ? e8m0(b[0]) * 0.5f : f16(b);
-    acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(scale * a.dx[k]),
-                                 acc[k & 1]);
+struct Blocks32 {
+  static constexpr int kBytes = FMT == vnni::Q8_0 ? 34 : FMT == vnni::MXFP4 ? 17 : 18;
+  static constexpr float kOffset = FMT == vnni::Q8_0 ? 0.f : FMT == vnni::MXFP4 ? 12.f : 8.f;
+
+  // block b's scale (MXFP4's halved), as fp32
+  AVX2 static inline float scale(const uint8_t* b) { return FMT == vnni::MXFP4 ? e8m0(b[0]) * 0.5f : f16(b); }
+
+  // the scales of the four blocks from b
+  AVX2 static inline __m128 scales4(const uint8_t* b) {
+    if constexpr (FMT == vnni::MXFP4) {
+      const __m128i e = _mm_setr_epi32(b[0], b[kBytes], b[2 * kBytes], b[3 * kBytes]);
+      const __m128i zero = _mm_cmpeq_epi32(e, _mm_setzero_si128());  // 2^-127, a subnormal, as e8m0 gives it
+      const __m128i bits = _mm_blendv_epi8(_mm_slli_epi32(e, 23), _mm_set1_epi32(0x00400000), zero);
+      return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0.5f));
+    } else {
+      const __m128i h = _mm_setr_epi16(u16(b), u16(b + kBytes), u16(b + 2 * kBytes), u16(b + 3 * kBytes), 0, 0, 0, 0);
+      return _mm_cvtph_ps(h);
+    }
   }
-  return hsum(_mm256_add_ps(acc[0], acc[1]));
-}
+
+  // block b's 32 codes times activations x, in 8 int32 lanes of 4 products
+  AVX2 static inline __m256i lanes(const uint8_t* b, const int8_t* x) {
+    const __m256i ones = _mm256_set1_epi16(1), xv = ld(x);
+    if constexpr (FMT == vnni::Q8_0) {
+      const __m256i w = ld(b + 2);
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
+    } else {
+      const __m128i v = ld128(b + kBytes - 16), low = _mm_set1_epi8(15);
+      __m256i q = _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));
+      if constexpr (FMT == vnni::MXFP4) {
+        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                               15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        q = _mm256_shuffle_epi8(table, q);
+      }
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+    }
+  }
+
+  AVX2 static float row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m128 off = _mm_setzero_ps();  // Σ d · xs (xs: the activations' sum), four blocks a lane
+    int64_t k = 0;
+    for (; k + 4 <= nb; k += 4) {
+      const uint8_t* b = row + kBytes * k;
+      ahead.upto(b + 4 * kBytes);
+      alignas(16) float s[4];
+      const __m128 d = scales4(b);
+      _mm_store_ps(s, _mm_mul_ps(d, _mm_loadu_ps(a.dx + k)));
+      if constexpr (kOffset != 0.f) off = _mm_fmadd_ps(d, _mm_loadu_ps(a.xs + k), off);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 p = _mm256_cvtepi32_ps(lanes(b + kBytes * i, a.q + 32 * (k + i)));
+        acc[i & 1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(s + i), acc[i & 1]);
+      }
+    }
+    float tail = 0.f;
+    for (; k < nb; ++k) {
+      const uint8_t* b = row + kBytes * k;
+      ahead.upto(b + kBytes);
+      const float d = scale(b);
+      tail += d * a.xs[k];
+      acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes(b, a.q + 32 * k)), _mm256_set1_ps(d * a.dx[k]), acc[0]);
+    }
+    const __m128 o = _mm_add_ps(off, _mm_movehl_ps(off, off));
+    const float offs = _mm_cvtss_f32(_mm_add_ss(o, _mm_movehdup_ps(o))) + tail;
+    return hsum(_mm256_add_ps(acc[0], acc[1])) - kOffset * offs;
+  }
+};
 
 bool is_k(int64_t fmt) { return fmt == vnni::Q4_K || fmt == vnni::Q5_K; }
 
@@ -297,9 +333,9 @@ AVX2 void quant_rows_dot_int8_avx2(int64_t fmt, const uint8_t* base, int64_t row
     const uint8_t* row = base + (row0 + j) * stride;
     if (fmt == vnni::Q4_K) y[j] = k_row<false>(row, nb, a, ahead, si);
     else if (fmt == vnni::Q5_K) y[j] = k_row<true>(row, nb, a, ahead, si);
-    else if (fmt == vnni::Q8_0) y[j] = q8_0_row(row, nb, a, ahead);
-    else if (fmt == vnni::Q4_0) y[j] = nib_row<vnni::Q4_0>(row, nb, a, ahead);
-    else if (fmt == vnni::MXFP4) y[j] = nib_row<vnni::MXFP4>(row, nb, a, ahead);
+    else if (fmt == vnni::Q8_0) y[j] = Blocks32<vnni::Q8_0>::row(row, nb, a, ahead);
+    else if (fmt == vnni::Q4_0) y[j] = Blocks32<vnni::Q4_0>::row(row, nb, a, ahead);
+    else if (fmt == vnni::MXFP4) y[j] = Blocks32<vnni::MXFP4>::row(row, nb, a, ahead);
     else y[j] = q6k_row(row, nb, a, ahead);
   }
 }
