@@ -5,17 +5,16 @@
 // AVX-512 VNNI kernels.
 // The K-quants are most of a Q4_K_M or Q5_K_M GGUF's expert bytes, MXFP4 all of gpt-oss's.
 //
-// The activations are prepared in quant_act.cpp's layout (the buffer the VNNI kernels read;
-// Q4_0's and MXFP4's codes in natural order here), by portable code. vpmaddubsw multiplies 32
-// unsigned codes by 32 signed activations into 16 int16 pair sums (at most 2 · 63 · 127: no
-// saturation), and vpmaddwd adds the pairs into 8 int32 lanes of 4 products each, as one
-// vpdpbusd would. Q4_K and Q5_K: the codes of each 32 in the sub-block order
-// 0,2,1,3,4,6,5,7, vpmaddwd by each sub-block's integer scale
-// sc · dx_j / top · 128, so a block's eight sub-blocks sum in int32 (at most 8 · 4 · 31 · 127
-// · 8064 a lane) and convert once, times d · top / 128; the mins' terms, dmin · Σ m_j · xs_j,
-// in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4 activations' sum),
-// a scale per 16 weights times d and the activations' scale per 32 in fp32. The others: see
-// Blocks32. Layouts: docs/ftw.md.
+// The activations are prepared in quant_act.cpp's layout (the buffer and the orders the VNNI
+// kernels read) with portable code. vpmaddubsw multiplies 32 unsigned codes by 32 signed
+// activations into 16 int16 pair sums (at most 2 · 63 · 127: no saturation), and vpmaddwd
+// adds the pairs into 8 int32 lanes of 4 products each, as one vpdpbusd would. Q4_K and Q5_K:
+// the codes of each 32 in the sub-block order 0,2,1,3,4,6,5,7, vpmaddwd by each sub-block's
+// integer scale sc · dx_j / top · 128, so a block's eight sub-blocks sum in int32 (at most
+// 8 · 4 · 31 · 127 · 8064 a lane) and convert once, times d · top / 128; the mins' terms,
+// dmin · Σ m_j · xs_j, in fp32. Q6_K: natural order, each lane starting from corr (-32 × its 4
+// activations' sum), a scale per 16 weights times d and the activations' scale per 32 in
+// fp32. The others: see Blocks32. Layouts: docs/ftw.md.
 #include <immintrin.h>
 
 #include <cmath>
@@ -207,8 +206,10 @@ inline float e8m0(uint8_t e) {
 // its activation (|w| · sign(w) x, at most 2 · 128 · 127 a pair sum). Q4_0's and MXFP4's are
 // 16 bytes whose low nibbles are weights 0-15 and high nibbles 16-31, kept unsigned: Q4_0's
 // nibble is q = w + 8; MXFP4's e2m1 value, doubled (its scale halved), plus 12, comes from a
-// byte shuffle. The offset's term, offset · scale · Σ x over the block, is the activations'
-// own sum xs (quant_act.cpp) times the scale, four blocks in one multiply-add.
+// byte shuffle; two blocks share a register, their activations' halves side by side as the
+// VNNI kernel takes four blocks' (two blocks a register: +27 % again on one core). The
+// offset's term, offset · scale · Σ x over the block, is the activations' own sum xs
+// (quant_act.cpp) times the scale, four blocks in one multiply-add.
 
 template <int FMT>
 struct Blocks32 {
@@ -249,6 +250,44 @@ struct Blocks32 {
     }
   }
 
+  // Q4_0's and MXFP4's blocks b and b + kBytes in one register: low nibbles times x (their
+  // first 16 activations side by side), high ones times x + 64 (their last 16), in 8 int32
+  // lanes of 8 products, 0-3 the first block's and 4-7 the second's (at most 2 · 2 · 24 · 127
+  // a pair sum).
+  AVX2 static inline __m256i pair(const uint8_t* b, const int8_t* x) {
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m128i first = ld128(b + kBytes - 16), second = ld128(b + 2 * kBytes - 16);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(first), second, 1);
+    __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if constexpr (FMT == vnni::MXFP4) {
+      const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                             15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+      lo = _mm256_shuffle_epi8(table, lo);
+      hi = _mm256_shuffle_epi8(table, hi);
+    }
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ld(x)), _mm256_maddubs_epi16(hi, ld(x + 64)));
+    return _mm256_madd_epi16(p, ones);
+  }
+
+  // Four blocks from b, their scales s (times the activations' dx), into acc.
+  AVX2 static inline void four(const uint8_t* b, const int8_t* x, __m128 s, __m256* acc) {
+    if constexpr (FMT == vnni::Q8_0) {
+      alignas(16) float sv[4];
+      _mm_store_ps(sv, s);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 p = _mm256_cvtepi32_ps(lanes(b + kBytes * i, x + 32 * i));
+        acc[i & 1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(sv + i), acc[i & 1]);
+      }
+    } else {  // activations: the four blocks' first 16 side by side, then their last 16
+      const __m256 s4 = _mm256_castps128_ps256(s);
+      for (int i = 0; i < 2; ++i) {
+        const __m256 sc = _mm256_permutevar8x32_ps(s4, _mm256_setr_epi32(2 * i, 2 * i, 2 * i, 2 * i, 2 * i + 1,
+                                                                          2 * i + 1, 2 * i + 1, 2 * i + 1));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pair(b + 2 * kBytes * i, x + 32 * i)), sc, acc[i]);
+      }
+    }
+  }
+
   AVX2 static float row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     __m128 off = _mm_setzero_ps();  // Σ d · xs (xs: the activations' sum), four blocks a lane
@@ -256,14 +295,9 @@ struct Blocks32 {
     for (; k + 4 <= nb; k += 4) {
       const uint8_t* b = row + kBytes * k;
       ahead.upto(b + 4 * kBytes);
-      alignas(16) float s[4];
       const __m128 d = scales4(b);
-      _mm_store_ps(s, _mm_mul_ps(d, _mm_loadu_ps(a.dx + k)));
       if constexpr (kOffset != 0.f) off = _mm_fmadd_ps(d, _mm_loadu_ps(a.xs + k), off);
-      for (int i = 0; i < 4; ++i) {
-        const __m256 p = _mm256_cvtepi32_ps(lanes(b + kBytes * i, a.q + 32 * (k + i)));
-        acc[i & 1] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(s + i), acc[i & 1]);
-      }
+      four(b, a.q + 32 * k, _mm_mul_ps(d, _mm_loadu_ps(a.dx + k)), acc);
     }
     float tail = 0.f;
     for (; k < nb; ++k) {
@@ -317,7 +351,17 @@ void quant_act_prepare_avx2(int64_t fmt, const float* x, int64_t n, uint8_t* buf
     for (int64_t k = 0; k < nb / 8; ++k) prepare_k(x, k, q, dx, xs, reinterpret_cast<int16_t*>(corr));
     return;
   }
-  for (int64_t k = 0; k < nb; ++k) quantize32(x + 32 * k, dx + k, xs + k, q + 32 * k);
+  const bool halves = fmt == vnni::Q4_0 || fmt == vnni::MXFP4;
+  for (int64_t k = 0; k < nb; ++k) {
+    if (halves && k < nb / 4 * 4) {  // four blocks' first 16 side by side, then their last 16
+      int8_t codes[32];
+      quantize32(x + 32 * k, dx + k, xs + k, codes);
+      std::memcpy(q + 128 * (k / 4) + 16 * (k % 4), codes, 16);
+      std::memcpy(q + 128 * (k / 4) + 16 * (k % 4) + 64, codes + 16, 16);
+    } else {
+      quantize32(x + 32 * k, dx + k, xs + k, q + 32 * k);
+    }
+  }
   if (fmt != vnni::Q6_K) return;  // the other formats' codes carry no bias here
   for (int64_t i = 0; i < n; i += 4) corr[i / 4] = -32 * (q[i] + q[i + 1] + q[i + 2] + q[i + 3]);
 }
