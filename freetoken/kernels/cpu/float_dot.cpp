@@ -112,12 +112,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) float dot_avx512bf16(cons
 }
 
 // Four rows at once: four independent accumulator chains share each activation load, which
-// keeps enough loads in flight to run at memory speed instead of FMA-latency speed.
+// keeps enough loads in flight to run at memory speed instead of FMA-latency speed. `ahead`
+// as dot4_avx512bf16's.
 __attribute__((target("avx512f,avx512bw"))) void dot4_avx512_bf16(const uint16_t* w, int64_t stride,
-                                                                  const float* x, int64_t n, float* y) {
+                                                                  const float* x, int64_t n, float* y,
+                                                                  const uint16_t* ahead) {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    if (i % 32 == 0) {  // a new cache line of each row
+      for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * stride + i), _MM_HINT_T1);
+    }
     __m512 xv = _mm512_loadu_ps(x + i);
     for (int r = 0; r < 4; ++r) {
       __m512i wv = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * stride + i)));
@@ -157,12 +162,25 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot4_avx512bf16(cons
   }
 }
 
+// `ahead` as dot4_avx512bf16's: a line of each of the next four rows asked for as each line of
+// these is reached.
 __attribute__((target("avx2,fma"))) void dot4_avx2_bf16(const uint16_t* w, int64_t stride, const float* x,
-                                                       int64_t n, float* y) {
+                                                       int64_t n, float* y, const uint16_t* ahead) {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {  // 64 bytes of each row: one cache line
+    for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * stride + i), _MM_HINT_T1);
+    for (int c = 0; c < 32; c += 8) {
+      const __m256 xv = _mm256_loadu_ps(x + i + c);
+      for (int r = 0; r < 4; ++r) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i + c));
+        const __m256i wv = _mm256_cvtepu16_epi32(h);
+        a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
+      }
+    }
+  }
   for (; i + 8 <= n; i += 8) {
-    __m256 xv = _mm256_loadu_ps(x + i);
+    const __m256 xv = _mm256_loadu_ps(x + i);
     for (int r = 0; r < 4; ++r) {
       __m256i wv = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i)));
       a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
@@ -231,9 +249,10 @@ inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const flo
     for (; j + 4 <= rows; j += 4) {
       const W* w = base + (row0 + j) * n;
       if constexpr (std::is_same_v<W, uint16_t>) {
-        if (tier == AVX512BF16) dot4_avx512bf16(w, n, x, xb, n, y + j, j + 8 <= rows ? w + 4 * n : w);
-        else if (tier == AVX512) dot4_avx512_bf16(w, n, x, n, y + j);
-        else dot4_avx2_bf16(w, n, x, n, y + j);
+        const uint16_t* ahead = j + 8 <= rows ? w + 4 * n : w;
+        if (tier == AVX512BF16) dot4_avx512bf16(w, n, x, xb, n, y + j, ahead);
+        else if (tier == AVX512) dot4_avx512_bf16(w, n, x, n, y + j, ahead);
+        else dot4_avx2_bf16(w, n, x, n, y + j, ahead);
       } else {
         if (tier >= AVX512) dot4_avx512_f32(w, n, x, n, y + j);
         else dot4_avx2_f32(w, n, x, n, y + j);
