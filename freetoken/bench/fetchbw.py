@@ -69,7 +69,11 @@ def measure_idle(banks: HasBanks, seconds: float, routes: int, device: str = "cu
 
 def _timed(dev: torch.device, seconds: float, call: Callable[[int], None]) -> tuple[int, float]:
     """(calls, seconds they took): call(0), call(1), ... for about `seconds`, timed on the
-    device between events, the host waiting every CALLS_AHEAD calls."""
+    device between events, the host waiting every CALLS_AHEAD calls. One call first, untimed:
+    each routes-a-call count is its own compiled kernel, and a compile inside the window was
+    timed as device time (one expert a call read 2.5 s a call on the H100 machine)."""
+    call(0)
+    _sync(dev)
     calls, t0 = 0, time.perf_counter()
     start, end = _event(dev), _event(dev)
     _record(start)
