@@ -44,6 +44,7 @@ from freetoken.moe.tuning import (
     PREFILL_TOKENS,
     AdaptiveTuner,
     LocalityCheck,
+    miss_costs,
     predict,
 )
 
@@ -164,7 +165,8 @@ class OffloadExperts(ExpertBackend):
             start = predict(modes, L, E, self.cache.capacity, *self._costs())
             if Mode.DEVICE in modes and start is not Mode.DEVICE:
                 uniform = 1 - self.cache.capacity / (L * E)
-                self.tuner.locality = LocalityCheck(start, uniform)
+                cost = miss_costs(*self._costs())
+                self.tuner.locality = LocalityCheck(start, uniform, cost[start] / cost[Mode.DEVICE])
                 start = Mode.DEVICE
         self.tuner.modes = self.tuner.mode_chooser(
             modes, start, learned=start is not None and bool(known)

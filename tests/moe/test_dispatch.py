@@ -386,6 +386,24 @@ def test_locality_keeps_device_unless_misses_come_near_uniform():
     assert check.verdict(hits=0, misses=0) is Mode.DEVICE  # nothing seen: nothing to move for
 
 
+def test_locality_takes_the_prediction_where_it_wins_even_at_uniforms_misses():
+    """A small cache under routing with locality: device missed 0.44 of the routes where
+    uniform routing misses 0.92 (8 GiB of the 48-layer shape), far from uniform, yet split,
+    at a third of device's cost a miss, wins even if it missed as often as uniform."""
+    from freetoken.moe.tuning import LocalityCheck, miss_costs
+
+    cost = miss_costs(9.44e6 / 51.3e9, 9.44e6 / 106.6e9)  # one BF16 expert over B_P and B_H
+    ratio = cost[Mode.SPLIT] / cost[Mode.DEVICE]
+    assert ratio == pytest.approx(51.3 / (51.3 + 106.6))
+    small = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=ratio)
+    assert small.verdict(hits=56, misses=44) is Mode.SPLIT
+    assert small.verdict(hits=80, misses=20) is Mode.DEVICE  # 0.20 · device's < 0.92 · split's
+    alike = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=0.95)
+    assert alike.verdict(hits=56, misses=44) is Mode.DEVICE  # split barely cheaper: keep the cache
+    hot = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25, cost_ratio=ratio)
+    assert hot.verdict(hits=984, misses=16) is Mode.DEVICE  # the 12-layer checkpoint at 75 %
+
+
 def test_a_chooser_adopts_a_mode_between_measurements_only():
     chooser = dispatch.ModeChooser(modes=("device", "split"), start="device", explore_after=100)
     chooser.adopt("split")

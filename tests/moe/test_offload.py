@@ -155,6 +155,8 @@ def test_adaptive_starts_in_device_and_judges_the_routings_locality(
     backend = engine.model.model.layers[0].mlp.experts.backend
     check = backend.tuner.locality
     assert backend.tuner.modes.mode == "device" and check.predicted != "device"
+    assert 0 < check.cost_ratio < 1  # the prediction is cheaper a miss, or it would be device
+    check.cost_ratio = near_uniform  # the other way to the prediction, held with NEAR_UNIFORM
     (seq,) = generate(engine, [PROMPT], 16)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 16)
     assert backend.tuner.locality is None  # judged once
