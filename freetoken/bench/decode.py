@@ -59,8 +59,8 @@ def _arguments() -> argparse.ArgumentParser:
         "--settle",
         type=int,
         default=144,
-        help="steps run after installing adaptive, unmeasured: it measures its placements "
-        "meanwhile (4 modes, each visited twice for 8 settling and 6 timed steps)",
+        help="steps run after installing adaptive, unmeasured: its locality check judges the "
+        "routing meanwhile (its placement visits begin only after 512 decode steps)",
     )
     ap.add_argument(
         "--settle-fixed",
