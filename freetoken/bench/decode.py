@@ -25,6 +25,7 @@ from freetoken.layers import fused
 from freetoken.models.hub import num_experts
 from freetoken.moe.dispatch import Split
 from freetoken.moe.policy import POLICIES
+from freetoken.moe.tuning import EXPLORE_AFTER
 
 # the variants each leave out or add one piece of the runner's path (bench/stepper.py)
 POLICIES_HELP = (
@@ -60,7 +61,7 @@ def _arguments() -> argparse.ArgumentParser:
         type=int,
         default=144,
         help="steps run after installing adaptive, unmeasured: its locality check judges the "
-        "routing meanwhile (its placement visits begin only after 512 decode steps)",
+        f"routing meanwhile (its placement visits begin only after {EXPLORE_AFTER} decode steps)",
     )
     ap.add_argument(
         "--settle-fixed",
