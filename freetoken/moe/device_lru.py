@@ -184,8 +184,9 @@ class DeviceLRU:
 
     def fetch(self, layer: int, ids: torch.Tensor, fetch: torch.Tensor) -> None:
         """Copies the experts `assign` chose to fetch from the pinned host banks into their
-        slots."""
-        experts = ids.reshape(-1).to(torch.int32)
+        slots. The routes' ids go to the kernel as the router gave them: a cast to int32
+        was one more launch a layer of every captured step, whether or not it missed."""
+        experts = ids.reshape(-1)
         banks = [(src, self.cache.slots[name]) for name, src in self.banks.banks[layer].items()]
         moe_gpu.fetch_banks(banks, experts, fetch)
 

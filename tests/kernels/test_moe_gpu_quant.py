@@ -235,7 +235,8 @@ def test_fetch_fills_the_first_bytes_of_wider_slots(device):
 def test_two_banks_in_one_launch_fill_their_own_slots(device):
     """A layer's two banks (here bf16 rows and wider packed slots) fetched by one launch of
     the pair kernel: each bank's programs copy only their bank (run by Triton's interpreter on
-    the CPU), as two separate fetches would."""
+    the CPU), as two separate fetches would. The experts as a router gives them (int64), as a
+    step passes them."""
     from freetoken.kernels.triton import fetch
 
     g = torch.Generator().manual_seed(1)
@@ -243,7 +244,7 @@ def test_two_banks_in_one_launch_fill_their_own_slots(device):
     b = torch.randint(0, 256, (6, 4, 34), generator=g, dtype=torch.uint8).to(device)
     pool_a = torch.zeros(5, 3, 40, dtype=torch.bfloat16, device=device)
     pool_b = torch.zeros(5, 4, 50, dtype=torch.uint8, device=device)
-    experts_ = torch.tensor([3, 1, 4, 5], dtype=torch.int32, device=device)
+    experts_ = torch.tensor([3, 1, 4, 5], dtype=torch.int64, device=device)
     slots = torch.tensor([2, -1, 0, 4], dtype=torch.int32, device=device)
     if device == "cpu":  # blocks of 64: two programs of bank a (120), three of bank b (136)
         args = (a, pool_a, 120, 120, 2, b, pool_b, 136, 200, experts_, slots, 4)

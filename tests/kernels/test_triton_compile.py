@@ -42,8 +42,13 @@ def _packed_expert_kernels():
                  "blocks_a": "i32", "src_b": "*u8", "dst_b": "*u8", "row_b": "i32",
                  "stride_b": "i32", "expert_ptr": "*i32", "slot_ptr": "*i32",
                  "routes": "i32"}  # fmt: skip
-    out = [
+    out = [  # the experts as the bench gives them (int32) and as a step does (a router's int64)
         (fetch.fetch_pair_kernel, pair_args, {"BLOCK": 4096, "ROUTES": 32}),
+        (
+            fetch.fetch_pair_kernel,
+            {**pair_args, "expert_ptr": "*i64"},
+            {"BLOCK": 4096, "ROUTES": 8},
+        ),
     ]
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
     cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
