@@ -103,10 +103,10 @@ def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
     assert gate_up.is_contiguous() and down.is_contiguous() and x.is_contiguous()
     # without biases the kernels never read their bias pointers: any tensor stands in
     gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
-    flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
+    flat_slots = slots.reshape(-1).contiguous()  # any integer dtype: no cast launched
     flat_w = weights.reshape(-1).contiguous()  # the kernel reads any float dtype as fp32
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
-    out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
+    out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
     bi, bh = 16, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
         x,
@@ -170,10 +170,10 @@ def _triton_small_packed(
     assert x.shape == (T, H) and x.is_contiguous(), "shapes disagree"
     assert gate_up.is_contiguous() and down.is_contiguous()
     gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
-    flat_slots = slots.reshape(-1).to(torch.int32).contiguous()
+    flat_slots = slots.reshape(-1).contiguous()  # any integer dtype: no cast launched
     flat_w = weights.reshape(-1).contiguous()
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
-    out = torch.zeros((T * k, H), dtype=torch.float32, device=x.device)
+    out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
     gu_fmt, dn_fmt = _format_args(spec, "gate_up"), _format_args(spec, "down")
     moe_quant.gate_up_q_kernel[(T * k, triton_cdiv(I, gu_rows))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),

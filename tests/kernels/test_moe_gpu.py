@@ -46,3 +46,46 @@ def test_small_batch_kernel_matches_reference(device, variant, shape):
         gu = torch.einsum("th,seh->tse", x, pool["gate_up"]) + pool.get("gate_up_bias", 0)
         gate, up = gu.chunk(2, dim=-1)
         assert (gate > spec.limit).any() and (up.abs() > spec.limit).any()
+
+
+class PoisonedTorch:
+    """torch, but every floating tensor from `empty` filled with NaN: a buffer a kernel was
+    meant to write whole shows any element it left."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def empty(*shape, **kw):
+        t = torch.empty(*shape, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_routes_served_elsewhere_leave_zeros_without_a_cleared_buffer(device, packed, monkeypatch):
+    """The down kernels write a skipped route's rows of their output as zeros: the buffer is
+    not cleared by a launch of its own first (one fewer launch a layer of every step)."""
+    import dataclasses
+
+    T, k, H, I, S = 2, 4, 64, 32, 9
+    g = torch.Generator().manual_seed(3)
+    spec = experts.spec("swiglu", H, I)
+    if packed:
+        spec = dataclasses.replace(spec, formats=("q8_0", "q8_0"))
+        pool = {n: t.to(device) for n, t in experts.packed_banks(S, spec, g).items()}
+    else:
+        pool = experts.banks(S, spec, torch.float32, g, device=device)
+    x = torch.randn(T, H, generator=g).to(device)
+    slots = torch.stack([torch.randperm(S, generator=g)[:k] for _ in range(T)]).to(device)
+    slots[0, 0], slots[1, 2] = -1, -1
+    w = torch.rand(T, k, generator=g).to(device)
+    monkeypatch.setattr(moe_gpu, "torch", PoisonedTorch())
+    out = moe_gpu._triton_small(x, slots, w, pool, spec)
+    monkeypatch.undo()
+    keep = slots >= 0
+    ref = reference.moe_experts(
+        x, torch.where(keep, slots, 0), torch.where(keep, w, 0.0), pool, spec
+    )
+    assert not out.isnan().any()
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) <= 1e-5

@@ -55,7 +55,7 @@ def _packed_expert_kernels():
     cases.append((quant.get("q4_k"), 4096, 2048, False, 2))  # DeepSeek-V4's clamped SwiGLU
     for f, H, I, bias, act in cases:
         fmt = {"FMT": f.code, "QB": f.block, "QBYTES": f.block_bytes}
-        pool = {"bias_ptr": "*bf16", "slot_ptr": "*i32"}
+        pool = {"bias_ptr": "*bf16", "slot_ptr": "*i64"}  # the device books' slots
         out.append((
             moe_quant.gate_up_q_kernel,
             {**pool, "x_ptr": "*bf16", "gu_ptr": "*u8", "h_ptr": "*fp32", "alpha": "fp32",
@@ -282,7 +282,8 @@ def _expert_kernels():
     out = []
     for dt in ("bf16", "fp32"):
         for bias, act in ((False, 0), (True, 0), (True, 1), (False, 2)):
-            rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": "*i32"}
+            slot = "*i64" if dt == "bf16" else "*i32"  # slots come as either
+            rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": slot}
             shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(
                 (
@@ -304,7 +305,7 @@ def _expert_kernels():
                         "h_ptr": "*fp32",
                         "dn_ptr": f"*{dt}",
                         "bias_ptr": f"*{dt}",
-                        "slot_ptr": "*i32",
+                        "slot_ptr": slot,
                         "w_ptr": f"*{dt}",
                         "out_ptr": "*fp32",
                     },

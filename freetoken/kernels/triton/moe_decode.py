@@ -1,7 +1,8 @@
 """Routed experts for small batches, reading experts from the GPU slot pool.
 
 One program per (route, row tile). Routes whose slot is negative are served elsewhere
-(the CPU) and are skipped. Shapes: x [T, H], slots/weights [T*k], gate_up [S, 2I, H],
+(the CPU) and are skipped: the down kernel writes their rows of `out` as zeros, so `out`
+needs no clearing launch first. Shapes: x [T, H], slots/weights [T*k], gate_up [S, 2I, H],
 down [S, H, I], the optional biases gate_up_bias [S, 2I] and down_bias [S, H], h [T*k, I]
 (fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 gpt-oss's clamped
 form, 2 SwiGLU of clamped inputs (models/base.py, ACTIVATIONS).
@@ -86,10 +87,11 @@ def down_kernel(
 ):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
-    if slot < 0:
-        return
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
+    if slot < 0:  # served elsewhere: its rows of out are zeros (out is not cleared first)
+        tl.store(out_ptr + r * H + offs_h, tl.zeros([BLOCK_H], tl.float32), mask=mask_h)
+        return
     base = dn_ptr + slot.to(tl.int64) * (H * I)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for i0 in range(0, I, BLOCK_I):

@@ -94,10 +94,11 @@ def down_q_kernel(
 ):
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
-    if slot < 0:
-        return
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
+    if slot < 0:  # served elsewhere: its rows of out are zeros (out is not cleared first)
+        tl.store(out_ptr + r * H + offs_h, tl.zeros([BLOCK_H], tl.float32), mask=mask_h)
+        return
     rows = row_ptrs(dn_ptr + slot.to(tl.int64) * SLOT, offs_h, I, FMT, QB, QBYTES)
     part = zeros(BLOCK_H, FMT)
     for kb in range(0, (I + STEP - 1) // STEP):
