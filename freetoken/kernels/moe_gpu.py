@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # kernels sit below models: the spec is read, never built, he
     from freetoken.models.base import ExpertSpec
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
+COMBINE_BLOCK = 1024  # hidden columns per program of the routes' sum
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
 # packed slots (kernels/triton/moe_quant.py): rows per program of each small-batch kernel
 # (each step of a program reads its rows' next 256 weights), of the prefill decoder, and the
@@ -138,7 +139,19 @@ def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
         BLOCK_I=bk,
         HAS_BIAS=spec.bias,
     )
-    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+    return _combine(out, x, k)
+
+
+def _combine(out: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:
+    """out [T·k, H] (fp32, weighted routes) summed per token -> [T, H] in x's dtype."""
+    from freetoken.kernels.triton import moe_decode
+
+    T, H = x.shape
+    y = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    moe_decode.combine_kernel[(T, triton_cdiv(H, COMBINE_BLOCK))](
+        out, y, H=H, K=k, BLOCK_H=COMBINE_BLOCK
+    )
+    return y
 
 
 def _format_args(spec: ExpertSpec, bank: str) -> tuple[int, int, int]:
@@ -190,7 +203,7 @@ def _triton_small_packed(
         HAS_BIAS=spec.bias,
         num_warps=num_warps or _warps(dn_fmt[0]),
     )
-    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+    return _combine(out, x, k)
 
 
 def fetch_experts(

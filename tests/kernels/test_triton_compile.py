@@ -312,6 +312,8 @@ def _expert_kernels():
                     {**shape, "BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias},
                 )
             )
+        sums = {"H": 2880, "K": 8, "BLOCK_H": 1024}  # the routes' sum, into the model's dtype
+        out.append((moe_decode.combine_kernel, {"out_ptr": "*fp32", "y_ptr": f"*{dt}"}, sums))
     return out
 
 

@@ -109,3 +109,16 @@ def down_kernel(
         acc += tl.load(b + offs_h, mask=mask_h, other=0.0).to(tl.float32)
     wr = tl.load(w_ptr + r).to(tl.float32)
     tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)
+
+
+@triton.jit
+def combine_kernel(out_ptr, y_ptr, H: tl.constexpr, K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y [T, H] in y's dtype = each token's K weighted route rows of out [T*K, H] (fp32)
+    summed in route order: one launch where a sum and a cast were two."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in range(K):
+        acc += tl.load(out_ptr + (t * K + j) * H + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + t * H + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
