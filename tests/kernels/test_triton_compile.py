@@ -28,6 +28,7 @@ def _kernels():
         + _mla_kernels()
         + _delta_kernels()
         + _sparse_kernels()
+        + _books_kernels()
     )
 
 
@@ -469,6 +470,21 @@ def _attention(dt: str):
 
 
 @pytest.mark.skipif(not _ptxas(), reason="needs triton with its GPU compiler")
+def _books_kernels():
+    """The device books of a decode step (moe/device_lru.py's tensors), with and without a
+    share of misses left to the CPU."""
+    from freetoken.kernels.triton import books
+
+    sig = {"ids_ptr": "*i64", "slot_of_ptr": "*i32", "owner_ptr": "*i64", "stamp_ptr": "*i64",
+           "clock_ptr": "*i64", "counts_ptr": "*i64", "slots_out": "*i64", "fetch_out": "*i32",
+           "cpu_out": "*i1", "base": "i32", "k": "i32", "S": "i32",
+           "share_ptr": "*fp32"}  # fmt: skip
+    return [
+        (books.assign_kernel, sig, {"STRIDE": 1024, "HAS_SHARE": share, "K": 8, "BLOCK_S": 2048})
+        for share in (False, True)
+    ]
+
+
 def test_kernels_compile_for_hopper():
     import triton
     from triton.backends.compiler import GPUTarget

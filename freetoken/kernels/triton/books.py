@@ -50,7 +50,8 @@ def assign_kernel(
         q = tl.floor(m.to(tl.float32) * tl.load(share_ptr) + 0.5).to(tl.int32)
         fetched = miss & (tl.cumsum(miss.to(tl.int32), axis=0) <= q)
     # the distinct experts stamped in order of first appearance
-    now = tl.load(clock_ptr) * STRIDE + tl.cumsum(first.to(tl.int64), axis=0) - 1
+    clock = tl.load(clock_ptr)
+    now = clock * STRIDE + tl.cumsum(first.to(tl.int64), axis=0) - 1
     tl.store(stamp_ptr + slots, now, mask=hit)
     tl.debug_barrier()  # the hits' new stamps are seen by every thread before victims are picked
 
@@ -64,12 +65,24 @@ def assign_kernel(
     tl.store(stamp_ptr + victims, now, mask=fetched)
 
     _count(counts_ptr, hit, miss, fetched, old)
-    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
-    tl.debug_barrier()  # the new entries are written before every route reads its own
-    final = tl.load(slot_of_ptr + flat, mask=rmask, other=-1).to(tl.int64)
+    tl.store(clock_ptr, clock + 1)
+    final = _final_slots(flat, slots, hit, fetched, victims, first)
     tl.store(slots_out + r, final, mask=rmask)
     tl.store(fetch_out + r, tl.where(fetched, victims, -1).to(tl.int32), mask=rmask)
     tl.store(cpu_out + r, final < 0, mask=rmask)
+
+
+@triton.jit
+def _final_slots(flat, slots, hit, fetched, victims, first):
+    """Each route's slot once the books are written, as reading them back would give it, from
+    registers (a barrier and a dependent reload of the books less, on a layer's critical
+    path): a fetched route its victim; a hit its slot, unless a fetch of this step took it; a
+    route left to the CPU -1; a repeated expert's route its first route's."""
+    taken = (victims[None, :] == slots[:, None]) & fetched[None, :]
+    taken_any = tl.sum(taken.to(tl.int32), axis=1) > 0
+    own = tl.where(fetched, victims, tl.where(hit & ~taken_any, slots, -1))
+    its_first = (flat[:, None] == flat[None, :]) & first[None, :]
+    return tl.sum(tl.where(its_first, own[None, :], 0), axis=1)
 
 
 @triton.jit
