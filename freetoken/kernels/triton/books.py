@@ -9,8 +9,8 @@ same order as a top-k, since every new stamp is larger than any earlier one.
 
 A step of several tokens routes some experts more than once: only an expert's first route
 is looked up, stamped, counted and fetched (the books of one call of its distinct experts,
-in order of first appearance), and every route then reads its expert's slot back from the
-books, so two tokens never fetch one expert into two slots.
+in order of first appearance), and every route then takes its expert's slot from that first
+route, so two tokens never fetch one expert into two slots.
 """
 
 import triton
