@@ -162,10 +162,11 @@ class OffloadExperts(ExpertBackend):
             start = Mode(known["mode"])
         elif modes:
             E, L = self.banks.num_experts, len(self.banks.layers)
-            start = predict(modes, L, E, self.cache.capacity, *self._costs())
+            costs = self._costs()
+            start = predict(modes, L, E, self.cache.capacity, *costs)
             if Mode.DEVICE in modes and start is not Mode.DEVICE:
                 uniform = 1 - self.cache.capacity / (L * E)
-                cost = miss_costs(*self._costs())
+                cost = miss_costs(*costs)
                 self.tuner.locality = LocalityCheck(start, uniform, cost[start] / cost[Mode.DEVICE])
                 start = Mode.DEVICE
         self.tuner.modes = self.tuner.mode_chooser(

@@ -84,7 +84,7 @@ class LocalityCheck:
         or where it would win even with uniform's misses."""
         rate = misses / max(hits + misses, 1)
         near = rate >= min(NEAR_UNIFORM, self.cost_ratio) * self.uniform_miss_rate
-        return self.predicted if near and rate > 0 else Mode.DEVICE
+        return self.predicted if near else Mode.DEVICE
 
 
 class AdaptiveTuner:

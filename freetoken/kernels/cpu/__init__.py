@@ -49,7 +49,11 @@ SOURCES = (
     "quant_avx2.cpp",
     "lane.cpp",
 )
-HEADERS = ("quant_vnni.h", "quant_vnni_k.h")  # included by the sources: copied beside them
+HEADERS = (
+    "quant_scales.h",
+    "quant_vnni.h",
+    "quant_vnni_k.h",
+)  # included by the sources: copied beside them
 
 
 def _files() -> tuple[list[Path], list[Path]]:

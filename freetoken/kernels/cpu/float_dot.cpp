@@ -162,6 +162,16 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot4_avx512bf16(cons
   }
 }
 
+// Columns i..i + 7 of four bf16 rows times x, into a.
+__attribute__((target("avx2,fma"))) inline void step8_avx2_bf16(const uint16_t* w, int64_t stride, const float* x,
+                                                               int64_t i, __m256* a) {
+  const __m256 xv = _mm256_loadu_ps(x + i);
+  for (int r = 0; r < 4; ++r) {
+    const __m256i wv = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i)));
+    a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
+  }
+}
+
 // `ahead` as dot4_avx512bf16's: a line of each of the next four rows asked for as each line of
 // these is reached.
 __attribute__((target("avx2,fma"))) void dot4_avx2_bf16(const uint16_t* w, int64_t stride, const float* x,
@@ -170,22 +180,9 @@ __attribute__((target("avx2,fma"))) void dot4_avx2_bf16(const uint16_t* w, int64
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {  // 64 bytes of each row: one cache line
     for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * stride + i), _MM_HINT_T1);
-    for (int c = 0; c < 32; c += 8) {
-      const __m256 xv = _mm256_loadu_ps(x + i + c);
-      for (int r = 0; r < 4; ++r) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i + c));
-        const __m256i wv = _mm256_cvtepu16_epi32(h);
-        a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
-      }
-    }
+    for (int c = 0; c < 32; c += 8) step8_avx2_bf16(w, stride, x, i + c, a);
   }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) {
-      __m256i wv = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * stride + i)));
-      a[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), xv, a[r]);
-    }
-  }
+  for (; i + 8 <= n; i += 8) step8_avx2_bf16(w, stride, x, i, a);
   for (int r = 0; r < 4; ++r) {
     float acc = hsum256(a[r]);
     for (int64_t j = i; j < n; ++j) acc += bf16_to_f32(w[r * stride + j]) * x[j];

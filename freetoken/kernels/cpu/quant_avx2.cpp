@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant_scales.h"
 #include "quant_vnni.h"
 
 // quant_dot.cpp
@@ -56,13 +57,7 @@ void quantize32(const float* x, float* dx, float* xs, int8_t* q) {
 AVX2 inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 AVX2 inline __m256i ld(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-inline uint16_t u16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return h;
-}
-
-AVX2 inline float f16(const uint8_t* p) { return _cvtsh_ss(u16(p)); }
+AVX2 inline float f16(const uint8_t* p) { return _cvtsh_ss(static_cast<unsigned short>(vnni::u16(p))); }
 
 AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -190,14 +185,6 @@ AVX2 float q6k_row(const uint8_t* row, int64_t nb, const Act& a, Ahead& ahead) {
   return hsum(acc);
 }
 
-// 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
-inline float e8m0(uint8_t e) {
-  const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // ---- Q8_0, Q4_0 and MXFP4: blocks of 32 codes after a scale (an fp16 d; MXFP4's e8m0
 // exponent), four blocks a step, their scales (times the activations' dx) converted together:
 // a block at a time, the scalar scale and the loop's own work cost as much as the dot product
@@ -227,9 +214,17 @@ struct Blocks32 {
       const __m128i bits = _mm_blendv_epi8(_mm_slli_epi32(e, 23), _mm_set1_epi32(0x00400000), zero);
       return _mm_mul_ps(_mm_castsi128_ps(bits), _mm_set1_ps(0.5f));
     } else {
-      const __m128i h = _mm_setr_epi16(u16(b), u16(b + kBytes), u16(b + 2 * kBytes), u16(b + 3 * kBytes), 0, 0, 0, 0);
-      return _mm_cvtph_ps(h);
+      const uint64_t h = vnni::u16(b) | vnni::u16(b + kBytes) << 16 | vnni::u16(b + 2 * kBytes) << 32 |
+                         vnni::u16(b + 3 * kBytes) << 48;
+      return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
     }
+  }
+
+  // Q4_0's nibbles as they are; MXFP4's e2m1 nibbles as 2 · value + 12 (0..24)
+  AVX2 static inline __m256i codes(__m256i nibbles) {
+    if constexpr (FMT != vnni::MXFP4) return nibbles;
+    const __m128i table = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles);
   }
 
   // block b's 32 codes times activations x, in 8 int32 lanes of 4 products
@@ -240,13 +235,8 @@ struct Blocks32 {
       return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w)), ones);
     } else {
       const __m128i v = ld128(b + kBytes - 16), low = _mm_set1_epi8(15);
-      __m256i q = _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));
-      if constexpr (FMT == vnni::MXFP4) {
-        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
-                                               15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-        q = _mm256_shuffle_epi8(table, q);
-      }
-      return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
+      const __m256i q = _mm256_setr_m128i(_mm_and_si128(v, low), _mm_and_si128(_mm_srli_epi16(v, 4), low));
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(codes(q), xv), ones);
     }
   }
 
@@ -258,13 +248,7 @@ struct Blocks32 {
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m128i first = ld128(b + kBytes - 16), second = ld128(b + 2 * kBytes - 16);
     const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(first), second, 1);
-    __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-    if constexpr (FMT == vnni::MXFP4) {
-      const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
-                                             15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-      lo = _mm256_shuffle_epi8(table, lo);
-      hi = _mm256_shuffle_epi8(table, hi);
-    }
+    const __m256i lo = codes(_mm256_and_si256(v, low)), hi = codes(_mm256_and_si256(_mm256_srli_epi16(v, 4), low));
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ld(x)), _mm256_maddubs_epi16(hi, ld(x + 64)));
     return _mm256_madd_epi16(p, ones);
   }

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "quant_scales.h"
+
 namespace {
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,f16c,fma")))
@@ -23,14 +25,6 @@ AVX512 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
-}
-
-// 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
-inline float e8m0(uint8_t e) {
-  const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 AVX512 inline __m512i u8x16(const uint8_t* p) {

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "quant_scales.h"
+
 // quant_avx512.cpp
 void quant_rows_avx512(int64_t fmt, const uint8_t* row, int64_t row_bytes, int rows, const float* x, int64_t cols,
                        float* y);
@@ -70,14 +72,6 @@ void decode_q4_0(const uint8_t* b, float* out) {
     out[j] = d * ((b[2 + j] & 15) - 8);
     out[j + 16] = d * ((b[2 + j] >> 4) - 8);
   }
-}
-
-// 2^(e - 127): the float whose exponent field is e (e = 0: 2^-127, a subnormal; 255: inf)
-inline float e8m0(uint8_t e) {
-  const uint32_t bits = e ? static_cast<uint32_t>(e) << 23 : 0x00400000u;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
 }
 
 void decode_mxfp4(const uint8_t* b, float* out) {
