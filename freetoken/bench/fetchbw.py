@@ -60,8 +60,8 @@ def measure_idle(banks: HasBanks, seconds: float, routes: int, device: str = "cu
     """Microseconds a call of the fetch with `routes` routes, none of them to be fetched
     (every slot -1): what the fetch costs a layer whose routes all hit. On a GPU the calls
     are replayed from a CUDA graph, as a step's are: launched from Python one at a time they
-    read 27.6 µs a call on the H100 machine, the same at 8 and 32 routes, which looks like
-    the launcher's time rather than the device's."""
+    read 27.6-28.2 µs a call on the H100 machine at 8 routes and 27.7-34.2 at 32, which looks
+    like the launcher's time rather than the device's."""
     dev = torch.device(device)
     first = banks.layers[0]
     pairs = [(b, torch.empty((1, *b.shape[1:]), dtype=b.dtype, device=dev)) for b in first.values()]
