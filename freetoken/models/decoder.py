@@ -10,8 +10,8 @@ attention and MLP, or its own); everything here reads only the modules the famil
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -50,6 +50,15 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(hidden, eps)
         self.rotary = rotary
 
+    @classmethod
+    def of(
+        cls, a: Any, layer: Callable[[Any, int], nn.Module], rotary: RotaryEmbedding
+    ) -> DecoderStack:
+        """The stack of a family's args `a` (vocab_size, hidden_size, num_hidden_layers,
+        rms_norm_eps): layer i is `layer(a, i)`."""
+        layers = [layer(a, i) for i in range(a.num_hidden_layers)]
+        return cls(a.vocab_size, a.hidden_size, layers, a.rms_norm_eps, rotary)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T, H]: a family that scales its embeddings does it here."""
         return self.embed_tokens(input_ids)
@@ -65,14 +74,24 @@ class DecoderStack(nn.Module):
 class DecoderModel(nn.Module):
     """`model` (embed_tokens, layers, norm) and `lm_head`, as Hub checkpoints name them.
 
-    Subclasses set `args` and `model` in __init__; each layer of `model.layers` must read
-    `layers.context` for its cache and run over a flat batch. The KV layout defaults to
-    each layer's `self_attn` (heads, head dim, window).
+    A family declares `Args`, its arguments' class (from_config reads a config with its
+    from_dict), and hands its args and stack (most build a `DecoderStack.of` their layers)
+    to __init__; each layer of `model.layers` must read `layers.context` for its cache and
+    run over a flat batch. The KV layout defaults to each layer's `self_attn` (heads, head
+    dim, window).
     """
 
-    args: Any
-    model: nn.Module
-    lm_head: nn.Linear
+    Args: ClassVar[type]
+
+    def __init__(self, args: Any, model: nn.Module, *, head_bias: bool = False):
+        super().__init__()
+        self.args = args
+        self.model = model
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=head_bias)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DecoderModel:
+        return cls(cls.Args.from_dict(config))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Final hidden states [T, H] (logits are computed only where needed)."""

@@ -184,18 +184,11 @@ class Model(DecoderModel):
     GATING: ClassVar[int] = deepseek_gguf.GATING_SIGMOID  # this model's routing, for show
 
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        self.model = self.Stack(args, self.router_of)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        super().__init__(args, self.Stack(args, self.router_of))
 
     @staticmethod
     def router_of(a: ModelArgs) -> Router:
         return router_of(a)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(cls.Args.from_dict(config))
 
     def layer_kv(self, i: int) -> KVLayout:
         return KVLayout.latent(self.args.kv_lora_rank + self.args.qk_rope_head_dim)

@@ -299,15 +299,10 @@ class Model(DecoderModel):
         "norm",
     )
 
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        self.model = DeepseekV4Model(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+    Args = ModelArgs
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, DeepseekV4Model(args))
 
     def layer_kv(self, i: int) -> KVLayout:
         a, attn = self.args, self.model.layers[i].self_attn

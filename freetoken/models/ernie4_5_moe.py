@@ -107,19 +107,11 @@ def _layer(a: ModelArgs, i: int) -> DecoderLayer:
 
 
 class Model(DecoderModel):
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        layers = [_layer(args, i) for i in range(args.num_hidden_layers)]
-        rotary = RotaryEmbedding(args.head_dim, args.rope_theta, pairs=True)
-        self.model = DecoderStack(
-            args.vocab_size, args.hidden_size, layers, args.rms_norm_eps, rotary
-        )
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=args.use_bias)
+    Args = ModelArgs
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    def __init__(self, args: ModelArgs):
+        rotary = RotaryEmbedding(args.head_dim, args.rope_theta, pairs=True)
+        super().__init__(args, DecoderStack.of(args, _layer, rotary), head_bias=args.use_bias)
 
     @classmethod
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:

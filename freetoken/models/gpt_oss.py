@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
-
 from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope_scaling import RopeScaling, ScaledRotaryEmbedding
@@ -131,19 +129,11 @@ _EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\w+)")
 
 
 class Model(DecoderModel):
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        layers = [_layer(args, i) for i in range(args.num_hidden_layers)]
-        rotary = ScaledRotaryEmbedding(args.head_dim, args.rope_theta, args.rope_scaling)
-        self.model = DecoderStack(
-            args.vocab_size, args.hidden_size, layers, args.rms_norm_eps, rotary
-        )
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+    Args = ModelArgs
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    def __init__(self, args: ModelArgs):
+        rotary = ScaledRotaryEmbedding(args.head_dim, args.rope_theta, args.rope_scaling)
+        super().__init__(args, DecoderStack.of(args, _layer, rotary))
 
     dense_key = staticmethod(common.renamer((r"\.mlp\.router\.", ".mlp.gate.")))
     gguf_key = staticmethod(common.GgufNames())

@@ -119,17 +119,12 @@ _BANKS = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.(input_linear|outp
 
 
 class Model(DecoderModel):
+    Args = ModelArgs
+
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
         layers = [_layer(args, i) for i in range(args.num_hidden_layers)]
         rotary = RotaryEmbedding(args.head_dim, args.rope_theta, pairs=args.rope_pairs)
-        self.model = GraniteStack(args, layers, rotary)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+        super().__init__(args, GraniteStack(args, layers, rotary))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden) / self.args.logits_scaling

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-
 from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope import RotaryEmbedding
@@ -73,19 +71,11 @@ def _layer(a: ModelArgs, i: int) -> DecoderLayer:
 
 
 class Model(DecoderModel):
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        layers = [_layer(args, i) for i in range(args.num_hidden_layers)]
-        rotary = RotaryEmbedding(args.head_dim, args.rope_theta)
-        self.model = DecoderStack(
-            args.vocab_size, args.hidden_size, layers, args.rms_norm_eps, rotary
-        )
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+    Args = ModelArgs
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    def __init__(self, args: ModelArgs):
+        rotary = RotaryEmbedding(args.head_dim, args.rope_theta)
+        super().__init__(args, DecoderStack.of(args, _layer, rotary))
 
     expert_key = staticmethod(common.ExpertNames())
     gguf_key = staticmethod(common.GgufNames())

@@ -45,7 +45,7 @@ _experts = common.ExpertNames()
 
 
 class Model(next_.Model):
-    args_class = ModelArgs
+    Args = ModelArgs
     build_layer = staticmethod(_layer)
     dense_key = staticmethod(common.renamer((common.LANGUAGE_MODEL, "model."), *next_._SHARED))
 

@@ -142,15 +142,10 @@ _EXPERT = re.compile(
 
 
 class Model(DecoderModel):
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        self.model = Qwen3MoeModel(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+    Args = ModelArgs
 
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, Qwen3MoeModel(args))
 
     def layer_kv(self, i: int) -> KVLayout:
         return KVLayout.attention(self.args.num_key_value_heads, self.args.head_dim)

@@ -191,24 +191,16 @@ _IGNORED = re.compile(r"mtp\.")
 
 
 class Model(DecoderModel):
-    args_class = ModelArgs
+    Args = ModelArgs
 
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        layers = [self.build_layer(args, i) for i in range(args.num_hidden_layers)]
-        rotary = RotaryEmbedding(args.rotary_dim, args.rope_theta)
-        self.model = DecoderStack(
-            args.vocab_size, args.hidden_size, layers, args.rms_norm_eps, rotary
+        stack = DecoderStack.of(
+            args, self.build_layer, RotaryEmbedding(args.rotary_dim, args.rope_theta)
         )
-        self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, zero_centered=True)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        stack.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, zero_centered=True)
+        super().__init__(args, stack)
 
     build_layer = staticmethod(_layer)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(cls.args_class.from_dict(config))
 
     def layer_kv(self, i: int) -> KVLayout:
         layer = self.model.layers[i]

@@ -40,9 +40,7 @@ class ModelArgs(qwen3_moe.ModelArgs):
 
 
 class Model(qwen3_moe.Model):
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Model:
-        return cls(ModelArgs.from_dict(config))
+    Args = ModelArgs
 
     @staticmethod
     def dense_key(name: str) -> str:
