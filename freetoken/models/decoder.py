@@ -19,6 +19,7 @@ from torch import nn
 from freetoken.layers.moe import Experts
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
+from freetoken.models import common
 from freetoken.models.base import ExpertSpec, KVLayout
 
 _LAYER = re.compile(r"(?:model\.layers|blk)\.(\d+)\.")
@@ -132,6 +133,11 @@ class DecoderModel(nn.Module):
     def dense_key(name: str) -> str:
         """Checkpoints name dense tensors as these modules do; a family that differs maps here."""
         return name
+
+    # experts as most families' checkpoints name them (mlp.experts.{e}.gate_proj, ...) and
+    # llama.cpp's GGUF names: a family that differs sets its own
+    expert_key = staticmethod(common.ExpertNames())
+    gguf_key = staticmethod(common.GgufNames())
 
     @staticmethod
     def gguf_float(key: str, config: Mapping[str, Any]) -> bool:

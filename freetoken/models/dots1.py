@@ -120,9 +120,6 @@ class Model(DecoderModel):
         rotary = RotaryEmbedding(args.head_dim, args.rope_theta)
         super().__init__(args, DecoderStack.of(args, _layer, rotary))
 
-    expert_key = staticmethod(common.ExpertNames())
-    gguf_key = staticmethod(common.GgufNames())
-
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:
         a = ModelArgs.from_dict(config)

@@ -119,8 +119,6 @@ class Model(DecoderModel):
 
     # the correction bias sits beside the router (Hub) or inside it (transformers 5)
     dense_key = staticmethod(common.renamer((r"\.mlp\.(?:gate\.)?moe_statics\.", ".mlp.gate.")))
-    expert_key = staticmethod(common.ExpertNames())
-    gguf_key = staticmethod(common.GgufNames())
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

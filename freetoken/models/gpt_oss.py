@@ -136,7 +136,6 @@ class Model(DecoderModel):
         super().__init__(args, DecoderStack.of(args, _layer, rotary))
 
     dense_key = staticmethod(common.renamer((r"\.mlp\.router\.", ".mlp.gate.")))
-    gguf_key = staticmethod(common.GgufNames())
 
     @staticmethod
     def expert_key(name: str) -> ExpertKey | None:

@@ -135,7 +135,6 @@ class Model(DecoderModel):
             (r"\.block_sparse_moe\.", ".mlp."),
         )
     )
-    gguf_key = staticmethod(common.GgufNames())
 
     @staticmethod
     def expert_key(name: str) -> ExpertKey | None:

@@ -110,7 +110,6 @@ class Model(DecoderModel):
         )
     )
     expert_key = staticmethod(common.ExpertNames("block_sparse_moe", "w1", "w3", "w2"))
-    gguf_key = staticmethod(common.GgufNames())
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,6 @@ class Model(DecoderModel):
 
     dense_key = staticmethod(common.renamer((r"\.block_sparse_moe\.", ".mlp.")))
     expert_key = staticmethod(common.ExpertNames("block_sparse_moe", "w1", "w3", "w2"))
-    gguf_key = staticmethod(common.GgufNames())
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

@@ -122,8 +122,6 @@ class Model(DecoderModel):
             (r"\.mlp\.shared_expert\.", ".mlp.shared_experts."),
         )
     )
-    expert_key = staticmethod(common.ExpertNames())
-    gguf_key = staticmethod(common.GgufNames())
 
     @classmethod
     def model_info(cls, config: Mapping[str, Any]) -> dict[str, Any]:

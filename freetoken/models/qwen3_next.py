@@ -209,7 +209,6 @@ class Model(DecoderModel):
         return KVLayout.attention(self.args.num_key_value_heads, self.args.head_dim)
 
     dense_key = staticmethod(common.renamer(*_SHARED))
-    expert_key = staticmethod(common.ExpertNames())
 
     @classmethod
     def ignored(cls, name: str, config: Mapping[str, Any]) -> bool:
