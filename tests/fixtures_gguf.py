@@ -114,71 +114,109 @@ def _head_dim(c) -> int:
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 
-def _arch_kv(w, c, arch: str) -> None:
-    """The keys each architecture's converter class adds."""
+def _sigmoid_routing_kv(w, c) -> None:
+    """The grouped sigmoid routers' keys (dots1, glm4moe)."""
     import gguf
 
-    sigmoid = gguf.ExpertGatingFuncType.SIGMOID
-    if arch in ("qwen3moe", "qwen3vlmoe"):
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    elif arch == "qwen2moe":
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    elif arch == "llama":
-        w.add_vocab_size(c.vocab_size)
-        w.add_rope_dimension_count(_head_dim(c))
-    elif arch == "minimax-m2":
-        w.add_expert_gating_func(sigmoid)
-        w.add_expert_feed_forward_length(c.intermediate_size)
-        w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
-    elif arch == "gpt-oss":
-        w.add_sliding_window(c.sliding_window)
-        w.add_expert_feed_forward_length(c.intermediate_size)
-        rope = c.rope_parameters
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        w.add_rope_scaling_factor(rope["factor"])
-        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
-        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
-    elif arch == "ernie4_5-moe":
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_expert_shared_count(c.moe_num_shared_experts)
-        w.add_leading_dense_block_count(c.moe_layer_start_index)
-        w.add_interleave_moe_layer_step(c.moe_layer_interval)
-        # what llama.cpp's converter writes here (unused by its model)
-        w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
-    elif arch == "dots1":
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_leading_dense_block_count(c.first_k_dense_replace)
-        w.add_expert_shared_count(c.n_shared_experts)
-        w.add_expert_weights_scale(c.routed_scaling_factor)
-        w.add_expert_weights_norm(c.norm_topk_prob)
-        w.add_expert_gating_func(sigmoid)
-    elif arch == "granitemoe":
-        w.add_attention_scale(c.attention_multiplier)
-        w.add_embedding_scale(c.embedding_multiplier)
-        w.add_residual_scale(c.residual_multiplier)
-        w.add_logit_scale(c.logits_scaling)
-    elif arch in ("qwen3next", "qwen35moe"):
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-        w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
-        w.add_ssm_state_size(c.linear_key_head_dim)
-        w.add_ssm_group_count(c.linear_num_key_heads)
-        w.add_ssm_time_step_rank(c.linear_num_value_heads)
-        w.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
-        # the Hub config's full_attention_interval (transformers keeps only layer_types)
-        w.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
-        factor = c.rope_parameters.get("partial_rotary_factor", 0.25)
-        w.add_rope_dimension_count(int(_head_dim(c) * factor))
-    elif arch == "glm4moe":
-        w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
-        w.add_expert_feed_forward_length(c.moe_intermediate_size)
-        w.add_expert_shared_count(c.n_shared_experts)
-        w.add_leading_dense_block_count(c.first_k_dense_replace)
-        w.add_expert_gating_func(sigmoid)
-        w.add_expert_weights_scale(c.routed_scaling_factor)
-        w.add_expert_weights_norm(c.norm_topk_prob)
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_leading_dense_block_count(c.first_k_dense_replace)
+    w.add_expert_shared_count(c.n_shared_experts)
+    w.add_expert_weights_scale(c.routed_scaling_factor)
+    w.add_expert_weights_norm(c.norm_topk_prob)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+
+def _minimax_kv(w, c) -> None:
+    import gguf
+
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
+
+
+def _gpt_oss_kv(w, c) -> None:
+    import gguf
+
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    rope = c.rope_parameters
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+
+
+def _ernie_kv(w, c) -> None:
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_shared_count(c.moe_num_shared_experts)
+    w.add_leading_dense_block_count(c.moe_layer_start_index)
+    w.add_interleave_moe_layer_step(c.moe_layer_interval)
+    # what llama.cpp's converter writes here (unused by its model)
+    w.add_expert_shared_feed_forward_length(c.intermediate_size // c.num_key_value_heads)
+
+
+def _granite_kv(w, c) -> None:
+    w.add_attention_scale(c.attention_multiplier)
+    w.add_embedding_scale(c.embedding_multiplier)
+    w.add_residual_scale(c.residual_multiplier)
+    w.add_logit_scale(c.logits_scaling)
+
+
+def _hybrid_kv(w, c) -> None:
+    """Qwen3-Next and Qwen3.5-MoE: the DeltaNet layers' keys."""
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    w.add_ssm_conv_kernel(c.linear_conv_kernel_dim)
+    w.add_ssm_state_size(c.linear_key_head_dim)
+    w.add_ssm_group_count(c.linear_num_key_heads)
+    w.add_ssm_time_step_rank(c.linear_num_value_heads)
+    w.add_ssm_inner_size(c.linear_value_head_dim * c.linear_num_value_heads)
+    # the Hub config's full_attention_interval (transformers keeps only layer_types)
+    w.add_full_attention_interval(c.layer_types.index("full_attention") + 1)
+    factor = c.rope_parameters.get("partial_rotary_factor", 0.25)
+    w.add_rope_dimension_count(int(_head_dim(c) * factor))
+
+
+def _glm4moe_kv(w, c) -> None:
+    w.add_rope_dimension_count(int(_head_dim(c) * c.rope_parameters["partial_rotary_factor"]))
+    _sigmoid_routing_kv(w, c)
+
+
+def _qwen2moe_kv(w, c) -> None:
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+
+
+def _llama_kv(w, c) -> None:
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(_head_dim(c))
+
+
+def _qwen3moe_kv(w, c) -> None:
+    w.add_expert_feed_forward_length(c.moe_intermediate_size)
+
+
+# the keys each architecture's converter class adds
+_ARCH_KV = {
+    "qwen3moe": _qwen3moe_kv,
+    "qwen3vlmoe": _qwen3moe_kv,
+    "qwen2moe": _qwen2moe_kv,
+    "llama": _llama_kv,
+    "minimax-m2": _minimax_kv,
+    "gpt-oss": _gpt_oss_kv,
+    "ernie4_5-moe": _ernie_kv,
+    "dots1": _sigmoid_routing_kv,
+    "granitemoe": _granite_kv,
+    "qwen3next": _hybrid_kv,
+    "qwen35moe": _hybrid_kv,
+    "glm4moe": _glm4moe_kv,
+}
+
+
+def _arch_kv(w, c, arch: str) -> None:
+    if arch in _ARCH_KV:
+        _ARCH_KV[arch](w, c)
 
 
 def permute_for_ggml_rope(weights: np.ndarray, heads: int) -> np.ndarray:
