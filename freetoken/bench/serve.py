@@ -236,10 +236,9 @@ def decode_row(client, args, regime: str, api: str, streams: int, dense_ms) -> d
         timed_window(client, args, regime, api, streams, dense_ms)
         for _ in range(max(1, args.repeats))
     ]
-    rows.sort(key=lambda r: r.get("agg_tok_s") or 0.0)
-    row = rows[len(rows) // 2]
+    row = common.middle(rows, lambda r: r.get("agg_tok_s") or 0.0)
     if len(rows) > 1:
-        sums = [r.get("agg_tok_s") or 0.0 for r in rows]
+        sums = sorted(r.get("agg_tok_s") or 0.0 for r in rows)
         spread = f"median of {len(rows)}, {sums[0]:.0f}-{sums[-1]:.0f} sum tok/s"
         row["note"] = "; ".join(n for n in (row.get("note"), spread) if n)
     return row
@@ -367,12 +366,13 @@ def _print_host(streams: int, before: dict, after: dict) -> None:
 
 
 def aggregate_rate(runs: list[Any]) -> float | None:
-    """Tokens a second of concurrent streams together, first token to last."""
+    """Tokens a second of concurrent streams together, first token to last: every token
+    but the first counts, as one stream's rate (and the independent client's) counts."""
     stamps = [r.stamps for r in runs if r.stamps]
     if not stamps:
         return None
     first, last = min(s[0] for s in stamps), max(s[-1] for s in stamps)
-    return sum(r.tokens for r in runs) / max(last - first, 1e-9)
+    return (sum(r.tokens for r in runs) - 1) / max(last - first, 1e-9)
 
 
 def unload(client: httpx.Client, model: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from freetoken import config
 from freetoken import options as opts
 from freetoken.api.compat import sampling_options
+from freetoken.bench import common
 from freetoken.protocol import CompletionRequest
 from freetoken.server.residency import default_num_ctx
 from freetoken.store import Store
@@ -95,7 +96,7 @@ class EngineRun:
             t.join()
         first = min(s[0] for s in out if s)
         last = max(s[-1] for s in out if s)
-        return n * tokens / max(last - first, 1e-9)
+        return (n * tokens - 1) / max(last - first, 1e-9)
 
 
 def engine_rows(
@@ -114,6 +115,7 @@ def engine_rows(
         sampling = {**sampling, "ignore_eos": True}
         for n in counts:
             run.rate(messages, tokens, sampling, n)
-            rates = sorted(run.rate(messages, tokens, sampling, n) for _ in range(max(1, repeats)))
-            rows.append({"regime": regime, "streams": n, "engine_tok_s": rates[len(rates) // 2]})
+            rates = [run.rate(messages, tokens, sampling, n) for _ in range(max(1, repeats))]
+            rate = common.middle(rates, float)
+            rows.append({"regime": regime, "streams": n, "engine_tok_s": rate})
     return rows

@@ -91,7 +91,7 @@ def test_the_aggregate_rate_spans_every_streams_tokens():
     from types import SimpleNamespace as Run
 
     runs = [Run(stamps=[1.0, 2.0, 3.0], tokens=3), Run(stamps=[1.5, 5.0], tokens=2)]
-    assert serve.aggregate_rate(runs) == pytest.approx(5 / 4.0)
+    assert serve.aggregate_rate(runs) == pytest.approx((5 - 1) / 4.0)  # the first not counted
     assert serve.aggregate_rate([Run(stamps=[], tokens=0)]) is None
 
 
@@ -159,9 +159,10 @@ def test_the_dense_probe_times_settled_answers_at_each_stream_count(monkeypatch)
     monkeypatch.setattr(serve, "cache_stats", lambda client, model: {"cache": {"slots": 8}})
     monkeypatch.setattr(serve, "unload", lambda client, model: None)
     args = argparse.Namespace(dense_ms=0.0, probe_dense=True, model="m")
-    # 128 tokens in 0.32 s: 2.5 ms a step; four streams of them together, 512 tokens in the
-    # same 0.32 s: a step of four tokens also takes 2.5 ms
-    assert serve.dense_probe(None, args, [1, 4]) == pytest.approx({1: 2.5, 4: 2.5})
+    # 128 tokens in 0.32 s from the first: 127 steps of 2.52 ms; four streams of them
+    # together, 511 tokens after the first in the same 0.32 s: a step of four tokens, 2.50 ms
+    want = {1: 320 / 127, 4: 4 * 320 / 511}
+    assert serve.dense_probe(None, args, [1, 4]) == pytest.approx(want)
     assert {policy for _, policy in calls} == {"resident"}
     assert [t for t, _ in calls] == [16, 16, 128] + [16] * 4 + [128] * 4
 
