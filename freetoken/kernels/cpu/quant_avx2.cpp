@@ -88,10 +88,11 @@ struct ScaleIdx {
 };
 
 // Q5_K's fifth bits: bit s of byte l of qh is weight l of sub-block s; sets bit 4 of the codes.
+// A shift of qh's 16-bit lanes brings each byte's bit s to its bit 4 (the bits it carries in
+// from the next byte land elsewhere), and the mask keeps that bit alone.
 AVX2 inline __m256i fifth(__m256i q, __m256i qh, int s) {
-  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
-  return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+  const __m256i at4 = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+  return _mm256_or_si256(q, _mm256_and_si256(at4, _mm256_set1_epi8(16)));
 }
 
 // Block k of a row into acc (d's part) and mins (dmin's part).
