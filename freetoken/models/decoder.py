@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
@@ -23,6 +24,14 @@ from freetoken.models import common
 from freetoken.models.base import ExpertSpec, KVLayout
 
 _LAYER = re.compile(r"(?:model\.layers|blk)\.(\d+)\.")
+
+
+def attention(a: Any, i: int, **options: Any) -> Attention:
+    """Layer i's attention from a family's args `a` (hidden_size, num_attention_heads,
+    num_key_value_heads, head_dim, and rms_norm_eps for q/k norms); `options` are the
+    family's (Attention's keywords)."""
+    heads, kv_heads = a.num_attention_heads, a.num_key_value_heads
+    return Attention(i, a.hidden_size, heads, kv_heads, a.head_dim, eps=a.rms_norm_eps, **options)
 
 
 class DecoderLayer(nn.Module):

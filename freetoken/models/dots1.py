@@ -15,13 +15,12 @@ from typing import Any
 
 from torch import nn
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SigmoidGroupedTopK, SparseMoeBlock
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import GGUF_TENSORS, ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "dots1"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -99,17 +98,7 @@ def _mlp(a: ModelArgs, i: int) -> nn.Module:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        qk_norm="head",
-        bias=a.attention_bias,
-        eps=a.rms_norm_eps,
-        window=a.window(i),
-    )
+    attn = attention(a, i, qk_norm="head", bias=a.attention_bias, window=a.window(i))
     return DecoderLayer(attn, _mlp(a, i), a.hidden_size, a.rms_norm_eps)
 
 

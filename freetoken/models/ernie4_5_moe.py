@@ -20,14 +20,13 @@ from typing import Any
 
 from torch import nn
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.layers.routers import SoftmaxBiasedTopK
 from freetoken.models import common, hub
 from freetoken.models.base import GGUF_TENSORS, ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "ernie4_5-moe"
 _MTP = re.compile(r"model\.mtp_")
@@ -93,16 +92,7 @@ def _mlp(a: ModelArgs, i: int) -> nn.Module:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        bias=a.use_bias,
-        eps=a.rms_norm_eps,
-        rope_pairs=True,
-    )
+    attn = attention(a, i, bias=a.use_bias, rope_pairs=True)
     return DecoderLayer(attn, _mlp(a, i), a.hidden_size, a.rms_norm_eps)
 
 

@@ -21,12 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope_scaling import RopeScaling, ScaledRotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertKey, ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "gpt-oss"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -97,12 +96,9 @@ class ModelArgs:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
+    attn = attention(
+        a,
         i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
         bias=a.attention_bias,
         window=a.sliding_window if a.layer_types[i] == SLIDING else 0,
         sinks=True,

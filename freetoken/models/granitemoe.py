@@ -24,13 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertKey, ExpertSpec
-from freetoken.models.decoder import DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "granitemoe"
 
@@ -97,15 +96,8 @@ class GraniteStack(DecoderStack):
 
 
 def _layer(a: ModelArgs, i: int) -> GraniteLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        bias=a.attention_bias,
-        rope_pairs=a.rope_pairs,
-        scale=a.attention_multiplier,
+    attn = attention(
+        a, i, bias=a.attention_bias, rope_pairs=a.rope_pairs, scale=a.attention_multiplier
     )
     # a softmax over the top-k logits: TopKRouter's renormalising form
     mlp = SparseMoeBlock(

@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SigmoidGroupedTopK, SparseMoeBlock
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "minimax-m2"
 
@@ -75,15 +74,7 @@ def _check_supported(cfg: Mapping[str, Any]) -> None:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        qk_norm="full",
-        eps=a.rms_norm_eps,
-    )
+    attn = attention(a, i, qk_norm="full")
     router = SigmoidGroupedTopK(
         a.hidden_size,
         a.num_local_experts,

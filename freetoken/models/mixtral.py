@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "llama"
 
@@ -57,15 +56,7 @@ class ModelArgs:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        rope_pairs=a.rope_pairs,
-        window=a.sliding_window,
-    )
+    attn = attention(a, i, rope_pairs=a.rope_pairs, window=a.sliding_window)
     mlp = SparseMoeBlock(
         TopKRouter(a.hidden_size, a.num_local_experts, a.num_experts_per_tok, True),
         Experts(i, a.num_local_experts, ExpertSpec(a.hidden_size, a.intermediate_size)),

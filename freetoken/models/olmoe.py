@@ -11,12 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "olmoe"
 
@@ -52,17 +51,7 @@ class ModelArgs:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        qk_norm="full",
-        bias=a.attention_bias,
-        eps=a.rms_norm_eps,
-        clip_qkv=a.clip_qkv,
-    )
+    attn = attention(a, i, qk_norm="full", bias=a.attention_bias, clip_qkv=a.clip_qkv)
     mlp = SparseMoeBlock(
         TopKRouter(a.hidden_size, a.num_experts, a.num_experts_per_tok, a.norm_topk_prob),
         Experts(i, a.num_experts, ExpertSpec(a.hidden_size, a.intermediate_size)),

@@ -13,13 +13,12 @@ from typing import Any
 
 from torch import nn
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "qwen2moe"
 SLIDING = "sliding_attention"
@@ -86,16 +85,7 @@ class ModelArgs:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        bias=a.qkv_bias,
-        o_bias=False,
-        window=a.window(i),
-    )
+    attn = attention(a, i, bias=a.qkv_bias, o_bias=False, window=a.window(i))
     if a.is_moe_layer(i):
         mlp = SparseMoeBlock(
             TopKRouter(a.hidden_size, a.num_experts, a.num_experts_per_tok, a.norm_topk_prob),

@@ -10,13 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import ExpertSpec
-from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderLayer, DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "qwen3moe"
 
@@ -62,16 +61,7 @@ class ModelArgs:
 
 
 def _layer(a: ModelArgs, i: int) -> DecoderLayer:
-    attn = Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        qk_norm=True,
-        bias=a.attention_bias,
-        eps=a.rms_norm_eps,
-    )
+    attn = attention(a, i, qk_norm=True, bias=a.attention_bias)
     if a.is_moe_layer(i):
         spec = ExpertSpec(a.hidden_size, a.moe_intermediate_size)
         mlp = SparseMoeBlock(

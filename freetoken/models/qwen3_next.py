@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from freetoken.layers.attention import Attention
 from freetoken.layers.deltanet import GatedDeltaNet
 from freetoken.layers.mlp import GatedMLP
 from freetoken.layers.moe import Experts, SparseMoeBlock, TopKRouter
@@ -29,7 +28,7 @@ from freetoken.layers.norm import RMSNorm
 from freetoken.layers.rope import RotaryEmbedding
 from freetoken.models import common, hub
 from freetoken.models.base import GGUF_TENSORS, ExpertSpec, KVLayout
-from freetoken.models.decoder import DecoderModel, DecoderStack
+from freetoken.models.decoder import DecoderModel, DecoderStack, attention
 
 GGUF_ARCH = "qwen3next"
 LINEAR = "linear_attention"
@@ -137,18 +136,7 @@ def mixer(a: ModelArgs, i: int, projections: str) -> nn.Module:
             a.rms_norm_eps,
             projections=projections,
         )
-    return Attention(
-        i,
-        a.hidden_size,
-        a.num_attention_heads,
-        a.num_key_value_heads,
-        a.head_dim,
-        qk_norm=True,
-        bias=a.attention_bias,
-        eps=a.rms_norm_eps,
-        gate=True,
-        zero_centered=True,
-    )
+    return attention(a, i, qk_norm=True, bias=a.attention_bias, gate=True, zero_centered=True)
 
 
 def moe_block(a: ModelArgs, i: int) -> SparseMoeBlock:
