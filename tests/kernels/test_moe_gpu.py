@@ -75,7 +75,7 @@ def test_routes_served_elsewhere_leave_zeros_without_a_cleared_buffer(device, pa
         spec = dataclasses.replace(spec, formats=("q8_0", "q8_0"))
         pool = {n: t.to(device) for n, t in experts.packed_banks(S, spec, g).items()}
     else:
-        pool = experts.banks(S, spec, torch.float32, g, device=device)
+        pool = {n: t.to(device) for n, t in experts.banks(S, spec, torch.float32, g).items()}
     x = torch.randn(T, H, generator=g).to(device)
     slots = torch.stack([torch.randperm(S, generator=g)[:k] for _ in range(T)]).to(device)
     slots[0, 0], slots[1, 2] = -1, -1
