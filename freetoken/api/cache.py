@@ -35,6 +35,8 @@ def _summary(name: str, stats: dict) -> dict:
         # what adaptive measured: step time per placement and per PCIe share, and the lane
         "placement_step_ms": (experts.get("placement") or {}).get("step_ms"),
         "placement_moves": (experts.get("placement") or {}).get("moves"),
+        # switches adaptive took back once the new placement served slower than its visits
+        "placement_reverted": (experts.get("placement") or {}).get("reverted"),
         "pcie_share": experts.get("pcie_share"),
         "lane": experts.get("lane"),
         "recent": stats.get("recent"),

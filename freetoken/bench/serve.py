@@ -414,7 +414,8 @@ def _print_measured(stats: dict) -> None:
     measured = ", ".join(f"{m} {ms:.2f}" for m, ms in step_ms.items()) or "none"
     print(
         f"# adaptive since load: step ms by placement {measured}; "
-        f"{stats.get('placement_moves') or 0} moves; now {stats.get('placement')}",
+        f"{stats.get('placement_moves') or 0} moves, {stats.get('placement_reverted') or 0} "
+        f"taken back; now {stats.get('placement')}",
         flush=True,
     )
 

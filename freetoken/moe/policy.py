@@ -56,7 +56,7 @@ POLICIES: tuple[str, ...] = tuple(p.value for p in Policy)
 
 
 class Mode(enum.StrEnum):
-    """How adaptive places the experts for decode steps (dispatch.ModeChooser measures them):
+    """How adaptive places the experts for decode steps (chooser.ModeChooser measures them):
 
     cache   every layer through the cache, its books on the host, misses split between
             PCIe and the CPU;

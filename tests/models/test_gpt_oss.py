@@ -121,7 +121,7 @@ def test_adaptive_through_the_lane_and_device_books(hub, mode, device):
     """Biased, clamped experts through the CPU lane (a share of each layer's misses, or
     whole CPU layers) with the cache's books on the device, in CUDA graphs on a GPU:
     transformers' tokens."""
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
 
     path, hf = hub
     engine = make_engine(
@@ -134,7 +134,7 @@ def test_adaptive_through_the_lane_and_device_books(hub, mode, device):
         graphs="capture" if device == "cuda" else "",
     )
     backend = family.experts_of(engine)
-    backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
+    backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
     assert backend.lru is not None and backend.lane is not None
     try:
         for prompt in (family.PROMPT, family.LONG):

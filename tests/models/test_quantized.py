@@ -110,7 +110,7 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
     """Packed experts fetched by the device-kept books and computed by the CPU lane (a share
     of each layer's misses, or whole CPU layers), in CUDA graphs on a GPU: the tokens of
     transformers on the decoded weights."""
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
 
     _, out, ref, config, _ = quantized
     E = getattr(config, "num_experts", None) or config.num_local_experts
@@ -125,7 +125,7 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
         dtype="float32",
     )
     backend = family.experts_of(engine)
-    backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
+    backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
     try:
         for prompt in (family.PROMPT, family.LONG):
             (seq,) = generate(engine, [prompt], 16)

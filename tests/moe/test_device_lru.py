@@ -13,6 +13,7 @@ import torch
 from freetoken.models.base import ExpertSpec
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.cache import ExpertCache
+from freetoken.moe.chooser import ModeChooser
 from freetoken.moe.device_lru import STRIDE, DeviceLRU
 from tests import fixtures
 from tests.runtime.engine_util import full_logits, generate, make_engine
@@ -227,13 +228,13 @@ def _same_books(device, slots, tokens, layers, fixed, hits_taken=False) -> int:
 
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
 def test_decode_through_device_books_matches_transformers(tiny_model, policy, monkeypatch):
-    from freetoken.moe import dispatch, tuning
+    from freetoken.moe import tuning
 
     # adaptive measures each placement for a few steps only, so all three run in one generation
     monkeypatch.setattr(
         tuning,
         "ModeChooser",
-        lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=7, **kw),
+        lambda **kw: ModeChooser(settle=1, measure=2, period=7, **kw),
     )
     # measuring from the first step, every placement in turn
     monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
@@ -269,7 +270,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     assert on_device == {"cache"} if policy == "lru-pcie" else on_device <= {"device"}
     assert policy == "lru-pcie" or any(t == 2 and not live for t, _, live in modes)
     if policy == "adaptive":  # settle on the device-kept books
-        backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
+        backend.tuner.modes = ModeChooser(modes=("device",))
     generate(engine, [prompts[0]], 4)  # ends with the books on the device
     assert backend.lru.live
     # statistics (read from other threads while steps run) count the device's work and leave
@@ -303,12 +304,11 @@ def test_resize_keeps_device_books_exact(tiny_model):
 def test_split_shares_misses_between_fetches_and_the_cpu(tiny_model):
     """Books on the device, a share of each layer's misses fetched and the rest computed on
     the CPU: the tokens stay transformers', and both paths did work."""
-    from freetoken.moe import dispatch
 
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
-    backend.tuner.modes = dispatch.ModeChooser(modes=("split",))
+    backend.tuner.modes = ModeChooser(modes=("split",))
     p = [(5 * i) % 500 + 3 for i in range(11)]
     (seq,) = generate(engine, [p], 40)  # the share tuner tries every share meanwhile
     assert seq.output_ids == fixtures.hf_greedy(hf, p, 40)

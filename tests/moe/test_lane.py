@@ -253,7 +253,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
     (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
     no host work inside single-token steps (on a GPU: one captured graph per step)."""
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
     from tests import fixtures
     from tests.runtime.engine_util import generate
 
@@ -262,7 +262,7 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         tiny_model, device, "adaptive", {"split": 9, "layers": 8, "none": 0}[mode]
     )
     if mode != "none":
-        backend.tuner.modes = dispatch.ModeChooser(modes=(mode,))
+        backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
     else:
         assert backend.cache is None
     try:

@@ -21,11 +21,10 @@ def test_saved_per_cache_size(tmp_path):
 
 
 def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
-    from freetoken.moe import dispatch, tuning
+    from freetoken.moe import tuning
+    from freetoken.moe.chooser import ModeChooser
 
-    monkeypatch.setattr(
-        tuning, "ModeChooser", lambda **kw: dispatch.ModeChooser(settle=1, measure=2, **kw)
-    )
+    monkeypatch.setattr(tuning, "ModeChooser", lambda **kw: ModeChooser(settle=1, measure=2, **kw))
     monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
     monkeypatch.setattr(tuning, "DUTY", 1.0)
     path, _ = tiny_model

@@ -81,13 +81,13 @@ def test_no_guess_for_a_layer_off_the_device_or_a_router_by_token():
 
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
 def test_decode_with_guesses_matches_transformers(tiny_model, policy):
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
 
     path, hf = tiny_model
     engine = make_engine(path, policy=policy, slots=5, device_cache="on", lookahead="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
     if policy == "adaptive":  # the device placement: every miss fetched
-        backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
+        backend.tuner.modes = chooser.ModeChooser(modes=("device",))
     p = [(7 * i) % 500 + 1 for i in range(9)]
     (seq,) = generate(engine, [p], 24)
     assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)

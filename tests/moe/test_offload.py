@@ -77,12 +77,13 @@ def test_resident_needs_room_for_every_expert(tiny_model):
 def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeypatch):
     """Adaptive moves between the cache and whole CPU layers while decoding; the tokens stay
     those of transformers whichever placement each step runs in."""
-    from freetoken.moe import dispatch, tuning
+    from freetoken.moe import tuning
+    from freetoken.moe.chooser import ModeChooser
 
     monkeypatch.setattr(
         tuning,
         "ModeChooser",
-        lambda **kw: dispatch.ModeChooser(settle=1, measure=2, period=6, **kw),
+        lambda **kw: ModeChooser(settle=1, measure=2, period=6, **kw),
     )
     # measuring from the first step, every placement in turn
     monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
@@ -101,7 +102,7 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     assert ("layers", [0]) in seen and ("cache", []) in seen  # 9 slots fit one layer of 8 experts
     assert backend.stats()["placement"]["step_ms"].keys() == {"cache", "layers"}
     # settled on whole layers, a long prompt still prefills through the cache, then decode goes back
-    chooser = dispatch.ModeChooser(settle=0, measure=1, period=10**9)
+    chooser = ModeChooser(settle=0, measure=1, period=10**9)
     chooser.observe(0.05)
     chooser.observe(0.01)
     assert chooser.mode == "layers"

@@ -106,13 +106,13 @@ def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slot
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", ["lru-pcie", "adaptive"])
 def test_single_token_steps_with_device_books_are_one_graph(tiny_model, policy):
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
 
     path, hf = tiny_model
     engine = make_engine(path, device="cuda", policy=policy, slots=9, graphs="capture")
     backend = engine.model.model.layers[0].mlp.experts.backend
     if policy == "adaptive":  # settle on the device-kept books
-        backend.tuner.modes = dispatch.ModeChooser(modes=("device",))
+        backend.tuner.modes = chooser.ModeChooser(modes=("device",))
     for p in (PROMPTS[0], PROMPTS[2]):
         (seq,) = generate(engine, [p], 24)
         assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
@@ -164,7 +164,7 @@ def test_a_failed_capture_first_moves_the_books_to_the_host(tiny_model, monkeypa
 def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
     """Books on the device with a share of the misses on the CPU: each layer needs the host
     (graphs cut there), the pinned copies overlap the fetch, the tokens stay transformers'."""
-    from freetoken.moe import dispatch
+    from freetoken.moe import chooser
 
     path, hf = tiny_model
     # without the CPU lane: with it a split step is one graph (tests/moe/test_lane.py)
@@ -172,7 +172,7 @@ def test_split_steps_cut_at_every_layer_and_stay_exact(tiny_model):
         path, device="cuda", policy="adaptive", slots=9, graphs="capture", cpu_lane="off"
     )
     backend = engine.model.model.layers[0].mlp.experts.backend
-    backend.tuner.modes = dispatch.ModeChooser(modes=("split",))
+    backend.tuner.modes = chooser.ModeChooser(modes=("split",))
     (seq,) = generate(engine, [PROMPTS[2]], 32)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[2], 32)
     assert backend.placement.mode == "split" and engine.graphs.capture

@@ -1,0 +1,276 @@
+"""Where decode steps place the experts, chosen by their measured step times (ModeChooser)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class ModeChooser:
+    """How decode steps place the experts, chosen by measured step time among `modes`:
+
+    cache   every layer through the cache, its books on the host, misses split between
+            PCIe and the CPU;
+    device  every layer through the cache, its books on the device, every miss fetched by
+            a GPU kernel (no host work in a step: one CUDA graph);
+    split   books on the device, a tuned share of each layer's misses fetched while the CPU
+            computes the others (the host waits per layer for which routes are its own);
+    layers  whole layers on the CPU, the rest fixed on the GPU (llama.cpp's --n-cpu-moe).
+    Without locality in the routing, a cache holding a third of the experts hits a third of
+    the time, and every layer's misses cost PCIe or CPU time; whole CPU layers move the same
+    bytes with no bookkeeping (on the GPU machine 1.2–1.6× the host-kept cache at uniform
+    routing, 0.7–0.8× with a skewed trace). Which is faster depends on the work being served,
+    so each is measured for `measure` steps (after `settle` steps of each visit), the fastest
+    is kept, and all are measured again every `period` steps. With `rounds` > 1 the modes are
+    visited in turn that many times, each visit taking its share of the samples: a machine
+    whose speed drifts (other work on the host's cores or memory) then slows every mode's
+    samples alike instead of the ones measured last.
+
+    A step's time depends on its batch as much as on the mode (four sequences' step is not
+    one's), and the batch changes as requests come and go: each mode's samples are kept by
+    batch size and the modes are compared at the size all of them were measured at most. A
+    measurement with no size in common decides nothing: the mode in use stays, and the
+    next measurement comes `retry` steps later.
+
+    Measuring is not free: each visit moves the placement there and back (whole layers'
+    experts, hundreds of milliseconds at times), and a user waits through it. So a mode
+    measured `SLOW` times the fastest's step or more sits out the next `PRUNE` measurements,
+    and a measurement that keeps the mode in use doubles the wait before the next one (up to
+    `MAX_BACKOFF` periods); a change brings the wait back to `period`.
+
+    The first answer a user waits for must not pay for the measuring: serving starts in
+    `start` (the mode the bandwidths predict, or the one learned before on this machine),
+    the first measurement waits `explore_after` steps, and between two visits the chooser
+    serves in the best mode known for at least `rest` steps and until the visit's time is
+    at most `duty` of the time since it began. Rationed by steps alone, visits to a mode
+    several times slower took far more than their share: through the server on the H200,
+    adaptive at one stream ran at 0.70 of lru-pcie while measuring.
+
+    A visit sees the cache as the visits before it left it: a mode that keeps no new expert
+    (split at share 0) is timed on a cache the others filled, and the mode in use is timed
+    after moves that stirred it (a visit to layers re-places whole layers). Through the
+    server on an H100 (hot routing) adaptive timed split at 1.76 ms a step against device's
+    2.28 and chose it; served at four streams, split then ran at 0.58 of lru-pcie's rate. So
+    the mode in use is judged by its steps served between and before the visits (the last
+    `SERVED` at the compared batch size, where there are `MIN_SERVED`), not by its own
+    visits; and a switch is a trial: once the new mode has served `TRIAL` steps at the
+    compared batch size, a median over `TRIAL_MARGIN` slower than the old mode's time takes
+    the old mode back, and the new one sits out the next `PRUNE` measurements, twice as many
+    at each such revert (its visits will look as fast again).
+    """
+
+    SLOW = 1.5
+    PRUNE = 3
+    MAX_BACKOFF = 16
+    SERVED = 64
+    MIN_SERVED = 16
+    TRIAL = 32
+    TRIAL_MARGIN = 0.05
+
+    def __init__(
+        self,
+        settle: int = 8,
+        measure: int = 12,
+        period: int = 4096,
+        modes: tuple[str, ...] = ("cache", "layers"),
+        rounds: int = 1,
+        start: str | None = None,
+        explore_after: int = 0,
+        duty: float = 1.0,
+    ):
+        self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
+        self.rounds, self._per_visit = rounds, max(1, -(-measure // rounds))
+        self.mode = self.home = start if start in modes else modes[0]
+        self.means: dict[str, float] = {}
+        self._plan: list[str] = []  # visits still to make, in order
+        self._steps = 0  # steps since the current visit began
+        self._visit: list[tuple[int, float]] = []  # this visit's (batch, seconds)
+        # each mode's samples of this measurement, by batch size
+        self._samples: dict[str, dict[int, list[float]]] = {}
+        self.batch = 0  # the batch size the last decided measurement compared the modes at
+        self.retry = explore_after or max(1, period // 8)
+        self.wait = period  # steps from one choice to the next measurement
+        self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
+        self._since = 0  # steps since the last choice
+        visit = settle + self._per_visit
+        self.rest = 0 if duty >= 1 else int(-(-visit * (1 - duty) // duty))
+        self._pause = 0.0 if duty >= 1 else (1 - duty) / duty  # rest seconds a visit second
+        self._resting = 0  # steps left in the best mode before the next visit
+        self._resting_s = 0.0  # and seconds
+        self._visit_s = 0.0  # the visit's time so far, its settling steps included
+        self.completed = 0  # decisions made: measurements completed, and trials reverted
+        self.reverted = 0  # switches a trial took back
+        # the steps each mode served outside visits, by batch size: its settled time
+        self._served: dict[str, dict[int, deque[float]]] = {}
+        self._trial: Trial | None = None  # a switch on trial
+        self._reverts: dict[str, int] = {}  # each mode's switches taken back
+        if explore_after:
+            self._since = max(0, period - explore_after)
+        else:  # measure at once, every mode in order
+            self._plan = list(modes) * rounds
+            self.mode = self._plan[0]
+
+    def _record(self, mode: str, seconds: float, batch: int) -> None:
+        by_batch = self._served.setdefault(mode, {})
+        by_batch.setdefault(batch, deque(maxlen=self.SERVED)).append(seconds)
+
+    def _serve(self, seconds: float, batch: int) -> None:
+        """A step served between measurements: recorded, and judged where a switch is on trial."""
+        self._record(self.mode, seconds, batch)
+        trial = self._trial
+        if trial is None or batch != trial.batch:
+            return
+        trial.samples.append(seconds)
+        if len(trial.samples) < trial.settle + self.TRIAL:
+            return
+        self._trial = None
+        served = _median(trial.samples[trial.settle :])
+        self.means[self.mode] = served
+        if served <= trial.old_time * (1 + self.TRIAL_MARGIN):
+            return
+        self._reverts[self.mode] = self._reverts.get(self.mode, 0) + 1
+        self._skips[self.mode] = self.PRUNE * 2 ** min(self._reverts[self.mode] - 1, 4)
+        self.mode = self.home = trial.old
+        self.wait, self._since = self.period, 0
+        self.reverted += 1
+        self.completed += 1
+
+    def _begin(self) -> None:
+        """A new measurement: the others, then the mode in use."""
+        self._trial = None
+        self.home = self.mode
+        others = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
+        self._skips = {m: n - 1 for m, n in self._skips.items() if n > 1}
+        if not others:  # every other mode sits this one out: nothing to compare
+            self._since = 0
+            return
+        self._plan = (others + [self.mode]) * self.rounds
+        self._since, self._steps, self._visit, self._visit_s = 0, 0, [], 0.0
+        self.mode = self._plan[0]
+
+    def observe(self, seconds: float, batch: int = 1) -> None:
+        """One decode step of `batch` sequences, run in the current mode, took `seconds`."""
+        self._steps += 1
+        if not self._plan:
+            self._serve(seconds, batch)
+            self._since += 1
+            if self._since >= self.wait:
+                self._begin()
+            return
+        if self._resting:
+            self._record(self.mode, seconds, batch)
+            self._resting_s -= seconds
+            if self._resting > 1 or self._resting_s > 0:
+                self._resting = max(1, self._resting - 1)
+            else:
+                self._resting = 0
+                self.mode, self._steps = self._plan[0], 0
+            return
+        self._visit_s += seconds
+        if self._steps > self.settle:  # the first steps after a switch pay for the switch
+            self._visit.append((batch, seconds))
+        if len(self._visit) >= self._per_visit:
+            self._end_visit()
+
+    def _end_visit(self) -> None:
+        done = self._plan.pop(0)
+        by_batch = self._samples.setdefault(done, {})
+        for batch, seconds in self._visit:
+            by_batch.setdefault(batch, []).append(seconds)
+        self._visit, self._steps = [], 0
+        if not self._plan:
+            self._decide()
+        elif self.rest:
+            self._resting, self._resting_s = self.rest, self._visit_s * self._pause
+            self.mode = self.best
+        else:
+            self.mode = self._plan[0]
+        self._visit_s = 0.0
+
+    def _decide(self) -> None:
+        """Ends a measurement: each mode's median at the batch size every mode was measured
+        at most, and the fastest serves; without such a size, the mode in use stays."""
+        samples, self._samples = self._samples, {}
+        common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
+        if not common:
+            self.mode, self._since = self.home, max(0, self.wait - self.retry)
+            return
+        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
+        for mode, by_batch in samples.items():
+            self.means[mode] = _median(by_batch[batch])
+        served = self._served.get(self.home, {}).get(batch, ())
+        if len(served) >= self.MIN_SERVED:
+            self.means[self.home] = _median(served)
+        self.batch = batch
+        self.mode = min(samples, key=self.means.get)
+        if self.mode != self.home:
+            self._trial = Trial(self.home, self.means[self.home], batch, self.settle)
+        fastest = self.means[self.mode]
+        for mode in samples:
+            if self.means[mode] >= self.SLOW * fastest:
+                self._skips[mode] = self.PRUNE
+        kept = self.completed and self.mode == self.home
+        self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
+        self.completed += 1
+
+    def charge(self, seconds: float) -> None:
+        """A placement move (and the step that recaptured its graphs) took `seconds`: counted
+        with the visit it serves, so the rest after that visit grows with it."""
+        if self._resting:
+            self._resting_s += seconds * self._pause
+        elif self._plan:
+            self._visit_s += seconds
+
+    def adopt(self, mode: str) -> None:
+        """Serves from `mode` from now on, unless a measurement is under way (it decides)."""
+        if not self._plan and mode in self.modes:
+            self.mode = self.home = mode
+
+    @property
+    def best(self) -> str:
+        """Where to serve between visits: the mode that served before the measurement, until
+        it has a time of its own to compare; then the fastest measured."""
+        known = {m: t for m, t in self.means.items() if m in self.modes}
+        return min(known, key=known.get) if self.home in known else self.home
+
+    @property
+    def visiting(self) -> bool:
+        """Whether a visit is under way (a measurement's, not the rest between two)."""
+        return bool(self._plan) and not self._resting
+
+    @property
+    def measuring(self) -> bool:
+        """Whether a measurement is under way."""
+        return bool(self._plan)
+
+    @property
+    def measured(self) -> bool:
+        """Whether a measurement has completed and none is under way."""
+        return not self._plan and bool(self.means)
+
+    def stats(self) -> dict:
+        return {
+            "mode": self.mode,
+            "step_ms": {k: v * 1e3 for k, v in self.means.items()},
+            "batch": self.batch,
+            "measuring": bool(self._plan),
+            "reverted": self.reverted,
+        }
+
+
+@dataclass
+class Trial:
+    """A switch on trial: the mode it left, that mode's step time, and the batch size the two
+    were compared at; the new mode's steps served at that size (the first `settle` follow the
+    move and are not judged)."""
+
+    old: str
+    old_time: float
+    batch: int
+    settle: int
+    samples: list[float] = field(default_factory=list)
+
+
+def _median(values) -> float:
+    s = sorted(values)
+    return s[len(s) // 2]
