@@ -54,9 +54,10 @@ class ModeChooser:
     the mode in use is judged by its steps served between and before the visits (the last
     `SERVED` at the compared batch size, where there are `MIN_SERVED`), not by its own
     visits; and a switch is a trial: once the new mode has served `TRIAL` steps at the
-    compared batch size, a median over `TRIAL_MARGIN` slower than the old mode's time takes
-    the old mode back, and the new one sits out the next `PRUNE` measurements, twice as many
-    at each such revert (its visits will look as fast again).
+    compared batch size (or at another the old mode served at), a median over
+    `TRIAL_MARGIN` slower than the old mode's time there takes the old mode back, and the
+    new one sits out the next `PRUNE` measurements, twice as many at each such revert (its
+    visits will look as fast again).
     """
 
     SLOW = 1.5
@@ -118,16 +119,16 @@ class ModeChooser:
         """A step served between measurements: recorded, and judged where a switch is on trial."""
         self._record(self.mode, seconds, batch)
         trial = self._trial
-        if trial is None or batch != trial.batch:
+        if trial is None or (verdict := trial.judge(batch, seconds, self.TRIAL)) is None:
             return
-        trial.samples.append(seconds)
-        if len(trial.samples) < trial.settle + self.TRIAL:
+        served, old_time = verdict
+        if batch == self.batch:
+            self.means[self.mode] = served
+        if served <= old_time * (1 + self.TRIAL_MARGIN):
+            if not trial.old_time:  # every size judged: the switch stands
+                self._trial = None
             return
         self._trial = None
-        served = _median(trial.samples[trial.settle :])
-        self.means[self.mode] = served
-        if served <= trial.old_time * (1 + self.TRIAL_MARGIN):
-            return
         self._reverts[self.mode] = self._reverts.get(self.mode, 0) + 1
         self._skips[self.mode] = self.PRUNE * 2 ** min(self._reverts[self.mode] - 1, 4)
         self.mode = self.home = trial.old
@@ -204,7 +205,7 @@ class ModeChooser:
         self.batch = batch
         self.mode = min(samples, key=self.means.get)
         if self.mode != self.home:
-            self._trial = Trial(self.home, self.means[self.home], batch, self.settle)
+            self._trial = self._trial_of(self.home, batch)
         fastest = self.means[self.mode]
         for mode in samples:
             if self.means[mode] >= self.SLOW * fastest:
@@ -212,6 +213,15 @@ class ModeChooser:
         kept = self.completed and self.mode == self.home
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
+
+    def _trial_of(self, old: str, batch: int) -> Trial:
+        """A switch away from `old`, judged at the compared batch size against `old`'s time
+        there, and at every other size `old` served `MIN_SERVED` steps at (four streams'
+        step is not one's: a mode faster at one may be slower at the other)."""
+        times = {
+            b: _median(d) for b, d in self._served.get(old, {}).items() if len(d) >= self.MIN_SERVED
+        }
+        return Trial(old, {**times, batch: self.means[old]}, self.settle)
 
     def charge(self, seconds: float) -> None:
         """A placement move (and the step that recaptured its graphs) took `seconds`: counted
@@ -260,15 +270,28 @@ class ModeChooser:
 
 @dataclass
 class Trial:
-    """A switch on trial: the mode it left, that mode's step time, and the batch size the two
-    were compared at; the new mode's steps served at that size (the first `settle` follow the
-    move and are not judged)."""
+    """A switch on trial: the mode it left and that mode's step time by batch size. The new
+    mode's steps served at each of those sizes (after the first `settle` of the trial, which
+    follow the move) are judged once `TRIAL` of them are in."""
 
     old: str
-    old_time: float
-    batch: int
+    old_time: dict[int, float]
     settle: int
-    samples: list[float] = field(default_factory=list)
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    steps: int = 0
+
+    def judge(self, batch: int, seconds: float, n: int) -> tuple[float, float] | None:
+        """Takes a served step of `batch` sequences. Once `n` are in at that size: the new
+        mode's median there and the old mode's time (the size is then judged, and leaves
+        `old_time`); else None."""
+        self.steps += 1
+        if self.steps <= self.settle or batch not in self.old_time:
+            return None
+        got = self.samples.setdefault(batch, [])
+        got.append(seconds)
+        if len(got) < n:
+            return None
+        return _median(got), self.old_time.pop(batch)
 
 
 def _median(values) -> float:

@@ -298,3 +298,24 @@ def test_the_mode_in_use_is_judged_by_the_steps_it_served():
     )
     _run_visits_apart(short, {"device": 0.02, "split": 0.015}, {"device": 0.01, "split": 0.015}, 10)
     assert short.completed == 1 and short.mode == "split"
+
+
+def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
+    # device served four streams, then one; the measurement compares at one stream, where
+    # split is faster, but split serves four streams far slower than device did
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=1000,
+        modes=("device", "split"),
+        start="device",
+        explore_after=40,
+    )
+    cost = {"device": {1: 0.015, 4: 0.03}, "split": {1: 0.010, 4: 0.05}}
+    modes = _run_batches(chooser, cost, lambda i, mode: 4 if i < 20 else 1, 50)
+    assert modes[-1] == "split" and chooser.batch == 1  # switched on one stream's times
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, 40)
+    assert set(modes) == {"split"}  # one stream: split holds up
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 40)
+    assert modes[: ModeChooser.TRIAL] == ["split"] * ModeChooser.TRIAL
+    assert chooser.mode == "device" and chooser.reverted == 1
