@@ -1,9 +1,11 @@
-"""Adaptive's tuner driven by the engine as served: captured steps launched ahead."""
+"""Adaptive's tuner (moe/tuning.py): the steps it times and charges, the placement it predicts,
+the locality check, and the tuner driven by the engine as served."""
 
 from __future__ import annotations
 
 import pytest
 
+from freetoken.moe.policy import Mode
 from tests.runtime.engine_util import generate, make_engine
 
 
@@ -37,3 +39,123 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
     finally:
         if backend.lane is not None:
             backend.lane.stop()
+
+
+def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+    charged = []
+    monkeypatch.setattr(tuner.modes, "charge", charged.append)
+    observed = []
+    monkeypatch.setattr(tuner.modes, "observe", lambda s, b=1: observed.append(s))
+    for dt in (0.002, 0.002, 0.002):
+        tuner.step_started(1, Mode.DEVICE)
+        clock[0] += dt
+    tuner.step_started(1, Mode.DEVICE)
+    clock[0] += 0.3  # the move, before the step that starts here
+    tuner.moved(Mode.DEVICE, Mode.LAYERS)
+    clock[0] += 0.05  # that step: it recaptures the graphs
+    tuner.step_started(1, Mode.LAYERS)
+    clock[0] += 0.008
+    tuner.step_started(1, Mode.LAYERS)
+    assert observed == pytest.approx([0.002, 0.002, 0.002, 0.008])
+    assert charged == pytest.approx([0.3, 0.05])
+    assert tuner.stats()["placement"]["moves"] == 1  # /api/cache shows it, bench serve notes it
+
+
+def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(monkeypatch):
+    """A visited mode's first use can take a second (the H200's first split step took
+    1.27 s): dropped as idle time, the rest after the visit was shorter than the visit."""
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+    charged = []
+    monkeypatch.setattr(tuner.modes, "charge", charged.append)
+
+    def step(dt, mode=Mode.DEVICE):
+        tuner.step_started(1, mode)
+        clock[0] += dt
+
+    for _ in range(tuning.EXPLORE_AFTER + 2):
+        step(0.002)
+    assert tuner.modes.visiting and tuner.modes.mode == "layers"
+    step(0.4, Mode.LAYERS)  # far longer than a step: the visit's cost
+    step(3.0, Mode.LAYERS)  # longer than any move: idle time too, charged the cap
+    step(0.004, Mode.LAYERS)
+    assert charged == pytest.approx([0.4, tuning.MOVE_CHARGE_CAP])
+    while tuner.modes.visiting:
+        step(0.004, Mode.LAYERS)
+    assert tuner.modes.measuring  # resting in device before the next visit
+    step(0.002)
+    step(2.0)  # a pause between two requests while resting: not a visit's
+    step(0.002)
+    assert charged == pytest.approx([0.4, tuning.MOVE_CHARGE_CAP])
+
+
+def test_prediction_prefers_both_paths_then_pcie():
+    from freetoken.moe.policy import Mode
+    from freetoken.moe.tuning import predict
+
+    modes = (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
+    assert predict(modes, 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.SPLIT
+    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.LAYERS
+    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.05e-3, 0.5e-3) is Mode.DEVICE
+
+
+def test_locality_keeps_device_unless_misses_come_near_uniform():
+    from freetoken.moe.tuning import NEAR_UNIFORM, LocalityCheck
+
+    check = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25)  # a cache of 75 % of experts
+    assert check.verdict(hits=990, misses=10) is Mode.DEVICE  # a hot cache: keep what it holds
+    near = int(1000 * 0.25 * NEAR_UNIFORM) + 1
+    assert check.verdict(hits=1000 - near, misses=near) is Mode.SPLIT
+    assert check.verdict(hits=0, misses=0) is Mode.DEVICE  # nothing seen: nothing to move for
+
+
+def test_locality_takes_the_prediction_where_it_wins_even_at_uniforms_misses():
+    """A small cache under routing with locality: device missed 0.44 of the routes where
+    uniform routing misses 0.92 (8 GiB of the 48-layer shape), far from uniform, yet split,
+    at a third of device's cost a miss, wins even if it missed as often as uniform."""
+    from freetoken.moe.tuning import LocalityCheck, miss_costs
+
+    cost = miss_costs(9.44e6 / 51.3e9, 9.44e6 / 106.6e9)  # one BF16 expert over B_P and B_H
+    ratio = cost[Mode.SPLIT] / cost[Mode.DEVICE]
+    assert ratio == pytest.approx(51.3 / (51.3 + 106.6))
+    small = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=ratio)
+    assert small.verdict(hits=56, misses=44) is Mode.SPLIT
+    assert small.verdict(hits=80, misses=20) is Mode.DEVICE  # 0.20 · device's < 0.92 · split's
+    alike = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=0.95)
+    assert alike.verdict(hits=56, misses=44) is Mode.DEVICE  # split barely cheaper: keep the cache
+    hot = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25, cost_ratio=ratio)
+    assert hot.verdict(hits=984, misses=16) is Mode.DEVICE  # the 12-layer checkpoint at 75 %
+
+
+def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypatch):
+    """Decode ahead launches a step right behind the one before: its interval is a fraction
+    of a step's. Taken as the running step time, every later step looked like idle time and
+    adaptive never measured; a run of such intervals resets it."""
+    from freetoken.moe import tuning
+    from freetoken.moe.policy import Mode
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.LAYERS))
+
+    def step(dt, mode=Mode.DEVICE):
+        tuner.step_started(1, mode)
+        clock[0] += dt
+
+    step(0.0002)  # the chained launch
+    for _ in range(tuning.EXPLORE_AFTER + tuning.STALE_AFTER + 2):
+        step(0.025)
+    assert tuner.modes.visiting and tuner.modes.mode == "layers"
+    assert tuner._typical == pytest.approx(0.025)
+    step(2.0, Mode.LAYERS)  # idle time is still dropped once the running time is right
+    assert tuner._typical == pytest.approx(0.025)
