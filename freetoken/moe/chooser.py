@@ -100,7 +100,6 @@ class ModeChooser:
         self._resting_s = 0.0  # and seconds
         self._visit_s = 0.0  # the visit's time so far, its settling steps included
         self.completed = 0  # decisions made: measurements completed, and trials reverted
-        self.reverted = 0  # switches a trial took back
         # the steps each mode served outside visits, by batch size: its settled time
         self._served: dict[str, dict[int, deque[float]]] = {}
         self._trial: Trial | None = None  # a switch on trial
@@ -113,7 +112,9 @@ class ModeChooser:
 
     def _record(self, mode: str, seconds: float, batch: int) -> None:
         by_batch = self._served.setdefault(mode, {})
-        by_batch.setdefault(batch, deque(maxlen=self.SERVED)).append(seconds)
+        if (kept := by_batch.get(batch)) is None:  # every step: no new deque unless needed
+            kept = by_batch[batch] = deque(maxlen=self.SERVED)
+        kept.append(seconds)
 
     def _serve(self, seconds: float, batch: int) -> None:
         """A step served between measurements: recorded, and judged where a switch is on trial."""
@@ -133,7 +134,6 @@ class ModeChooser:
         self._skips[self.mode] = self.PRUNE * 2 ** min(self._reverts[self.mode] - 1, 4)
         self.mode = self.home = trial.old
         self.wait, self._since = self.period, 0
-        self.reverted += 1
         self.completed += 1
 
     def _begin(self) -> None:
@@ -242,6 +242,11 @@ class ModeChooser:
         it has a time of its own to compare; then the fastest measured."""
         known = {m: t for m, t in self.means.items() if m in self.modes}
         return min(known, key=known.get) if self.home in known else self.home
+
+    @property
+    def reverted(self) -> int:
+        """Switches a trial took back."""
+        return sum(self._reverts.values())
 
     @property
     def visiting(self) -> bool:
