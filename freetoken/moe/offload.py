@@ -44,6 +44,7 @@ from freetoken.moe.tuning import (
     PREFILL_TOKENS,
     AdaptiveTuner,
     LocalityCheck,
+    MissWindow,
     miss_costs,
     predict,
 )
@@ -169,6 +170,11 @@ class OffloadExperts(ExpertBackend):
                 cost = miss_costs(*costs)
                 self.tuner.locality = LocalityCheck(start, uniform, cost[start] / cost[Mode.DEVICE])
                 start = Mode.DEVICE
+        if modes and Mode.DEVICE in modes and lru is not None:
+            E, L = self.banks.num_experts, len(self.banks.layers)
+            self.tuner.window = MissWindow.of(
+                self._lookups, self._costs(), L, E, self.cache.capacity
+            )
         self.tuner.modes = self.tuner.mode_chooser(
             modes, start, learned=start is not None and bool(known)
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from freetoken.moe.chooser import ModeChooser
@@ -49,6 +50,12 @@ MOVE_CHARGE_CAP = 1.0
 # adaptive never measured (through the server on the H200: 1,500 steps, no visit).
 IDLE_FACTOR = 5
 STALE_AFTER = 8
+# A measurement begins only where a mode could gain MIN_GAIN of a step, judged from the
+# misses of the last WINDOW_STEPS decode steps in a row (no prefill among them, which would
+# count its own misses): device's step is its dense work and its misses' fetches, so no
+# placement gains more than those fetches' time.
+MIN_GAIN = 0.15
+WINDOW_STEPS = 64
 
 
 def predict(
@@ -88,9 +95,66 @@ class LocalityCheck:
         return self.predicted if near else Mode.DEVICE
 
 
+@dataclass
+class MissWindow:
+    """The misses of recent decode steps, and what they leave a measurement to gain
+    (chooser.Prospects). Books on the device only: where the host keeps them its round
+    trips cost time a placement may save, which misses do not show."""
+
+    lookups: Callable[[], tuple[int, int]]  # the cache's (hits, misses) totals: a device read
+    miss_s: dict[Mode, float]  # each placement's seconds a miss (miss_costs)
+    cpu_route_s: float  # one route's expert computed on the CPU
+    cpu_layers: float  # the fraction of layers the layers placement puts on the CPU
+    start: tuple[int, int] | None = None  # the totals where the window opened
+    steps: int = 0  # decode steps since
+    timed: int = 0  # those of them timed as steps (not spanning idle time or a move)
+    seconds: float = 0.0  # and their time
+
+    @classmethod
+    def of(cls, lookups, costs: tuple[float, float], layers: int, experts: int, capacity: int):
+        """The window of a cache of `capacity` slots, from one expert's seconds over PCIe and
+        on the CPU."""
+        fixed = min(layers, capacity // experts)  # as Placement.place_layers fixes them
+        return cls(lookups, miss_costs(*costs), costs[1], (layers - fixed) / layers)
+
+    def ended(self, tokens: int) -> None:
+        """A step of `tokens` tokens ended: a decode step counts, a prefill's misses are not
+        decode's and close the window."""
+        if tokens > DECODE_TOKENS:
+            self.start = None
+        elif tokens and self.start is not None:
+            self.steps += 1
+
+    def timed_step(self, seconds: float) -> None:
+        if self.start is not None:
+            self.timed, self.seconds = self.timed + 1, self.seconds + seconds
+
+    def promising(self, mode: str) -> tuple[str, ...] | None:
+        others = tuple(str(m) for m in self.miss_s if str(m) != mode)
+        if Mode(mode) is not Mode.DEVICE:
+            return others
+        if self.start is None or self.steps < WINDOW_STEPS or not self.timed:
+            if self.start is None:
+                self.start, self.steps, self.timed, self.seconds = self.lookups(), 0, 0, 0.0
+            return None
+        hits, misses = self.lookups()
+        routes = (hits + misses - sum(self.start)) / self.steps
+        own = (misses - self.start[1]) / self.steps * self.miss_s[Mode.DEVICE]
+        floor = MIN_GAIN * self.seconds / self.timed
+        self.start = None
+        if own < floor:
+            return ()
+        # whole CPU layers compute every route of theirs, hit or miss
+        layers = self.cpu_layers * routes * self.cpu_route_s
+        return tuple(m for m in others if m != Mode.LAYERS or own - layers >= floor)
+
+
 class AdaptiveTuner:
     def __init__(self, prior_share: float, modes: tuple[Mode, ...] | None):
         self.shares = ShareTuner(prior_share)
+        # what gates a measurement: set before the chooser is made, where the books are on
+        # the device
+        self.window: MissWindow | None = None
         self.modes = self.mode_chooser(modes)
         self.locality: LocalityCheck | None = None  # pending at a load that learned nothing
         self._tick: float | None = None  # when the last timed step started
@@ -102,16 +166,22 @@ class AdaptiveTuner:
         self._measured = 0
         self.moves = 0  # placement moves since load (each drops the decode graphs)
 
-    @staticmethod
     def mode_chooser(
-        modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False
+        self, modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False
     ) -> ModeChooser | None:
         """A chooser over `modes`, visited twice each, serving from `start` (learned before:
         the next measurement waits a whole period); None where there is nothing to choose."""
         if not modes:
             return None
         wait = PERIOD if learned else EXPLORE_AFTER
-        return ModeChooser(modes=modes, rounds=2, start=start, explore_after=wait, duty=DUTY)
+        return ModeChooser(
+            modes=modes,
+            rounds=2,
+            start=start,
+            explore_after=wait,
+            duty=DUTY,
+            prospects=self.window,
+        )
 
     @property
     def share(self) -> float:
@@ -125,6 +195,8 @@ class AdaptiveTuner:
         last, self._tick = self._tick, (now if tokens <= DECODE_TOKENS else None)
         batch, self._batch = self._batch, tokens  # the step that ended: the last one started
         after_move, self._after_move = self._after_move, False
+        if self.window is not None:
+            self.window.ended(batch)
         if last is None or self._tick is None:
             return False
         dt = now - last
@@ -141,6 +213,8 @@ class AdaptiveTuner:
             return False
         stale, self._dropped = self._dropped >= STALE_AFTER, 0
         self._typical = dt if stale or not self._typical else 0.9 * self._typical + 0.1 * dt
+        if self.window is not None:
+            self.window.timed_step(dt)
         if self.modes is not None:
             self.modes.observe(dt, batch)
             if self.modes.completed > self._measured:

@@ -319,3 +319,48 @@ def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
     modes = _run_batches(chooser, cost, lambda i, mode: 4, 40)
     assert modes[: ModeChooser.TRIAL] == ["split"] * ModeChooser.TRIAL
     assert chooser.mode == "device" and chooser.reverted == 1
+
+
+class _Prospects:
+    """Names the modes worth a measurement, after `wait` asks that find too few steps."""
+
+    def __init__(self, promising: tuple[str, ...], wait: int = 0):
+        self.answer, self.wait, self.asked = promising, wait, 0
+
+    def promising(self, mode: str) -> tuple[str, ...] | None:
+        self.asked += 1
+        return None if self.asked <= self.wait else self.answer
+
+
+def test_a_measurement_nothing_can_gain_from_is_skipped():
+    prospects = _Prospects(())
+    chooser = ModeChooser(
+        settle=1,
+        measure=2,
+        period=10,
+        modes=("device", "split"),
+        explore_after=5,
+        prospects=prospects,
+    )
+    modes = _run_chooser(chooser, {"device": 0.02, "split": 0.01}, 60)
+    assert set(modes) == {"device"}  # split was never visited, though it would be faster
+    assert chooser.skipped == prospects.asked == 6  # asked at each period, once at the start
+    assert chooser.stats()["skipped"] == 6
+
+
+def test_a_measurement_waits_for_a_verdict_and_visits_only_the_promising():
+    prospects = _Prospects(("split",), wait=2)
+    chooser = ModeChooser(
+        settle=1,
+        measure=2,
+        period=1000,
+        modes=("device", "split", "layers"),
+        explore_after=5,
+        prospects=prospects,
+    )
+    cost = {"device": 0.02, "split": 0.01, "layers": 0.005}
+    modes = _run_chooser(chooser, cost, 5 + 2 * ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"} and prospects.asked == 3  # no verdict yet: asked again
+    modes = _run_chooser(chooser, cost, 40)
+    assert "layers" not in modes and "split" in modes  # layers, the fastest, was not promising
+    assert chooser.mode == "split" and chooser.skipped == 0

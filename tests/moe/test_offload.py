@@ -181,3 +181,30 @@ def test_a_warmed_cache_is_already_in_the_first_answers_placement(tiny_model):
     (seq,) = generate(engine, [PROMPT], 8)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 8)
     assert len(set(generations)) == 1  # no step moved the placement
+
+
+@pytest.mark.parametrize("min_gain, visits", [(1e9, False), (0.0, True)])
+def test_adaptive_measures_only_where_its_misses_leave_something_to_gain(
+    tiny_model, monkeypatch, min_gain, visits
+):
+    """The chooser asks the decode steps' misses whether a measurement could gain: with no
+    gain enough, it serves on in device and visits nothing; the tokens stay exact."""
+    from freetoken.moe import tuning
+
+    for name, value in (("LOCALITY_STEPS", 10**6), ("EXPLORE_AFTER", 4), ("DUTY", 1.0)):
+        monkeypatch.setattr(tuning, name, value)
+    monkeypatch.setattr(tuning, "WINDOW_STEPS", 4)
+    monkeypatch.setattr(tuning, "MIN_GAIN", min_gain)
+    monkeypatch.setattr(tuning.ModeChooser, "GATE_RETRY", 4)
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    chooser = backend.tuner.modes
+    assert chooser.prospects is backend.tuner.window is not None
+    placements = set()
+    step = backend.between_steps
+    backend.between_steps = lambda tokens: (step(tokens), placements.add(backend.placement.mode))
+    (seq,) = generate(engine, [PROMPT], 40)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 40)
+    assert bool(placements & {"split", "layers"}) is visits
+    assert (chooser.skipped > 0) is not visits

@@ -19,6 +19,7 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
 
     monkeypatch.setattr(tuning, "EXPLORE_AFTER", 16)
     monkeypatch.setattr(tuning, "DUTY", 1.0)
+    monkeypatch.setattr(tuning, "MIN_GAIN", 0.0)  # measure whatever the misses
     path, _ = tiny_model
     engine = make_engine(
         path,
@@ -159,3 +160,60 @@ def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypa
     assert tuner._typical == pytest.approx(0.025)
     step(2.0, Mode.LAYERS)  # idle time is still dropped once the running time is right
     assert tuner._typical == pytest.approx(0.025)
+
+
+def _window(lookups, capacity=1152):
+    """The 12-layer, 128-expert checkpoint's window, one BF16 expert over B_P and B_H."""
+    from freetoken.moe.tuning import MissWindow
+
+    return MissWindow.of(lookups, (9.44e6 / 51.3e9, 9.44e6 / 145e9), 12, 128, capacity)
+
+
+def _serve(window, totals, steps, misses, routes=96, seconds=1.8e-3):
+    """`steps` one-token decode steps, each of `routes` routes and `misses` misses."""
+    for _ in range(steps):
+        window.ended(1)
+        window.timed_step(seconds)
+        totals[0] += routes - misses
+        totals[1] += misses
+
+
+def test_a_hot_cache_leaves_a_measurement_nothing_to_gain():
+    """The 12-layer checkpoint at 75 % through the server: ~1.4 misses a 1.8 ms step, 0.26 ms
+    of fetches, under MIN_GAIN of the step."""
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals))
+    assert window.promising("device") is None  # the window opens
+    _serve(window, totals, WINDOW_STEPS - 1, misses=1.4)
+    assert window.promising("device") is None  # too few steps yet
+    _serve(window, totals, 1, misses=1.4)
+    assert window.promising("device") == ()
+    assert window.promising("device") is None  # judged: the next look opens a new window
+    _serve(window, totals, WINDOW_STEPS, misses=6)  # 1.1 ms of fetches a 1.8 ms step
+    assert set(window.promising("device")) == {"split", "cache"}  # not layers: 3 CPU layers
+    # compute 24 routes a step, 1.6 ms
+
+
+def test_a_small_cache_near_uniform_routing_may_gain_from_whole_cpu_layers():
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals), capacity=256)  # 10 of 12 layers on the CPU
+    window.promising("device")
+    _serve(window, totals, WINDOW_STEPS, misses=75, seconds=16e-3)  # uniform's misses
+    assert set(window.promising("device")) == {"split", "cache", "layers"}
+
+
+def test_a_prefill_closes_the_window_and_other_modes_are_not_judged():
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals))
+    window.promising("device")
+    _serve(window, totals, WINDOW_STEPS, misses=1)
+    window.ended(512)  # a prompt's prefill: its misses are not decode's
+    assert window.promising("device") is None
+    # split's host work a layer is time no miss shows: every other mode stays promising
+    assert set(window.promising("split")) == {"device", "cache", "layers"}
