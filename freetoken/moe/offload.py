@@ -43,10 +43,6 @@ from freetoken.moe.tuning import (
     DECODE_TOKENS,
     PREFILL_TOKENS,
     AdaptiveTuner,
-    LocalityCheck,
-    MissWindow,
-    miss_costs,
-    predict,
 )
 
 __all__ = ["POLICIES", "OffloadExperts"]
@@ -158,26 +154,9 @@ class OffloadExperts(ExpertBackend):
             # on the device and a step is one graph (the host-kept books would cost a round
             # trip a layer for no miss)
             self.placement.mode = Mode.DEVICE
-        start = None
-        if modes and known and known["mode"] in modes:
-            start = Mode(known["mode"])
-        elif modes:
-            E, L = self.banks.num_experts, len(self.banks.layers)
-            costs = self._costs()
-            start = predict(modes, L, E, self.cache.capacity, *costs)
-            if Mode.DEVICE in modes and start is not Mode.DEVICE:
-                uniform = 1 - self.cache.capacity / (L * E)
-                cost = miss_costs(*costs)
-                self.tuner.locality = LocalityCheck(start, uniform, cost[start] / cost[Mode.DEVICE])
-                start = Mode.DEVICE
-        if modes and Mode.DEVICE in modes and lru is not None:
-            E, L = self.banks.num_experts, len(self.banks.layers)
-            self.tuner.window = MissWindow.of(
-                self._lookups, self._costs(), L, E, self.cache.capacity
-            )
-        self.tuner.modes = self.tuner.mode_chooser(
-            modes, start, learned=start is not None and bool(known)
-        )
+        E, L = self.banks.num_experts, len(self.banks.layers)
+        shape = (L, E, self.cache.capacity if self.cache is not None else 0)
+        self.tuner.choose(modes, known, shape, self._costs(), self._lookups, lru is not None)
         if self.learned is not None and self.cache is not None:
             capacity, store = self.cache.capacity, self.learned
             self.tuner.on_measured = lambda data: store.save(capacity, data)

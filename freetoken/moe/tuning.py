@@ -166,6 +166,36 @@ class AdaptiveTuner:
         self._measured = 0
         self.moves = 0  # placement moves since load (each drops the decode graphs)
 
+    def choose(
+        self,
+        modes: tuple[Mode, ...] | None,
+        known: dict | None,
+        shape: tuple[int, int, int],
+        costs: tuple[float, float],
+        lookups: Callable[[], tuple[int, int]],
+        books_on_device: bool,
+    ) -> None:
+        """Chooses among `modes` for a cache of `shape` (layers, experts, slots), from one
+        expert's seconds over PCIe and on the CPU: serving from the placement learned here
+        before (`known`), else from the bandwidths' prediction, which device tries first
+        where it may (the locality check). No modes: nothing to choose."""
+        self.locality = self.window = None
+        if not modes:
+            self.modes = None
+            return
+        start = Mode(known["mode"]) if known and known["mode"] in modes else None
+        if start is None:
+            start = predict(modes, *shape, *costs)
+            if Mode.DEVICE in modes and start is not Mode.DEVICE:
+                layers, experts, capacity = shape
+                uniform = 1 - capacity / (layers * experts)
+                cost = miss_costs(*costs)
+                self.locality = LocalityCheck(start, uniform, cost[start] / cost[Mode.DEVICE])
+                start = Mode.DEVICE
+        if Mode.DEVICE in modes and books_on_device:
+            self.window = MissWindow.of(lookups, costs, *shape)
+        self.modes = self.mode_chooser(modes, start, learned=bool(known))
+
     def mode_chooser(
         self, modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False
     ) -> ModeChooser | None:
