@@ -335,7 +335,9 @@ def dense_probe(client, args, counts: list[int]) -> dict[int, float]:
         return {n: args.dense_ms for n in counts}
     if not args.probe_dense or not (cache_stats(client, args.model).get("cache")):
         return {}  # no GPU cache: every expert runs on the CPU, there is no such bound
-    resident = {**REGIMES["hot"], "ignore_eos": True, "moe_policy": "resident"}
+    # the dense step does not depend on the expert cache's size: a capped budget (the 48-layer
+    # shape at 8 GiB) would not hold every expert, so the probe asks for the device's memory
+    resident = {**REGIMES["hot"], "ignore_eos": True, "moe_policy": "resident", "vram_budget": "0"}
     out = {}
     try:
         # the first answer after a load captures the decode graphs (and compiles kernels
