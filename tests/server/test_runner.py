@@ -28,15 +28,16 @@ def test_load_complete_cancel_crash(files):
     async def scenario():
         progress = []
         # a context long enough that the stream killed below cannot have been sent whole first
+        # (at 4,096 tokens, under the whole suite's load, it once was)
         runner = await Runner.start(
-            spec(files, num_ctx=4096), on_progress=lambda d, t: progress.append((d, t))
+            spec(files, num_ctx=16384), on_progress=lambda d, t: progress.append((d, t))
         )
         try:
-            assert runner.alive and runner.info["num_ctx"] == 4096
+            assert runner.alive and runner.info["num_ctx"] == 16384
             body = {
                 "kind": "chat",
                 "messages": [{"role": "user", "content": "hi"}],
-                "options": {"num_predict": 3, "num_ctx": 4096},
+                "options": {"num_predict": 3, "num_ctx": 16384},
             }
             events = [e async for e in runner.completion(body)]
             assert events[-1]["done"] and events[-1]["eval_count"] <= 3
@@ -46,7 +47,7 @@ def test_load_complete_cancel_crash(files):
                 [x async for x in runner.completion(bad)]
             assert e.value.status == 400 and "temperature" in str(e.value)
             # Leaving a stream early closes the connection; the runner drops the sequence.
-            long = {**body, "options": {"num_predict": 100000, "num_ctx": 4096}}
+            long = {**body, "options": {"num_predict": 100000, "num_ctx": 16384}}
             stream = runner.completion(long)
             await anext(stream)
             await stream.aclose()
