@@ -27,7 +27,8 @@ from freetoken.moe.banks import MATRICES, HostBanks
 
 log = logging.getLogger(__name__)
 
-MAX_ROUTES = 64  # routes one request can carry (top-k of any model here is far below)
+MAX_TOKENS = 8  # tokens one request can carry: a decode batch's (tuning.DECODE_TOKENS)
+MAX_ROUTES = 256  # routes one request can carry: MAX_TOKENS × a top-k of up to 32
 WARM_ROUTES = 8  # the warm-up's top-k: the kernels' form is one for every k up to 16
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
 POLL_NAP = 20e-6  # the CPU-only mailbox's wait between polls of `done` (seconds)
@@ -35,19 +36,25 @@ SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6
 
 
 class Mailbox:
-    """One request's bytes, in one buffer so that one copy moves them: activations (fp32),
-    routes (int64, -1 where not the CPU's), route weights (fp32), the layer's position."""
+    """One request's bytes, in one buffer so that one copy moves them: the layer's position,
+    routes a token and tokens (int64), routes (int64, token-major, -1 where not the CPU's),
+    route weights (fp32), then each token's activations (fp32). The activations come last,
+    so a request of T tokens is the buffer's first `nbytes(T)`: one token's is as small as
+    before batches."""
+
+    HEAD = 4 * 8 + MAX_ROUTES * 8 + MAX_ROUTES * 4
 
     def __init__(self, hidden: int, device: torch.device, pin: bool = False):
-        a = -(-hidden * 4 // 8) * 8
-        b = a + MAX_ROUTES * 8
-        c = -(-(b + MAX_ROUTES * 4) // 8) * 8
-        self.raw = _zeros(c + 8, device, pin)
-        self.x = self.raw[: hidden * 4].view(torch.float32)
-        self.ids = self.raw[a:b].view(torch.int64)
-        self.wts = self.raw[b : b + MAX_ROUTES * 4].view(torch.float32)
-        self.pos = self.raw[c : c + 8].view(torch.int64)
+        self.hidden = hidden
+        self.raw = _zeros(self.nbytes(MAX_TOKENS), device, pin)
+        self.pos = self.raw[:32].view(torch.int64)  # layer position, routes a token, tokens
+        self.ids = self.raw[32 : 32 + MAX_ROUTES * 8].view(torch.int64)
+        self.wts = self.raw[32 + MAX_ROUTES * 8 : self.HEAD].view(torch.float32)
+        self.x = self.raw[self.HEAD :].view(torch.float32).view(MAX_TOKENS, hidden)
         self.ids.fill_(-1)
+
+    def nbytes(self, tokens: int) -> int:
+        return self.HEAD + tokens * self.hidden * 4
 
 
 def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
@@ -79,7 +86,7 @@ class CpuLane:
         host = torch.device("cpu")
         self.ctl = _zeros(8, host, pin, "int64")
         self.host = Mailbox(hidden, host, pin)
-        self.out = _zeros(hidden, host, pin, "float32")
+        self.out = _zeros(MAX_TOKENS * hidden, host, pin, "float32").view(MAX_TOKENS, hidden)
         # device side: the request before it is copied out, whether this layer posted, and the
         # last sequence number posted
         self.dev = Mailbox(hidden, device) if pin else None
@@ -144,7 +151,7 @@ class CpuLane:
         """Compiles the post and collect kernels at load with a request that gives the CPU
         nothing (no sequence number moves), so a step that first posts does not (on a fresh
         H200 the first step of a split visit, where they first ran, took 1.27 s)."""
-        x = torch.zeros((1, self.host.x.numel()), dtype=dtype, device=self.device)
+        x = torch.zeros((1, self.host.hidden), dtype=dtype, device=self.device)
         routes = torch.zeros((1, WARM_ROUTES), dtype=torch.int64, device=self.device)
         weights = torch.zeros((1, WARM_ROUTES), dtype=dtype, device=self.device)
         none = torch.zeros(WARM_ROUTES, dtype=torch.bool, device=self.device)
@@ -169,6 +176,10 @@ class CpuLane:
         }
 
     # --- inside a step (capturable on a GPU) ------------------------------------------------
+    def serves(self, tokens: int) -> bool:
+        """Whether a step of `tokens` tokens can post its routes here."""
+        return tokens <= MAX_TOKENS
+
     def post(
         self,
         layer: int,
@@ -177,15 +188,16 @@ class CpuLane:
         weights: torch.Tensor,
         cpu: torch.Tensor | None = None,
     ) -> None:
-        """Posts one token's routes that `cpu` [k] marks (all of them with None) to the lane."""
+        """Posts the routes `ids` [T, k] of T tokens `x` [T, H] that `cpu` [T·k] marks (all
+        of them with None) to the lane."""
+        T, k = ids.shape
         ids, weights, x = (
             ids.reshape(-1).contiguous(),
             weights.reshape(-1).contiguous(),
             x.contiguous(),
         )
-        k = ids.numel()
-        assert x.shape[0] == 1 and k <= MAX_ROUTES, "the lane serves single-token steps"
-        cpu = self._everything(k) if cpu is None else cpu
+        assert x.shape[0] == T <= MAX_TOKENS and T * k <= MAX_ROUTES, "too large for the lane"
+        cpu = self._everything(T * k) if cpu is None else cpu
         if self.device.type == "cuda":
             from freetoken.kernels.triton import block, lane
 
@@ -203,26 +215,28 @@ class CpuLane:
                 self.count,
                 self.pos[layer],
                 k,
+                T,
                 H=x.shape[-1],
                 BLOCK_H=1024,
-                K=max(16, block(k)),
+                K=max(16, block(T * k)),
             )
             # the request first, then its number: the second copy starts once the first landed
-            self.host.raw.copy_(d.raw, non_blocking=True)
+            n = d.nbytes(T)
+            self.host.raw[:n].copy_(d.raw[:n], non_blocking=True)
             self.ctl[SEQ : SEQ + 1].copy_(self.count, non_blocking=True)
             return
         h = self.host
-        h.x.copy_(x.reshape(-1))
-        h.ids[:k] = torch.where(cpu, ids, -1)
-        h.wts[:k] = weights.float()
-        h.pos.fill_(self.pos[layer])
+        h.x[:T].copy_(x)
+        h.ids[: T * k] = torch.where(cpu, ids, -1)
+        h.wts[: T * k] = weights.float()
+        h.pos[:3] = torch.tensor([self.pos[layer], k, T])
         self.pend.fill_(int(cpu.any()))
         if int(self.pend):
             self.count += 1
             self.ctl[SEQ] = int(self.count)  # last: the loop reads the mailbox once this moves
 
     def collect(self, y: torch.Tensor) -> torch.Tensor:
-        """y plus the CPU's output for the last post (y itself where nothing was posted)."""
+        """y [T, H] plus the CPU's output for the last post (y itself where nothing was posted)."""
         if self.device.type == "cuda":
             from freetoken.kernels.triton import lane
 
@@ -236,6 +250,7 @@ class CpuLane:
                 self.count,
                 self.polls,
                 MAX_SPINS,
+                y.shape[0],
                 H=y.shape[-1],
                 BLOCK_H=1024,
                 num_warps=1,
@@ -251,7 +266,7 @@ class CpuLane:
             # asleep, as the engine waits for a GPU step: a yielding loop here would be one
             # more thread competing with the team for its cores
             time.sleep(POLL_NAP)
-        return y + self.out.view_as(y).to(y.dtype)
+        return y + self.out[: y.shape[0]].to(y.dtype)
 
     def _everything(self, k: int) -> torch.Tensor:
         if k not in self._all:

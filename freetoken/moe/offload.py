@@ -181,17 +181,23 @@ class OffloadExperts(ExpertBackend):
     # --- the cache's books ----------------------------------------------------------------
     def _on_device_path(self, tokens: int) -> bool:
         """Whether a step of `tokens` tokens keeps the cache's books on the device. A batch
-        of decode steps does where every miss is fetched (its graph then stays whole, where
-        the host's books cost a round trip a layer) and the pool holds a layer's every
-        expert, so no step's experts evict each other; CPU shares are for single tokens."""
+        of decode steps does where every miss is fetched, or a share goes to the CPU lane
+        (its graph then stays whole, where the host's books cost a round trip a layer), and
+        the pool holds a layer's every expert, so no step's experts evict each other."""
         if self.lru is None or self.cache.fixed.any():
             return False
         if tokens == 1:
             return self.policy is Policy.LRU_PCIE or self.placement.mode.books_on_device
+        mode = self.placement.mode
+        lane = self.lane is not None and self.lane.serves(tokens)
         return (
             tokens <= DECODE_TOKENS
             and self.cache.capacity >= self.banks.num_experts
-            and (self.policy is Policy.LRU_PCIE or self.placement.mode is Mode.DEVICE)
+            and (
+                self.policy is Policy.LRU_PCIE
+                or mode is Mode.DEVICE
+                or (mode is Mode.SPLIT and lane)
+            )
         )
 
     def _books(self, tokens: int) -> None:
@@ -271,7 +277,7 @@ class OffloadExperts(ExpertBackend):
     def device_only(self, layer: int, tokens: int = 1) -> bool:
         p = self.placement
         if p.is_cpu(layer):
-            return self.lane is not None and tokens == 1
+            return self.lane is not None and self.lane.serves(tokens)
         return layer in p.fixed_layers or (
             self._on_device_path(tokens) and (p.mode is not Mode.SPLIT or self.lane is not None)
         )

@@ -72,9 +72,9 @@ class CpuPath:
         self.s = s
 
     def layer(self, layer: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
-        """A layer whose experts all run on the CPU: through the lane inside a single-token step."""
+        """A layer whose experts all run on the CPU: through the lane inside a decode step."""
         lane = self.s.lane
-        if lane is not None and ids.shape[0] == 1:
+        if lane is not None and lane.serves(ids.shape[0]):
             self.s.account_device(layer, ids.numel())
             lane.start()
             lane.post(layer, x, ids, weights)

@@ -32,6 +32,38 @@ def banks(dtype=torch.float32) -> HostBanks:
     return HostBanks(raw, dtype, pin=False, spec=ExpertSpec(H, I))
 
 
+def test_a_batchs_routes_are_computed_by_the_loop_each_with_its_tokens_activations():
+    """A decode batch of T tokens posts T·k routes, token-major: each CPU route's expert runs
+    on its own token's row, a repeated expert on each of its tokens, and a smaller request
+    after a larger one reads only its own routes."""
+    hb = banks()
+    lane = CpuLane(hb, torch.device("cpu"), threads=2)
+    lane.start()
+    g = torch.Generator().manual_seed(3)
+    try:
+        for step, T in enumerate((4, 1, 8, 2, 1, 3)):
+            layer = step % L
+            x, y = torch.randn((T, H), generator=g), torch.randn((T, H), generator=g)
+            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+            ids[-1, 0] = ids[0, 0]  # one expert routed from two tokens
+            w = torch.rand((T, K), generator=g)
+            cpu = torch.rand(T * K, generator=g) < 0.7
+            lane.post(layer, x, ids, w, cpu)
+            got = lane.collect(y)
+            sel = torch.nonzero(cpu).reshape(-1)
+            want = y + cpu_kernel.moe_experts(
+                x, hb.banks[layer], sel // K, ids.reshape(-1)[sel], w.reshape(-1)[sel], hb.spec
+            )
+            assert got.shape == (T, H)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), f"step {step}"
+        with pytest.raises(AssertionError, match="too large"):
+            lane.post(
+                0, torch.zeros(9, H), torch.zeros((9, K), dtype=torch.int64), torch.ones(9, K)
+            )
+    finally:
+        lane.stop()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_posted_routes_are_computed_by_the_loop(dtype):
     hb = banks(dtype)
@@ -252,7 +284,8 @@ CASES = [
 def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device):
     """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
     (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
-    no host work inside single-token steps (on a GPU: one captured graph per step)."""
+    no host work inside decode steps of one token or a batch (on a GPU: one captured graph
+    per step)."""
     from freetoken.moe import chooser
     from tests import fixtures
     from tests.runtime.engine_util import generate
@@ -272,8 +305,16 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
             )  # in split the share tuner tries every share meanwhile
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
         assert backend.placement.mode == mode or backend.cache is None
-        assert all(backend.device_only(l, 1) for l in engine.model.moe_layers)
-        assert not all(backend.device_only(l, 2) for l in engine.model.moe_layers)
+        # a decode batch's CPU routes go through the lane as one token's do
+        assert all(backend.device_only(l, n) for l in engine.model.moe_layers for n in (1, 4, 8))
+        assert not all(backend.device_only(l, 9) for l in engine.model.moe_layers)
+        posted, post = [], backend.lane.post
+        backend.lane.post = lambda layer, x, *a: (posted.append(x.shape[0]), post(layer, x, *a))
+        prompts = [[(3 * i + j) % 500 + 2 for i in range(6 + j)] for j in range(3)]
+        for seq, p in zip(generate(engine, prompts, 12), prompts):
+            assert seq.output_ids == fixtures.hf_greedy(hf, p, 12)
+        backend.lane.post = post
+        assert 3 in posted or (device == "cuda" and posted)  # replayed graphs post no Python
         before = backend.steps
         generate(engine, [[9, 8, 7]], 4)
         d = {k: backend.steps[k] - before[k] for k in ("layers", "m", "cpu_routes")}
@@ -352,18 +393,21 @@ INTERPRET = (
 
 
 def _gpu_step(lane, dev, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
-    """One layer's post, the two copies a GPU step makes, and the collect: y plus the CPU's
-    routes, as the GPU step would have it."""
+    """One layer's post of T tokens (x [T, H], ids and w [T·K] token-major), the two copies a
+    GPU step makes (the request's bytes only), and the collect: y plus the CPU's routes, as
+    the GPU step would have it."""
     from freetoken.kernels.triton import lane as kernels
     from freetoken.moe.lane import MAX_SPINS, SEQ
 
+    T = x.shape[0]
     mailbox = (dev.x, dev.ids, dev.wts, dev.pos, lane.pend, lane.count)
-    kernels.post_kernel[(1,)](x, ids, w, cpu, *mailbox, layer, K, H=H, BLOCK_H=32, K=16)
-    lane.host.raw.copy_(dev.raw)
+    kernels.post_kernel[(1,)](x, ids, w, cpu, *mailbox, layer, K, T, H=H, BLOCK_H=32, K=32)
+    n = dev.nbytes(T)
+    lane.host.raw[:n].copy_(dev.raw[:n])
     lane.ctl[SEQ : SEQ + 1].copy_(lane.count)
     out = torch.empty_like(y)
     books = (lane.out, lane.ctl, lane.pend, lane.count, lane.polls, MAX_SPINS)
-    kernels.collect_kernel[(1,)](y, out, *books, H=H, BLOCK_H=32)
+    kernels.collect_kernel[(1,)](y, out, *books, T, H=H, BLOCK_H=32)
     return out
 
 
@@ -379,14 +423,15 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
     lane.start()
     g = torch.Generator().manual_seed(2)
     try:
-        for step in range(8):
-            x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
-            ids, w = torch.randperm(E, generator=g)[:K], torch.rand(K, generator=g)
-            cpu = torch.rand(K, generator=g) < 0.5
+        for step, T in enumerate((1, 3, 1, 4, 2, 1, 8, 1)):  # a batch's rows, then one token's
+            x, y = torch.randn((T, H), generator=g), torch.randn((T, H), generator=g)
+            ids = torch.cat([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+            w, cpu = torch.rand(T * K, generator=g), torch.rand(T * K, generator=g) < 0.5
             out = _gpu_step(lane, dev, x, y, ids, w, cpu, step % L)
             sel = torch.nonzero(cpu).reshape(-1)
-            tok = torch.zeros(len(sel), dtype=torch.int64)
-            want = y + cpu_kernel.moe_experts(x, hb.banks[step % L], tok, ids[sel], w[sel], hb.spec)
+            want = y + cpu_kernel.moe_experts(
+                x, hb.banks[step % L], sel // K, ids[sel], w[sel], hb.spec
+            )
             assert torch.allclose(out, want, rtol=1e-5, atol=1e-5), f"step {step}"
         assert lane.stats()["timeouts"] == 0
     finally:

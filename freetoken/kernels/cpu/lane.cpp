@@ -10,7 +10,8 @@
 // (host), [4] requests served (CPU), [5] requests that failed (CPU), [6] waits the GPU gave
 // up (GPU), [7] nanoseconds spent serving (CPU): with the GPU's polls they show which side
 // a layer waits for.
-// The mailbox: pos (the layer's position in the bank lists), ids, wts, x; the answer: out.
+// The mailbox: pos (the layer's position in the bank lists, the routes a token k, the tokens
+// T), ids and wts (T·k routes, token-major), x [T rows of MAX_TOKENS]; the answer: out, T rows.
 // The loop's thread and its team of workers are pinned one to a physical core (moe/lane.py
 // chooses which: every one but the first, left to the threads that wake during a step).
 //
@@ -151,30 +152,34 @@ struct TeamScope {
 
 int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts,
                   const torch::Tensor& x, torch::Tensor& out, const LaneBanks& b, int64_t tier) {
-  const int64_t pos = pos_t.data_ptr<int64_t>()[0], K = ids.numel(), H = x.numel();
+  const int64_t* head = pos_t.data_ptr<int64_t>();
+  const int64_t pos = head[0], k = head[1], T = head[2];
+  TORCH_CHECK(T >= 1 && T <= x.size(0) && k >= 1 && T * k <= ids.numel(), "lane: bad request size");
   const int64_t* ip = ids.data_ptr<int64_t>();
   const float* wp = wts.data_ptr<float>();
-  std::vector<int64_t> exp;
+  std::vector<int64_t> tok, exp;
   std::vector<float> w;
-  for (int64_t r = 0; r < K; ++r) {
+  for (int64_t r = 0; r < T * k; ++r) {
     if (ip[r] >= 0) {
+      tok.push_back(r / k);
       exp.push_back(ip[r]);
       w.push_back(wp[r]);
     }
   }
-  out.zero_();
+  torch::Tensor rows = out.narrow(0, 0, T);
+  rows.zero_();
   if (exp.empty()) return 0;
   TORCH_CHECK(pos >= 0 && pos < static_cast<int64_t>(b.gate_ups.size()), "lane: layer position out of range");
   const int64_t n = static_cast<int64_t>(exp.size());
   auto i64 = torch::TensorOptions().dtype(torch::kInt64);
-  auto tok = torch::zeros({n}, i64);
+  auto t = torch::from_blob(tok.data(), {n}, i64).clone();
   auto e = torch::from_blob(exp.data(), {n}, i64).clone();
   auto wt = torch::from_blob(w.data(), {n}, torch::TensorOptions().dtype(torch::kFloat32)).clone();
   c10::optional<torch::Tensor> gb, db;
   if (!b.gu_biases.empty()) gb = b.gu_biases[pos];
   if (!b.dn_biases.empty()) db = b.dn_biases[pos];
-  moe_experts(x.view({1, H}), b.gate_ups[pos], b.downs[pos], gb, db, tok, e, wt, out.view({1, H}), tier, b.act,
-              b.alpha, b.limit, b.gu_fmts[pos], b.dn_fmts[pos], b.int8);
+  moe_experts(x.narrow(0, 0, T), b.gate_ups[pos], b.downs[pos], gb, db, t, e, wt, rows, tier, b.act, b.alpha,
+              b.limit, b.gu_fmts[pos], b.dn_fmts[pos], b.int8);
   return n;
 }
 
@@ -187,8 +192,9 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 int64_t act, double alpha, double limit, bool int8) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
-  TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() == 1, "lane: bad layer position");
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.numel() == out.numel(),
+  TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 3, "lane: bad request head");
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.dim() == 2 &&
+                  x.sizes() == out.sizes(),
               "lane: bad activations");
   TORCH_CHECK(gate_ups.size() == downs.size(), "lane: banks disagree");
   TORCH_CHECK(gu_biases.empty() || gu_biases.size() == gate_ups.size(), "lane: biases disagree");

@@ -1,23 +1,25 @@
 """The GPU side of the CPU lane (`freetoken/kernels/cpu/lane.cpp`), capturable in a CUDA graph.
 
-`post_kernel` writes one token's activations, its CPU routes (others as -1), their weights
-and the layer's position into a device buffer, and moves the device's sequence number on
-when the layer has CPU routes. The caller then copies that buffer, and after it the
-sequence number, into pinned memory with two ordinary copies: the second starts only once
-the first has landed, so the loop never sees a new number before its request — an
-ordering that GPU stores or atomics into host memory over PCIe would not promise.
-`collect_kernel` polls `done` in host memory with volatile loads (a read-modify-write
-would race the CPU's store) and adds the CPU's output to the GPU's partial sum; after
-`max_spins` polls it gives up, counts a timeout and adds nothing, so a lane that died
-cannot hang the GPU. It adds its polls to a device counter: few polls a request mean the
-CPU answered before the GPU's own share was done.
+`post_kernel` writes T tokens' activations, their CPU routes (others as -1, token-major),
+the routes' weights, the layer's position, the routes a token and T into a device buffer,
+and moves the device's sequence number on when the layer has CPU routes. The caller then
+copies the request's bytes of that buffer, and after them the sequence number, into pinned
+memory with two ordinary copies: the second starts only once the first has landed, so the
+loop never sees a new number before its request — an ordering that GPU stores or atomics
+into host memory over PCIe would not promise. `collect_kernel` polls `done` in host memory
+with volatile loads (a read-modify-write would race the CPU's store) and adds the CPU's
+output to the GPU's partial sums (T rows); after `max_spins` polls it gives up, counts a
+timeout and adds nothing, so a lane that died cannot hang the GPU. It adds its polls to a
+device counter: few polls a request mean the CPU answered before the GPU's own share was
+done.
 """
 
 import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["layer_pos", "k"])  # a position of 1 would become a constant
+# a position, k or T of 1 would become a constant
+@triton.jit(do_not_specialize=["layer_pos", "k", "tokens"])
 def post_kernel(
     x_ptr,
     ids_ptr,
@@ -31,27 +33,29 @@ def post_kernel(
     count_ptr,
     layer_pos,
     k,
+    tokens,
     H: tl.constexpr,
     BLOCK_H: tl.constexpr,
     K: tl.constexpr,
 ):
+    """k: routes a token; K: a power of two at least tokens · k."""
     offs = tl.arange(0, BLOCK_H)
-    for h0 in range(0, H, BLOCK_H):
-        m = h0 + offs < H
-        tl.store(mb_x + h0 + offs, tl.load(x_ptr + h0 + offs, mask=m).to(tl.float32), mask=m)
+    _copy_rows(x_ptr, mb_x, tokens * H, offs, BLOCK_H)
     r = tl.arange(0, K)
-    rm = r < k
+    rm = r < k * tokens
     cpu = (tl.load(cpu_ptr + r, mask=rm, other=0) != 0) & rm
     ids = tl.load(ids_ptr + r, mask=rm, other=-1).to(tl.int64)
     tl.store(mb_ids + r, tl.where(cpu, ids, -1), mask=rm)
     tl.store(mb_w + r, tl.load(w_ptr + r, mask=rm, other=0).to(tl.float32), mask=rm)
     tl.store(mb_pos, layer_pos.to(tl.int64))
+    tl.store(mb_pos + 1, k.to(tl.int64))
+    tl.store(mb_pos + 2, tokens.to(tl.int64))
     pend = tl.sum(cpu.to(tl.int64), axis=0) > 0
     tl.store(pend_ptr, pend.to(tl.int64))
     tl.store(count_ptr, tl.load(count_ptr) + pend.to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens"])
 def collect_kernel(
     y_ptr,
     out_ptr,
@@ -61,6 +65,7 @@ def collect_kernel(
     count_ptr,
     polls_ptr,
     max_spins,
+    tokens,
     H: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
@@ -76,12 +81,25 @@ def collect_kernel(
         tl.store(polls_ptr, tl.load(polls_ptr) + spins)
         if done < seq:
             tl.store(ctl_ptr + 6, tl.load(ctl_ptr + 6, volatile=True) + 1)
-        for h0 in range(0, H, BLOCK_H):
-            m = h0 + offs < H
+        n = tokens * H
+        h0 = tl.full([], 0, tl.int32)
+        while h0 < n:
+            m = h0 + offs < n
             add = tl.load(mb_out + h0 + offs, mask=m & ok, other=0.0, volatile=True)
             y = tl.load(y_ptr + h0 + offs, mask=m).to(tl.float32)
             tl.store(out_ptr + h0 + offs, (y + add).to(out_ptr.dtype.element_ty), mask=m)
+            h0 += BLOCK_H
     else:
-        for h0 in range(0, H, BLOCK_H):
-            m = h0 + offs < H
-            tl.store(out_ptr + h0 + offs, tl.load(y_ptr + h0 + offs, mask=m), mask=m)
+        _copy_rows(y_ptr, out_ptr, tokens * H, offs, BLOCK_H)
+
+
+@triton.jit
+def _copy_rows(src, dst, n, offs, BLOCK_H: tl.constexpr):
+    """n elements of src into dst (converted to dst's type), BLOCK_H at a time: a while loop,
+    as the interpreter ranges over constants only."""
+    h0 = tl.full([], 0, tl.int32)
+    while h0 < n:
+        m = h0 + offs < n
+        v = tl.load(src + h0 + offs, mask=m)
+        tl.store(dst + h0 + offs, v.to(dst.dtype.element_ty), mask=m)
+        h0 += BLOCK_H
