@@ -14,10 +14,11 @@ from freetoken.api.errors import APIError, handler
 from freetoken.api.state import resolve, services
 from freetoken.api.types import field_of, parse_json
 
-__all__ = ["cache", "resize"]
+__all__ = ["cache", "resize", "summary"]
 
 
-def _summary(name: str, stats: dict) -> dict:
+def summary(name: str, stats: dict) -> dict:
+    """A model's /api/cache entry, from its runner's stats."""
     experts = stats.get("experts") or {}
     return {
         "name": name,
@@ -55,7 +56,7 @@ def _summary(name: str, stats: dict) -> dict:
 @handler
 async def cache(request: Request) -> Response:
     runners = services(request).residency.runners()
-    models = [_summary(name, await runner.stats()) for name, runner in sorted(runners.items())]
+    models = [summary(name, await runner.stats()) for name, runner in sorted(runners.items())]
     return JSONResponse({"models": models})
 
 

@@ -478,6 +478,8 @@ ENGINE_COLUMNS = [
     ("server_tok_s", "server sum tok/s"),
     ("engine_tok_s", "engine sum tok/s"),
     ("ratio", "server/engine"),
+    ("server_misses_per_token", "server miss/tok"),
+    ("engine_misses_per_token", "engine miss/tok"),
 ]
 
 
@@ -493,7 +495,11 @@ def against_engine(args, store, rows: list[dict[str, Any]]) -> list[dict[str, An
     run = serve_engine.EngineRun(store.root, args.model, args.env, max(counts))
     out = []
     for row in serve_engine.engine_rows(run, STORY, regimes, counts, args.tokens, args.repeats):
-        server = served_rows.get((row["regime"], row["streams"]), {}).get("agg_tok_s")
+        served = served_rows.get((row["regime"], row["streams"]), {})
+        server = served.get("agg_tok_s")
         ratio = server / row["engine_tok_s"] if server else None
-        out.append({**row, "server_tok_s": server, "ratio": ratio})
+        misses = served.get("misses_per_token")
+        out.append(
+            {**row, "server_tok_s": server, "ratio": ratio, "server_misses_per_token": misses}
+        )
     return out

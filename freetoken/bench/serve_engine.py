@@ -59,6 +59,12 @@ class EngineRun:
         if self.service.status != "ok":
             raise SystemExit(f"the model did not load in this process: {self.service.error}")
 
+    def snapshot(self) -> dict[str, Any]:
+        """The model's /api/cache entry as the server would give it (serve.window reads two)."""
+        from freetoken.api.cache import summary
+
+        return summary(self.view.display, self.service.stats())
+
     def answer(self, messages: list[dict[str, Any]], tokens: int, sampling: dict) -> list[float]:
         """One answer of `tokens` tokens: when each piece of text came out."""
         body = {**sampling, "max_tokens": tokens}
@@ -109,13 +115,24 @@ def engine_rows(
 ) -> list[dict[str, Any]]:
     """Per regime and stream count: the engine's tokens a second, summed over the streams,
     the median of `repeats` answers after one as long (graphs captured, kernels compiled),
-    as the server's rows are timed."""
+    as the server's rows are timed; and its misses a token over those answers (where a
+    server row and the engine's differ, whether the routing did)."""
+    from freetoken.bench.serve import window
+
     rows = []
     for regime, sampling in regimes.items():
         sampling = {**sampling, "ignore_eos": True}
         for n in counts:
             run.rate(messages, tokens, sampling, n)
+            before = run.snapshot()
             rates = [run.rate(messages, tokens, sampling, n) for _ in range(max(1, repeats))]
-            rate = common.middle(rates, float)
-            rows.append({"regime": regime, "streams": n, "engine_tok_s": rate})
+            seen = window(before, run.snapshot())
+            rows.append(
+                {
+                    "regime": regime,
+                    "streams": n,
+                    "engine_tok_s": common.middle(rates, float),
+                    "engine_misses_per_token": seen.get("misses_per_token"),
+                }
+            )
     return rows

@@ -36,6 +36,17 @@ def test_rows_for_each_regime_and_stream_count(run):
         ("uniform", 2),
     ]
     assert all(r["engine_tok_s"] > 0 for r in rows)
+    # the tiny model has no expert cache here (no GPU): no misses to count
+    assert all("engine_misses_per_token" in r for r in rows)
+
+
+def test_the_engines_snapshot_is_the_servers_cache_entry(run):
+    """Misses a token come from the same /api/cache fields the server's rows read."""
+    from freetoken.api.cache import summary
+
+    shot = run.snapshot()
+    assert set(shot) == set(summary("x", {}))
+    assert shot["decoded"] == run.service.engine.stats()["decoded"]
 
 
 def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
@@ -48,7 +59,13 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
         ],
     )
     served = [
-        {"regime": "hot", "api": "openai", "streams": 1, "agg_tok_s": 95.0},
+        {
+            "regime": "hot",
+            "api": "openai",
+            "streams": 1,
+            "agg_tok_s": 95.0,
+            "misses_per_token": 2.5,
+        },
         {"regime": "hot", "api": "ollama", "streams": 1, "agg_tok_s": 50.0},
         {"regime": "agent", "api": "openai", "streams": 1, "agg_tok_s": 10.0},
     ]
@@ -61,6 +78,7 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
         "engine_tok_s": 100.0,
         "server_tok_s": 95.0,
         "ratio": pytest.approx(0.95),
+        "server_misses_per_token": 2.5,
     }
     with pytest.raises(SystemExit, match="hot and uniform"):
         serve.against_engine(args, store, served[2:])
