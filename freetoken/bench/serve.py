@@ -469,37 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     head = common.header("serve") | {"model": args.model}
     common.emit(rows, COLUMNS, args.json, head)
     if args.engine:
-        common.emit(against_engine(args, store, rows), ENGINE_COLUMNS, args.json, head)
+        from freetoken.bench import serve_engine
 
-
-ENGINE_COLUMNS = [
-    ("regime", "regime"),
-    ("streams", "streams"),
-    ("server_tok_s", "server sum tok/s"),
-    ("engine_tok_s", "engine sum tok/s"),
-    ("ratio", "server/engine"),
-    ("server_misses_per_token", "server miss/tok"),
-    ("engine_misses_per_token", "engine miss/tok"),
-]
-
-
-def against_engine(args, store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The regimes' /v1/chat/completions rows over the same model decoded in this process."""
-    from freetoken.bench import serve_engine
-
-    served_rows = {(r["regime"], r["streams"]): r for r in rows if r.get("api") == "openai"}
-    regimes = {k: v for k, v in REGIMES.items() if any(k == r for r, _ in served_rows)}
-    counts = sorted({n for _, n in served_rows})
-    if not regimes:
-        raise SystemExit("--engine compares the openai rows of the hot and uniform regimes")
-    run = serve_engine.EngineRun(store.root, args.model, args.env, max(counts))
-    out = []
-    for row in serve_engine.engine_rows(run, STORY, regimes, counts, args.tokens, args.repeats):
-        served = served_rows.get((row["regime"], row["streams"]), {})
-        server = served.get("agg_tok_s")
-        ratio = server / row["engine_tok_s"] if server else None
-        misses = served.get("misses_per_token")
-        out.append(
-            {**row, "server_tok_s": server, "ratio": ratio, "server_misses_per_token": misses}
-        )
-    return out
+        compared = serve_engine.against_engine(args, store, rows)
+        common.emit(compared, serve_engine.COLUMNS, args.json, head)

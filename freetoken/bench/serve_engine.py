@@ -23,7 +23,7 @@ from freetoken.protocol import CompletionRequest
 from freetoken.server.residency import default_num_ctx
 from freetoken.store import Store
 
-__all__ = ["EngineRun", "engine_rows"]
+__all__ = ["COLUMNS", "EngineRun", "against_engine", "engine_rows"]
 
 LOAD_TIMEOUT = 900.0
 
@@ -136,3 +136,37 @@ def engine_rows(
                 }
             )
     return rows
+
+
+COLUMNS = [
+    ("regime", "regime"),
+    ("streams", "streams"),
+    ("server_tok_s", "server sum tok/s"),
+    ("engine_tok_s", "engine sum tok/s"),
+    ("ratio", "server/engine"),
+    ("server_misses_per_token", "server miss/tok"),
+    ("engine_misses_per_token", "engine miss/tok"),
+]
+
+
+def against_engine(args, store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The server's /v1/chat/completions rows of the hot and uniform regimes over the same
+    model decoded in this process."""
+    from freetoken.bench.serve import REGIMES, STORY
+
+    served_rows = {(r["regime"], r["streams"]): r for r in rows if r.get("api") == "openai"}
+    regimes = {k: v for k, v in REGIMES.items() if any(k == r for r, _ in served_rows)}
+    counts = sorted({n for _, n in served_rows})
+    if not regimes:
+        raise SystemExit("--engine compares the openai rows of the hot and uniform regimes")
+    run = EngineRun(store.root, args.model, args.env, max(counts))
+    out = []
+    for row in engine_rows(run, STORY, regimes, counts, args.tokens, args.repeats):
+        served = served_rows.get((row["regime"], row["streams"]), {})
+        server = served.get("agg_tok_s")
+        ratio = server / row["engine_tok_s"] if server else None
+        misses = served.get("misses_per_token")
+        out.append(
+            {**row, "server_tok_s": server, "ratio": ratio, "server_misses_per_token": misses}
+        )
+    return out

@@ -71,7 +71,7 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
     ]
     args = argparse.Namespace(model="tiny", env=[], tokens=8, repeats=3)
     store = argparse.Namespace(root=None)
-    (row,) = serve.against_engine(args, store, served)
+    (row,) = serve_engine.against_engine(args, store, served)
     assert row == {
         "regime": "hot",
         "streams": 1,
@@ -81,4 +81,4 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
         "server_misses_per_token": 2.5,
     }
     with pytest.raises(SystemExit, match="hot and uniform"):
-        serve.against_engine(args, store, served[2:])
+        serve_engine.against_engine(args, store, served[2:])
