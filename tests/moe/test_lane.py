@@ -314,7 +314,9 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
         for seq, p in zip(generate(engine, prompts, 12), prompts):
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 12)
         backend.lane.post = post
-        assert 3 in posted or (device == "cuda" and posted)  # replayed graphs post no Python
+        # the three sequences' decode steps posted as one request (on a GPU: while the
+        # batch's graph was captured, the first time that size ran)
+        assert 3 in posted
         before = backend.steps
         generate(engine, [[9, 8, 7]], 4)
         d = {k: backend.steps[k] - before[k] for k in ("layers", "m", "cpu_routes")}
