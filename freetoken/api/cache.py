@@ -28,6 +28,10 @@ def summary(name: str, stats: dict) -> dict:
         "cpu_layers": experts.get("cpu_layers"),
         "pcie_ms_per_expert": experts.get("pcie_cost_ms"),
         "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
+        # the measured bandwidths the split started from, and one expert's bytes: the bound's
+        "b_p_gbps": experts.get("b_p_gbps"),
+        "b_h_gbps": experts.get("b_h_gbps"),
+        "expert_bytes": experts.get("expert_bytes"),
         "fetched_share": experts["q"] / experts["m"] if experts.get("m") else None,
         # experts fetched on the next layer's guessed routes (lookahead), since load
         "guessed": experts.get("guessed"),

@@ -197,11 +197,13 @@ def lane_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
 
 
 def bound(stats: dict, win: dict, streams: int, dense_ms: float | None) -> float | None:
-    """Tokens a second the bound allows a step of `streams` tokens with the window's misses."""
-    pc, cc = stats.get("pcie_ms_per_expert"), stats.get("cpu_ms_per_expert")
-    if dense_ms is None or not pc or not cc or "misses_per_step" not in win:
+    """Tokens a second the bound allows a step of `streams` tokens with the window's misses:
+    a miss at S / (B_P + B_H) from the measured bandwidths the server's split started from
+    (its online fit folds host round trips in, which the bound leaves out)."""
+    b_p, b_h, size = stats.get("b_p_gbps"), stats.get("b_h_gbps"), stats.get("expert_bytes")
+    if dense_ms is None or not b_p or not b_h or not size or "misses_per_step" not in win:
         return None
-    per_miss = 1.0 / (1.0 / pc + 1.0 / cc)  # ms: S / (B_P + B_H)
+    per_miss = size / ((b_p + b_h) * 1e9) * 1e3  # ms
     return streams * 1e3 / (dense_ms + win["misses_per_step"] * per_miss)
 
 
@@ -257,6 +259,7 @@ def timed_window(client, args, regime: str, api: str, streams: int, dense_ms) ->
     row["agg_tok_s"] = aggregate_rate(runs)
     row["ttft_ms"] = 1e3 * sum(r.ttft or 0 for r in runs) / len(runs)
     row["bound_tok_s"] = bound(after, win, streams, dense_ms)
+    row["b_p_gbps"], row["b_h_gbps"] = after.get("b_p_gbps"), after.get("b_h_gbps")
     if row["bound_tok_s"] and row["agg_tok_s"]:
         row["ratio_to_bound"] = row["agg_tok_s"] / row["bound_tok_s"]
     if failed := [r.error for r in runs if r.error]:

@@ -60,6 +60,10 @@ class PathCost:
 class Split:
     pcie: PathCost
     cpu: PathCost
+    # the measured bandwidths (bytes/s) the costs started from: the bound's B_P and B_H,
+    # which the online fit (host round trips and hand-offs folded in) is not
+    b_p: float = 0.0
+    b_h: float = 0.0
 
     def choose(self, m: int) -> int:
         """q in [0, m] minimising the slower of the two paths' fitted times."""
@@ -72,7 +76,7 @@ class Split:
 
     @classmethod
     def from_bandwidths(cls, expert_bytes: int, b_p: float, b_h: float) -> Split:
-        return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h))
+        return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h), b_p, b_h)
 
 
 class ShareTuner:

@@ -86,7 +86,9 @@ class CpuLane:
         host = torch.device("cpu")
         self.ctl = _zeros(8, host, pin, "int64")
         self.host = Mailbox(hidden, host, pin)
-        self.out = _zeros(MAX_TOKENS * hidden, host, pin, "float32").view(MAX_TOKENS, hidden)
+        # the flat tensor holds the registration (a view of it would not): kept beside the view
+        self._out_flat = _zeros(MAX_TOKENS * hidden, host, pin, "float32")
+        self.out = self._out_flat.view(MAX_TOKENS, hidden)
         # device side: the request before it is copied out, whether this layer posted, and the
         # last sequence number posted
         self.dev = Mailbox(hidden, device) if pin else None

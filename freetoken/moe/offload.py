@@ -454,6 +454,9 @@ class OffloadExperts(ExpertBackend):
             "pcie_fixed_ms": split.pcie.fixed * 1e3,
             "cpu_cost_ms": split.cpu.per_expert * 1e3,
             "cpu_fixed_ms": split.cpu.fixed * 1e3,
+            "b_p_gbps": split.b_p / 1e9,
+            "b_h_gbps": split.b_h / 1e9,
+            "expert_bytes": self.banks.expert_bytes,
             "cpu_kernel": cpu_kernel.tier(),
             "cpu_layers": sorted(self.placement.cpu_layers),
         }

@@ -34,6 +34,8 @@ def test_cache_listing_resize_and_errors(cache_server):
     )
     [m] = http.get("/api/cache").json()["models"]
     assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
+    # the bound's inputs: the bandwidths the split started from and one expert's bytes
+    assert m["b_p_gbps"] > 0 and m["b_h_gbps"] > 0 and m["expert_bytes"] > 0
     [before] = http.get("/api/ps").json()["models"]
     assert (
         m["placement"] in ("cache", "layers") and m["books"] == "host"

@@ -30,11 +30,15 @@ def test_the_window_is_the_difference_of_two_snapshots():
 
 
 def test_the_bound_adds_the_bandwidths_of_both_paths():
-    stats = {"pcie_ms_per_expert": 0.2, "cpu_ms_per_expert": 0.2}  # 0.1 ms a miss together
+    # 5 MB at 25 + 25 GB/s: 0.1 ms a miss; the split's fitted costs (host work folded in)
+    # are not the bound's
+    stats = {"b_p_gbps": 25.0, "b_h_gbps": 25.0, "expert_bytes": 5_000_000}
+    stats |= {"pcie_ms_per_expert": 9.0, "cpu_ms_per_expert": 9.0}
     win = {"misses_per_step": 20.0}
     assert serve.bound(stats, win, 1, dense_ms=3.0) == pytest.approx(200.0)
     assert serve.bound(stats, win, 4, dense_ms=3.0) == pytest.approx(800.0)
     assert serve.bound(stats, win, 1, dense_ms=None) is None
+    assert serve.bound({"b_p_gbps": 25.0}, win, 1, dense_ms=3.0) is None
 
 
 @pytest.fixture(scope="module")
