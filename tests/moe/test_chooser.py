@@ -348,6 +348,24 @@ def test_a_measurement_nothing_can_gain_from_is_skipped():
     assert chooser.stats()["skipped"] == 6
 
 
+def test_a_gate_that_found_nothing_is_asked_again_soon_not_a_period_later():
+    prospects = _Prospects(())
+    chooser = ModeChooser(
+        settle=1,
+        measure=2,
+        period=4096,
+        modes=("device", "split"),
+        explore_after=5,
+        prospects=prospects,
+    )
+    cost = {"device": 0.02, "split": 0.01}
+    modes = _run_chooser(chooser, cost, 5 + 3 * ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"} and chooser.skipped == prospects.asked == 4
+    prospects.answer = ("split",)  # the work turned near-uniform: split may gain now
+    modes = _run_chooser(chooser, cost, ModeChooser.GATE_RETRY + 40)
+    assert "split" in modes and chooser.mode == "split"
+
+
 def test_a_measurement_waits_for_a_verdict_and_visits_only_the_promising():
     prospects = _Prospects(("split",), wait=2)
     chooser = ModeChooser(
