@@ -42,6 +42,8 @@ def summary(name: str, stats: dict) -> dict:
         "placement_moves": (experts.get("placement") or {}).get("moves"),
         # switches adaptive took back once the new placement served slower than its visits
         "placement_reverted": (experts.get("placement") or {}).get("reverted"),
+        # measurements the miss gate skipped: the device's misses left nothing to gain
+        "placement_skipped": (experts.get("placement") or {}).get("skipped"),
         "pcie_share": experts.get("pcie_share"),
         "lane": experts.get("lane"),
         "recent": stats.get("recent"),

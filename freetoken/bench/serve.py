@@ -420,7 +420,8 @@ def _print_measured(stats: dict) -> None:
     print(
         f"# adaptive since load: step ms by placement {measured}; "
         f"{stats.get('placement_moves') or 0} moves, {stats.get('placement_reverted') or 0} "
-        f"taken back; now {stats.get('placement')}",
+        f"taken back, {stats.get('placement_skipped') or 0} skipped by the miss gate; "
+        f"now {stats.get('placement')}",
         flush=True,
     )
 
