@@ -37,9 +37,13 @@ class ModeChooser:
 
     A step's time depends on its batch as much as on the mode (four sequences' step is not
     one's), and the batch changes as requests come and go: each mode's samples are kept by
-    batch size and the modes are compared at the size all of them were measured at most. A
-    measurement with no size in common decides nothing: the mode in use stays, and the
-    next measurement comes `retry` steps later.
+    batch size and the modes are compared at the size all of them were measured at most.
+    With no size in common, each mode is compared with the mode in use's served steps at a
+    size of its own visits: streams that start and end between visits leave a measurement
+    with no size in common (through the server at 8 GiB, one and four streams in turn: 8
+    moves since load and none decided). Where that fails too (the mode in use has not served
+    `MIN_SERVED` steps at any size visited) the measurement decides nothing: the mode in use
+    stays, and the next measurement comes `retry` steps later.
 
     Measuring is not free: each visit moves the placement there and back (whole layers'
     experts, hundreds of milliseconds at times), and a user waits through it. So a mode
@@ -221,29 +225,60 @@ class ModeChooser:
 
     def _decide(self) -> None:
         """Ends a measurement: each mode's median at the batch size every mode was measured
-        at most, and the fastest serves; without such a size, the mode in use stays."""
+        at most, else against the mode in use's served steps, and the fastest serves; where
+        neither judges, the mode in use stays."""
         samples, self._samples = self._samples, {}
         common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
-        if not common:
+        judged = self._at_one_size(samples, common) if common else self._against_home(samples)
+        if judged is None:
             self.mode, self._since = self.home, max(0, self.wait - self.retry)
             return
-        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
-        for mode, by_batch in samples.items():
-            self.means[mode] = _median(by_batch[batch])
-        served = self._served.get(self.home, {}).get(batch, ())
-        if len(served) >= self.MIN_SERVED:
-            self.means[self.home] = _median(served)
+        batch, means = judged
+        self.means.update(means)
         self.batch = batch
-        self.mode = min(samples, key=self.means.get)
+        self.mode = min(means, key=means.get)
         if self.mode != self.home:
             self._trial = self._trial_of(self.home, batch)
         fastest = self.means[self.mode]
-        for mode in samples:
+        for mode in means:
             if self.means[mode] >= self.SLOW * fastest:
                 self._skips[mode] = self.PRUNE
         kept = self.completed and self.mode == self.home
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
+
+    def _at_one_size(
+        self, samples: dict[str, dict[int, list[float]]], common: set[int]
+    ) -> tuple[int, dict[str, float]]:
+        """Every mode's median at the size all were measured at most; the mode in use's from
+        its served steps there where it has enough."""
+        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
+        means = {mode: _median(by_batch[batch]) for mode, by_batch in samples.items()}
+        served = self._served.get(self.home, {}).get(batch, ())
+        if len(served) >= self.MIN_SERVED:
+            means[self.home] = _median(served)
+        return batch, means
+
+    def _against_home(
+        self, samples: dict[str, dict[int, list[float]]]
+    ) -> tuple[int, dict[str, float]] | None:
+        """With no size in common (streams came and went between the visits), each visited
+        mode against the mode in use's served steps at a size of its own visits, scaled to
+        the size the mode in use served most: the modes judged this way and the mode in use,
+        or None where none could be."""
+        served = self._served.get(self.home, {})
+        ref = {b: _median(d) for b, d in served.items() if len(d) >= self.MIN_SERVED}
+        if not ref:
+            return None
+        batch = max(ref, key=lambda b: (len(served[b]), -b))
+        means = {self.home: ref[batch]}
+        for mode, by_batch in samples.items():
+            sizes = [b for b in by_batch if b in ref]
+            if mode == self.home or not sizes:
+                continue
+            b = max(sizes, key=lambda b: (len(by_batch[b]), -b))
+            means[mode] = _median(by_batch[b]) / ref[b] * ref[batch]
+        return (batch, means) if len(means) > 1 else None
 
     def _trial_of(self, old: str, batch: int) -> Trial:
         """A switch away from `old`, judged at the compared batch size against `old`'s time

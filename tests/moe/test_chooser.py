@@ -89,6 +89,24 @@ def test_a_measurement_with_no_batch_size_in_common_decides_nothing():
     assert "layers" in modes[9:12] and chooser.completed == 1 and chooser.mode == "cache"
 
 
+def test_modes_with_no_size_in_common_are_judged_against_the_mode_in_use():
+    chooser = ModeChooser(settle=0, measure=2, period=100, start="cache", explore_after=40)
+    # the mode in use served both sizes first, enough of each to judge by
+    assert set(_run_batches(chooser, BATCHED, lambda i, mode: 1 + 3 * (i % 2), 40)) == {"cache"}
+    # the measurement: layers at one sequence, then cache at four; no size in common
+    modes = _run_batches(chooser, BATCHED, lambda i, mode: 4 if mode == "cache" else 1, 4)
+    assert modes == ["layers", "layers", "cache", "cache"] and chooser.completed == 1
+    # layers' 3 ms at one sequence is 1.5x cache's served 2 ms there: scaled to the size
+    # cache served most (one sequence, tied with four, the smaller taken), 3 ms
+    assert chooser.batch == 1 and chooser.mode == "cache"
+    assert chooser.means == pytest.approx({"cache": 0.002, "layers": 0.003})
+    fast = {"cache": BATCHED["cache"], "layers": {1: 0.001, 4: 0.012}}
+    chooser = ModeChooser(settle=0, measure=2, period=100, start="cache", explore_after=40)
+    _run_batches(chooser, fast, lambda i, mode: 1 + 3 * (i % 2), 40)
+    _run_batches(chooser, fast, lambda i, mode: 4 if mode == "cache" else 1, 4)
+    assert chooser.mode == "layers"  # half cache's time at one sequence: on trial
+
+
 def _measurements_begun(chooser, cost, steps, offset=0):
     """The steps at which a measurement began."""
     began = []
