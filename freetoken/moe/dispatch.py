@@ -64,6 +64,9 @@ class Split:
     # which the online fit (host round trips and hand-offs folded in) is not
     b_p: float = 0.0
     b_h: float = 0.0
+    # seconds the device-kept books' fetch kernel takes an expert where measured (0: as
+    # the copy engine's); what a miss costs the placements that fetch on the device
+    fetch_s: float = 0.0
 
     def choose(self, m: int) -> int:
         """q in [0, m] minimising the slower of the two paths' fitted times."""

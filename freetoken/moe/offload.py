@@ -100,7 +100,8 @@ class OffloadExperts(ExpertBackend):
             self.policy.device_books or (self.policy is Policy.CPU_MISSES and self.lane is not None)
         )
         # adaptive's tuner starts from the share it learned here before, else the bandwidths'
-        prior = split.cpu.per_expert / (split.cpu.per_expert + split.pcie.per_expert)
+        pcie, cpu = self._costs()
+        prior = cpu / (cpu + pcie)
         known = self._known()
         prior = float(known.get("share", prior)) if known else prior
         self.tuner = AdaptiveTuner(prior, None) if adaptive else None
@@ -162,7 +163,9 @@ class OffloadExperts(ExpertBackend):
             self.tuner.on_measured = lambda data: store.save(capacity, data)
 
     def _costs(self) -> tuple[float, float]:
-        return self.split.pcie.per_expert, self.split.cpu.per_expert
+        """One expert's seconds over PCIe (the fetch kernel's where measured: adaptive's
+        placements keep the books on the device) and on the CPU."""
+        return self.split.fetch_s or self.split.pcie.per_expert, self.split.cpu.per_expert
 
     def _make_streamer(self) -> None:
         self.streamer = None
@@ -454,6 +457,7 @@ class OffloadExperts(ExpertBackend):
             "pcie_fixed_ms": split.pcie.fixed * 1e3,
             "cpu_cost_ms": split.cpu.per_expert * 1e3,
             "cpu_fixed_ms": split.cpu.fixed * 1e3,
+            "fetch_cost_ms": split.fetch_s * 1e3 or None,
             "b_p_gbps": split.b_p / 1e9,
             "b_h_gbps": split.b_h / 1e9,
             "expert_bytes": self.banks.expert_bytes,

@@ -70,3 +70,13 @@ def bandwidths(cache_dir: Path, fmt: str = "") -> tuple[float, float, bool]:
     if cpu:
         return float(prof.get("pcie_gbps") or DEFAULT_PCIE_GBPS) * 1e9, float(cpu) * 1e9, True
     return DEFAULT_PCIE_GBPS * 1e9, DEFAULT_CPU_GBPS * 1e9, False
+
+
+def fetch_gbps(cache_dir: Path) -> float | None:
+    """GB/s of the fetch kernel that device-kept books copy a miss with, one expert a call,
+    where `bench bw` measured it: what a miss costs the placements that fetch on the device.
+    A GPU's own reads of host memory need not reach the copy engine's B_P (0.63 of it on one
+    H100 machine, 0.99 on another)."""
+    fetch = ((load(cache_dir) or {}).get("fetch") or {}).get("1") or {}
+    gbps = fetch.get("gbps")
+    return float(gbps) if gbps else None

@@ -123,11 +123,14 @@ def build(
     b_p, b_h, source = _start_bandwidths(placement, host, cache, device, ranks_on_host)
     # GPU kernels read pinned banks in place (the device-kept books' fetch, the lane's
     # buffers); pageable banks are reached only through the staging ring's copies.
+    split = Split.from_bandwidths(host.expert_bytes, b_p, b_h)
+    if (fetch := _fetch_gbps(placement, host, device)) is not None:
+        split.fetch_s = host.expert_bytes / (fetch * 1e9)
     backend = OffloadExperts(
         host,
         cache,
         placement.policy,
-        Split.from_bandwidths(host.expert_bytes, b_p, b_h),
+        split,
         device,
         device_lru=host.pinned and placement.switch(placement.device_cache, device, ranks_on_host),
         cpu_lane=host.pinned and placement.switch(placement.cpu_lane, device, ranks_on_host),
@@ -211,6 +214,13 @@ def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:
     if placement.cache_dir:
         return profile.bandwidths(placement.cache_dir, fmt)
     return profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False
+
+
+def _fetch_gbps(placement: Placement, host: HostBanks, device: torch.device) -> float | None:
+    """The fetch kernel's GB/s from this machine's profile, where the GPU reads pinned banks."""
+    if not placement.cache_dir or device.type != "cuda" or not host.pinned:
+        return None
+    return profile.fetch_gbps(placement.cache_dir)
 
 
 def _formats_note(host: HostBanks) -> str:

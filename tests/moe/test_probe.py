@@ -57,3 +57,40 @@ def test_a_first_load_on_a_gpu_times_both_ways_and_keeps_them(tmp_path):
     b_p, b_h, measured = profile.bandwidths(tmp_path, "")
     assert measured and b_p > 1e9 and b_h > 1e8
     assert backend.split.pcie.per_expert == pytest.approx(host.expert_bytes / b_p, rel=1e-6)
+
+
+def test_the_fetch_kernels_rate_reads_back_from_bench_bws_profile(tmp_path):
+    assert profile.fetch_gbps(tmp_path) is None
+    fetch = {1: {"gbps": 32.6, "us_per_call": 290.0}, 8: {"gbps": 34.7, "us_per_call": 2170.0}}
+    profile.save(tmp_path, {"pcie_gbps": 51.8, "cpu_expert_gbps": 98.6, "fetch": fetch})
+    assert profile.fetch_gbps(tmp_path) == 32.6  # one expert a call, as a step's misses come
+    probe.store(tmp_path, "q4_k", 50.0, 80.0)  # a load's probe keeps it
+    assert profile.fetch_gbps(tmp_path) == 32.6
+
+
+def test_a_cpu_model_prices_no_fetch_kernel(tmp_path):
+    from freetoken.moe import setup
+
+    profile.save(tmp_path, {"pcie_gbps": 51.8, "cpu_expert_gbps": 98.6, "fetch": {1: {"gbps": 9}}})
+    host = banks()
+    raw = {(layer, b): t for layer, bk in host.banks.items() for b, t in bk.items()}
+    placement = setup.Placement("adaptive", 0, tmp_path, slots=E)
+    backend = setup.build(raw, host.spec, torch.device("cpu"), torch.float32, placement)
+    assert backend.split.fetch_s == 0 and backend.stats()["fetch_cost_ms"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_placements_price_a_miss_at_the_fetch_kernels_rate(tmp_path):
+    from freetoken.moe import setup
+
+    fetch = {1: {"gbps": 10.0}}
+    profile.save(tmp_path, {"pcie_gbps": 50.0, "cpu_expert_gbps": 90.0, "fetch": fetch})
+    host = banks()
+    raw = {(layer, b): t for layer, bk in host.banks.items() for b, t in bk.items()}
+    placement = setup.Placement("adaptive", 0, tmp_path, slots=E)
+    backend = setup.build(raw, host.spec, torch.device("cuda"), torch.bfloat16, placement)
+    per_miss = host.expert_bytes / 10e9
+    assert backend.split.fetch_s == pytest.approx(per_miss)
+    assert backend.split.pcie.per_expert == pytest.approx(host.expert_bytes / 50e9)  # the bound's
+    assert backend.stats()["fetch_cost_ms"] == pytest.approx(per_miss * 1e3)
