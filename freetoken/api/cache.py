@@ -28,6 +28,8 @@ def summary(name: str, stats: dict) -> dict:
         "cpu_layers": experts.get("cpu_layers"),
         "pcie_ms_per_expert": experts.get("pcie_cost_ms"),
         "cpu_ms_per_expert": experts.get("cpu_cost_ms"),
+        # the fetch kernel's, where measured: a miss of the books kept on the device
+        "fetch_ms_per_expert": experts.get("fetch_cost_ms"),
         # the measured bandwidths the split started from, and one expert's bytes: the bound's
         "b_p_gbps": experts.get("b_p_gbps"),
         "b_h_gbps": experts.get("b_h_gbps"),

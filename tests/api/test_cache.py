@@ -36,6 +36,7 @@ def test_cache_listing_resize_and_errors(cache_server):
     assert m["name"] == "moe:latest" and m["cache"]["slots"] == 12 and m["policy"] == "adaptive"
     # the bound's inputs: the bandwidths the split started from and one expert's bytes
     assert m["b_p_gbps"] > 0 and m["b_h_gbps"] > 0 and m["expert_bytes"] > 0
+    assert m["fetch_ms_per_expert"] is None  # no GPU kernel fetches on a CPU
     [before] = http.get("/api/ps").json()["models"]
     assert (
         m["placement"] in ("cache", "layers") and m["books"] == "host"
