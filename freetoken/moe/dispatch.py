@@ -78,8 +78,12 @@ class Split:
         return best_q
 
     @classmethod
-    def from_bandwidths(cls, expert_bytes: int, b_p: float, b_h: float) -> Split:
-        return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h), b_p, b_h)
+    def from_bandwidths(
+        cls, expert_bytes: int, b_p: float, b_h: float, b_fetch: float | None = None
+    ) -> Split:
+        """From B_P, B_H and, where measured, the fetch kernel's bandwidth (bytes/s)."""
+        fetch_s = expert_bytes / b_fetch if b_fetch else 0.0
+        return cls(PathCost(expert_bytes / b_p), PathCost(expert_bytes / b_h), b_p, b_h, fetch_s)
 
 
 class ShareTuner:

@@ -121,11 +121,10 @@ def build(
         L, E = max(host.layers) + 1, host.num_experts
         cache = ExpertCache(L, E, slots, host.rows, host.dtypes, device)
     b_p, b_h, source = _start_bandwidths(placement, host, cache, device, ranks_on_host)
+    fetch = _fetch_bandwidth(placement, host, device)
+    split = Split.from_bandwidths(host.expert_bytes, b_p, b_h, fetch)
     # GPU kernels read pinned banks in place (the device-kept books' fetch, the lane's
     # buffers); pageable banks are reached only through the staging ring's copies.
-    split = Split.from_bandwidths(host.expert_bytes, b_p, b_h)
-    if (fetch := _fetch_gbps(placement, host, device)) is not None:
-        split.fetch_s = host.expert_bytes / (fetch * 1e9)
     backend = OffloadExperts(
         host,
         cache,
@@ -216,11 +215,13 @@ def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:
     return profile.DEFAULT_PCIE_GBPS * 1e9, profile.DEFAULT_CPU_GBPS * 1e9, False
 
 
-def _fetch_gbps(placement: Placement, host: HostBanks, device: torch.device) -> float | None:
-    """The fetch kernel's GB/s from this machine's profile, where the GPU reads pinned banks."""
+def _fetch_bandwidth(placement: Placement, host: HostBanks, device: torch.device) -> float | None:
+    """The fetch kernel's bytes/s from this machine's profile, where a GPU reads the pinned
+    banks itself."""
     if not placement.cache_dir or device.type != "cuda" or not host.pinned:
         return None
-    return profile.fetch_gbps(placement.cache_dir)
+    gbps = profile.fetch_gbps(placement.cache_dir)
+    return gbps * 1e9 if gbps else None
 
 
 def _formats_note(host: HostBanks) -> str:

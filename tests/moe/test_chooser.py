@@ -350,16 +350,16 @@ class _Prospects:
         return None if self.asked <= self.wait else self.answer
 
 
+def _gated(prospects, period: int, modes: tuple[str, ...] = ("device", "split")) -> ModeChooser:
+    """A chooser that asks `prospects` before each measurement, the first after 5 steps."""
+    return ModeChooser(
+        settle=1, measure=2, period=period, modes=modes, explore_after=5, prospects=prospects
+    )
+
+
 def test_a_measurement_nothing_can_gain_from_is_skipped():
     prospects = _Prospects(())
-    chooser = ModeChooser(
-        settle=1,
-        measure=2,
-        period=10,
-        modes=("device", "split"),
-        explore_after=5,
-        prospects=prospects,
-    )
+    chooser = _gated(prospects, 10)
     modes = _run_chooser(chooser, {"device": 0.02, "split": 0.01}, 60)
     assert set(modes) == {"device"}  # split was never visited, though it would be faster
     assert chooser.skipped == prospects.asked == 6  # asked at each period, once at the start
@@ -368,14 +368,7 @@ def test_a_measurement_nothing_can_gain_from_is_skipped():
 
 def test_a_gate_that_found_nothing_is_asked_again_soon_not_a_period_later():
     prospects = _Prospects(())
-    chooser = ModeChooser(
-        settle=1,
-        measure=2,
-        period=4096,
-        modes=("device", "split"),
-        explore_after=5,
-        prospects=prospects,
-    )
+    chooser = _gated(prospects, 4096)
     cost = {"device": 0.02, "split": 0.01}
     modes = _run_chooser(chooser, cost, 5 + 3 * ModeChooser.GATE_RETRY)
     assert set(modes) == {"device"} and chooser.skipped == prospects.asked == 4
@@ -386,14 +379,7 @@ def test_a_gate_that_found_nothing_is_asked_again_soon_not_a_period_later():
 
 def test_a_measurement_waits_for_a_verdict_and_visits_only_the_promising():
     prospects = _Prospects(("split",), wait=2)
-    chooser = ModeChooser(
-        settle=1,
-        measure=2,
-        period=1000,
-        modes=("device", "split", "layers"),
-        explore_after=5,
-        prospects=prospects,
-    )
+    chooser = _gated(prospects, 1000, ("device", "split", "layers"))
     cost = {"device": 0.02, "split": 0.01, "layers": 0.005}
     modes = _run_chooser(chooser, cost, 5 + 2 * ModeChooser.GATE_RETRY)
     assert set(modes) == {"device"} and prospects.asked == 3  # no verdict yet: asked again
