@@ -52,12 +52,18 @@ class EngineRun:
         }
         self.view = view
         self.service = ModelService(spec, cfg)
-        threading.Thread(target=self.service.load_and_run, daemon=True).start()
+        self._thread = threading.Thread(target=self.service.load_and_run, daemon=True)
+        self._thread.start()
         deadline = time.monotonic() + LOAD_TIMEOUT
         while self.service.status == "loading" and time.monotonic() < deadline:
             time.sleep(0.1)
         if self.service.status != "ok":
             raise SystemExit(f"the model did not load in this process: {self.service.error}")
+
+    def close(self) -> None:
+        """Stops the engine and the threads it started, before this process exits."""
+        self.service.stop()
+        self._thread.join(timeout=30)
 
     def snapshot(self) -> dict[str, Any]:
         """The model's /api/cache entry as the server would give it (serve.window reads two)."""
@@ -160,8 +166,12 @@ def against_engine(args, store, rows: list[dict[str, Any]]) -> list[dict[str, An
     if not regimes:
         raise SystemExit("--engine compares the openai rows of the hot and uniform regimes")
     run = EngineRun(store.root, args.model, args.env, max(counts))
+    try:
+        engine = engine_rows(run, STORY, regimes, counts, args.tokens, args.repeats)
+    finally:
+        run.close()
     out = []
-    for row in engine_rows(run, STORY, regimes, counts, args.tokens, args.repeats):
+    for row in engine:
         served = served_rows.get((row["regime"], row["streams"]), {})
         server = served.get("agg_tok_s")
         ratio = server / row["engine_tok_s"] if server else None

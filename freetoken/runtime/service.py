@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +56,7 @@ class ModelService:
         self._load = ModelLoad(spec, cfg, self.files, self.num_ctx, self.num_parallel)
         # prompts are prepared here; two at once keep a long one from holding up the rest
         self._prepare_pool = ThreadPoolExecutor(2, thread_name_prefix="prepare")
+        self._stopping = threading.Event()
 
     @property
     def engine(self):
@@ -100,9 +102,18 @@ class ModelService:
             resize=lambda n: self.engine.call_between_steps(lambda: experts.resize(n)).result(60),
         ).start()
 
+    def stop(self) -> None:
+        """Ends the engine loop after its step and stops the threads the model started. A
+        runner is killed instead; a process that loaded the model itself (bench serve's
+        --engine) must stop them before it exits: a thread still in a kernel call when the
+        interpreter finalizes is torn down mid-frame, and the process aborts."""
+        self._stopping.set()
+        if self.watcher is not None:
+            self.watcher.stop()
+
     def _run(self) -> None:
         engine = self.engine
-        while True:
+        while not self._stopping.is_set():
             engine.wait_for_work(timeout=1.0)
             try:
                 if engine.step() == 0:
@@ -115,6 +126,8 @@ class ModelService:
                     # the device state (or the group) cannot be trusted; let the server restart us
                     _exit_runner(f"{type(e).__name__}: {e}")
                 engine.fail_all(f"{type(e).__name__}: {e}")
+        engine.fail_all("the model is unloading")
+        self.experts.close()
 
     # --- event loop ------------------------------------------------------------------
     def _ready(self) -> Serving:

@@ -51,6 +51,8 @@ def test_the_engines_snapshot_is_the_servers_cache_entry(run):
 
 def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
     monkeypatch.setattr(serve_engine, "EngineRun", lambda *a, **k: run)
+    closed = []
+    monkeypatch.setattr(run, "close", lambda: closed.append(True))
     monkeypatch.setattr(
         serve_engine,
         "engine_rows",
@@ -80,5 +82,16 @@ def test_the_server_rows_are_set_over_the_engines(monkeypatch, run):
         "ratio": pytest.approx(0.95),
         "server_misses_per_token": 2.5,
     }
+    assert closed == [True]  # the engine stopped before the process goes on to exit
     with pytest.raises(SystemExit, match="hot and uniform"):
         serve_engine.against_engine(args, store, served[2:])
+
+
+def test_close_ends_the_engine_loop(tmp_path):
+    """A process that loaded the model itself stops its engine thread before it exits: one
+    still inside a kernel call when the interpreter finalizes aborts the process."""
+    add_model(Store(tmp_path), "tiny")
+    own = serve_engine.EngineRun(tmp_path, "tiny", ["FREETOKEN_CONTEXT_LENGTH=1024"], 1)
+    assert len(own.answer(serve.STORY, 4, {"temperature": 0, "ignore_eos": True})) >= 2
+    own.close()
+    assert not own._thread.is_alive()
