@@ -114,7 +114,7 @@ def _on_gpu(v: Verdict, machine: Machine, model: ModelFacts, need: Needs, cfg: A
         per_miss = {Mode.DEVICE: pcie, Mode.LAYERS: cpu}.get(start, pcie * cpu / (pcie + cpu))
         judged = start is not Mode.DEVICE and Mode.DEVICE in modes
         first = (
-            f"serves its first {LOCALITY_STEPS} decode steps from 'device' (every miss kept), "
+            f"serves up to {LOCALITY_STEPS} decode steps from 'device' (every miss kept), "
             f"then, where routing proves near-uniform, from '{start}'"
             if judged
             else f"starts in '{start}'"

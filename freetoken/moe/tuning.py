@@ -39,6 +39,14 @@ PERIOD = 4096  # decode steps between two measurements
 # device's misses · B_P's cost a miss (at 8 GiB: split's cost a miss is 0.33 of device's).
 LOCALITY_STEPS = 32
 NEAR_UNIFORM = 0.8
+# Yet 32 steps in device are dear where the cache is small: at 8 GiB of the 48-layer shape
+# (Q4_K_M, near-uniform routing, through the server on an H100) device took 86 ms a step and
+# split 34, so the check cost the first answer 1.7 s. After EARLY_STEPS the prediction
+# serves at once where the misses already come to EARLY_MARGIN times the rate device must
+# stay under: the cache, warming, would have to cut them by a third in the steps left. The
+# verdict is kept with what adaptive learned, so a later load starts from it.
+EARLY_STEPS = 8
+EARLY_MARGIN = 1.5
 # A placement move (whole layers' experts, at times hundreds of milliseconds) and the step
 # after it, which recaptures the decode graphs, count toward the visit they serve; an
 # interval longer than this may span idle time as well and counts as this long.
@@ -87,12 +95,19 @@ class LocalityCheck:
     start: tuple[int, int] | None = None  # (hits, misses) at the first decode step
     steps: int = 0  # decode steps since
 
+    def bar(self) -> float:
+        """The misses a route device must stay under to keep serving."""
+        return min(NEAR_UNIFORM, self.cost_ratio) * self.uniform_miss_rate
+
     def verdict(self, hits: int, misses: int) -> Mode:
         """The placement to serve from: the prediction where the misses came near uniform,
         or where it would win even with uniform's misses."""
-        rate = misses / max(hits + misses, 1)
-        near = rate >= min(NEAR_UNIFORM, self.cost_ratio) * self.uniform_miss_rate
+        near = misses / max(hits + misses, 1) >= self.bar()
         return self.predicted if near else Mode.DEVICE
+
+    def early(self, hits: int, misses: int) -> bool:
+        """Whether the misses so far are far enough over the bar to judge now."""
+        return misses / max(hits + misses, 1) >= EARLY_MARGIN * self.bar()
 
 
 @dataclass
@@ -194,7 +209,8 @@ class AdaptiveTuner:
                 start = Mode.DEVICE
         if Mode.DEVICE in modes and books_on_device:
             self.window = MissWindow.of(lookups, costs, *shape)
-        self.modes = self.mode_chooser(modes, start, learned=bool(known))
+        # a start the locality check chose has no measurement behind it: measured as soon
+        self.modes = self.mode_chooser(modes, start, learned=bool(known and known.get("step_ms")))
 
     def mode_chooser(
         self, modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False
@@ -278,19 +294,23 @@ class AdaptiveTuner:
             check.start = lookups()
             return
         check.steps += 1
-        if check.steps < LOCALITY_STEPS:
+        if check.steps not in (EARLY_STEPS, LOCALITY_STEPS):  # the cache's books: a device read
+            return
+        hits, misses = (now - then for now, then in zip(lookups(), check.start))
+        if check.steps < LOCALITY_STEPS and not check.early(hits, misses):
             return
         self.locality = None
-        hits, misses = lookups()
-        mode = check.verdict(hits - check.start[0], misses - check.start[1])
+        mode = check.verdict(hits, misses)
         log.debug(
             "adaptive: %d misses of %d routes in %d steps: %s",
-            misses - check.start[1],
-            hits + misses - sum(check.start),
+            misses,
+            hits + misses,
             check.steps,
             mode,
         )
         self.modes.adopt(str(mode))
+        if self.on_measured is not None:  # a later load starts here, and measures as this one
+            self.on_measured(self.learned())
 
     def moved(self, old: Mode, new: Mode) -> None:
         """The placement changed (between steps): the move, and the step after it, are

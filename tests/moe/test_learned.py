@@ -46,3 +46,30 @@ def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, m
     again.backend._choose_placements(again.backend.lru)
     chooser = again.backend.tuner.modes
     assert chooser.mode == Mode(saved["mode"]) and not chooser._plan
+
+
+def test_the_locality_verdict_is_kept_and_measured_as_soon(tiny_model, tmp_path, monkeypatch):
+    """A load that judged the routing's locality keeps the verdict: the next load of the same
+    experts starts in that placement with no check, and measures as early as the first did
+    (nothing measured stands behind the verdict)."""
+    from freetoken.moe import tuning
+
+    monkeypatch.setattr(tuning, "LOCALITY_STEPS", 4)
+    monkeypatch.setattr(tuning, "NEAR_UNIFORM", 0.0)  # any misses: the prediction serves
+    path, _ = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    shape = f"{len(backend.banks.layers)}x{backend.banks.num_experts}"
+    backend.learned = store = Learned(tmp_path, shape)
+    backend._choose_placements(backend.lru)
+    predicted = backend.tuner.locality.predicted
+    generate(engine, [[5, 6, 7, 8]], 12)
+    assert backend.tuner.locality is None
+    saved = store.load(backend.cache.capacity)
+    assert saved is not None and saved["mode"] == predicted and not saved["step_ms"]
+    again = make_engine(path, policy="adaptive", slots=9, device_cache="on")
+    experts = again.model.model.layers[0].mlp.experts.backend
+    experts.learned = store
+    experts._choose_placements(experts.lru)
+    assert experts.tuner.locality is None and experts.tuner.modes.mode == predicted
+    assert experts.tuner.modes.retry == tuning.EXPLORE_AFTER

@@ -191,7 +191,13 @@ def test_adaptive_measures_only_where_its_misses_leave_something_to_gain(
     gain enough, it serves on in device and visits nothing; the tokens stay exact."""
     from freetoken.moe import tuning
 
-    for name, value in (("LOCALITY_STEPS", 10**6), ("EXPLORE_AFTER", 4), ("DUTY", 1.0)):
+    never = 10**6  # the locality check still pending: device serves
+    for name, value in (
+        ("LOCALITY_STEPS", never),
+        ("EARLY_STEPS", never),
+        ("EXPLORE_AFTER", 4),
+        ("DUTY", 1.0),
+    ):
         monkeypatch.setattr(tuning, name, value)
     monkeypatch.setattr(tuning, "WINDOW_STEPS", 4)
     monkeypatch.setattr(tuning, "MIN_GAIN", min_gain)

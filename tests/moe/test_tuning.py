@@ -138,6 +138,36 @@ def test_locality_takes_the_prediction_where_it_wins_even_at_uniforms_misses():
     assert hot.verdict(hits=984, misses=16) is Mode.DEVICE  # the 12-layer checkpoint at 75 %
 
 
+def test_locality_judges_early_where_the_misses_are_far_over_the_bar():
+    """A small cache's device steps are dear: after EARLY_STEPS, misses at EARLY_MARGIN of
+    the bar or more take the prediction at once; fewer wait for the whole check."""
+    from freetoken.moe import tuning
+
+    def tuner_after(steps, rate):
+        tuner = tuning.AdaptiveTuner(0.5, None)
+        tuner.modes = tuning.ModeChooser(
+            modes=("device", "split"), start="device", explore_after=512
+        )
+        tuner.locality = check = tuning.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
+        totals = [0, 0]
+        tuner.judge_locality(lambda: tuple(totals))  # the first decode step opens the check
+        for _ in range(steps):
+            totals[0] += round(384 * (1 - rate))
+            totals[1] += round(384 * rate)
+            tuner.judge_locality(lambda: tuple(totals))
+        return tuner, check
+
+    far = tuning.EARLY_MARGIN * 0.33 * 0.85 + 0.02  # 8 GiB of the 48-layer shape: ~0.57
+    tuner, _ = tuner_after(tuning.EARLY_STEPS, far)
+    assert tuner.locality is None and tuner.modes.mode == "split"
+    tuner, check = tuner_after(tuning.EARLY_STEPS, check_rate := 0.3)  # over the bar, not far
+    assert tuner.locality is check and tuner.modes.mode == "device"
+    tuner, _ = tuner_after(tuning.LOCALITY_STEPS, check_rate)
+    assert tuner.locality is None and tuner.modes.mode == "split"
+    tuner, _ = tuner_after(tuning.LOCALITY_STEPS, 0.1)  # locality: device keeps serving
+    assert tuner.locality is None and tuner.modes.mode == "device"
+
+
 def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypatch):
     """Decode ahead launches a step right behind the one before: its interval is a fraction
     of a step's. Taken as the running step time, every later step looked like idle time and
