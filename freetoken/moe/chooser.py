@@ -302,6 +302,16 @@ class ModeChooser:
         if not self._plan and mode in self.modes:
             self.mode = self.home = mode
 
+    def sit_out(self, mode: str, measurements: int | None = None) -> None:
+        """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned
+        of it elsewhere (a locality check, a load before) says it is slow."""
+        self._skips[mode] = max(self._skips.get(mode, 0), measurements or self.PRUNE)
+
+    @property
+    def sitting_out(self) -> dict[str, int]:
+        """The modes that sit out measurements still to come, and how many."""
+        return dict(self._skips)
+
     @property
     def best(self) -> str:
         """Where to serve between visits: the mode that served before the measurement, until

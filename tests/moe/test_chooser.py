@@ -146,6 +146,24 @@ def test_a_much_slower_mode_sits_out_the_next_measurements():
     assert runs.count("layers") == 2 and chooser.mode == "device"
 
 
+def test_a_mode_told_to_sit_out_is_not_visited_for_that_many_measurements():
+    """A locality check (or a load before) found device slow: the measurements that follow
+    compare the others, then device is measured again."""
+    cost = {"split": 0.01, "device": 0.03, "layers": 0.012}
+    chooser = ModeChooser(
+        settle=0, measure=1, period=10, modes=tuple(cost), start="split", explore_after=5
+    )
+    chooser.sit_out("device", 2)
+    assert chooser.sitting_out == {"device": 2}
+    visited = []
+    while chooser.completed < 3:
+        visited.append(chooser.mode)
+        chooser.observe(cost[chooser.mode])
+    first = visited.index("device")
+    assert "layers" in visited[:first] and chooser.completed == 3 and chooser.mode == "split"
+    assert visited[:first].count("layers") == 2  # two measurements without device
+
+
 def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
     cost = {"device": 0.02, "split": 0.01, "layers": 0.03}
     chooser = ModeChooser(

@@ -67,9 +67,12 @@ def test_the_locality_verdict_is_kept_and_measured_as_soon(tiny_model, tmp_path,
     assert backend.tuner.locality is None
     saved = store.load(backend.cache.capacity)
     assert saved is not None and saved["mode"] == predicted and not saved["step_ms"]
+    # device, just served and judged slow for this routing, sits out the next measurements
+    assert saved["sitting_out"] == {"device": backend.tuner.modes.PRUNE}
     again = make_engine(path, policy="adaptive", slots=9, device_cache="on")
     experts = again.model.model.layers[0].mlp.experts.backend
     experts.learned = store
     experts._choose_placements(experts.lru)
     assert experts.tuner.locality is None and experts.tuner.modes.mode == predicted
     assert experts.tuner.modes.retry == tuning.EXPLORE_AFTER
+    assert experts.tuner.modes.sitting_out == saved["sitting_out"]
