@@ -25,7 +25,15 @@ from freetoken import config
 from freetoken.models.shapes import SHAPES
 from freetoken.store import CreateSpec, Store
 
-__all__ = ["add_arguments", "checkpoint", "ensure_model", "free_port", "server", "wait_ready"]
+__all__ = [
+    "add_arguments",
+    "checkpoint",
+    "ensure_model",
+    "free_port",
+    "measure_bandwidths",
+    "server",
+    "wait_ready",
+]
 
 
 def add_arguments(p: Any) -> None:
@@ -141,6 +149,28 @@ def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
             proc.kill()
 
 
+def measure_bandwidths(env: list[str], seconds: float = 1.0, gib: float = 4.0) -> bool:
+    """Measures B_P and B_H as `freetoken bench bw` does, into the profile the server's
+    runners read, where the machine has a GPU and only a load's probe measured them: the
+    rows' bound uses the runner's figures, and a probe's low ones read as a speed near or
+    over the bound. True where it measured."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from freetoken import quant
+    from freetoken.bench import bw, common
+    from freetoken.moe import profile
+
+    cache_dir = config.load(config.child_environment(dict(e.split("=", 1) for e in env))).cache_dir
+    if profile.from_bench(cache_dir):
+        return False
+    print("# measuring B_P and B_H for the bound (as `freetoken bench bw` does)", flush=True)
+    measured = bw.run(seconds, gib, list(quant.FORMATS))
+    profile.save(cache_dir, {**measured, "date": common.header("bw")["date"]})
+    return True
+
+
 @contextlib.contextmanager
 def target(args: Any) -> Iterator[tuple[str, str, Store]]:
     """(server URL, model name, its store) for the options of `add_arguments`."""
@@ -160,5 +190,6 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
     else:
         raise SystemExit("name a model: --url and --model, --shape, or --from")
     ensure_model(store, name, source)
+    measure_bandwidths(args.env)
     with server(work / "store", args.env, work / "server.log") as url:
         yield url, name, store

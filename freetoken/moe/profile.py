@@ -80,3 +80,12 @@ def fetch_gbps(cache_dir: Path) -> float | None:
     fetch = ((load(cache_dir) or {}).get("fetch") or {}).get("1") or {}
     gbps = fetch.get("gbps")
     return float(gbps) if gbps else None
+
+
+def from_bench(cache_dir: Path) -> bool:
+    """Whether this machine's profile was measured by `freetoken bench bw`, not only timed
+    for a fraction of a second at a model's first load (moe/probe.py marks those): on a
+    fresh H100 machine such a probe gave B_P 29.8 and B_H 44.2 GB/s where bench bw measures
+    50.2 and 81.8 (Q4_K)."""
+    prof = load(cache_dir)
+    return prof is not None and prof.get("source") != "load"
