@@ -167,3 +167,9 @@ def _warnings(v: Verdict, machine: Machine, model: ModelFacts, num_ctx: int) -> 
         v.warnings.append(
             "B_P and B_H are defaults until `freetoken bench bw` measures them on this machine"
         )
+    elif not machine.by_bench and machine.gpus:
+        # on a fresh H100 machine the probe read B_P 29.8 and B_H 44.2 GB/s: bench bw 50.2, 81.8
+        v.warnings.append(
+            "B_P and B_H were timed for a fraction of a second at a model's first load and may "
+            "read low: `freetoken bench bw` measures them fully"
+        )

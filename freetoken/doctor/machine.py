@@ -41,7 +41,8 @@ class Machine:
     kernel: cpu_kernel.Status
     b_p: float  # bytes/s, host -> GPU experts
     b_h: float  # bytes/s, the CPU expert kernel
-    measured: bool  # B_P and B_H come from `freetoken bench bw` on this machine
+    measured: bool  # B_P and B_H were measured on this machine (bench bw, or a load's probe)
+    by_bench: bool = False  # by `freetoken bench bw`, not only a load's 0.2 s probe
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -110,4 +111,5 @@ def probe(cfg: Any, build: bool = False, devices: list[int] | None = None) -> Ma
         b_p=b_p,
         b_h=b_h,
         measured=measured,
+        by_bench=profile.from_bench(cfg.cache_dir),
     )

@@ -30,7 +30,13 @@ def _gib(n: float) -> str:
 def machine_lines(m: machines.Machine) -> list[tuple[str, str]]:
     gpus = "; ".join(f"{g.index}: {g.name}, {_gib(g.free)} free of {_gib(g.total)}" for g in m.gpus)
     memlock = "unlimited" if m.memlock is None else f"{m.memlock / 2**20:.0f} MiB"
-    how = "measured by `freetoken bench bw`" if m.measured else "defaults: run `freetoken bench bw`"
+    how = (
+        "measured by `freetoken bench bw`"
+        if m.by_bench
+        else "timed by a model's first load: run `freetoken bench bw`"
+        if m.measured
+        else "defaults: run `freetoken bench bw`"
+    )
     return [
         ("torch", m.torch_build),
         ("GPU", gpus or "none: models run on the CPU"),

@@ -32,6 +32,7 @@ def machine(**kw) -> Machine:
         b_p=25e9,
         b_h=50e9,
         measured=True,
+        by_bench=True,
     )
     return dataclasses.replace(base, **kw)
 
@@ -108,6 +109,9 @@ def test_warnings_name_what_to_change(cfg):
     assert "a model's first load times them" in text  # a GPU machine's load probes them
     cpu_only = machine(measured=False, gpus=[], pinning="not needed without a GPU")
     assert "are defaults until" in " ".join(judge(cpu_only, qwen30b(), 4096, cfg).warnings)
+    probed = " ".join(judge(machine(by_bench=False), qwen30b(), 4096, cfg).warnings)
+    assert "timed for a fraction of a second at a model's first load" in probed
+    assert "first load" not in " ".join(judge(machine(), qwen30b(), 4096, cfg).warnings)
     refused = machine(pinning="refused: cudaHostRegister of 2 MiB failed with error 2")
     v = judge(refused, qwen30b(), AGENT_CONTEXT, cfg)
     assert v.fits and "staging ring" in v.warnings[0] and v.mode in ("cache", "layers")
