@@ -36,7 +36,14 @@ class Learned:
             return None
         # a placement measured before modes were compared at one batch size may have been
         # chosen for a batch it never served: measured again instead
-        return data if isinstance(data.get("batch"), int) else None
+        if not isinstance(data.get("batch"), int):
+            return None
+        out = data.get("sitting_out")
+        if not isinstance(out, dict) or not all(
+            isinstance(m, str) and isinstance(n, int) and n > 0 for m, n in out.items()
+        ):  # kept by an older version, or damaged: every mode takes part
+            data["sitting_out"] = {}
+        return data
 
     def save(self, capacity: int, data: dict[str, Any]) -> None:
         p = self.path(capacity)

@@ -212,14 +212,14 @@ class AdaptiveTuner:
         # a start the locality check chose has no measurement behind it: measured as soon
         self.modes = self.mode_chooser(modes, start, learned=bool(known and known.get("step_ms")))
         if known:
-            self._sit_out_again(known.get("sitting_out") or {})
+            self._sit_out_again(known.get("sitting_out", {}))
 
     def _sit_out_again(self, sitting_out: dict[str, int]) -> None:
         """The modes a load before found slow here sit out as many measurements again: a
         visit to device at 8 GiB of the 48-layer shape took 86 ms a step against split's 34."""
         for mode, n in sitting_out.items():
             if self.modes is not None and mode in self.modes.modes:
-                self.modes.sit_out(mode, int(n))
+                self.modes.sit_out(mode, n)
 
     def mode_chooser(
         self, modes: tuple[Mode, ...] | None, start: Mode | None = None, learned: bool = False

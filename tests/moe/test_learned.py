@@ -18,6 +18,13 @@ def test_saved_per_cache_size(tmp_path):
     assert store.load(300) is None
     store.path(100).write_text("{not json")
     assert store.load(100) is None
+    # the modes that sit out: kept where well formed, dropped where not (the load goes on)
+    kept = {"mode": "split", "share": 0.5, "step_ms": {}, "batch": 0}
+    store.save(100, kept | {"sitting_out": {"device": 3}})
+    assert store.load(100)["sitting_out"] == {"device": 3}
+    for bad in (["device"], {"device": "3"}, {"device": -1}, None):
+        store.save(100, kept | {"sitting_out": bad})
+        assert store.load(100)["sitting_out"] == {}
 
 
 def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
