@@ -297,10 +297,13 @@ class ModeChooser:
         elif self._plan:
             self._visit_s += seconds
 
-    def adopt(self, mode: str) -> None:
-        """Serves from `mode` from now on, unless a measurement is under way (it decides)."""
-        if not self._plan and mode in self.modes:
-            self.mode = self.home = mode
+    def adopt(self, mode: str) -> bool:
+        """Serves from `mode` from now on, unless a measurement is under way (it decides);
+        whether it does."""
+        if self._plan or mode not in self.modes:
+            return False
+        self.mode = self.home = mode
+        return True
 
     def sit_out(self, mode: str, measurements: int | None = None) -> None:
         """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned

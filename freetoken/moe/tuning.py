@@ -317,8 +317,9 @@ class AdaptiveTuner:
             check.steps,
             mode,
         )
-        self.modes.adopt(str(mode))
-        if mode is not Mode.DEVICE:  # just measured, in effect: slow for this routing
+        # device, just served, in effect measured slow for this routing (unless a measurement
+        # under way decides instead)
+        if self.modes.adopt(str(mode)) and mode is not Mode.DEVICE:
             self.modes.sit_out(str(Mode.DEVICE))
         if self.on_measured is not None:  # a later load starts here, and measures as this one
             self.on_measured(self.learned())
