@@ -209,7 +209,8 @@ class AdaptiveTuner:
                 start = Mode.DEVICE
         if Mode.DEVICE in modes and books_on_device:
             self.window = MissWindow.of(lookups, costs, *shape)
-        # a start the locality check chose has no measurement behind it: measured as soon
+        # a start the locality check chose has no measured step behind it: the next
+        # measurement comes as early as at a first load
         self.modes = self.mode_chooser(modes, start, learned=bool(known and known.get("step_ms")))
         if known:
             self._sit_out_again(known.get("sitting_out", {}))
@@ -317,9 +318,9 @@ class AdaptiveTuner:
             check.steps,
             mode,
         )
-        # device, just served, in effect measured slow for this routing (unless a measurement
-        # under way decides instead)
-        if self.modes.adopt(str(mode)) and mode is not Mode.DEVICE:
+        if not self.modes.adopt(str(mode)):  # a measurement under way decides instead
+            return
+        if mode is not Mode.DEVICE:  # device, just served, in effect measured slow here
             self.modes.sit_out(str(Mode.DEVICE))
         if self.on_measured is not None:  # a later load starts here, and measures as this one
             self.on_measured(self.learned())

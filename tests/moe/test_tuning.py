@@ -168,6 +168,26 @@ def test_locality_judges_early_where_the_misses_are_far_over_the_bar():
     assert tuner.locality is None and tuner.modes.mode == "device"
 
 
+def test_a_locality_verdict_during_a_measurement_changes_nothing():
+    """A measurement under way decides: the verdict is not adopted, device sits nothing out,
+    and nothing is kept for the next load (the mode in use is a visit's)."""
+    from freetoken.moe import tuning
+
+    tuner = tuning.AdaptiveTuner(0.5, None)
+    tuner.modes = tuning.ModeChooser(modes=("device", "split", "layers"), start="device")
+    visiting = tuner.modes.mode
+    tuner.locality = tuning.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
+    saved = []
+    tuner.on_measured = saved.append
+    totals = [0, 0]
+    tuner.judge_locality(lambda: tuple(totals))
+    for _ in range(tuning.LOCALITY_STEPS):
+        totals[0], totals[1] = totals[0] + 40, totals[1] + 344
+        tuner.judge_locality(lambda: tuple(totals))
+    assert tuner.locality is None  # judged
+    assert tuner.modes.mode == visiting and not tuner.modes.sitting_out and not saved
+
+
 def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypatch):
     """Decode ahead launches a step right behind the one before: its interval is a fraction
     of a step's. Taken as the running step time, every later step looked like idle time and
