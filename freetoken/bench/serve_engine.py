@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freetoken import config
 from freetoken import options as opts
 from freetoken.api.compat import sampling_options
-from freetoken.bench import common
+from freetoken.bench import common, served
 from freetoken.protocol import CompletionRequest
 from freetoken.server.residency import default_num_ctx
 from freetoken.store import Store
@@ -34,8 +33,7 @@ class EngineRun:
     def __init__(self, store: Path, model: str, env: list[str], streams: int):
         from freetoken.runtime.service import ModelService
 
-        # the settings a runner started by the server with these would read
-        cfg = config.load(config.child_environment(dict(e.split("=", 1) for e in env)))
+        cfg = served.runner_config(env)
         shelf = Store(store)
         view = shelf.resolve(model)
         merged = opts.merge(view.params, {})

@@ -31,6 +31,7 @@ __all__ = [
     "ensure_model",
     "free_port",
     "measure_bandwidths",
+    "runner_config",
     "server",
     "wait_ready",
 ]
@@ -149,6 +150,11 @@ def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
             proc.kill()
 
 
+def runner_config(env: list[str]) -> Any:
+    """The settings a runner started by a server given `env` (NAME=value) would read."""
+    return config.load(config.child_environment(dict(e.split("=", 1) for e in env)))
+
+
 def measure_bandwidths(env: list[str], seconds: float = 1.0, gib: float = 4.0) -> bool:
     """Measures B_P and B_H as `freetoken bench bw` does, into the profile the server's
     runners read, where the machine has a GPU and only a load's probe measured them: the
@@ -162,7 +168,7 @@ def measure_bandwidths(env: list[str], seconds: float = 1.0, gib: float = 4.0) -
     from freetoken.bench import bw, common
     from freetoken.moe import profile
 
-    cache_dir = config.load(config.child_environment(dict(e.split("=", 1) for e in env))).cache_dir
+    cache_dir = runner_config(env).cache_dir
     if profile.from_bench(cache_dir):
         return False
     print("# measuring B_P and B_H for the bound (as `freetoken bench bw` does)", flush=True)
