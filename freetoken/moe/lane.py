@@ -3,7 +3,8 @@
 Where a single-token step gives routes to the CPU (a share of a layer's misses, or a
 whole CPU layer), the host used to wait for the routing, compute, and send the result
 back: the CUDA graph was cut at that layer and each cut cost ~0.25 ms of host work. Here
-the layer's activations and CPU routes are copied into pinned memory, a C++ loop on its own
+a kernel writes the layer's activations and CPU routes into pinned memory (only where it
+gives the CPU a route), a C++ loop on its own
 thread (GIL released) computes them as soon as the sequence number moves, and a kernel
 later in the same graph waits for its answer and adds it in (kernels/triton/lane.py,
 kernels/cpu/lane.cpp). The GPU's own share of the layer runs in between.
@@ -89,9 +90,7 @@ class CpuLane:
         # the flat tensor holds the registration (a view of it would not): kept beside the view
         self._out_flat = _zeros(MAX_TOKENS * hidden, host, pin, "float32")
         self.out = self._out_flat.view(MAX_TOKENS, hidden)
-        # device side: the request before it is copied out, whether this layer posted, and the
-        # last sequence number posted
-        self.dev = Mailbox(hidden, device) if pin else None
+        # device side: whether this layer posted, and the last sequence number posted
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
@@ -203,16 +202,17 @@ class CpuLane:
         if self.device.type == "cuda":
             from freetoken.kernels.triton import block, lane
 
-            d = self.dev
+            h = self.host
             lane.post_kernel[(1,)](
                 x,
                 ids,
                 weights,
                 cpu,
-                d.x,
-                d.ids,
-                d.wts,
-                d.pos,
+                h.x,
+                h.ids,
+                h.wts,
+                h.pos,
+                self.ctl,
                 self.pend,
                 self.count,
                 self.pos[layer],
@@ -221,11 +221,8 @@ class CpuLane:
                 H=x.shape[-1],
                 BLOCK_H=1024,
                 K=max(16, block(T * k)),
+                FENCE=True,
             )
-            # the request first, then its number: the second copy starts once the first landed
-            n = d.nbytes(T)
-            self.host.raw[:n].copy_(d.raw[:n], non_blocking=True)
-            self.ctl[SEQ : SEQ + 1].copy_(self.count, non_blocking=True)
             return
         h = self.host
         h.x[:T].copy_(x)

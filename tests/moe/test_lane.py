@@ -394,19 +394,17 @@ INTERPRET = (
 )
 
 
-def _gpu_step(lane, dev, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
-    """One layer's post of T tokens (x [T, H], ids and w [T·K] token-major), the two copies a
-    GPU step makes (the request's bytes only), and the collect: y plus the CPU's routes, as
-    the GPU step would have it."""
+def _gpu_step(lane, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
+    """One layer's post of T tokens (x [T, H], ids and w [T·K] token-major) straight into
+    the host mailbox, and the collect: y plus the CPU's routes, as the GPU step would have it."""
     from freetoken.kernels.triton import lane as kernels
-    from freetoken.moe.lane import MAX_SPINS, SEQ
+    from freetoken.moe.lane import MAX_SPINS
 
-    T = x.shape[0]
-    mailbox = (dev.x, dev.ids, dev.wts, dev.pos, lane.pend, lane.count)
-    kernels.post_kernel[(1,)](x, ids, w, cpu, *mailbox, layer, K, T, H=H, BLOCK_H=32, K=32)
-    n = dev.nbytes(T)
-    lane.host.raw[:n].copy_(dev.raw[:n])
-    lane.ctl[SEQ : SEQ + 1].copy_(lane.count)
+    T, h = x.shape[0], lane.host
+    mailbox = (h.x, h.ids, h.wts, h.pos, lane.ctl, lane.pend, lane.count)
+    kernels.post_kernel[(1,)](
+        x, ids, w, cpu, *mailbox, layer, K, T, H=H, BLOCK_H=32, K=32, FENCE=False
+    )
     out = torch.empty_like(y)
     books = (lane.out, lane.ctl, lane.pend, lane.count, lane.polls, MAX_SPINS)
     kernels.collect_kernel[(1,)](y, out, *books, T, H=H, BLOCK_H=32)
@@ -416,12 +414,9 @@ def _gpu_step(lane, dev, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 and triton")
 def test_gpu_kernels_drive_the_loop_in_the_interpreter():
     """The post and collect kernels (run by Triton's interpreter on host tensors) against the
-    loop, with the copies a GPU step makes between them: the CPU's routes added to y."""
-    from freetoken.moe.lane import Mailbox
-
+    loop: the CPU's routes added to y, and a layer with none for the CPU posts nothing."""
     hb = banks()
     lane = CpuLane(hb, torch.device("cpu"), threads=1)
-    dev = Mailbox(H, torch.device("cpu"))
     lane.start()
     g = torch.Generator().manual_seed(2)
     try:
@@ -429,7 +424,13 @@ def test_gpu_kernels_drive_the_loop_in_the_interpreter():
             x, y = torch.randn((T, H), generator=g), torch.randn((T, H), generator=g)
             ids = torch.cat([torch.randperm(E, generator=g)[:K] for _ in range(T)])
             w, cpu = torch.rand(T * K, generator=g), torch.rand(T * K, generator=g) < 0.5
-            out = _gpu_step(lane, dev, x, y, ids, w, cpu, step % L)
+            if step == 5:  # nothing for the CPU: the mailbox and the number stay as they were
+                cpu[:] = False
+                before = (lane.host.raw.clone(), int(lane.ctl[SEQ]))
+            out = _gpu_step(lane, x, y, ids, w, cpu, step % L)
+            if step == 5:
+                assert torch.equal(lane.host.raw, before[0]) and int(lane.ctl[SEQ]) == before[1]
+                assert torch.equal(out, y)
             sel = torch.nonzero(cpu).reshape(-1)
             want = y + cpu_kernel.moe_experts(
                 x, hb.banks[step % L], sel // K, ids[sel], w[sel], hb.spec
