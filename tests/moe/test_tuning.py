@@ -265,5 +265,22 @@ def test_a_prefill_closes_the_window_and_other_modes_are_not_judged():
     _serve(window, totals, WINDOW_STEPS, misses=1)
     window.ended(512)  # a prompt's prefill: its misses are not decode's
     assert window.promising("device") is None
-    # split's host work a layer is time no miss shows: every other mode stays promising
+
+
+def test_from_split_whole_cpu_layers_are_promising_only_where_they_could_gain():
+    """Split's lane work is time no miss shows, so device and cache stay promising whatever
+    the misses; layers not where its CPU layers' compute alone takes most of the step (the
+    12-layer checkpoint at 75 %, four streams: 3 CPU layers' 384 routes, 6 ms, a 3 ms step),
+    yes where the step is long beside it (10 of 12 layers on the CPU at 16 ms)."""
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals))
+    assert window.promising("split") is None  # judged from a window of its own too
+    _serve(window, totals, WINDOW_STEPS, misses=0.5, routes=384, seconds=3e-3)
+    assert set(window.promising("split")) == {"device", "cache"}
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals), capacity=256)
+    window.promising("split")
+    _serve(window, totals, WINDOW_STEPS, misses=40, seconds=16e-3)
     assert set(window.promising("split")) == {"device", "cache", "layers"}
