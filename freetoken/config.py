@@ -234,6 +234,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the last ones); 0 means one per physical core, the lane's on every core but the first",
     ),
     Setting(
+        "lane_spin_ms",
+        "FREETOKEN_LANE_SPIN_MS",
+        _nonneg_int,
+        "2",
+        "milliseconds the CPU lane's threads spin after a request before they nap: a request "
+        "that finds them napping waits for them to wake",
+    ),
+    Setting(
         "moe_policy",
         "FREETOKEN_MOE_POLICY",
         _choice(*MOE_POLICIES),

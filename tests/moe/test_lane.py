@@ -119,15 +119,16 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     assert lane._thread is None
 
 
-def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core():
+@pytest.mark.parametrize("spin_ms", [0, 2])
+def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms):
     """The team's workers join a request while it is open and the loop waits only for those
-    that joined: requests posted back to back, and after the workers have gone to nap, each
-    get the kernel's bits."""
+    that joined: requests posted back to back, and after the workers have gone to nap (at
+    once where they spin for 0 ms), each get the kernel's bits."""
     import time
 
     hb = banks()
     cores = len(cpu_kernel.physical_cpus())
-    lane = CpuLane(hb, torch.device("cpu"), threads=cores)
+    lane = CpuLane(hb, torch.device("cpu"), threads=cores, spin_ms=spin_ms)
     lane.start()
     g = torch.Generator().manual_seed(8)
     try:
@@ -136,7 +137,7 @@ def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core():
             x, w = torch.randn((1, H), generator=g), torch.rand((1, K), generator=g)
             ids = torch.randperm(E, generator=g)[:K][None]
             if step % 100 == 99:
-                time.sleep(0.01)  # past the 2 ms of spinning: the workers nap
+                time.sleep(0.01)  # past the spinning: the workers nap
             lane.post(layer, x, ids, w)
             got = lane.collect(torch.zeros(1, H))
             want = cpu_kernel.moe_experts(

@@ -53,19 +53,18 @@ namespace {
 inline int64_t load_acquire(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void store_release(int64_t* p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-// Spin while requests keep coming (a decode step posts one every few hundred microseconds),
-// then poll gently, and after a second without work more gently still: a server that idles
-// keeps its lane, and a millisecond once per idle spell is nothing against a first token.
-constexpr auto kSpin = std::chrono::milliseconds(2);
+// Spin for `spin` after the last request (the lane's setting, moe/lane.py says why), then poll
+// gently, and after a second without work more gently still: a server that idles keeps its
+// lane, and a millisecond once per idle spell is nothing against a first token.
 constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kDrowse = std::chrono::seconds(1);
 constexpr auto kLongNap = std::chrono::milliseconds(1);
 
 // One wait of a thread with nothing to do, `busy` when it last had something.
-inline void idle(std::chrono::steady_clock::time_point busy) {
+inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::microseconds spin) {
   const auto quiet = std::chrono::steady_clock::now() - busy;
   if (quiet > kDrowse) std::this_thread::sleep_for(kLongNap);
-  else if (quiet > kSpin) std::this_thread::sleep_for(kNap);
+  else if (quiet > spin) std::this_thread::sleep_for(kNap);
   else _mm_pause();
 }
 
@@ -82,7 +81,7 @@ void pin_to(int64_t cpu) {
 // joined: one napping, or off its core, holds up nothing it has not started.
 class Team {
  public:
-  explicit Team(const std::vector<int64_t>& cpus) {
+  Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin) : spin_(spin) {
     for (int64_t cpu : cpus) workers_.emplace_back([this, cpu] { work(cpu); });
   }
   ~Team() {
@@ -123,7 +122,7 @@ class Team {
     while (!stop_.load(std::memory_order_relaxed)) {
       const uint64_t run = entry_.load(std::memory_order_acquire) >> kJoinedBits;
       if (run == 0 || run == seen) {
-        idle(busy);
+        idle(busy, spin_);
         continue;
       }
       seen = run;
@@ -134,6 +133,7 @@ class Team {
     }
   }
 
+  const std::chrono::microseconds spin_;
   uint64_t runs_ = 0;  // the caller's count of runs
   std::atomic<uint64_t> entry_{0}, finished_{0};
   std::atomic<bool> stop_{false};
@@ -189,7 +189,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
-                int64_t act, double alpha, double limit, bool int8) {
+                int64_t act, double alpha, double limit, bool int8, int64_t spin_us) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 3, "lane: bad request head");
@@ -200,13 +200,14 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   TORCH_CHECK(gu_biases.empty() || gu_biases.size() == gate_ups.size(), "lane: biases disagree");
   TORCH_CHECK(dn_biases.empty() || dn_biases.size() == gate_ups.size(), "lane: biases disagree");
   TORCH_CHECK(gu_fmts.size() == gate_ups.size() && dn_fmts.size() == gate_ups.size(), "lane: formats disagree");
+  const std::chrono::microseconds spin(spin_us);
   const LaneBanks banks{gate_ups, downs, gu_biases, dn_biases, gu_fmts, dn_fmts, act, alpha, limit, int8};
   // the loop's thread is the team's first member, its workers take the other cores; with no
   // cores named (their layout unknown) the requests run on ATen's pool
   std::unique_ptr<Team> team;
   if (!cpus.empty()) {
     pin_to(cpus[0]);
-    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()));
+    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()), spin);
   }
   const TeamScope scope(team.get());
   int64_t* c = ctl.data_ptr<int64_t>();
@@ -215,7 +216,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   while (load_acquire(c + 3) == 0) {
     const int64_t s = load_acquire(c);
     if (s == last) {
-      idle(busy);
+      idle(busy, spin);
       continue;
     }
     last = s;
