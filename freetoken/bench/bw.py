@@ -270,10 +270,14 @@ def run(
     per_format = measure_formats(
         formats or [], seconds, gib, result["cpu_expert_gbps"], threads, prefetch, isa
     )
-    result["formats"] = per_format
-    # the profile's B_H per format: runners of a packed model start their split from it
-    result |= {f"cpu_expert_gbps_{fmt}": r["gbps"] for fmt, r in per_format.items()}
-    return result
+    return with_formats(result, per_format)
+
+
+def with_formats(result: dict, per_format: dict) -> dict:
+    """`result` with the block formats' measurements added (measure_formats), and each one's
+    B_H as the profile keeps it: runners of a packed model start their split from it."""
+    out = {**result, "formats": {**result.get("formats", {}), **per_format}}
+    return out | {f"cpu_expert_gbps_{fmt}": r["gbps"] for fmt, r in per_format.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "add_arguments",
     "checkpoint",
     "ensure_model",
+    "expert_formats",
     "free_port",
     "measure_bandwidths",
     "runner_config",
@@ -155,11 +156,15 @@ def runner_config(env: list[str]) -> Any:
     return config.load(config.child_environment(dict(e.split("=", 1) for e in env)))
 
 
-def measure_bandwidths(env: list[str], seconds: float = 1.0, gib: float = 4.0) -> bool:
+def measure_bandwidths(
+    env: list[str], formats: list[str] | None = None, seconds: float = 1.0, gib: float = 4.0
+) -> bool:
     """Measures B_P and B_H as `freetoken bench bw` does, into the profile the server's
     runners read, where the machine has a GPU and only a load's probe measured them: the
     rows' bound uses the runner's figures, and a probe's low ones read as a speed near or
-    over the bound. True where it measured."""
+    over the bound. B_H of the block formats `formats` (every one with None), or of those
+    among them a profile from `bench bw` lacks: each takes seconds to pack and time, and a
+    fresh machine's first run paid for all eight. True where it measured."""
     import torch
 
     if not torch.cuda.is_available():
@@ -169,12 +174,34 @@ def measure_bandwidths(env: list[str], seconds: float = 1.0, gib: float = 4.0) -
     from freetoken.moe import profile
 
     cache_dir = runner_config(env).cache_dir
-    if profile.from_bench(cache_dir):
-        return False
-    print("# measuring B_P and B_H for the bound (as `freetoken bench bw` does)", flush=True)
-    measured = bw.run(seconds, gib, list(quant.FORMATS))
+    formats = list(quant.FORMATS) if formats is None else formats
+    known = profile.load(cache_dir) if profile.from_bench(cache_dir) else None
+    if known is None:
+        print("# measuring B_P and B_H for the bound (as `freetoken bench bw` does)", flush=True)
+        measured = bw.run(seconds, gib, formats)
+    else:
+        missing = [f for f in formats if f"cpu_expert_gbps_{f}" not in known]
+        if not missing:
+            return False
+        print(f"# measuring B_H of {', '.join(missing)} for the bound", flush=True)
+        per = bw.measure_formats(missing, seconds, gib, float(known["cpu_expert_gbps"]))
+        measured = bw.with_formats(known, per)
     profile.save(cache_dir, {**measured, "date": common.header("bw")["date"]})
     return True
+
+
+def expert_formats(store: Store, name: str) -> list[str] | None:
+    """The block formats of `name`'s expert banks ([] where they are float), or None where
+    its weights are not an FTW index this can read."""
+    from freetoken.ftw import FtwError
+    from freetoken.ftw.reader import Index
+
+    files = {k: Path(v) for k, v in store.runner_files(store.resolve(name)).items()}
+    try:
+        tensors = Index.load(files).tensors
+    except FtwError:
+        return None
+    return sorted({t["quant"] for t in tensors if t.get("kind") == "bank" and t.get("quant")})
 
 
 @contextlib.contextmanager
@@ -196,6 +223,6 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
     else:
         raise SystemExit("name a model: --url and --model, --shape, or --from")
     ensure_model(store, name, source)
-    measure_bandwidths(args.env)
+    measure_bandwidths(args.env, expert_formats(store, name))
     with server(work / "store", args.env, work / "server.log") as url:
         yield url, name, store

@@ -19,7 +19,8 @@ def test_bandwidths_are_measured_where_only_a_loads_probe_timed_them(tmp_path, m
 
     def run(seconds, gib, formats):
         runs.append(formats)
-        return {"pcie_gbps": 50.2, "cpu_expert_gbps": 98.6, "cpu_expert_gbps_q4_k": 81.8}
+        per_format = {f: {"gbps": 81.8} for f in formats}
+        return bw.with_formats({"pcie_gbps": 50.2, "cpu_expert_gbps": 98.6}, per_format)
 
     monkeypatch.setattr(bw, "run", run)
     # no GPU here to name
@@ -36,3 +37,52 @@ def test_bandwidths_are_measured_where_only_a_loads_probe_timed_them(tmp_path, m
     assert profile.bandwidths(cache_dir, "q4_k")[:2] == (50.2e9, 81.8e9)
     assert not served.measure_bandwidths(env)  # measured once: kept
     assert len(runs) == 1
+
+
+def test_only_the_models_formats_are_measured_and_a_missing_one_is_added(tmp_path, monkeypatch):
+    """A fresh machine measures B_P, BF16's B_H and the served model's block formats only;
+    a later model of another format adds its B_H to the profile, the rest kept."""
+    env = [f"FREETOKEN_CACHE_DIR={tmp_path}"]
+    runs, packed = [], []
+
+    def run(seconds, gib, formats):
+        runs.append(formats)
+        return bw.with_formats(
+            {"pcie_gbps": 50.2, "cpu_expert_gbps": 98.6},
+            {f: {"gbps": 80.0} for f in formats},
+        )
+
+    def measure_formats(formats, seconds, gib, bf16_gbps):
+        packed.append((formats, bf16_gbps))
+        return {f: {"gbps": 70.0} for f in formats}
+
+    monkeypatch.setattr(bw, "run", run)
+    monkeypatch.setattr(bw, "measure_formats", measure_formats)
+    monkeypatch.setattr(profile, "machine_key", lambda: "this-machine")
+    monkeypatch.setattr(common, "machine", lambda: {"gpu": "a GPU"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert served.measure_bandwidths(env, ["q4_k", "q6_k"])
+    assert runs == [["q4_k", "q6_k"]] and not packed
+    assert not served.measure_bandwidths(env, ["q4_k"])  # known
+    assert not served.measure_bandwidths(env, [])  # a float model: BF16's, known
+    assert served.measure_bandwidths(env, ["q6_k", "q8_0"])
+    assert packed == [(["q8_0"], 98.6)] and len(runs) == 1
+    cache_dir = served.runner_config(env).cache_dir
+    assert profile.bandwidths(cache_dir, "q8_0")[:2] == (50.2e9, 70e9)
+    assert profile.bandwidths(cache_dir, "q4_k")[:2] == (50.2e9, 80e9)
+    assert set(profile.load(cache_dir)["formats"]) == {"q4_k", "q6_k", "q8_0"}
+
+
+def test_a_models_expert_formats_are_read_from_its_index(tmp_path):
+    """The synthetic shape's experts at q4_K_M: q4_k and q6_k banks (the down matrices of
+    some layers take Q6_K); at BF16 none."""
+    from freetoken.store import Store
+
+    store = Store(tmp_path / "store")
+    quantized = served.checkpoint("tiny", 2, tmp_path, quantize="q4_K_M")
+    served.ensure_model(store, "tiny-q", quantized)
+    formats = served.expert_formats(store, "tiny-q")
+    assert formats and set(formats) <= {"q4_k", "q6_k", "q5_k", "q8_0"} and "q4_k" in formats
+    plain = served.checkpoint("tiny", 1, tmp_path, "float32")
+    served.ensure_model(store, "tiny-f", plain)
+    assert served.expert_formats(store, "tiny-f") == []
