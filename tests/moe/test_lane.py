@@ -3,6 +3,7 @@ thread, with the expert kernel's arithmetic, in order, and a stopped lane lets g
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -145,6 +146,37 @@ def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms):
             )
             assert torch.equal(got, want), f"step {step}"
         assert lane.stats()["failed"] == 0 and lane.stats()["served"] == 300
+    finally:
+        lane.stop()
+
+
+def test_the_lanes_threads_nap_as_long_as_asked():
+    """The loop's thread and each worker set their timer slack to 1 us: with Linux's default
+    of 50 us a 50 us nap took twice as long, and so did a request that found them napping."""
+    import glob
+    import time
+
+    if not os.path.exists("/proc/self/timerslack_ns"):
+        pytest.skip("no timer slack to read here")
+
+    def precise() -> set[str]:
+        """This process's threads at 1 us (a thread's own file is under its id, not its task)."""
+        out = set()
+        for task in glob.glob("/proc/self/task/*"):
+            tid = os.path.basename(task)
+            with contextlib.suppress(OSError), open(f"/proc/{tid}/timerslack_ns") as f:
+                if int(f.read()) == 1000:
+                    out.add(tid)
+        return out
+
+    before = precise()  # an earlier test's lane may still be winding down
+    lane = CpuLane(banks(), torch.device("cpu"), threads=2)
+    lane.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(precise() - before) < len(lane.cpus) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the workers start on their own threads
+        assert len(precise() - before) == len(lane.cpus)
     finally:
         lane.stop()
 

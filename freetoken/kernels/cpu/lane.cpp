@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include <sched.h>
+#include <sys/prctl.h>
 
 #include <atomic>
 #include <chrono>
@@ -68,11 +69,16 @@ inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::micros
   else _mm_pause();
 }
 
+// Pins the calling thread to `cpu` and makes its naps as long as asked. Linux lets a timed
+// sleep run late by the thread's timer slack, 50 us by default: a 50 us nap took ~100 us,
+// and a request that found the team napping waited that long for its threads to wake (135
+// against 83 us a nap, measured with Python's sleep on a development VM).
 void pin_to(int64_t cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(static_cast<int>(cpu), &set);
   sched_setaffinity(0, sizeof(set), &set);  // best effort: a refusal leaves the thread unpinned
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);  // 1 us; best effort as well
 }
 
 // Workers pinned one to each of `cpus`; run() has the caller and every worker that joins in
