@@ -78,6 +78,8 @@ def emit(
         f"# {head['bench']} | gpu={head['gpu']} | cpu={head['cpu']} | threads={head['threads']} | "
         f"commit={head['commit']} | {head['date']}"
     )
+    if head.get("settings"):  # what the measured server ran with, beside its defaults
+        print("# settings: " + " ".join(f"{k}={v}" for k, v in sorted(head["settings"].items())))
     print(table(rows, columns))
     if as_json:
         for r in rows:

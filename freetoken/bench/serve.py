@@ -468,9 +468,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     args.env = context_for_prompts(args.env, args.prompt_tokens + args.tokens)
+    # a server of its own runs with these; one attached to says nothing of its own
+    settings = {} if args.url else served.server_settings(args.env)
     with served.target(args) as (args.url, args.model, store):
         rows = run(args)
-    head = common.header("serve") | {"model": args.model}
+    head = common.header("serve") | {"model": args.model, "settings": settings}
     common.emit(rows, COLUMNS, args.json, head)
     if args.engine:
         from freetoken.bench import serve_engine

@@ -34,6 +34,7 @@ __all__ = [
     "measure_bandwidths",
     "runner_config",
     "server",
+    "server_settings",
     "wait_ready",
 ]
 
@@ -149,6 +150,15 @@ def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def server_settings(env: list[str]) -> dict[str, str]:
+    """The FreeToken settings a server of `server` given `env` starts with (this process's
+    environment, then `env`), but where it listens and its store: what a row was measured
+    under, for the record."""
+    environ = config.child_environment(dict(e.split("=", 1) for e in env))
+    own = {"FREETOKEN_HOST", "FREETOKEN_MODELS"}
+    return {k: v for k, v in environ.items() if k.startswith("FREETOKEN_") and k not in own}
 
 
 def runner_config(env: list[str]) -> Any:

@@ -86,3 +86,17 @@ def test_a_models_expert_formats_are_read_from_its_index(tmp_path):
     plain = served.checkpoint("tiny", 1, tmp_path, "float32")
     served.ensure_model(store, "tiny-f", plain)
     assert served.expert_formats(store, "tiny-f") == []
+
+
+def test_a_rows_settings_are_the_servers_environment_and_its_overrides(monkeypatch, capsys):
+    """What the server of its own ran with goes into the record: this process's FreeToken
+    settings, then --env's, but not where it listens or its store (the bench's own)."""
+    monkeypatch.setenv("FREETOKEN_LANE_SPIN_MS", "30")
+    monkeypatch.setenv("FREETOKEN_HOST", "127.0.0.1:1")
+    monkeypatch.setenv("UNRELATED", "x")
+    got = served.server_settings(["FREETOKEN_EXPERT_SLOTS=1152", "FREETOKEN_LANE_SPIN_MS=2"])
+    assert got["FREETOKEN_EXPERT_SLOTS"] == "1152" and got["FREETOKEN_LANE_SPIN_MS"] == "2"
+    assert "FREETOKEN_HOST" not in got and "UNRELATED" not in got
+    head = common.header("serve") | {"settings": {"FREETOKEN_EXPERT_SLOTS": "1152"}}
+    common.emit([{"a": 1}], [("a", "a")], False, head)
+    assert "# settings: FREETOKEN_EXPERT_SLOTS=1152" in capsys.readouterr().out
