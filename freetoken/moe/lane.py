@@ -4,10 +4,10 @@ Where a single-token step gives routes to the CPU (a share of a layer's misses, 
 whole CPU layer), the host used to wait for the routing, compute, and send the result
 back: the CUDA graph was cut at that layer and each cut cost ~0.25 ms of host work. Here
 a kernel writes the layer's activations and CPU routes into pinned memory (only where it
-gives the CPU a route), a C++ loop on its own
-thread (GIL released) computes them as soon as the sequence number moves, and a kernel
-later in the same graph waits for its answer and adds it in (kernels/triton/lane.py,
-kernels/cpu/lane.cpp). The GPU's own share of the layer runs in between.
+gives the CPU a route), a C++ loop on its own thread (GIL released) computes them as soon
+as the sequence number moves, and a kernel later in the same graph waits for its answer
+and adds it in (kernels/triton/lane.py, kernels/cpu/lane.cpp). The GPU's own share of the
+layer runs in between.
 
 On a machine without CUDA the same mailbox is driven by plain tensor ops, so the loop,
 the protocol and the arithmetic are tested everywhere.
@@ -37,25 +37,20 @@ SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6
 
 
 class Mailbox:
-    """One request's bytes, in one buffer so that one copy moves them: the layer's position,
-    routes a token and tokens (int64), routes (int64, token-major, -1 where not the CPU's),
-    route weights (fp32), then each token's activations (fp32). The activations come last,
-    so a request of T tokens is the buffer's first `nbytes(T)`: one token's is as small as
-    before batches."""
+    """One request's bytes, in one pinned buffer the post kernel writes: the layer's
+    position, routes a token and tokens (int64), routes (int64, token-major, -1 where not the
+    CPU's), route weights (fp32), then each token's activations (fp32), up to MAX_TOKENS."""
 
     HEAD = 4 * 8 + MAX_ROUTES * 8 + MAX_ROUTES * 4
 
     def __init__(self, hidden: int, device: torch.device, pin: bool = False):
         self.hidden = hidden
-        self.raw = _zeros(self.nbytes(MAX_TOKENS), device, pin)
+        self.raw = _zeros(self.HEAD + MAX_TOKENS * hidden * 4, device, pin)
         self.pos = self.raw[:32].view(torch.int64)  # layer position, routes a token, tokens
         self.ids = self.raw[32 : 32 + MAX_ROUTES * 8].view(torch.int64)
         self.wts = self.raw[32 + MAX_ROUTES * 8 : self.HEAD].view(torch.float32)
         self.x = self.raw[self.HEAD :].view(torch.float32).view(MAX_TOKENS, hidden)
         self.ids.fill_(-1)
-
-    def nbytes(self, tokens: int) -> int:
-        return self.HEAD + tokens * self.hidden * 4
 
 
 def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
