@@ -136,7 +136,7 @@ def server(store_dir: Path, env: list[str], log: Path) -> Iterator[str]:
     """`freetoken serve` on a free loopback port over `store_dir`; yields its URL."""
     port = free_port()
     settings = {"FREETOKEN_HOST": f"127.0.0.1:{port}", "FREETOKEN_MODELS": str(store_dir)}
-    environ = config.child_environment(settings | dict(e.split("=", 1) for e in env))
+    environ = config.child_environment(settings | _overrides(env))
     cmd = [sys.executable, "-m", "freetoken", "serve"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=subprocess.STDOUT)
@@ -156,14 +156,19 @@ def server_settings(env: list[str]) -> dict[str, str]:
     """The FreeToken settings a server of `server` given `env` starts with (this process's
     environment, then `env`), but where it listens and its store: what a row was measured
     under, for the record."""
-    environ = config.child_environment(dict(e.split("=", 1) for e in env))
+    environ = config.child_environment(_overrides(env))
     own = {"FREETOKEN_HOST", "FREETOKEN_MODELS"}
     return {k: v for k, v in environ.items() if k.startswith("FREETOKEN_") and k not in own}
 
 
 def runner_config(env: list[str]) -> Any:
     """The settings a runner started by a server given `env` (NAME=value) would read."""
-    return config.load(config.child_environment(dict(e.split("=", 1) for e in env)))
+    return config.load(config.child_environment(_overrides(env)))
+
+
+def _overrides(env: list[str]) -> dict[str, str]:
+    """--env's NAME=value settings, by name."""
+    return dict(e.split("=", 1) for e in env)
 
 
 def measure_bandwidths(

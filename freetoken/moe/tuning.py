@@ -152,21 +152,20 @@ class MissWindow:
             if self.start is None:
                 self.start, self.steps, self.timed, self.seconds = self.lookups(), 0, 0, 0.0
             return None
+        start, self.start = self.start, None  # judged: the next look opens a new window
         hits, misses = self.lookups()
-        routes = (hits + misses - sum(self.start)) / self.steps
+        routes = (hits + misses - sum(start)) / self.steps
         step = self.seconds / self.timed
         floor = MIN_GAIN * step
         # whole CPU layers compute every route of theirs, hit or miss
         layers = self.cpu_layers * routes * self.cpu_route_s
         if Mode(mode) is Mode.SPLIT:
-            self.start = None
             # the lane's work a layer is time no miss shows, so device and cache stay
             # promising; whole CPU layers cannot gain more than the step less their own
             # compute (at 12 layers, 75 % cached, four streams: 6 ms of it against a 3 ms step,
             # and each visit to layers cost a window up to a third of its speed)
             return tuple(m for m in others if m != Mode.LAYERS or step - layers >= floor)
-        own = (misses - self.start[1]) / self.steps * self.miss_s[Mode.DEVICE]
-        self.start = None
+        own = (misses - start[1]) / self.steps * self.miss_s[Mode.DEVICE]
         if own < floor:
             return ()
         return tuple(m for m in others if m != Mode.LAYERS or own - layers >= floor)
