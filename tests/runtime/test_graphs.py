@@ -88,11 +88,14 @@ def test_captured_decode_matches_transformers_and_eager(tiny_model, policy, slot
     assert float((plain - captured).norm() / plain.norm()) <= 1e-5
     backend = engine.model.model.layers[0].mlp.experts.backend
     # two sequences decode together: their books stay on the device where every miss is
-    # fetched (lru-pcie, adaptive's device placement), else on the host, and layers that need
-    # the host cut the graph (one CPU layer in static-layers' shape)
+    # fetched (lru-pcie, adaptive's device placement) or the CPU lane computes a share of
+    # them (cpu-misses, split), else on the host, and layers that need the host cut the
+    # graph (one CPU layer in static-layers' shape)
     host_layers = sum(not backend.device_only(l, 2) for l in engine.model.moe_layers)
     shape = backend.placement.mode if policy == "adaptive" else policy
+    lane = 0 if backend.lane is not None else 2
     want = {"resident": 0, "lru-pcie": 0, "device": 0, "static-layers": 1, "layers": 1}
+    want |= {"cpu-misses": lane, "split": lane}
     assert host_layers == want.get(shape, 2)
     # one sequence left: lru-pcie keeps its books on the device, so nothing cuts the graph
     if policy in ("resident", "lru-pcie"):
