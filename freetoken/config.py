@@ -237,7 +237,7 @@ SETTINGS: tuple[Setting, ...] = (
         "lane_spin_ms",
         "FREETOKEN_LANE_SPIN_MS",
         _nonneg_int,
-        "2",
+        "30",
         "milliseconds the CPU lane's threads spin after a request before they nap: a request "
         "that finds them napping waits for them to wake",
     ),
