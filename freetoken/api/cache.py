@@ -41,6 +41,9 @@ def summary(name: str, stats: dict) -> dict:
         "books": experts.get("books"),
         # what adaptive measured: step time per placement and per PCIe share, and the lane
         "placement_step_ms": (experts.get("placement") or {}).get("step_ms"),
+        # the batch size (streams) the last decided measurement compared them at: a step's
+        # time depends on it as much as on the placement
+        "placement_batch": (experts.get("placement") or {}).get("batch"),
         "placement_moves": (experts.get("placement") or {}).get("moves"),
         # switches adaptive took back once the new placement served slower than its visits
         "placement_reverted": (experts.get("placement") or {}).get("reverted"),

@@ -215,6 +215,7 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
         {
             "policy": "adaptive",
             "placement_step_ms": {"device": 1.61, "split": 1.93},
+            "placement_batch": 4,
             "placement_moves": 6,
             "placement_reverted": 1,
             "placement_skipped": 4,
@@ -222,7 +223,8 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
         }
     )
     out = capsys.readouterr().out
-    assert "device 1.61, split 1.93" in out and "6 moves, 1 taken back" in out
+    assert "device 1.61, split 1.93 (last compared at 4 streams)" in out
+    assert "6 moves, 1 taken back" in out
     assert "4 skipped by the miss gate" in out
     assert "now device" in out
     serve._print_measured({"policy": "adaptive", "placement_step_ms": {}, "placement": "device"})
