@@ -241,4 +241,8 @@ def profile_steps(bench: Bench, mode: str, label: str) -> None:
     with profile(activities=acts) as prof:
         bench.decode(mode, 8, 2, 7)
     print(f"--- profile of 8 decode steps, {mode} routing, {label}")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+    table = prof.key_averages().table
+    print(table(sort_by="self_cpu_time_total", row_limit=18), flush=True)
+    if ProfilerActivity.CUDA in acts:  # the kernels a step runs, captured ones included
+        print(f"--- the same steps' kernels by device time, {label}")
+        print(table(sort_by="self_device_time_total", row_limit=30), flush=True)
