@@ -22,6 +22,7 @@ import weakref
 
 import torch
 
+from freetoken import config
 from freetoken.ftw.hostmem import HostBuffer, torch_dtype
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe.banks import MATRICES, HostBanks
@@ -69,9 +70,11 @@ def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
 
 
 class CpuLane:
-    def __init__(self, banks: HostBanks, device: torch.device, threads: int = 0, spin_ms: int = 30):
+    def __init__(
+        self, banks: HostBanks, device: torch.device, threads: int = 0, spin_ms: int | None = None
+    ):
         """threads: how many pinned workers, one to a physical core (0: lane_cpus' default);
-        spin_ms: how long they spin after a request before they nap."""
+        spin_ms: how long they spin after a request before they nap (None: the setting's)."""
         ext = cpu_kernel.extension()
         if ext is None:
             raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
@@ -81,7 +84,7 @@ class CpuLane:
         # H100 machine one route took 168 us after 5-20 ms without a request and 93 us back to
         # back; spinning 30 ms took it to 109-120 us. A split at 12 layers posts every few steps,
         # and through the server 30 ms held 4 streams at 1,402 tok/s against 1,285 with 2 ms.
-        self.spin_us = spin_ms * 1000
+        self.spin_us = (config.current().lane_spin_ms if spin_ms is None else spin_ms) * 1000
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.spec.hidden
         pin = device.type == "cuda"
@@ -305,8 +308,6 @@ def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
     """A lane for `banks` on every physical core but one (lane_cpus), or None (logged) where
     the CPU kernel cannot be built. The thread that launches a step waits for it asleep (the
     backend's `wait_step`), not on a core."""
-    from freetoken import config
-
     try:
         cfg = config.current()
         return CpuLane(banks, device, threads=cfg.cpu_threads, spin_ms=cfg.lane_spin_ms)

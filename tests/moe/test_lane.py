@@ -120,6 +120,19 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     assert lane._thread is None
 
 
+def test_the_spin_window_is_the_setting_unless_given(monkeypatch):
+    from freetoken import config
+
+    monkeypatch.setenv("FREETOKEN_LANE_SPIN_MS", "7")
+    config.current.cache_clear()
+    try:
+        assert CpuLane(banks(), torch.device("cpu"), threads=1).spin_us == 7000
+        assert CpuLane(banks(), torch.device("cpu"), threads=1, spin_ms=0).spin_us == 0
+    finally:
+        monkeypatch.undo()
+        config.current.cache_clear()
+
+
 @pytest.mark.parametrize("spin_ms", [0, 2])
 def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms):
     """The team's workers join a request while it is open and the loop waits only for those
