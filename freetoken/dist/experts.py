@@ -125,6 +125,10 @@ class DistributedExperts(ExpertBackend):
     def generation(self):
         return self.local.generation
 
+    @property
+    def variant(self):
+        return self.local.variant
+
     def keep_books_on_host(self) -> bool:
         return self.local.keep_books_on_host()
 

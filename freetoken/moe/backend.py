@@ -52,8 +52,15 @@ class ExpertBackend(abc.ABC):
     @property
     @abc.abstractmethod
     def generation(self) -> Hashable:
-        """Changes whenever tensors a captured step reads move (a resize, a new placement):
-        graphs captured under another generation are redone."""
+        """Changes whenever tensors a captured step reads move (a resize, whole layers placed
+        or released): graphs captured under another generation are dropped and redone."""
+
+    @property
+    @abc.abstractmethod
+    def variant(self) -> Hashable:
+        """How a step is captured over the same tensors (a decode placement: where its graphs
+        are cut, what each layer launches): within a generation each variant's graphs are
+        kept apart, so a move back to one replays what it captured before."""
 
     @abc.abstractmethod
     def keep_books_on_host(self) -> bool:

@@ -336,6 +336,11 @@ class OffloadExperts(ExpertBackend):
         cache_version = self.cache.version if self.cache is not None else 0
         return (self.placement.version, cache_version, self.lru is not None)
 
+    @property
+    def variant(self) -> Mode:
+        # each placement cuts and launches its steps its own way over the same slots
+        return self.placement.mode
+
     def wait_step(self) -> None:
         # Where a CPU lane computes during steps, a host thread spinning on the GPU would take
         # a core from the lane's pinned workers; waking costs microseconds against a step's

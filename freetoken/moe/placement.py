@@ -3,8 +3,9 @@
 Three kinds of layer: whole on the CPU (`cpu_layers`: no cache, static-layers' first
 layers, adaptive's `layers` mode), fixed in slots (`fixed_layers`: resident, the rest of
 static-layers; routed on the device with no bookkeeping), and cached (every other layer,
-through the LRU slot pool). `version` counts the moves: CUDA graphs captured for one
-placement are cut for it, so they are redone after any move.
+through the LRU slot pool). `version` counts the moves of whole layers, which replace the
+tensors captured steps read: CUDA graphs captured before one are redone. A change of mode
+alone moves no tensor: graphs are kept by mode and replayed on the way back.
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ class PlacementState:
 
     @mode.setter
     def mode(self, mode: Mode) -> None:
-        if mode != self._mode:
-            self._mode = mode
-            self.version += 1  # captured steps are cut differently in each mode
+        # no new version: a mode moves no tensor, and graphs are kept by mode (`variant`)
+        self._mode = mode
 
     def is_cpu(self, layer: int) -> bool:
         return self.cache is None or layer in self.cpu_layers

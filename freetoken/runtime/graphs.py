@@ -19,6 +19,7 @@ which is how its equivalence with the variable-shape path is tested.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,10 +81,13 @@ class DecodeGraphs:
         self.max_ctx = -(-max_ctx // page) * page
         self.min_ctx = min_ctx or MIN_CTX
         self._ops = ExpertsOps(model)
+        # every variant's buckets (placements of one generation); `_buckets` is the one in use
         self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._sets: dict[Hashable, dict[tuple[int, int], _Bucket]] = {None: self._buckets}
         self._stream = torch.cuda.Stream(device) if self.capture else None
         self._pool = None
         self._seen: tuple = ()  # the backend's identity and generation the graphs were made for
+        self._variant: Hashable = None  # and the variant `_buckets` holds
         self.captures = 0
 
     def warm(self, pool: PagePool) -> int:
@@ -126,7 +130,8 @@ class DecodeGraphs:
 
     def reset(self) -> None:
         """Drops every captured graph (they hold addresses of tensors that may be replaced)."""
-        self._buckets.clear()
+        self._sets = {self._variant: {}}
+        self._buckets = self._sets[self._variant]
         self._pool = None
 
     def _bucket_ctx(self, ctx_len: int) -> int:
@@ -136,10 +141,27 @@ class DecodeGraphs:
         page = self.kv.page_size
         return min(-(-n // page) * page, self.max_ctx)
 
-    def _version(self) -> tuple:
-        # a new backend, or a resize of the same one, moves the tensors the graphs read
+    def _version(self) -> tuple[tuple, Hashable]:
+        """(the backend's identity and generation, its variant): a new backend, or a resize
+        of the same one, moves the tensors the graphs read; a variant moves none."""
         backend = self._ops.backend
-        return () if backend is None else (id(backend), backend.generation)
+        if backend is None:
+            return (), None
+        return (id(backend), backend.generation), backend.variant
+
+    def _follow(self) -> None:
+        """The graphs the backend's state now needs: all dropped where tensors moved, else
+        the variant's own set, kept from its last use. Adaptive moves between placements
+        every few hundred steps to measure them, and each move recaptured every graph it
+        then ran (30-60 ms a capture): a measurement cost more than its visits."""
+        version, variant = self._version()
+        if version != self._seen:
+            self._variant = variant
+            self.reset()
+            self._seen = version
+        elif variant != self._variant:
+            self._variant = variant
+            self._buckets = self._sets.setdefault(variant, {})
 
     @torch.inference_mode()
     def run(
@@ -156,10 +178,8 @@ class DecodeGraphs:
         so nothing here waits for the device."""
         B = len(positions)
         max_ctx = self._bucket_ctx(max(positions) + 1)
-        version = self._version()
-        if self.capture and version != self._seen:
-            self.reset()  # every captured step may read what moved; the pool goes with them
-            self._seen = version
+        if self.capture:
+            self._follow()
         bk = self._buckets.get((B, max_ctx))
         if bk is None:
             bk = self._buckets[(B, max_ctx)] = self._new_bucket(B, max_ctx)
@@ -191,7 +211,15 @@ class DecodeGraphs:
         if not self.capture:
             return True
         bk = self._buckets.get((batch, self._bucket_ctx(ctx_len)))
-        return bk is not None and len(bk.segments) == 1 and self._version() == self._seen
+        return (
+            bk is not None
+            and len(bk.segments) == 1
+            and self._version()
+            == (
+                self._seen,
+                self._variant,
+            )
+        )
 
     def _books_to_host(self) -> bool:
         """Asks the experts ops to keep their books on the host (cut graphs, not none)."""

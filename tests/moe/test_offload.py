@@ -175,12 +175,15 @@ def test_a_warmed_cache_is_already_in_the_first_answers_placement(tiny_model):
     assert backend.tuner.modes.mode == "device" and backend.placement.mode == "cache"
     backend.warm()
     assert backend.placement.mode == "device"
-    generations = []
+    seen = []
     step = backend.between_steps
-    backend.between_steps = lambda tokens: (step(tokens), generations.append(backend.generation))
+    backend.between_steps = lambda tokens: (
+        step(tokens),
+        seen.append((backend.generation, backend.variant)),
+    )
     (seq,) = generate(engine, [PROMPT], 8)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 8)
-    assert len(set(generations)) == 1  # no step moved the placement
+    assert len(set(seen)) == 1  # no step moved the placement
 
 
 @pytest.mark.parametrize("min_gain, visits", [(1e9, False), (0.0, True)])

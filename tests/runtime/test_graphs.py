@@ -221,3 +221,43 @@ def test_one_sequence_is_warmed_at_every_context_bucket_between_the_ends(tiny_mo
     assert {(1, 512), (1, 1024)} <= set(g._buckets)
     (seq,) = generate(engine, [PROMPTS[0]], 8)
     assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 8)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_move_back_replays_the_placements_own_graphs(tiny_model, monkeypatch, device):
+    """Adaptive moves between placements to measure them, and each move recaptured every
+    graph it then ran. Now one generation's graphs are kept by placement: moving back
+    replays them; whole layers moved to the CPU replace tensors and drop them all. On a
+    CPU the capture is stood in for (the bookkeeping is what is under test), on a GPU it is
+    real; the tokens are transformers' throughout."""
+    from freetoken.moe import chooser
+
+    path, hf = tiny_model
+    graphs_kind = "capture" if device == "cuda" else "eager"
+    engine = make_engine(
+        path, device=device, policy="adaptive", slots=9, graphs=graphs_kind, device_cache="on"
+    )
+    graphs = engine.graphs
+    captured = []
+    if device == "cpu":
+        graphs.capture = True
+        monkeypatch.setattr(graphs, "_replay", graphs._forward)
+        monkeypatch.setattr(graphs, "_capture", lambda bk: bk.segments.append((None, None)))
+    real = graphs._new_bucket
+    monkeypatch.setattr(
+        graphs, "_new_bucket", lambda b, c: (captured.append(graphs._variant), real(b, c))[1]
+    )
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    for mode, new in (
+        ("device", ["device"]),
+        ("split", ["split"]),
+        ("device", []),  # kept since its first visit
+        ("split", []),
+        ("layers", ["layers"]),  # whole layers on the CPU: every graph dropped
+        ("device", ["device"]),
+    ):
+        backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
+        captured.clear()
+        (seq,) = generate(engine, [PROMPTS[0]], 12)
+        assert seq.output_ids == fixtures.hf_greedy(hf, PROMPTS[0], 12), mode
+        assert backend.placement.mode == mode and captured == new, mode
