@@ -279,7 +279,7 @@ class AdaptiveTuner:
         if self.window is not None:
             self.window.timed_step(dt)
         if self.modes is not None:
-            self.modes.observe(dt, batch)
+            self.modes.observe(dt, batch, str(mode))
             if self.modes.completed > self._measured:
                 self._measured = self.modes.completed
                 if self.on_measured is not None:
@@ -298,7 +298,7 @@ class AdaptiveTuner:
         if self.modes is None:
             return current
         if tokens <= PREFILL_TOKENS:
-            return Mode(self.modes.mode)
+            return Mode(self.modes.mode_for(tokens))
         return current if current.books_on_device else Mode.CACHE
 
     def judge_locality(self, lookups) -> None:

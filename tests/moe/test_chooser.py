@@ -58,9 +58,10 @@ def _run_batches(chooser, cost, batch_of, steps):
     """Steps whose time is cost[mode][batch], the batch at each step given by batch_of."""
     modes = []
     for i in range(steps):
-        modes.append(chooser.mode)
         b = batch_of(i, chooser.mode)
-        chooser.observe(cost[chooser.mode][b], b)
+        ran = chooser.mode_for(b)  # the mode itself wherever a measurement is under way
+        modes.append(ran)
+        chooser.observe(cost[ran][b], b, ran)
     return modes
 
 
@@ -338,7 +339,8 @@ def test_the_mode_in_use_is_judged_by_the_steps_it_served():
 
 def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
     # device served four streams, then one; the measurement compares at one stream, where
-    # split is faster, but split serves four streams far slower than device did
+    # split is faster, but split serves four streams far slower than device did: four
+    # streams go back to device, one stays in split
     chooser = ModeChooser(
         settle=0,
         measure=2,
@@ -354,7 +356,28 @@ def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
     assert set(modes) == {"split"}  # one stream: split holds up
     modes = _run_batches(chooser, cost, lambda i, mode: 4, 40)
     assert modes[: ModeChooser.TRIAL] == ["split"] * ModeChooser.TRIAL
-    assert chooser.mode == "device" and chooser.reverted == 1
+    assert set(modes[ModeChooser.TRIAL :]) == {"device"}
+    assert chooser.mode == "split" and chooser.reverted == 0
+    assert chooser.mode_for(4) == "device" and chooser.mode_for(1) == "split"
+    assert chooser.stats()["by_batch"] == {4: "device"}
+    # one stream again: split, with no move back for it
+    assert set(_run_batches(chooser, cost, lambda i, mode: 1, 20)) == {"split"}
+
+
+def test_a_decision_at_a_size_serves_that_size_the_winner():
+    # split kept four streams after device won at one; measured again at four streams,
+    # where device is now the faster, device serves both
+    chooser = ModeChooser(
+        settle=0, measure=2, period=200, modes=("device", "split"), start="device", explore_after=40
+    )
+    cost = {"device": {1: 0.015, 4: 0.03}, "split": {1: 0.010, 4: 0.05}}
+    _run_batches(chooser, cost, lambda i, mode: 4 if i < 20 else 1, 50)
+    _run_batches(chooser, cost, lambda i, mode: 4, 40)
+    assert chooser.mode_for(4) == "device" and chooser.mode == "split"
+    cost["split"][1] = 0.02  # split now the slower at one stream as well
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, 400)
+    assert chooser.completed >= 2 and chooser.mode == "device" and "split" in modes
+    assert chooser.stats()["by_batch"] == {} and chooser.mode_for(4) == "device"
 
 
 class _Prospects:

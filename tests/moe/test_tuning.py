@@ -52,7 +52,7 @@ def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
     charged = []
     monkeypatch.setattr(tuner.modes, "charge", charged.append)
     observed = []
-    monkeypatch.setattr(tuner.modes, "observe", lambda s, b=1: observed.append(s))
+    monkeypatch.setattr(tuner.modes, "observe", lambda s, b=1, ran=None: observed.append(s))
     for dt in (0.002, 0.002, 0.002):
         tuner.step_started(1, Mode.DEVICE)
         clock[0] += dt
@@ -66,6 +66,37 @@ def test_the_tuner_charges_a_move_and_the_step_after_it(monkeypatch):
     assert observed == pytest.approx([0.002, 0.002, 0.002, 0.008])
     assert charged == pytest.approx([0.3, 0.05])
     assert tuner.stats()["placement"]["moves"] == 1  # /api/cache shows it, bench serve notes it
+
+
+def test_the_tuner_serves_each_batch_size_in_the_mode_found_faster_there(monkeypatch):
+    """Split faster at one stream, device at four: once a switch to split was judged at
+    four streams, each step asks for its own size's mode, and moves as the batch changes."""
+    from freetoken.moe import tuning
+
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
+    tuner.modes = tuning.ModeChooser(  # serving from device, measuring after 40 steps
+        settle=0,
+        measure=2,
+        period=1000,
+        modes=("device", "split"),
+        start="device",
+        explore_after=40,
+    )
+    cost = {Mode.DEVICE: {1: 0.015, 4: 0.03}, Mode.SPLIT: {1: 0.010, 4: 0.05}}
+    mode, ran = Mode.DEVICE, []
+    for i in range(260):  # four streams, then one (the measurement), then four, then one
+        batch = 4 if i < 20 or 120 <= i < 220 else 1
+        tuner.step_started(batch, mode)  # times the step before, run in `mode`
+        if (want := tuner.wanted(batch, mode)) != mode:
+            tuner.moved(mode, want)
+            mode = want
+        ran.append((batch, mode))
+        clock[0] += cost[mode][batch]
+    assert (1, Mode.SPLIT) in ran[40:120] and ran[119] == (1, Mode.SPLIT)
+    assert ran[219] == (4, Mode.DEVICE) and ran[-1] == (1, Mode.SPLIT)
+    assert tuner.wanted(4, Mode.SPLIT) == Mode.DEVICE and tuner.wanted(1, Mode.DEVICE) == Mode.SPLIT
 
 
 def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(monkeypatch):
