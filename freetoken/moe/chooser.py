@@ -163,6 +163,7 @@ class ModeChooser:
         slower = served > old_time * (1 + self.TRIAL_MARGIN)
         if slower and batch != self.batch:
             self._at[batch] = trial.old  # the switch stands, except at this size
+            self.completed += 1
         if not slower or batch != self.batch:
             if not trial.old_time:  # every size judged
                 self._trial = None
@@ -333,6 +334,15 @@ class ModeChooser:
         self._at = {}
         return True
 
+    @property
+    def by_batch(self) -> dict[int, str]:
+        """The batch sizes served in another mode than `mode`, and theirs."""
+        return dict(self._at)
+
+    def serve_at(self, by_batch: dict[int, str]) -> None:
+        """Serves each size named from its mode (a load before found it faster there)."""
+        self._at = {b: m for b, m in by_batch.items() if m in self.modes and m != self.mode}
+
     def sit_out(self, mode: str, measurements: int | None = None) -> None:
         """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned
         of it elsewhere (a locality check, a load before) says it is slow."""
@@ -373,7 +383,7 @@ class ModeChooser:
     def stats(self) -> dict:
         return {
             "mode": self.mode,
-            "by_batch": dict(self._at),  # sizes served in another mode than `mode`
+            "by_batch": self.by_batch,
             "step_ms": {k: v * 1e3 for k, v in self.means.items()},
             "batch": self.batch,
             "measuring": bool(self._plan),

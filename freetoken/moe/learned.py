@@ -2,8 +2,9 @@
 
 A model served again — after keep_alive unloaded it, or the server restarted — on the same
 machine with the same cache size meets the same bandwidths: its first answer starts in the
-placement measured fastest last time, with the share of misses it had tuned, and the next
-measurement waits a full period. Kept beside the bandwidth profile in the cache directory,
+placement measured fastest last time (each batch size that served faster in a mode of its
+own in that one), with the share of misses it had tuned, and the next measurement waits a
+full period. Kept beside the bandwidth profile in the cache directory,
 keyed by the machine, the experts' shape and the cache's size.
 """
 
@@ -43,6 +44,7 @@ class Learned:
             isinstance(m, str) and isinstance(n, int) and n > 0 for m, n in out.items()
         ):  # kept by an older version, or damaged: every mode takes part
             data["sitting_out"] = {}
+        data["by_batch"] = _by_batch(data.get("by_batch"))
         return data
 
     def save(self, capacity: int, data: dict[str, Any]) -> None:
@@ -54,3 +56,15 @@ class Learned:
             tmp.replace(p)
         except OSError:  # a read-only cache directory costs the next load its head start
             pass
+
+
+def _by_batch(kept: Any) -> dict[int, str]:
+    """The batch sizes a load before served in a mode of their own (JSON keys are strings);
+    none where an older version kept none, or the entry is damaged."""
+    if not isinstance(kept, dict):
+        return {}
+    try:
+        out = {int(b): m for b, m in kept.items()}
+    except ValueError:
+        return {}
+    return out if all(b > 0 and isinstance(m, str) for b, m in out.items()) else {}

@@ -221,6 +221,8 @@ class AdaptiveTuner:
         self.modes = self.mode_chooser(modes, start, learned=bool(known and known.get("step_ms")))
         if known:
             self._sit_out_again(known.get("sitting_out", {}))
+            if self.modes is not None:
+                self.modes.serve_at(known.get("by_batch", {}))
 
     def _sit_out_again(self, sitting_out: dict[str, int]) -> None:
         """The modes a load before found slow here sit out as many measurements again: a
@@ -356,6 +358,7 @@ class AdaptiveTuner:
         out = {"mode": mode, "share": self.shares.share, "step_ms": step_ms, "batch": batch}
         if self.modes is not None:
             out["sitting_out"] = self.modes.sitting_out
+            out["by_batch"] = self.modes.by_batch
         return out
 
     def stats(self) -> dict:

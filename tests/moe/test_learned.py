@@ -25,6 +25,27 @@ def test_saved_per_cache_size(tmp_path):
     for bad in (["device"], {"device": "3"}, {"device": -1}, None):
         store.save(100, kept | {"sitting_out": bad})
         assert store.load(100)["sitting_out"] == {}
+    # the batch sizes served in a mode of their own, likewise
+    store.save(100, kept | {"by_batch": {4: "device"}})  # JSON makes the key a string
+    assert store.load(100)["by_batch"] == {4: "device"}
+    for bad in ({"four": "device"}, {"0": "device"}, {"4": 1}, ["device"]):
+        store.save(100, kept | {"by_batch": bad})
+        assert store.load(100)["by_batch"] == {}
+
+
+def test_a_later_load_serves_each_batch_size_from_the_mode_kept_for_it(tmp_path):
+    from freetoken.moe import tuning
+
+    store = Learned(tmp_path, "12x128x9437184-r1")
+    first = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
+    first.modes.adopt("split")  # as if measured: split at one stream, device kept at four
+    first.modes.serve_at({4: "device"})
+    store.save(1152, first.learned())
+    again = tuning.AdaptiveTuner(0.5, None)
+    shape, costs = (12, 128, 1152), (2e-4, 1e-4)
+    again.choose((Mode.DEVICE, Mode.SPLIT), store.load(1152), shape, costs, lambda: (0, 0), True)
+    assert again.wanted(1, Mode.DEVICE) == Mode.SPLIT
+    assert again.wanted(4, Mode.SPLIT) == Mode.DEVICE
 
 
 def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
