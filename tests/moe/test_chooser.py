@@ -427,3 +427,29 @@ def test_a_measurement_waits_for_a_verdict_and_visits_only_the_promising():
     modes = _run_chooser(chooser, cost, 40)
     assert "layers" not in modes and "split" in modes  # layers, the fastest, was not promising
     assert chooser.mode == "split" and chooser.skipped == 0
+
+
+def test_a_batch_size_no_measurement_compared_at_is_measured_soon():
+    # measured at one stream, device is the faster; four streams then come, where split is:
+    # measured after NEW_SIZE steps there, not a period later, and served in split; one
+    # stream, judged on trial, goes back to device
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=4096,
+        modes=("device", "split"),
+        start="device",
+        explore_after=20,
+    )
+    cost = {"device": {1: 0.010, 4: 0.05}, "split": {1: 0.012, 4: 0.03}}
+    _run_batches(chooser, cost, lambda i, mode: 1, 40)
+    assert chooser.completed == 1 and chooser.mode == "device" and chooser.batch == 1
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, ModeChooser.NEW_SIZE + 40)
+    assert set(modes[: ModeChooser.NEW_SIZE - 1]) == {"device"} and modes[-1] == "split"
+    assert chooser.batch == 4 and chooser.mode_for(4) == "split"
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, ModeChooser.TRIAL + 10)
+    assert modes[0] == "split" and modes[-1] == "device"
+    assert chooser.mode_for(1) == "device" and chooser.mode_for(4) == "split"
+    # both sizes compared: four streams are not measured again before the period
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 400)
+    assert set(modes) == {"split"}
