@@ -233,8 +233,13 @@ class ModeChooser:
         if not self._plan:
             self._serve(seconds, batch, self.mode if ran is None else ran)
             self._since += 1
-            if self._since >= self.wait or self._new_size(batch):
+            if self._since >= self.wait:
                 self._begin()
+            elif self._new_size(batch):
+                since = self._since
+                self._begin()
+                if not self._plan:  # the gate kept it out: the period's clock runs on
+                    self._since = since
             return
         if self._resting:
             self._record(self.mode, seconds, batch)

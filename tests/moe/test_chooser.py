@@ -453,3 +453,21 @@ def test_a_batch_size_no_measurement_compared_at_is_measured_soon():
     # both sizes compared: four streams are not measured again before the period
     modes = _run_batches(chooser, cost, lambda i, mode: 4, 400)
     assert set(modes) == {"split"}
+
+
+def test_a_new_size_is_asked_of_the_gate_every_new_size_steps():
+    prospects = _Prospects(())  # nothing can gain: every ask is kept out
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=1000,
+        modes=("device", "split"),
+        start="device",
+        explore_after=20,
+    )
+    cost = {"device": {1: 0.010, 4: 0.05}, "split": {1: 0.012, 4: 0.03}}
+    _run_batches(chooser, cost, lambda i, mode: 1, 40)
+    assert chooser.completed == 1
+    chooser.prospects = prospects
+    _run_batches(chooser, cost, lambda i, mode: 4, 3 * ModeChooser.NEW_SIZE)
+    assert prospects.asked == 3 and chooser.skipped == 3 and chooser.mode_for(4) == "device"
