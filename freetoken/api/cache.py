@@ -44,6 +44,8 @@ def summary(name: str, stats: dict) -> dict:
         # the batch size (streams) the last decided measurement compared them at: a step's
         # time depends on it as much as on the placement
         "placement_batch": (experts.get("placement") or {}).get("batch"),
+        # the batch sizes served in a placement of their own (streams: placement)
+        "placement_by_batch": (experts.get("placement") or {}).get("by_batch"),
         "placement_moves": (experts.get("placement") or {}).get("moves"),
         # switches adaptive took back once the new placement served slower than its visits
         "placement_reverted": (experts.get("placement") or {}).get("reverted"),

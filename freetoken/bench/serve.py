@@ -419,11 +419,13 @@ def _print_measured(stats: dict) -> None:
     measured = ", ".join(f"{m} {ms:.2f}" for m, ms in step_ms.items()) or "none"
     batch = stats.get("placement_batch")
     at = f" (last compared at {batch} streams)" if step_ms and batch else ""
+    own = stats.get("placement_by_batch") or {}
+    sizes = "".join(f", {b} streams {m}" for b, m in sorted(own.items(), key=lambda i: int(i[0])))
     print(
         f"# adaptive since load: step ms by placement {measured}{at}; "
         f"{stats.get('placement_moves') or 0} moves, {stats.get('placement_reverted') or 0} "
         f"taken back, {stats.get('placement_skipped') or 0} skipped by the miss gate; "
-        f"now {stats.get('placement')}",
+        f"now {stats.get('placement')}{sizes}",
         flush=True,
     )
 

@@ -42,7 +42,7 @@ def test_cache_listing_resize_and_errors(cache_server):
         m["placement"] in ("cache", "layers") and m["books"] == "host"
     )  # no device-kept books on a CPU
     # the batch the placements were last compared at: none decided in four tokens
-    assert m["placement_batch"] == 0
+    assert m["placement_batch"] == 0 and m["placement_by_batch"] == {}
     r = http.post("/api/cache/resize", json={"model": "moe", "slots": 8})
     assert r.status_code == 200 and r.json()["slots"] == 8
     assert http.get("/api/cache").json()["models"][0]["cache"]["slots"] == 8

@@ -227,6 +227,15 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
     assert "6 moves, 1 taken back" in out
     assert "4 skipped by the miss gate" in out
     assert "now device" in out
+    # batch sizes served in a placement of their own (the keys are strings through JSON)
+    serve._print_measured(
+        {
+            "policy": "adaptive",
+            "placement": "device",
+            "placement_by_batch": {"4": "split", "2": "split"},
+        }
+    )
+    assert "now device, 2 streams split, 4 streams split" in capsys.readouterr().out
     serve._print_measured({"policy": "adaptive", "placement_step_ms": {}, "placement": "device"})
     assert "step ms by placement none; 0 moves" in capsys.readouterr().out
     serve._print_measured({"policy": "lru-pcie"})
