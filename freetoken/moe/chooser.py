@@ -364,10 +364,13 @@ class ModeChooser:
         """The batch sizes served in another mode than `mode`, and theirs."""
         return dict(self._at)
 
-    def serve_at(self, by_batch: dict[int, str]) -> None:
-        """Serves each size named from its mode (a load before found it faster there)."""
+    def serve_at(self, by_batch: dict[int, str], compared: int = 0) -> None:
+        """Serves each size named from its mode: a load before found it faster there, and
+        compared the modes at those sizes and at `compared` (none where 0), which are not
+        measured again before the period is out (the first answer after a reload pays no
+        visit)."""
         self._at = {b: m for b, m in by_batch.items() if m in self.modes and m != self.mode}
-        self._compared.update(self._at)
+        self._compared.update(self._at, [compared] if compared else [])
 
     def sit_out(self, mode: str, measurements: int | None = None) -> None:
         """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned

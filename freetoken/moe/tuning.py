@@ -222,7 +222,7 @@ class AdaptiveTuner:
         if known:
             self._sit_out_again(known.get("sitting_out", {}))
             if self.modes is not None:
-                self.modes.serve_at(known.get("by_batch", {}))
+                self.modes.serve_at(known.get("by_batch", {}), known.get("batch") or 0)
 
     def _sit_out_again(self, sitting_out: dict[str, int]) -> None:
         """The modes a load before found slow here sit out as many measurements again: a

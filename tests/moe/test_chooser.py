@@ -471,3 +471,21 @@ def test_a_new_size_is_asked_of_the_gate_every_new_size_steps():
     chooser.prospects = prospects
     _run_batches(chooser, cost, lambda i, mode: 4, 3 * ModeChooser.NEW_SIZE)
     assert prospects.asked == 3 and chooser.skipped == 3 and chooser.mode_for(4) == "device"
+
+
+@pytest.mark.parametrize("compared, measures", [(1, False), (0, True)])
+def test_sizes_a_load_before_compared_at_are_not_measured_again_at_once(compared, measures):
+    """A reload serves from what the last load learned: the sizes it compared the modes at
+    wait the period, so the first answer pays no visit; another size is measured soon."""
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=4096,
+        modes=("device", "split"),
+        start="split",
+        explore_after=4096,
+    )
+    chooser.serve_at({4: "device"}, compared)
+    for _ in range(3 * ModeChooser.NEW_SIZE):
+        chooser.observe(0.01, 1, chooser.mode_for(1))
+    assert bool(chooser.completed) == measures and chooser.mode_for(4) == "device"

@@ -40,7 +40,7 @@ def test_a_later_load_serves_each_batch_size_from_the_mode_kept_for_it(tmp_path)
     first = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
     first.modes.adopt("split")  # as if measured: split at one stream, device kept at four
     first.modes.serve_at({4: "device"})
-    store.save(1152, first.learned())
+    store.save(1152, first.learned() | {"batch": 1})
     again = tuning.AdaptiveTuner(0.5, None)
     shape, costs = (12, 128, 1152), (2e-4, 1e-4)
     again.choose((Mode.DEVICE, Mode.SPLIT), store.load(1152), shape, costs, lambda: (0, 0), True)
