@@ -107,6 +107,7 @@ class ModeChooser:
         explore_after: int = 0,
         duty: float = 1.0,
         prospects: Prospects | None = None,
+        own_sizes: tuple[str, ...] | None = None,
     ):
         self.prospects = prospects
         self.skipped = 0  # measurements skipped: no mode could gain enough
@@ -135,7 +136,9 @@ class ModeChooser:
         self._served: dict[str, dict[int, deque[float]]] = {}
         self._trial: Trial | None = None  # a switch on trial
         self._reverts: dict[str, int] = {}  # each mode's switches taken back
-        # batch sizes served in another mode than `mode`: where a trial found it slower
+        # batch sizes served in another mode than `mode`: where a trial found it slower. Only
+        # between `own_sizes` (all modes unless named): a move the batch makes must be cheap
+        self.own_sizes = modes if own_sizes is None else own_sizes
         self._at: dict[int, str] = {}
         self._compared: set[int] = set()  # sizes a measurement or a trial compared the modes at
         self._uncompared: dict[int, int] = {}  # steps served at other sizes since last asked
@@ -165,10 +168,11 @@ class ModeChooser:
         if batch == self.batch:
             self.means[self.mode] = served
         slower = served > old_time * (1 + self.TRIAL_MARGIN)
-        if slower and batch != self.batch:
+        apart = batch != self.batch and {trial.old, self.mode} <= set(self.own_sizes)
+        if slower and apart:
             self._at[batch] = trial.old  # the switch stands, except at this size
             self.completed += 1
-        if not slower or batch != self.batch:
+        if not slower or apart:
             if not trial.old_time:  # every size judged
                 self._trial = None
             return
@@ -198,7 +202,7 @@ class ModeChooser:
     def mode_for(self, batch: int) -> str:
         """The mode a step of `batch` sequences runs in: the visit's (or the rest's) while a
         measurement is under way, else the mode found faster at that size, else `mode`."""
-        if self._plan:
+        if self._plan or self.mode not in self.own_sizes:
             return self.mode
         return self._at.get(batch, self.mode)
 
@@ -369,7 +373,8 @@ class ModeChooser:
         compared the modes at those sizes and at `compared` (none where 0), which are not
         measured again before the period is out (the first answer after a reload pays no
         visit)."""
-        self._at = {b: m for b, m in by_batch.items() if m in self.modes and m != self.mode}
+        own = self.own_sizes
+        self._at = {b: m for b, m in by_batch.items() if m in own and m != self.mode}
         self._compared.update(self._at, [compared] if compared else [])
 
     def sit_out(self, mode: str, measurements: int | None = None) -> None:

@@ -75,3 +75,9 @@ class Mode(enum.StrEnum):
     @property
     def books_on_device(self) -> bool:
         return self in (Mode.DEVICE, Mode.SPLIT)
+
+    @property
+    def moves_layers(self) -> bool:
+        """Whether entering or leaving it moves whole layers' experts (at times hundreds of
+        milliseconds, the cache emptied): no batch size serves it apart from the others."""
+        return self is Mode.LAYERS

@@ -246,6 +246,7 @@ class AdaptiveTuner:
             explore_after=wait,
             duty=DUTY,
             prospects=self.window,
+            own_sizes=tuple(m for m in modes if not m.moves_layers),
         )
 
     @property

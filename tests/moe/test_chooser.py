@@ -489,3 +489,25 @@ def test_sizes_a_load_before_compared_at_are_not_measured_again_at_once(compared
     for _ in range(3 * ModeChooser.NEW_SIZE):
         chooser.observe(0.01, 1, chooser.mode_for(1))
     assert bool(chooser.completed) == measures and chooser.mode_for(4) == "device"
+
+
+def test_a_mode_that_moves_whole_layers_never_serves_a_size_apart():
+    # as above, but the old mode places whole layers: a size kept there would move layers
+    # (and empty the cache) at every change of batch, so the switch is taken back for all
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=1000,
+        modes=("layers", "device"),
+        start="layers",
+        explore_after=40,
+        own_sizes=("device",),
+    )
+    cost = {"layers": {1: 0.015, 4: 0.03}, "device": {1: 0.010, 4: 0.05}}
+    modes = _run_batches(chooser, cost, lambda i, mode: 4 if i < 20 else 1, 50)
+    assert modes[-1] == "device" and chooser.batch == 1
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 40)
+    assert chooser.mode == "layers" and chooser.reverted == 1 and chooser.by_batch == {}
+    assert set(modes[ModeChooser.TRIAL :]) == {"layers"}
+    chooser.serve_at({4: "device"})  # nor from what a load before kept
+    assert chooser.mode_for(4) == "layers"

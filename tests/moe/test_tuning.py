@@ -97,6 +97,9 @@ def test_the_tuner_serves_each_batch_size_in_the_mode_found_faster_there(monkeyp
     assert (1, Mode.SPLIT) in ran[40:120] and ran[119] == (1, Mode.SPLIT)
     assert ran[219] == (4, Mode.DEVICE) and ran[-1] == (1, Mode.SPLIT)
     assert tuner.wanted(4, Mode.SPLIT) == Mode.DEVICE and tuner.wanted(1, Mode.DEVICE) == Mode.SPLIT
+    # whole CPU layers move experts at every entry and exit: never a size's own mode
+    every = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS))
+    assert every.modes.own_sizes == (Mode.DEVICE, Mode.SPLIT)
 
 
 def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(monkeypatch):
