@@ -180,7 +180,7 @@ class ModeChooser:
         self._reverts[self.mode] = self._reverts.get(self.mode, 0) + 1
         self._skips[self.mode] = self.PRUNE * 2 ** min(self._reverts[self.mode] - 1, 4)
         self.mode = self.home = trial.old
-        self._at = {b: m for b, m in self._at.items() if m != self.mode}
+        self._drop_own_sizes()
         self.wait, self._since = self.period, 0
         self.completed += 1
 
@@ -198,6 +198,10 @@ class ModeChooser:
             return False
         self._uncompared[batch] = 0  # asked: again NEW_SIZE steps later if nothing decides
         return True
+
+    def _drop_own_sizes(self, batch: int = 0) -> None:
+        """Forgets `batch`'s own mode, and every size's that is now `mode` itself."""
+        self._at = {b: m for b, m in self._at.items() if b != batch and m != self.mode}
 
     def mode_for(self, batch: int) -> str:
         """The mode a step of `batch` sequences runs in: the visit's (or the rest's) while a
@@ -290,8 +294,7 @@ class ModeChooser:
         self.batch = batch
         self._compared.add(batch)
         self.mode = min(means, key=means.get)
-        self._at.pop(batch, None)  # the size compared serves the winner
-        self._at = {b: m for b, m in self._at.items() if m != self.mode}
+        self._drop_own_sizes(batch)  # the size compared serves the winner
         if self.mode != self.home:
             self._trial = self._trial_of(self.home, batch)
         fastest = self.means[self.mode]

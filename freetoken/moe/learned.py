@@ -4,8 +4,8 @@ A model served again â€” after keep_alive unloaded it, or the server restarted â
 machine with the same cache size meets the same bandwidths: its first answer starts in the
 placement measured fastest last time (each batch size that served faster in a mode of its
 own in that one), with the share of misses it had tuned, and the next measurement waits a
-full period. Kept beside the bandwidth profile in the cache directory,
-keyed by the machine, the experts' shape and the cache's size.
+full period. Kept beside the bandwidth profile in the cache directory, keyed by the
+machine, the experts' shape and the cache's size.
 """
 
 from __future__ import annotations

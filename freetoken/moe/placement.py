@@ -25,17 +25,9 @@ class PlacementState:
         self.cpu_layers: set[int] = set(banks.layers) if cache is None else set()
         self.fixed_layers: set[int] = set()
         self.fixed_slots: torch.Tensor | None = None  # [L, E] slot of every fixed expert
-        self._mode = Mode.CACHE
+        # a change of mode moves no tensor: no new version (graphs are kept by mode)
+        self.mode = Mode.CACHE
         self.version = 0
-
-    @property
-    def mode(self) -> Mode:
-        return self._mode
-
-    @mode.setter
-    def mode(self, mode: Mode) -> None:
-        # no new version: a mode moves no tensor, and graphs are kept by mode (`variant`)
-        self._mode = mode
 
     def is_cpu(self, layer: int) -> bool:
         return self.cache is None or layer in self.cpu_layers

@@ -211,15 +211,8 @@ class DecodeGraphs:
         if not self.capture:
             return True
         bk = self._buckets.get((batch, self._bucket_ctx(ctx_len)))
-        return (
-            bk is not None
-            and len(bk.segments) == 1
-            and self._version()
-            == (
-                self._seen,
-                self._variant,
-            )
-        )
+        current = self._version() == (self._seen, self._variant)
+        return bk is not None and len(bk.segments) == 1 and current
 
     def _books_to_host(self) -> bool:
         """Asks the experts ops to keep their books on the host (cut graphs, not none)."""

@@ -65,6 +65,19 @@ def _run_batches(chooser, cost, batch_of, steps):
     return modes
 
 
+def _device_split(period: int, explore_after: int, start: str = "device") -> ModeChooser:
+    """Device and split, one sample a visit, serving from `start` and measuring after
+    `explore_after` steps."""
+    return ModeChooser(
+        settle=0,
+        measure=2,
+        period=period,
+        modes=("device", "split"),
+        start=start,
+        explore_after=explore_after,
+    )
+
+
 # four sequences' step costs more than one's in either mode; cache is faster at both
 BATCHED = {"cache": {1: 0.002, 4: 0.004}, "layers": {1: 0.003, 4: 0.012}}
 
@@ -282,9 +295,7 @@ def _run_visits_apart(chooser, visit: dict[str, float], served: dict[str, float]
 
 def test_a_switch_that_serves_slower_than_it_visited_is_taken_back():
     # split visits a cache device filled (fast), then, serving, keeps no new expert (slow)
-    chooser = ModeChooser(
-        settle=0, measure=2, period=100, modes=("device", "split"), start="device", explore_after=20
-    )
+    chooser = _device_split(100, 20)
     modes = _run_visits_apart(
         chooser, {"device": 0.015, "split": 0.010}, {"device": 0.015, "split": 0.020}, 60
     )
@@ -308,9 +319,7 @@ def test_a_switch_that_serves_slower_than_it_visited_is_taken_back():
 
 
 def test_a_switch_that_serves_as_fast_as_it_visited_is_kept():
-    chooser = ModeChooser(
-        settle=0, measure=2, period=100, modes=("device", "split"), start="device", explore_after=20
-    )
+    chooser = _device_split(100, 20)
     modes = _run_visits_apart(
         chooser, {"device": 0.015, "split": 0.010}, {"device": 0.015, "split": 0.0104}, 80
     )
@@ -321,18 +330,14 @@ def test_a_switch_that_serves_as_fast_as_it_visited_is_kept():
 def test_the_mode_in_use_is_judged_by_the_steps_it_served():
     # device's visits come after split's, which left its cache stirred: slow in the visit,
     # fast as served before the measurement
-    chooser = ModeChooser(
-        settle=0, measure=2, period=100, modes=("device", "split"), start="device", explore_after=30
-    )
+    chooser = _device_split(100, 30)
     _run_visits_apart(
         chooser, {"device": 0.02, "split": 0.015}, {"device": 0.01, "split": 0.015}, 40
     )
     assert chooser.completed == 1 and chooser.mode == "device" and chooser.reverted == 0
     assert chooser.means == pytest.approx({"device": 0.01, "split": 0.015})
     # with too few steps served before it, the visits decide (and split wins its trial)
-    short = ModeChooser(
-        settle=0, measure=2, period=100, modes=("device", "split"), start="device", explore_after=5
-    )
+    short = _device_split(100, 5)
     _run_visits_apart(short, {"device": 0.02, "split": 0.015}, {"device": 0.01, "split": 0.015}, 10)
     assert short.completed == 1 and short.mode == "split"
 
@@ -341,14 +346,7 @@ def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
     # device served four streams, then one; the measurement compares at one stream, where
     # split is faster, but split serves four streams far slower than device did: four
     # streams go back to device, one stays in split
-    chooser = ModeChooser(
-        settle=0,
-        measure=2,
-        period=1000,
-        modes=("device", "split"),
-        start="device",
-        explore_after=40,
-    )
+    chooser = _device_split(1000, 40)
     cost = {"device": {1: 0.015, 4: 0.03}, "split": {1: 0.010, 4: 0.05}}
     modes = _run_batches(chooser, cost, lambda i, mode: 4 if i < 20 else 1, 50)
     assert modes[-1] == "split" and chooser.batch == 1  # switched on one stream's times
@@ -367,9 +365,7 @@ def test_a_switch_is_judged_at_every_batch_size_the_old_mode_served():
 def test_a_decision_at_a_size_serves_that_size_the_winner():
     # split kept four streams after device won at one; measured again at four streams,
     # where device is now the faster, device serves both
-    chooser = ModeChooser(
-        settle=0, measure=2, period=200, modes=("device", "split"), start="device", explore_after=40
-    )
+    chooser = _device_split(200, 40)
     cost = {"device": {1: 0.015, 4: 0.03}, "split": {1: 0.010, 4: 0.05}}
     _run_batches(chooser, cost, lambda i, mode: 4 if i < 20 else 1, 50)
     _run_batches(chooser, cost, lambda i, mode: 4, 40)
@@ -433,14 +429,7 @@ def test_a_batch_size_no_measurement_compared_at_is_measured_soon():
     # measured at one stream, device is the faster; four streams then come, where split is:
     # measured after NEW_SIZE steps there, not a period later, and served in split; one
     # stream, judged on trial, goes back to device
-    chooser = ModeChooser(
-        settle=0,
-        measure=2,
-        period=4096,
-        modes=("device", "split"),
-        start="device",
-        explore_after=20,
-    )
+    chooser = _device_split(4096, 20)
     cost = {"device": {1: 0.010, 4: 0.05}, "split": {1: 0.012, 4: 0.03}}
     _run_batches(chooser, cost, lambda i, mode: 1, 40)
     assert chooser.completed == 1 and chooser.mode == "device" and chooser.batch == 1
@@ -457,14 +446,7 @@ def test_a_batch_size_no_measurement_compared_at_is_measured_soon():
 
 def test_a_new_size_is_asked_of_the_gate_every_new_size_steps():
     prospects = _Prospects(())  # nothing can gain: every ask is kept out
-    chooser = ModeChooser(
-        settle=0,
-        measure=2,
-        period=1000,
-        modes=("device", "split"),
-        start="device",
-        explore_after=20,
-    )
+    chooser = _device_split(1000, 20)
     cost = {"device": {1: 0.010, 4: 0.05}, "split": {1: 0.012, 4: 0.03}}
     _run_batches(chooser, cost, lambda i, mode: 1, 40)
     assert chooser.completed == 1
@@ -477,14 +459,7 @@ def test_a_new_size_is_asked_of_the_gate_every_new_size_steps():
 def test_sizes_a_load_before_compared_at_are_not_measured_again_at_once(compared, measures):
     """A reload serves from what the last load learned: the sizes it compared the modes at
     wait the period, so the first answer pays no visit; another size is measured soon."""
-    chooser = ModeChooser(
-        settle=0,
-        measure=2,
-        period=4096,
-        modes=("device", "split"),
-        start="split",
-        explore_after=4096,
-    )
+    chooser = _device_split(4096, 4096, start="split")
     chooser.serve_at({4: "device"}, compared)
     for _ in range(3 * ModeChooser.NEW_SIZE):
         chooser.observe(0.01, 1, chooser.mode_for(1))
