@@ -48,10 +48,52 @@ def test_mode_chooser_in_rounds_is_not_fooled_by_a_machine_that_slows_down():
     one = ModeChooser(settle=0, measure=4, period=100)  # cache measured fast, layers slow
     run(one, 12)
     assert one.mode == "cache"
-    two = ModeChooser(settle=0, measure=4, period=100, rounds=2)
+    # moves between the modes dear (no size of its own): the close call gets no more rounds
+    two = ModeChooser(settle=0, measure=4, period=100, rounds=2, own_sizes=())
     modes = run(two, 12)
     assert modes[:8] == ["cache", "cache", "layers", "layers"] * 2  # visits in turn, 2 samples each
     assert two.mode == "layers" and two.means == pytest.approx({"cache": 0.08, "layers": 0.07})
+
+
+def _noisy(chooser, base: dict[str, float], noise: list[float], steps: int) -> list[str]:
+    """Steps whose time is the mode's base plus the next of `noise` (then none): the
+    misses a step happens to draw, whichever mode serves it."""
+    modes = []
+    for i in range(steps):
+        modes.append(chooser.mode)
+        chooser.observe(base[chooser.mode] + (noise[i] if i < len(noise) else 0.0))
+    return modes
+
+
+# device 5 % faster; five of the first eight steps (device's visit) draw costly misses
+CLOSE_BASE = {"device": 1.00, "split": 1.05}
+CLOSE_NOISE = [0.1] * 5
+
+
+def test_a_close_call_is_decided_on_more_rounds_of_visits():
+    # one visit of eight samples a mode: device's drew the costly steps, split was chosen
+    dear = ModeChooser(settle=0, measure=8, period=1000, modes=("device", "split"), own_sizes=())
+    _noisy(dear, CLOSE_BASE, CLOSE_NOISE, 16)
+    assert dear.mode == "split" and dear.completed == 1
+    # moves between them cheap, and within CLOSE of each other: more visits in turn,
+    # judged on all of them; over 40 samples each the draws even out and device is faster
+    cheap = ModeChooser(settle=0, measure=8, period=1000, modes=("device", "split"))
+    modes = _noisy(cheap, CLOSE_BASE, CLOSE_NOISE, 16 * (1 + ModeChooser.EXTRA_ROUNDS))
+    assert modes[16:32] == ["split"] * 8 + ["device"] * 8  # the others, then the mode in use
+    assert cheap.completed == 1 and cheap.mode == "device"
+    assert cheap.means == pytest.approx(CLOSE_BASE)
+
+
+def test_a_clear_difference_or_a_move_of_whole_layers_takes_no_more_rounds():
+    far = {"device": 1.0, "split": 1.5}
+    chooser = ModeChooser(settle=0, measure=8, period=1000, modes=("device", "split"))
+    _noisy(chooser, far, [0.0], 16)
+    assert chooser.completed == 1 and chooser.mode == "device"
+    # layers moves whole layers: its close call is decided on the rounds asked for
+    modes = ("device", "layers")
+    chooser = ModeChooser(settle=0, measure=8, period=1000, modes=modes, own_sizes=("device",))
+    _noisy(chooser, {"device": 1.0, "layers": 1.05}, [0.0], 16)
+    assert chooser.completed == 1 and chooser.mode == "device"
 
 
 def _run_batches(chooser, cost, batch_of, steps):
