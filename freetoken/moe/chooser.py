@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import math
+from collections import Counter, deque
 from typing import Protocol
+
+from freetoken.moe.trial import Trial, median
 
 
 class Prospects(Protocol):
@@ -54,10 +56,15 @@ class ModeChooser:
     The first answer a user waits for must not pay for the measuring: serving starts in
     `start` (the mode the bandwidths predict, or the one learned before on this machine),
     the first measurement waits `explore_after` steps, and between two visits the chooser
-    serves in the best mode known for at least `rest` steps and until the visit's time is
-    at most `duty` of the time since it began. Rationed by steps alone, visits to a mode
-    several times slower took far more than their share: through the server on the H200,
-    adaptive at one stream ran at 0.70 of lru-pcie while measuring.
+    serves in the best mode known until what the visit cost is at most `duty` of the time
+    since it began (and for `rest` steps, scaled alike). Rationed by steps alone, visits to
+    a mode several times slower took far more than their share: through the server on the
+    H200, adaptive at one stream ran at 0.70 of lru-pcie while measuring. A visit's cost is
+    its time over the mode in use's for as many steps (all of it where the mode in use has
+    no time at that size): a mode about as fast costs, and rests, next to nothing. Rested
+    on the visits' whole time, a measurement of two modes in two rounds took some 430 steps
+    at a duty of 0.1, 56 of them visits, and the work it measured had often changed by the
+    time it decided.
 
     A visit sees the cache as the visits before it left it: a mode that keeps no new expert
     (split at share 0) is timed on a cache the others filled, and the mode in use is timed
@@ -279,8 +286,9 @@ class ModeChooser:
 
     def _end_visit(self) -> None:
         done = self._plan.pop(0)
+        steps, visit = self._steps, self._visit
         by_batch = self._samples.setdefault(done, {})
-        for batch, seconds in self._visit:
+        for batch, seconds in visit:
             by_batch.setdefault(batch, []).append(seconds)
         self._visit, self._steps = [], 0
         if not self._plan and self._close_call():
@@ -289,12 +297,25 @@ class ModeChooser:
             self.mode = self._plan[0]
         elif not self._plan:
             self._decide()
-        elif self.rest and not self._extra:
-            self._resting, self._resting_s = self.rest, self._visit_s * self._pause
+        elif self.rest and not self._extra and (excess := self._excess(steps, visit)) > 0:
+            self._resting = math.ceil(self.rest * excess / self._visit_s)
+            self._resting_s = excess * self._pause
             self.mode = self.best
         else:
             self.mode = self._plan[0]
         self._visit_s = 0.0
+
+    def _excess(self, steps: int, visit: list[tuple[int, float]]) -> float:
+        """The visit's seconds, moves included, over what the mode in use took for as many
+        steps at the size the visit served most (all of them where it has not served
+        `MIN_SERVED` steps there): what the visit cost the user, which the rest repays."""
+        if not visit or not self._visit_s:
+            return self._visit_s
+        batch = Counter(b for b, _ in visit).most_common(1)[0][0]
+        served = self._served.get(self.home, {}).get(batch, ())
+        if len(served) < self.MIN_SERVED:
+            return self._visit_s
+        return max(0.0, self._visit_s - steps * median(served))
 
     def _close_call(self) -> bool:
         """Whether the measurement's samples so far leave every mode within `CLOSE` of the
@@ -309,7 +330,7 @@ class ModeChooser:
         if not common:
             return False
         batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
-        medians = [_median(by_batch[batch]) for by_batch in samples.values()]
+        medians = [median(by_batch[batch]) for by_batch in samples.values()]
         return max(medians) <= min(medians) * (1 + self.CLOSE)
 
     def _decide(self) -> None:
@@ -344,10 +365,10 @@ class ModeChooser:
         """Every mode's median at the size all were measured at most; the mode in use's from
         its served steps there where it has enough."""
         batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
-        means = {mode: _median(by_batch[batch]) for mode, by_batch in samples.items()}
+        means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
         served = self._served.get(self.home, {}).get(batch, ())
         if len(served) >= self.MIN_SERVED and not self._extra:  # a close call: visits alone
-            means[self.home] = _median(served)
+            means[self.home] = median(served)
         return batch, means
 
     def _against_home(
@@ -358,7 +379,7 @@ class ModeChooser:
         the size the mode in use served most: the modes judged this way and the mode in use,
         or None where none could be."""
         served = self._served.get(self.home, {})
-        ref = {b: _median(d) for b, d in served.items() if len(d) >= self.MIN_SERVED}
+        ref = {b: median(d) for b, d in served.items() if len(d) >= self.MIN_SERVED}
         if not ref:
             return None
         batch = max(ref, key=lambda b: (len(served[b]), -b))
@@ -368,7 +389,7 @@ class ModeChooser:
             if mode == self.home or not sizes:
                 continue
             b = max(sizes, key=lambda b: (len(by_batch[b]), -b))
-            means[mode] = _median(by_batch[b]) / ref[b] * ref[batch]
+            means[mode] = median(by_batch[b]) / ref[b] * ref[batch]
         return (batch, means) if len(means) > 1 else None
 
     def _trial_of(self, old: str, batch: int) -> Trial:
@@ -377,9 +398,7 @@ class ModeChooser:
         step is not one's: a mode faster at one may be slower at the other)."""
         served = self._served.get(old, {}).items()
         # a size served in a mode of its own does not run the new one: nothing to judge there
-        times = {
-            b: _median(d) for b, d in served if len(d) >= self.MIN_SERVED and b not in self._at
-        }
+        times = {b: median(d) for b, d in served if len(d) >= self.MIN_SERVED and b not in self._at}
         return Trial(old, {**times, batch: self.means[old]}, self.settle)
 
     def charge(self, seconds: float) -> None:
@@ -460,34 +479,3 @@ class ModeChooser:
             "reverted": self.reverted,
             "skipped": self.skipped,
         }
-
-
-@dataclass
-class Trial:
-    """A switch on trial: the mode it left and that mode's step time by batch size. The new
-    mode's steps served at each of those sizes (after the first `settle` of the trial, which
-    follow the move) are judged once `TRIAL` of them are in."""
-
-    old: str
-    old_time: dict[int, float]
-    settle: int
-    samples: dict[int, list[float]] = field(default_factory=dict)
-    steps: int = 0
-
-    def judge(self, batch: int, seconds: float, n: int) -> tuple[float, float] | None:
-        """Takes a served step of `batch` sequences. Once `n` are in at that size: the new
-        mode's median there and the old mode's time (the size is then judged, and leaves
-        `old_time`); else None."""
-        self.steps += 1
-        if self.steps <= self.settle or batch not in self.old_time:
-            return None
-        got = self.samples.setdefault(batch, [])
-        got.append(seconds)
-        if len(got) < n:
-            return None
-        return _median(got), self.old_time.pop(batch)
-
-
-def _median(values) -> float:
-    s = sorted(values)
-    return s[len(s) // 2]

@@ -269,6 +269,33 @@ def test_visits_to_a_slow_mode_take_their_share_of_the_time_not_of_the_steps():
     assert spent["layers"] <= 0.1 * sum(spent.values()) * 1.05
 
 
+def test_a_visit_to_a_mode_about_as_fast_rests_next_to_nothing():
+    def steps_to_decide(split_cost: float) -> int:
+        cost = {"device": 1.0, "split": split_cost}
+        # moves between the modes dear: rounds as asked, so only the rests differ
+        chooser = ModeChooser(
+            settle=2,
+            measure=4,
+            period=10**6,
+            modes=tuple(cost),
+            rounds=2,
+            start="device",
+            explore_after=64,
+            duty=0.1,
+            own_sizes=(),
+        )
+        for step in range(10**4):
+            chooser.observe(cost[chooser.mode])
+            if chooser.measured:
+                return step + 1 - 64
+        raise AssertionError("never decided")
+
+    # four visits of four steps; a visit 2 % slower repays its cost in a step or two, one to
+    # the mode in use costs nothing; a mode twice as slow rests nine times its excess
+    assert steps_to_decide(1.02) <= 4 * 4 + 2 * 2
+    assert steps_to_decide(2.0) >= 4 * 4 + 2 * 36
+
+
 def test_a_move_is_charged_to_the_visit_it_serves():
     def chooser():
         c = ModeChooser(

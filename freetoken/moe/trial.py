@@ -1,0 +1,36 @@
+"""A switch of placement on trial, and the median the chooser judges step times by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Trial:
+    """A switch on trial: the mode it left and that mode's step time by batch size. The new
+    mode's steps served at each of those sizes (after the first `settle` of the trial, which
+    follow the move) are judged once `TRIAL` of them are in."""
+
+    old: str
+    old_time: dict[int, float]
+    settle: int
+    samples: dict[int, list[float]] = field(default_factory=dict)
+    steps: int = 0
+
+    def judge(self, batch: int, seconds: float, n: int) -> tuple[float, float] | None:
+        """Takes a served step of `batch` sequences. Once `n` are in at that size: the new
+        mode's median there and the old mode's time (the size is then judged, and leaves
+        `old_time`); else None."""
+        self.steps += 1
+        if self.steps <= self.settle or batch not in self.old_time:
+            return None
+        got = self.samples.setdefault(batch, [])
+        got.append(seconds)
+        if len(got) < n:
+            return None
+        return median(got), self.old_time.pop(batch)
+
+
+def median(values) -> float:
+    s = sorted(values)
+    return s[len(s) // 2]
