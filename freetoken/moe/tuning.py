@@ -285,6 +285,7 @@ class AdaptiveTuner:
             self.modes.observe(dt, batch, str(mode))
             if self.modes.completed > self._measured:
                 self._measured = self.modes.completed
+                self._log_decision()
                 if self.on_measured is not None:
                     self.on_measured(self.learned())
         if mode in (Mode.CACHE, Mode.SPLIT):
@@ -304,6 +305,22 @@ class AdaptiveTuner:
             return Mode(self.modes.mode_for(tokens))
         return current if current.books_on_device else Mode.CACHE
 
+    def _log_decision(self) -> None:
+        """One line a decision (a few a load): which placement serves which batch size,
+        from which step times, so a served run's choices can be read back from its log."""
+        stats = self.modes.stats()
+        times = ", ".join(f"{m} {ms:.2f}" for m, ms in sorted(stats["step_ms"].items()))
+        apart = "".join(f", {b} streams {m}" for b, m in sorted(stats["by_batch"].items()))
+        log.info(
+            "adaptive: step ms %s (compared at %d streams); serving %s%s; %d moves, %d reverted",
+            times,
+            stats["batch"],
+            stats["mode"],
+            apart,
+            self.moves,
+            stats["reverted"],
+        )
+
     def judge_locality(self, lookups) -> None:
         """Counts a decode step of the locality check; `lookups()` gives the cache's (hits,
         misses) totals (a device read: called at the first step and the last only)."""
@@ -321,7 +338,7 @@ class AdaptiveTuner:
             return
         self.locality = None
         mode = check.verdict(hits, misses)
-        log.debug(
+        log.info(
             "adaptive: %d misses of %d routes in %d steps: %s",
             misses,
             hits + misses,

@@ -250,6 +250,28 @@ def test_steps_are_timed_after_a_first_interval_far_shorter_than_a_step(monkeypa
     assert tuner._typical == pytest.approx(0.025)
 
 
+def test_each_decision_is_logged_with_the_times_it_compared(monkeypatch, caplog):
+    """A served run's choices are read back from its log: one line a decision."""
+    from freetoken.moe import tuning
+
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 4)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
+    cost = {Mode.DEVICE: 0.002, Mode.SPLIT: 0.001}
+    mode = Mode.DEVICE
+    with caplog.at_level("INFO", logger=tuning.__name__):
+        for _ in range(200):
+            tuner.step_started(1, mode)
+            clock[0] += cost[mode]
+            mode = tuner.wanted(1, mode)
+    lines = [r.getMessage() for r in caplog.records if "step ms" in r.getMessage()]
+    assert lines and tuner.modes.mode == "split"
+    assert lines[0].startswith("adaptive: step ms device 2.00, split 1.00 (compared at 1 streams)")
+    assert "serving split" in lines[0]
+
+
 def _window(lookups, capacity=1152):
     """The 12-layer, 128-expert checkpoint's window, one BF16 expert over B_P and B_H."""
     from freetoken.moe.tuning import MissWindow
