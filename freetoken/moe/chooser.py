@@ -326,10 +326,8 @@ class ModeChooser:
             return False
         if not set(samples) <= set(self.own_sizes):
             return False
-        common = set.intersection(*(set(b) for b in samples.values()))
-        if not common:
+        if (batch := _most_sampled(samples)) is None:
             return False
-        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
         medians = [median(by_batch[batch]) for by_batch in samples.values()]
         return max(medians) <= min(medians) * (1 + self.CLOSE)
 
@@ -338,8 +336,8 @@ class ModeChooser:
         at most, else against the mode in use's served steps, and the fastest serves; where
         neither judges, the mode in use stays."""
         samples, self._samples = self._samples, {}
-        common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
-        judged = self._at_one_size(samples, common) if common else self._against_home(samples)
+        batch = _most_sampled(samples)
+        judged = self._against_home(samples) if batch is None else self._at_one_size(samples, batch)
         if judged is None:
             self.mode, self._since = self.home, max(0, self.wait - self.retry)
             return
@@ -360,11 +358,10 @@ class ModeChooser:
         self.completed += 1
 
     def _at_one_size(
-        self, samples: dict[str, dict[int, list[float]]], common: set[int]
+        self, samples: dict[str, dict[int, list[float]]], batch: int
     ) -> tuple[int, dict[str, float]]:
-        """Every mode's median at the size all were measured at most; the mode in use's from
-        its served steps there where it has enough."""
-        batch = max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
+        """Every mode's median at `batch`, the size all were measured at most; the mode in
+        use's from its served steps there where it has enough."""
         means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
         served = self._served.get(self.home, {}).get(batch, ())
         if len(served) >= self.MIN_SERVED and not self._extra:  # a close call: visits alone
@@ -479,3 +476,12 @@ class ModeChooser:
             "reverted": self.reverted,
             "skipped": self.skipped,
         }
+
+
+def _most_sampled(samples: dict[str, dict[int, list[float]]]) -> int | None:
+    """The batch size every mode was measured at, the one with the most samples of its least
+    sampled mode (the smaller on a tie); None where the modes share no size."""
+    common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
+    if not common:
+        return None
+    return max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))

@@ -245,18 +245,25 @@ def test_mode_chooser_serves_its_start_then_measures_in_rationed_visits():
     assert chooser.means == pytest.approx(cost)
 
 
-def test_visits_to_a_slow_mode_take_their_share_of_the_time_not_of_the_steps():
-    cost = {"device": 0.002, "layers": 0.02}  # a visited mode ten times slower
-    chooser = ModeChooser(
+def _rationed(modes: tuple[str, ...], explore_after: int, **kw) -> ModeChooser:
+    """Visits of 2 settling steps and 2 samples, in two rounds, serving from `modes[0]`
+    and resting so that visits take a tenth of the time."""
+    return ModeChooser(
         settle=2,
         measure=4,
         period=10**6,
-        modes=tuple(cost),
+        modes=modes,
         rounds=2,
-        start="device",
-        explore_after=10,
+        start=modes[0],
+        explore_after=explore_after,
         duty=0.1,
+        **kw,
     )
+
+
+def test_visits_to_a_slow_mode_take_their_share_of_the_time_not_of_the_steps():
+    cost = {"device": 0.002, "layers": 0.02}  # a visited mode ten times slower
+    chooser = _rationed(tuple(cost), explore_after=10)
     spent = {"device": 0.0, "layers": 0.0}
     for step in range(5000):
         if step >= 10:  # from the first visit on
@@ -273,17 +280,7 @@ def test_a_visit_to_a_mode_about_as_fast_rests_next_to_nothing():
     def steps_to_decide(split_cost: float) -> int:
         cost = {"device": 1.0, "split": split_cost}
         # moves between the modes dear: rounds as asked, so only the rests differ
-        chooser = ModeChooser(
-            settle=2,
-            measure=4,
-            period=10**6,
-            modes=tuple(cost),
-            rounds=2,
-            start="device",
-            explore_after=64,
-            duty=0.1,
-            own_sizes=(),
-        )
+        chooser = _rationed(tuple(cost), explore_after=64, own_sizes=())
         for step in range(10**4):
             chooser.observe(cost[chooser.mode])
             if chooser.measured:
