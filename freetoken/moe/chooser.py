@@ -62,9 +62,9 @@ class ModeChooser:
     H200, adaptive at one stream ran at 0.70 of lru-pcie while measuring. A visit's cost is
     its time over the mode in use's for as many steps (all of it where the mode in use has
     no time at that size): a mode about as fast costs, and rests, next to nothing. Rested
-    on the visits' whole time, a measurement of two modes in two rounds took some 430 steps
-    at a duty of 0.1, 56 of them visits, and the work it measured had often changed by the
-    time it decided.
+    on the visits' whole time, a measurement of two modes in two rounds comes to some 430
+    steps at a duty of 0.1 (56 of them visits: the rests' arithmetic, not a timing), most of
+    a 512-step window of four streams through the server.
 
     A visit sees the cache as the visits before it left it: a mode that keeps no new expert
     (split at share 0) is timed on a cache the others filled, and the mode in use is timed
