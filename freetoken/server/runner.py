@@ -30,7 +30,7 @@ __all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
 
 log = logging.getLogger(__name__)
 # runner log lines the server log shows without FREETOKEN_DEBUG
-_SHOWN = (" runner WARNING ", " doctor: ", " CPU experts: ")
+_SHOWN = (" runner WARNING ", " doctor: ", " CPU experts: ", " adaptive: ")
 
 _POLL_S = 0.05
 _TAIL_LINES = 40
@@ -217,7 +217,8 @@ class Runner:
     def _output_line(self, raw: bytes) -> None:
         line = raw.decode(errors="replace").rstrip()
         self._tail.append(line)
-        # the load's judgement, the CPU kernel's status and warnings are for the operator
+        # the load's judgement, the CPU kernel's status, adaptive's decisions (a few a load)
+        # and warnings are for the operator
         shown = any(mark in line for mark in _SHOWN)
         log.log(logging.INFO if shown else logging.DEBUG, "runner %d: %s", self.proc.pid, line)
 

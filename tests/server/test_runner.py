@@ -107,7 +107,7 @@ def test_spec_file_matches_the_protocol(files):
 
 def test_the_runners_load_judgement_reaches_the_server_log(caplog):
     """Runner output is debug detail, except what the operator should read: the CPU
-    kernel's status, the doctor's judgement at load and warnings."""
+    kernel's status, the doctor's judgement at load, adaptive's decisions and warnings."""
     import collections
     import logging
     import types
@@ -121,6 +121,7 @@ def test_the_runners_load_judgement_reaches_the_server_log(caplog):
             "t runner INFO CPU experts: C++ (avx2) (built)",
             "t runner INFO doctor: decode: at most 9.0 tok/s",
             "t runner WARNING pinning refused",
+            "t runner INFO adaptive: step ms device 1.40, split 1.20 (compared at 4 streams)",
             "t runner INFO ready: 10 KV pages",
         ):
             r._output_line(line.encode())
@@ -129,6 +130,8 @@ def test_the_runners_load_judgement_reaches_the_server_log(caplog):
     assert levels["t runner INFO doctor: decode: at most 9.0 tok/s"] == logging.INFO
     assert levels["t runner WARNING pinning refused"] == logging.INFO
     assert levels["t runner INFO CPU experts: C++ (avx2) (built)"] == logging.INFO
+    decision = "t runner INFO adaptive: step ms device 1.40, split 1.20 (compared at 4 streams)"
+    assert levels[decision] == logging.INFO
 
 
 def test_a_runner_started_ahead_runs_the_load_and_one_that_ended_is_replaced(files, caplog):
