@@ -63,8 +63,19 @@ class Shared:
         # a CPU layer's routes are all misses: a token's top-k, every one on the CPU
         on_cpu = routes if self.placement.is_cpu(layer) else 0
         self.counters.account(on_cpu, 0, on_cpu)
+        self.count_cpu_layer(layer, on_cpu)
         if layer in self.placement.fixed_layers:  # the device path counts its hits itself
             self.cache.hits[layer] += routes
+
+    def count_cpu_layer(self, layer: int, routes: int) -> None:
+        """A CPU layer's routes are misses of the GPU's experts too, as a fixed layer's are
+        its hits: without them the cache's totals (/api/cache, the serving bench's bound)
+        read every route hit while whole layers compute on the CPU. Counted by route, as
+        the fixed layers' hits are: at one token a route is an expert read, at several
+        tokens an expert two routes share is read once. No cache (every expert on the CPU):
+        nothing to count against."""
+        if routes and self.cache is not None:
+            self.cache.misses[layer] += routes
 
 
 class CpuPath:
@@ -90,6 +101,7 @@ class CpuPath:
             compute_dtype=self.s.banks.dtype,
         )
         self.s.counters.account(len(torch.unique(ids)), 0, T * k)
+        self.s.count_cpu_layer(layer, T * k)
         return out.to(device=x.device, dtype=x.dtype)
 
     def partial(
