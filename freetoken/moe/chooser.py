@@ -139,6 +139,7 @@ class ModeChooser:
         # each mode's samples of this measurement, by batch size
         self._samples: dict[str, dict[int, list[float]]] = {}
         self.batch = 0  # the batch size the last decided measurement compared the modes at
+        self.sampled: dict[str, dict[int, int]] = {}  # its samples: a mode's, by batch size
         self.retry = explore_after or max(1, period // 8)
         self.wait = period  # steps from one choice to the next measurement
         self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
@@ -336,6 +337,7 @@ class ModeChooser:
         at most, else against the mode in use's served steps, and the fastest serves; where
         neither judges, the mode in use stays."""
         samples, self._samples = self._samples, {}
+        self.sampled = {m: {b: len(v) for b, v in sorted(d.items())} for m, d in samples.items()}
         batch = _most_sampled(samples)
         judged = self._against_home(samples) if batch is None else self._at_one_size(samples, batch)
         if judged is None:
@@ -472,6 +474,7 @@ class ModeChooser:
             "by_batch": self.by_batch,
             "step_ms": {k: v * 1e3 for k, v in self.means.items()},
             "batch": self.batch,
+            "sampled": self.sampled,
             "measuring": bool(self._plan),
             "reverted": self.reverted,
             "skipped": self.skipped,

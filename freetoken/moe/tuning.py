@@ -307,18 +307,25 @@ class AdaptiveTuner:
 
     def _log_decision(self) -> None:
         """One line a decision (a few a load): which placement serves which batch size,
-        from which step times, so a served run's choices can be read back from its log."""
+        from which step times, measured at which batch sizes how many times, so a served
+        run's choices can be read back from its log."""
         stats = self.modes.stats()
         times = ", ".join(f"{m} {ms:.2f}" for m, ms in sorted(stats["step_ms"].items()))
         apart = "".join(f", {b} streams {m}" for b, m in sorted(stats["by_batch"].items()))
+        sampled = "; ".join(
+            f"{m} " + " ".join(f"{n}@{b}" for b, n in by.items())
+            for m, by in sorted(stats["sampled"].items())
+        )
         log.info(
-            "adaptive: step ms %s (compared at %d streams); serving %s%s; %d moves, %d reverted",
+            "adaptive: step ms %s (compared at %d streams); serving %s%s; %d moves, %d "
+            "reverted; visits' steps@streams: %s",
             times,
             stats["batch"],
             stats["mode"],
             apart,
             self.moves,
             stats["reverted"],
+            sampled,
         )
 
     def judge_locality(self, lookups) -> None:
