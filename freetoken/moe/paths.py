@@ -67,15 +67,15 @@ class Shared:
         if layer in self.placement.fixed_layers:  # the device path counts its hits itself
             self.cache.hits[layer] += routes
 
-    def count_cpu_layer(self, layer: int, routes: int) -> None:
-        """A CPU layer's routes are misses of the GPU's experts too, as a fixed layer's are
-        its hits: without them the cache's totals (/api/cache, the serving bench's bound)
-        read every route hit while whole layers compute on the CPU. Counted by route, as
-        the fixed layers' hits are: at one token a route is an expert read, at several
-        tokens an expert two routes share is read once. No cache (every expert on the CPU):
-        nothing to count against."""
-        if routes and self.cache is not None:
-            self.cache.misses[layer] += routes
+    def count_cpu_layer(self, layer: int, misses: int) -> None:
+        """A CPU layer's misses are the cache's too, as a fixed layer's routes are its hits:
+        without them the cache's totals (/api/cache, the serving bench's bound) read every
+        route hit while whole layers compute on the CPU. The same count as the backend's
+        own: by route inside a decode step (a device-side count of distinct experts would
+        cost a kernel a layer; at one token a route is an expert read), by expert read in
+        an eager layer. No cache (every expert on the CPU): nothing to count against."""
+        if misses and self.cache is not None:
+            self.cache.misses[layer] += misses
 
 
 class CpuPath:
@@ -100,8 +100,9 @@ class CpuPath:
             self.s.banks.specs[layer],
             compute_dtype=self.s.banks.dtype,
         )
-        self.s.counters.account(len(torch.unique(ids)), 0, T * k)
-        self.s.count_cpu_layer(layer, T * k)
+        read = len(torch.unique(ids))  # the experts the CPU read: the layer's misses
+        self.s.counters.account(read, 0, T * k)
+        self.s.count_cpu_layer(layer, read)
         return out.to(device=x.device, dtype=x.dtype)
 
     def partial(

@@ -48,11 +48,9 @@ def test_policy_greedy_decode_matches_transformers(tiny_model, policy, slots):
         assert stats["q"] == stats["m"] and stats["cpu_routes"] == 0
     if policy == "static-layers":
         assert stats["cpu_layers"] == [0]  # 8 slots hold one of the two layers
-        # the CPU layer's routes are the cache's misses, the fixed layer's its hits: the
-        # two layers' routes, one each a token's expert
+        # the CPU layer's misses are the cache's, the fixed layer's routes its hits
         cache = stats["cache"]
-        assert cache["misses"] == stats["cpu_routes"] > 0
-        assert cache["hits"] == cache["misses"]
+        assert cache["misses"] == stats["m"] > 0 and cache["hits"] > 0
     if policy == "resident":
         assert stats["cache"]["misses"] == 0
 
