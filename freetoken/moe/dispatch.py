@@ -97,6 +97,12 @@ class ShareTuner:
     with an occasional step on a neighbouring share so a change in the machine is seen.
     Whole step times, not times per miss: a share that caches less makes more misses, and
     per miss it would look cheaper than it is.
+
+    Each batch size keeps its own averages: four sequences' step is not one's, and served
+    through the server one and four streams come and go in turn. Kept together, a share
+    tried while four streams ran looked slower to the next single stream by the difference
+    of the batches, not of the shares. A size seen first starts from the share found best
+    at the nearest size already measured (q*'s where none is).
     """
 
     ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -104,44 +110,72 @@ class ShareTuner:
     def __init__(self, prior: float, explore: float = 0.1, alpha: float = 0.2, seed: int = 0):
         import random
 
-        self.mean: list[float | None] = [None] * len(self.ARMS)
-        self.count = [0] * len(self.ARMS)
         self.prior = min(range(len(self.ARMS)), key=lambda i: abs(self.ARMS[i] - prior))
         self.arm = self.prior
+        self.batch = 1  # the batch size of the step the arm was chosen for
         self.explore, self.alpha = explore, alpha
         self._rng = random.Random(seed)
+        self._means: dict[int, list[float | None]] = {}  # by batch size, one a share
+        self._counts: dict[int, list[int]] = {}
 
     @property
     def share(self) -> float:
         return self.ARMS[self.arm]
 
-    def observe(self, seconds: float) -> None:
-        """The decode step just run with the current arm took `seconds`."""
+    @property
+    def mean(self) -> list[float | None]:
+        """The current batch size's average step time a share (None: not yet tried)."""
+        return self._means.get(self.batch, [None] * len(self.ARMS))
+
+    @property
+    def count(self) -> list[int]:
+        """The current batch size's steps a share."""
+        return self._counts.get(self.batch, [0] * len(self.ARMS))
+
+    def observe(self, seconds: float, batch: int = 1) -> None:
+        """The decode step just run with the current arm, of `batch` sequences, took
+        `seconds`."""
         if seconds <= 0:
             return
-        i = self.arm
-        self.mean[i] = (
-            seconds
-            if self.mean[i] is None
-            else (1 - self.alpha) * self.mean[i] + self.alpha * seconds
-        )
-        self.count[i] += 1
+        means = self._means.setdefault(batch, [None] * len(self.ARMS))
+        counts = self._counts.setdefault(batch, [0] * len(self.ARMS))
+        i, old = self.arm, means[self.arm]
+        means[i] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        counts[i] += 1
 
-    def next_arm(self) -> float:
-        """The share for the next step."""
-        untried = [i for i, c in enumerate(self.count) if c < 2]
-        if untried:  # every arm twice, starting from the prior's
-            self.arm = min(untried, key=lambda i: abs(i - self.prior))
+    def next_arm(self, batch: int = 1) -> float:
+        """The share for the next step, of `batch` sequences."""
+        self.batch = batch
+        counts, means = self.count, self.mean
+        untried = [i for i, c in enumerate(counts) if c < 2]
+        if untried:  # every arm twice, starting from the nearest size's best (or the prior)
+            start = self._start_arm(batch)
+            self.arm = min(untried, key=lambda i: abs(i - start))
             return self.share
-        best = min(range(len(self.ARMS)), key=lambda i: self.mean[i])
+        best = min(range(len(self.ARMS)), key=lambda i: means[i])
         if self._rng.random() < self.explore:
             best = min(max(best + self._rng.choice((-1, 1)), 0), len(self.ARMS) - 1)
         self.arm = best
         return self.share
+
+    def _start_arm(self, batch: int) -> int:
+        """The best share of the measured size nearest `batch`, else the prior's."""
+        done = [b for b, c in self._counts.items() if b != batch and min(c) >= 2]
+        if not done:
+            return self.prior
+        means = self._means[min(done, key=lambda b: (abs(b - batch), b))]
+        return min(range(len(self.ARMS)), key=lambda i: means[i])
 
     def stats(self) -> dict:
         return {
             "share": self.share,
             "step_ms": [None if m is None else m * 1e3 for m in self.mean],
             "steps": list(self.count),
+            "by_batch": {
+                b: {
+                    "step_ms": [None if m is None else m * 1e3 for m in self._means[b]],
+                    "steps": list(self._counts[b]),
+                }
+                for b in sorted(self._means)
+            },
         }

@@ -289,8 +289,8 @@ class AdaptiveTuner:
                 if self.on_measured is not None:
                     self.on_measured(self.learned())
         if mode in (Mode.CACHE, Mode.SPLIT):
-            self.shares.observe(dt)
-            self.shares.next_arm()
+            self.shares.observe(dt, batch)
+            self.shares.next_arm(tokens)
             return True
         return False
 

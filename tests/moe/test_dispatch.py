@@ -58,6 +58,44 @@ def test_share_tuner_starts_at_the_prior_and_settles_on_the_fastest_share():
     assert set(tuner.count) != {0} and min(tuner.count) >= 2  # every share was measured
 
 
+def test_share_tuner_keeps_each_batch_size_apart():
+    """One and four streams in turn, each with its own fastest share: each size settles on
+    its own, though a four-stream step takes three times one's whatever the share."""
+    from freetoken.moe.dispatch import ShareTuner
+
+    tuner = ShareTuner(prior=0.5, explore=0.1, seed=5)
+    ms = {
+        1: {0.0: 9.0, 0.25: 7.0, 0.5: 6.0, 0.75: 5.0, 1.0: 5.5},  # 0.75 the fastest
+        4: {0.0: 18.0, 0.25: 15.0, 0.5: 16.0, 0.75: 19.0, 1.0: 22.0},  # 0.25 the fastest
+    }
+    chosen: dict[int, list[float]] = {1: [], 4: []}
+    batch = 1
+    share = tuner.next_arm(batch)
+    for step in range(800):
+        tuner.observe(ms[batch][share] * 1e-3, batch)
+        batch = 1 if (step // 40) % 2 else 4  # streams come and go in spells
+        share = tuner.next_arm(batch)
+        chosen[batch].append(share)
+    assert chosen[1][-200:].count(0.75) >= 160
+    assert chosen[4][-200:].count(0.25) >= 160
+    by_batch = tuner.stats()["by_batch"]
+    assert set(by_batch) == {1, 4} and min(by_batch[1]["steps"]) >= 2
+
+
+def test_share_tuner_starts_a_new_size_from_the_nearest_sizes_best():
+    from freetoken.moe.dispatch import ShareTuner
+
+    tuner = ShareTuner(prior=0.0, explore=0.0)
+    ms = {0.0: 9.0, 0.25: 7.0, 0.5: 6.0, 0.75: 5.0, 1.0: 5.5}
+    share = tuner.next_arm(1)
+    for _ in range(12):
+        tuner.observe(ms[share] * 1e-3, 1)
+        share = tuner.next_arm(1)
+    assert share == 0.75
+    assert tuner.next_arm(2) == 0.75  # two sequences try one's best first, not the prior
+    assert tuner.count == [0] * len(ShareTuner.ARMS)  # and have no steps of their own yet
+
+
 def test_share_tuner_ignores_empty_timings():
     from freetoken.moe.dispatch import ShareTuner
 
