@@ -140,6 +140,9 @@ class ModeChooser:
         self._samples: dict[str, dict[int, list[float]]] = {}
         self.batch = 0  # the batch size the last decided measurement compared the modes at
         self.sampled: dict[str, dict[int, int]] = {}  # its samples: a mode's, by batch size
+        # where the mode in use was judged by its served steps, how many, and its visits'
+        # median there (seconds; 0 where it had none): what its own visits would have said
+        self.served_ref: tuple[int, float] | None = None
         self.retry = explore_after or max(1, period // 8)
         self.wait = period  # steps from one choice to the next measurement
         self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
@@ -338,6 +341,7 @@ class ModeChooser:
         neither judges, the mode in use stays."""
         samples, self._samples = self._samples, {}
         self.sampled = {m: {b: len(v) for b, v in sorted(d.items())} for m, d in samples.items()}
+        self.served_ref = None
         batch = _most_sampled(samples)
         judged = self._against_home(samples) if batch is None else self._at_one_size(samples, batch)
         if judged is None:
@@ -367,6 +371,7 @@ class ModeChooser:
         means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
         served = self._served.get(self.home, {}).get(batch, ())
         if len(served) >= self.MIN_SERVED and not self._extra:  # a close call: visits alone
+            self.served_ref = (len(served), means.get(self.home, 0.0))
             means[self.home] = median(served)
         return batch, means
 
@@ -383,6 +388,7 @@ class ModeChooser:
             return None
         batch = max(ref, key=lambda b: (len(served[b]), -b))
         means = {self.home: ref[batch]}
+        self.served_ref = (len(served[batch]), 0.0)
         for mode, by_batch in samples.items():
             sizes = [b for b in by_batch if b in ref]
             if mode == self.home or not sizes:
@@ -475,6 +481,7 @@ class ModeChooser:
             "step_ms": {k: v * 1e3 for k, v in self.means.items()},
             "batch": self.batch,
             "sampled": self.sampled,
+            "served_ref": self.served_ref,
             "measuring": bool(self._plan),
             "reverted": self.reverted,
             "skipped": self.skipped,

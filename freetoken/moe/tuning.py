@@ -316,6 +316,10 @@ class AdaptiveTuner:
             f"{m} " + " ".join(f"{n}@{b}" for b, n in by.items())
             for m, by in sorted(stats["sampled"].items())
         )
+        if (ref := stats["served_ref"]) is not None:  # the mode in use: its served steps
+            n, visits_s = ref
+            own = f" (visits {visits_s * 1e3:.2f})" if visits_s else ""
+            sampled += f"; in use judged by {n} served steps{own}"
         log.info(
             "adaptive: step ms %s (compared at %d streams); serving %s%s; %d moves, %d "
             "reverted; visits' steps@streams: %s",

@@ -346,3 +346,30 @@ def test_from_split_whole_cpu_layers_are_promising_only_where_they_could_gain():
     window.promising("split")
     _serve(window, totals, WINDOW_STEPS, misses=40, seconds=16e-3)
     assert set(window.promising("split")) == {"device", "cache", "layers"}
+
+
+def test_a_decision_on_served_steps_logs_them_beside_the_visits(monkeypatch, caplog):
+    """Where the mode in use is judged by its steps served before the visits, the line says
+    how many, and what its own visits gave: a served reference from other work (a hotter
+    regime before this one) shows as the two disagreeing."""
+    from freetoken.moe import tuning
+
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 40)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
+    mode = Mode.DEVICE
+    with caplog.at_level("INFO", logger=tuning.__name__):
+        for i in range(200):
+            tuner.step_started(1, mode)
+            served = i < 40  # before the measurement device serves at 3 ms, visited at 2
+            clock[0] += 0.003 if served else {Mode.DEVICE: 0.002, Mode.SPLIT: 0.001}[mode]
+            mode = tuner.wanted(1, mode)
+    lines = [r.getMessage() for r in caplog.records if "step ms" in r.getMessage()]
+    assert lines[0].startswith("adaptive: step ms device 3.00, split 1.00 (compared at 1 streams)")
+    served = tuner.modes.stats()["served_ref"]
+    assert served is not None and served[0] >= tuning.ModeChooser.MIN_SERVED
+    assert lines[0].endswith(
+        f"device 12@1; split 12@1; in use judged by {served[0]} served steps (visits 2.00)"
+    )
