@@ -168,6 +168,13 @@ def window(before: dict, after: dict) -> dict[str, Any]:
     }
 
 
+def served_in(stats: dict, streams: int) -> str | None:
+    """The placement a step of `streams` sequences runs in at the window's end: its size's
+    own where adaptive keeps one (a mode found slower at that size only), else the mode."""
+    own = stats.get("placement_by_batch") or {}  # JSON: the sizes are strings
+    return own.get(str(streams)) or own.get(streams) or stats.get("placement")
+
+
 def engine_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
     """The engine thread's milliseconds a step not waiting for the device, and the share of
     steps launched before the last one's tokens were read."""
@@ -255,6 +262,7 @@ def timed_window(client, args, regime: str, api: str, streams: int, dense_ms) ->
     rates = [r.rate for r in runs if r.rate]
     win = window(before, after)
     row = {"regime": regime, "api": api, "streams": streams, **win}
+    row["placement"] = served_in(after, streams)
     row["tok_s"] = sum(rates) / len(rates) if rates else None
     row["agg_tok_s"] = aggregate_rate(runs)
     row["ttft_ms"] = 1e3 * sum(r.ttft or 0 for r in runs) / len(runs)

@@ -240,3 +240,15 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
     assert "step ms by placement none; 0 moves" in capsys.readouterr().out
     serve._print_measured({"policy": "lru-pcie"})
     assert capsys.readouterr().out == ""
+
+
+def test_a_rows_placement_is_the_one_its_stream_count_runs_in():
+    """Where adaptive serves a size in a placement of its own, that size's row shows it, not
+    the mode the other sizes run in (a window at one stream served in device read 'split')."""
+    from freetoken.bench import serve
+
+    stats = {"placement": "split", "placement_by_batch": {"1": "device"}}
+    assert serve.served_in(stats, 1) == "device"
+    assert serve.served_in(stats, 4) == "split"
+    assert serve.served_in({"placement": "layers"}, 1) == "layers"
+    assert serve.served_in({}, 1) is None

@@ -552,3 +552,26 @@ def test_a_mode_that_moves_whole_layers_never_serves_a_size_apart():
     assert set(modes[ModeChooser.TRIAL :]) == {"layers"}
     chooser.serve_at({4: "device"})  # nor from what a load before kept
     assert chooser.mode_for(4) == "layers"
+
+
+def test_a_mode_sitting_out_counts_measurements_not_the_gates_asks():
+    """8 GiB of the 48-layer shape: the locality check found device slow, layers is not
+    promising, and the gate asks again every GATE_RETRY steps. Device sits out three waits'
+    worth of asks, not three asks (192 steps, then a visit at three times split's step)."""
+    prospects = _Prospects(("device",))
+    chooser = ModeChooser(
+        settle=1,
+        measure=2,
+        period=200,
+        modes=("device", "split", "layers"),
+        start="split",
+        explore_after=5,
+        prospects=prospects,
+    )
+    chooser.sit_out("device", 3)
+    cost = {"device": 0.073, "split": 0.024, "layers": 0.04}
+    modes = _run_chooser(chooser, cost, 600)
+    assert set(modes) == {"split"} and prospects.asked >= 9 and chooser.skipped >= 9
+    assert chooser.sitting_out == {"device": 1}  # two waits of asks so far
+    modes = _run_chooser(chooser, cost, 400)
+    assert "device" in modes and chooser.mode == "split"  # measured again, and still slow
