@@ -6,7 +6,7 @@ import math
 from collections import Counter, deque
 from typing import Protocol
 
-from freetoken.moe.trial import Trial, median
+from freetoken.moe.trial import Trial, median, most_sampled
 
 
 class Prospects(Protocol):
@@ -344,7 +344,7 @@ class ModeChooser:
             return False
         if not set(samples) <= set(self.own_sizes):
             return False
-        if (batch := _most_sampled(samples)) is None:
+        if (batch := most_sampled(samples)) is None:
             return False
         medians = [median(by_batch[batch]) for by_batch in samples.values()]
         return max(medians) <= min(medians) * (1 + self.CLOSE)
@@ -356,7 +356,7 @@ class ModeChooser:
         samples, self._samples = self._samples, {}
         self.sampled = {m: {b: len(v) for b, v in sorted(d.items())} for m, d in samples.items()}
         self.served_ref = None
-        batch = _most_sampled(samples)
+        batch = most_sampled(samples)
         judged = self._against_home(samples) if batch is None else self._at_one_size(samples, batch)
         if judged is None:
             self.mode, self._since = self.home, max(0, self.wait - self.retry)
@@ -500,12 +500,3 @@ class ModeChooser:
             "reverted": self.reverted,
             "skipped": self.skipped,
         }
-
-
-def _most_sampled(samples: dict[str, dict[int, list[float]]]) -> int | None:
-    """The batch size every mode was measured at, the one with the most samples of its least
-    sampled mode (the smaller on a tie); None where the modes share no size."""
-    common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
-    if not common:
-        return None
-    return max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))

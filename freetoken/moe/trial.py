@@ -1,4 +1,5 @@
-"""A switch of placement on trial, and the median the chooser judges step times by."""
+"""A switch of placement on trial, the median the chooser judges step times by, and the
+batch size it compares modes at."""
 
 from __future__ import annotations
 
@@ -34,3 +35,12 @@ class Trial:
 def median(values) -> float:
     s = sorted(values)
     return s[len(s) // 2]
+
+
+def most_sampled(samples: dict[str, dict[int, list[float]]]) -> int | None:
+    """The batch size every mode was measured at, the one with the most samples of its least
+    sampled mode (the smaller on a tie); None where the modes share no size."""
+    common = set.intersection(*(set(b) for b in samples.values())) if samples else set()
+    if not common:
+        return None
+    return max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
