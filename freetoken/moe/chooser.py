@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from typing import Protocol
 
-from freetoken.moe.trial import Trial, median, most_sampled
-
-
-class Prospects(Protocol):
-    """Which other modes a measurement starting now could find faster than `mode` (in use),
-    judged from the work being served; None while there is not yet enough of it to judge.
-    Either way, or with no mode named, it is asked again `GATE_RETRY` steps later."""
-
-    def promising(self, mode: str) -> tuple[str, ...] | None: ...
+from freetoken.moe.trial import Prospects, Trial, median, most_sampled
 
 
 class ModeChooser:

@@ -1,9 +1,18 @@
-"""A switch of placement on trial, the median the chooser judges step times by, and the
-batch size it compares modes at."""
+"""How the placement chooser judges: a switch on trial, the median of step times, the batch
+size modes are compared at, and the gate asked before a measurement."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Prospects(Protocol):
+    """Which other modes a measurement starting now could find faster than `mode` (in use),
+    judged from the work being served; None while there is not yet enough of it to judge.
+    Either way, or with no mode named, it is asked again `GATE_RETRY` steps later."""
+
+    def promising(self, mode: str) -> tuple[str, ...] | None: ...
 
 
 @dataclass

@@ -113,7 +113,7 @@ class LocalityCheck:
 @dataclass
 class MissWindow:
     """The misses of recent decode steps, and what they leave a measurement to gain
-    (chooser.Prospects). Books on the device only: where the host keeps them its round
+    (trial.Prospects). Books on the device only: where the host keeps them its round
     trips cost time a placement may save, which misses do not show."""
 
     lookups: Callable[[], tuple[int, int]]  # the cache's (hits, misses) totals: a device read
