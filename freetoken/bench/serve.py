@@ -172,7 +172,7 @@ def served_in(stats: dict, streams: int) -> str | None:
     """The placement a step of `streams` sequences runs in at the window's end: its size's
     own where adaptive keeps one (a mode found slower at that size only), else the mode."""
     own = stats.get("placement_by_batch") or {}  # JSON: the sizes are strings
-    return own.get(str(streams)) or own.get(streams) or stats.get("placement")
+    return own.get(str(streams)) or stats.get("placement")
 
 
 def engine_window(before: dict, after: dict, steps: int) -> dict[str, Any]:

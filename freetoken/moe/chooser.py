@@ -393,14 +393,16 @@ class ModeChooser:
             return None
         batch = max(ref, key=lambda b: (len(served[b]), -b))
         means = {self.home: ref[batch]}
-        self.served_ref = (len(served[batch]), 0.0)
         for mode, by_batch in samples.items():
             sizes = [b for b in by_batch if b in ref]
             if mode == self.home or not sizes:
                 continue
             b = max(sizes, key=lambda b: (len(by_batch[b]), -b))
             means[mode] = median(by_batch[b]) / ref[b] * ref[batch]
-        return (batch, means) if len(means) > 1 else None
+        if len(means) < 2:
+            return None
+        self.served_ref = (len(served[batch]), 0.0)
+        return batch, means
 
     def _trial_of(self, old: str, batch: int) -> Trial:
         """A switch away from `old`, judged at the compared batch size against `old`'s time
