@@ -124,6 +124,7 @@ class MissWindow:
     steps: int = 0  # decode steps since
     timed: int = 0  # those of them timed as steps (not spanning idle time or a move)
     seconds: float = 0.0  # and their time
+    told: tuple[str, ...] | None = None  # device's last verdict logged
 
     @classmethod
     def of(cls, lookups, costs: tuple[float, float], layers: int, experts: int, capacity: int):
@@ -166,9 +167,26 @@ class MissWindow:
             # and each visit to layers cost a window up to a third of its speed)
             return tuple(m for m in others if m != Mode.LAYERS or step - layers >= floor)
         own = (misses - start[1]) / self.steps * self.miss_s[Mode.DEVICE]
-        if own < floor:
-            return ()
-        return tuple(m for m in others if m != Mode.LAYERS or own - layers >= floor)
+        gain = () if own < floor else others
+        gain = tuple(m for m in gain if m != Mode.LAYERS or own - layers >= floor)
+        self._tell(gain, (misses - start[1]) / self.steps, step)
+        return gain
+
+    def _tell(self, gain: tuple[str, ...], misses: float, step: float) -> None:
+        """Logs device's verdict where it changes: which figures kept a measurement out (or
+        let one in) is what a served run's log has to show."""
+        if gain == self.told:
+            return
+        self.told = gain
+        log.info(
+            "adaptive: gate: %.2f misses a step at %.3f ms a fetch against a %.3f ms step "
+            "(gain floor %.0f %%): %s",
+            misses,
+            self.miss_s[Mode.DEVICE] * 1e3,
+            step * 1e3,
+            MIN_GAIN * 100,
+            "measure " + ", ".join(gain) if gain else "no measurement",
+        )
 
 
 class AdaptiveTuner:

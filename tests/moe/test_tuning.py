@@ -308,6 +308,28 @@ def test_a_hot_cache_leaves_a_measurement_nothing_to_gain():
     # compute 24 routes a step, 1.6 ms
 
 
+def test_the_gate_logs_its_verdict_where_it_changes(caplog):
+    """A served run's log says which figures kept measurements out: once a verdict, not
+    every window."""
+    import logging
+
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals))
+    with caplog.at_level(logging.INFO, logger="freetoken.moe.tuning"):
+        for misses in (1.4, 1.4, 6, 6):
+            window.promising("device")
+            _serve(window, totals, WINDOW_STEPS, misses=misses)
+            window.promising("device")
+    lines = [r.getMessage() for r in caplog.records if "gate" in r.getMessage()]
+    assert len(lines) == 2
+    assert lines[0].startswith("adaptive: gate: 1.40 misses a step at 0.184 ms a fetch")
+    assert lines[0].endswith("against a 1.800 ms step (gain floor 15 %): no measurement")
+    assert lines[1].startswith("adaptive: gate: 6.00 misses a step")
+    assert lines[1].endswith(": measure split, cache")
+
+
 def test_a_small_cache_near_uniform_routing_may_gain_from_whole_cpu_layers():
     from freetoken.moe.tuning import WINDOW_STEPS
 
