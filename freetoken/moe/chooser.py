@@ -68,7 +68,7 @@ class ModeChooser:
     compared batch size (or at another the old mode served at), a median over
     `TRIAL_MARGIN` slower than the old mode's time there takes the old mode back, and the
     new one sits out the next `PRUNE` measurements, twice as many at each such revert (its
-    visits will look as fast again).
+    visits will look as fast again). A verdict against the visits is taken twice (Trial).
 
     A mode found slower at a batch size the old mode served is not taken back for every
     size, only for that one: served at 12 layers with 75 % cached (H100), device was the
@@ -411,7 +411,8 @@ class ModeChooser:
         served = self._served.get(old, {}).items()
         # a size served in a mode of its own does not run the new one: nothing to judge there
         times = {b: median(d) for b, d in served if len(d) >= self.MIN_SERVED and b not in self._at}
-        return Trial(old, {**times, batch: self.means[old]}, self.settle)
+        visits = {batch: self.means[self.mode]}  # the new mode's, where compared
+        return Trial(old, {**times, batch: self.means[old]}, self.settle, visits, self.TRIAL_MARGIN)
 
     def charge(self, seconds: float) -> None:
         """A placement move (and the step that recaptured its graphs) took `seconds`: counted
