@@ -244,6 +244,7 @@ def test_decode_through_device_books_matches_transformers(tiny_model, policy, mo
     # and from device as well: the miss gate asks a few steps' misses and lets every one by
     monkeypatch.setattr(tuning, "WINDOW_STEPS", 2)
     monkeypatch.setattr(tuning, "MIN_GAIN", 0.0)
+    monkeypatch.setattr(tuning, "SPLIT_GAIN", 0.0)
     # measuring from the first step, every placement in turn
     monkeypatch.setattr(tuning, "EXPLORE_AFTER", 0)
     monkeypatch.setattr(tuning, "DUTY", 1.0)

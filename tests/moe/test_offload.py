@@ -207,6 +207,7 @@ def test_adaptive_measures_only_where_its_misses_leave_something_to_gain(
         monkeypatch.setattr(tuning, name, value)
     monkeypatch.setattr(tuning, "WINDOW_STEPS", 4)
     monkeypatch.setattr(tuning, "MIN_GAIN", min_gain)
+    monkeypatch.setattr(tuning, "SPLIT_GAIN", min_gain)
     monkeypatch.setattr(tuning.ModeChooser, "GATE_RETRY", 4)
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
