@@ -151,6 +151,7 @@ class ModeChooser:
         self._extra = 0  # rounds added to this measurement: a close call
         self._trial: Trial | None = None  # a switch on trial
         self._reverts: dict[str, int] = {}  # each mode's switches taken back
+        self.retried = 0  # trials whose first verdict went against the visits (Trial)
         # batch sizes served in another mode than `mode`: where a trial found it slower. Only
         # between `own_sizes` (all modes unless named): a move the batch makes must be cheap
         self.own_sizes = modes if own_sizes is None else own_sizes
@@ -176,7 +177,9 @@ class ModeChooser:
         trial = self._trial
         if trial is None or ran != self.mode:
             return
+        was = trial.doubted
         if (verdict := trial.judge(batch, seconds, self.TRIAL)) is None:
+            self.retried += trial.doubted and not was
             return
         served, old_time = verdict
         self._compared.add(batch)
@@ -492,5 +495,6 @@ class ModeChooser:
             "served_ref": self.served_ref,
             "measuring": bool(self._plan),
             "reverted": self.reverted,
+            "retried": self.retried,
             "skipped": self.skipped,
         }

@@ -354,13 +354,14 @@ class AdaptiveTuner:
             sampled += f"; in use judged by {n} served steps{own}"
         log.info(
             "adaptive: step ms %s (compared at %d streams); serving %s%s; %d moves, %d "
-            "reverted; visits' steps@streams: %s",
+            "reverted, %d trials taken twice; visits' steps@streams: %s",
             times,
             stats["batch"],
             stats["mode"],
             apart,
             self.moves,
             stats["reverted"],
+            stats["retried"],
             sampled,
         )
 

@@ -405,7 +405,7 @@ def test_a_trial_against_the_visits_that_serves_fast_the_second_time_stands():
     assert chooser.mode == "split" and not chooser.visiting and modes[-1] != "split"
     # the trial's first TRIAL steps serve slow (settle is 0): a verdict set aside
     slow = _run_visits_apart(chooser, visit, {"device": 0.015, "split": 0.020}, ModeChooser.TRIAL)
-    assert set(slow) == {"split"} and chooser.reverted == 0
+    assert set(slow) == {"split"} and chooser.reverted == 0 and chooser.stats()["retried"] == 1
     fast = _run_visits_apart(chooser, visit, {"device": 0.015, "split": 0.0104}, 60)
     assert set(fast) == {"split"} and chooser.reverted == 0
     assert chooser.means["split"] == pytest.approx(0.0104)
