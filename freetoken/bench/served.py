@@ -25,6 +25,8 @@ from freetoken import config
 from freetoken.models.shapes import SHAPES
 from freetoken.store import CreateSpec, Store
 
+MARK = "adaptive: "  # how the runner's placement decisions begin (moe/tuning.py)
+
 __all__ = [
     "add_arguments",
     "checkpoint",
@@ -32,6 +34,7 @@ __all__ = [
     "expert_formats",
     "free_port",
     "measure_bandwidths",
+    "print_decisions",
     "runner_config",
     "server",
     "server_settings",
@@ -239,5 +242,20 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
         raise SystemExit("name a model: --url and --model, --shape, or --from")
     ensure_model(store, name, source)
     measure_bandwidths(args.env, expert_formats(store, name))
-    with server(work / "store", args.env, work / "server.log") as url:
+    log = work / "server.log"
+    start = log.stat().st_size if log.exists() else 0  # the log is appended to
+    with server(work / "store", args.env, log) as url:
         yield url, name, store
+    print_decisions(log, start)
+
+
+def print_decisions(log: Path, start: int = 0) -> None:
+    """The runner's adaptive decisions in the server's log from byte `start` on (the
+    locality check, the miss gate's verdicts, each measurement and trial), as comments: a
+    run's output then says why each row ran in its placement."""
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
+        if (at := line.find(MARK)) >= 0:
+            print("# " + line[at:], flush=True)

@@ -100,3 +100,18 @@ def test_a_rows_settings_are_the_servers_environment_and_its_overrides(monkeypat
     head = common.header("serve") | {"settings": {"FREETOKEN_EXPERT_SLOTS": "1152"}}
     common.emit([{"a": 1}], [("a", "a")], False, head)
     assert "# settings: FREETOKEN_EXPERT_SLOTS=1152" in capsys.readouterr().out
+
+
+def test_a_run_prints_the_decisions_its_server_logged(tmp_path, capsys):
+    """Only the lines this run's server appended, from where they begin."""
+    from freetoken.bench.served import print_decisions
+
+    log = tmp_path / "server.log"
+    earlier = "12:00 INFO runner 1: runner INFO adaptive: 3 misses of 96 routes: device\n"
+    log.write_text(earlier)
+    start = log.stat().st_size
+    with open(log, "a") as f:
+        f.write("12:01 INFO freetoken.server: loaded\n")
+        f.write("12:02 INFO runner 2: runner INFO adaptive: gate: 0.88 misses a step: no\n")
+    print_decisions(log, start)
+    assert capsys.readouterr().out == "# adaptive: gate: 0.88 misses a step: no\n"
