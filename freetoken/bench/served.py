@@ -23,9 +23,8 @@ import httpx
 
 from freetoken import config
 from freetoken.models.shapes import SHAPES
+from freetoken.server.runner import ADAPTIVE_MARK
 from freetoken.store import CreateSpec, Store
-
-MARK = "adaptive: "  # how the runner's placement decisions begin (moe/tuning.py)
 
 __all__ = [
     "add_arguments",
@@ -257,5 +256,5 @@ def print_decisions(log: Path, start: int = 0) -> None:
         f.seek(start)
         text = f.read().decode(errors="replace")
     for line in text.splitlines():
-        if (at := line.find(MARK)) >= 0:
-            print("# " + line[at:], flush=True)
+        if (at := line.find(ADAPTIVE_MARK)) >= 0:
+            print("#" + line[at:], flush=True)

@@ -25,8 +25,8 @@ class Trial:
     `visits` by batch size, found it `margin` faster) is taken twice: on an H100 split's
     visits at four streams took 2.71 ms a step against device's 3.62, its trial (32 steps
     outside the timed windows, as streams came and went) 4.28, and the revert kept device
-    for the rest of the run, at 0.68 of the bound where split had served 0.89-0.92 in other
-    runs. The second verdict stands, whichever it is."""
+    for the rest of the run, at 0.68 of the bound where split's visits came to 0.89. The
+    second verdict stands, whichever it is."""
 
     old: str
     old_time: dict[int, float]

@@ -66,9 +66,10 @@ MIN_GAIN = 0.15
 WINDOW_STEPS = 64
 # A visit to split moves no expert and, after its first, replays graphs already captured:
 # next to nothing where it is about as fast. And device's misses cost more than their
-# fetches: at 12 layers, 75 % cached, one stream (H100), device served 0.81 misses a step
-# at 1.63 ms against a 1.26 ms dense step (0.4 ms a miss, the fetch kernel's 0.25), and
-# split had served the same row 9 % faster than device. So split needs only SPLIT_GAIN.
+# fetches: at 12 layers, 75 % cached, hot routing, one stream (H100), device served 0.81
+# misses a step at 1.63 ms against a 1.26 ms dense step (~0.45 ms a miss, the fetch
+# kernel's 0.25), where split had served 669 tok/s in an earlier run on the same kind of
+# machine against device's 613 here. So split needs only SPLIT_GAIN.
 SPLIT_GAIN = 0.1
 
 

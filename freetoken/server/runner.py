@@ -26,11 +26,13 @@ import httpx
 from freetoken.protocol import CompletionRequest
 from freetoken.spare import AsyncSpare
 
-__all__ = ["Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
+__all__ = ["ADAPTIVE_MARK", "Runner", "RunnerError", "RunnerRequestError", "RunnerSpec"]
 
 log = logging.getLogger(__name__)
+# how adaptive's placement decisions begin in a runner's log (moe/tuning.py)
+ADAPTIVE_MARK = " adaptive: "
 # runner log lines the server log shows without FREETOKEN_DEBUG
-_SHOWN = (" runner WARNING ", " doctor: ", " CPU experts: ", " adaptive: ")
+_SHOWN = (" runner WARNING ", " doctor: ", " CPU experts: ", ADAPTIVE_MARK)
 
 _POLL_S = 0.05
 _TAIL_LINES = 40
