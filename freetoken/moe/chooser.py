@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 
-from freetoken.moe.trial import Prospects, Trial, median, most_sampled
+from freetoken.moe.rest import Rest
+from freetoken.moe.trial import (
+    GateTrials,
+    Prospects,
+    Trial,
+    against_served,
+    at_one_size,
+    close_call,
+    median,
+    most_sampled,
+)
 
 
 class ModeChooser:
@@ -81,7 +90,11 @@ class ModeChooser:
     (a visit to layers empties the cache) cut a 512-token window's speed by up to 0.4, and
     every mode it found was the one in use. So each measurement first asks `prospects`
     (where given) which modes could gain; those it names not, and all where it names none,
-    sit the measurement out.
+    sit the measurement out. A switch in `tried` (from, to) the gate names is put on trial
+    at once, no visits before: at 12 layers with 75 % cached (H100), a measurement of split
+    from device took 10 s of visits and their rests (a first visit's graph capture, repaid
+    at the duty's ratio), all of a four-stream window served in device at 0.68 of the
+    bound, where split, 23 % faster, was chosen as the window ended.
 
     A close call is decided on more samples: where every mode's median is within `CLOSE`
     of the fastest and none moves whole layers, the modes are visited in turn again, up to
@@ -117,8 +130,10 @@ class ModeChooser:
         duty: float = 1.0,
         prospects: Prospects | None = None,
         own_sizes: tuple[str, ...] | None = None,
+        tried: tuple[tuple[str, str], ...] = (),
     ):
         self.prospects = prospects
+        self.tried = GateTrials(tried, self.GATE_RETRY * self.PRUNE)
         self.skipped = 0  # measurements skipped: no mode could gain enough
         self.settle, self.measure, self.period, self.modes = settle, measure, period, modes
         self.rounds, self._per_visit = rounds, max(1, -(-measure // rounds))
@@ -139,11 +154,7 @@ class ModeChooser:
         self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
         self._asked = 0  # steps the gate has kept a measurement out since one last counted
         self._since = 0  # steps since the last choice
-        visit = settle + self._per_visit
-        self.rest = 0 if duty >= 1 else int(-(-visit * (1 - duty) // duty))
-        self._pause = 0.0 if duty >= 1 else (1 - duty) / duty  # rest seconds a visit second
-        self._resting = 0  # steps left in the best mode before the next visit
-        self._resting_s = 0.0  # and seconds
+        self._rest = Rest(settle + self._per_visit, duty)
         self._visit_s = 0.0  # the visit's time so far, its settling steps included
         self.completed = 0  # decisions made: measurements completed, and trials reverted
         # the steps each mode served outside visits, by batch size: its settled time
@@ -187,19 +198,26 @@ class ModeChooser:
             self.means[self.mode] = served
         slower = served > old_time * (1 + self.TRIAL_MARGIN)
         apart = batch != self.batch and {trial.old, self.mode} <= set(self.own_sizes)
+        # a decision either way, and logged: a switch that stands at the size compared too
+        self.completed += (slower and apart) or (not slower and batch == self.batch)
         if slower and apart:
             self._at[batch] = trial.old  # the switch stands, except at this size
-            self.completed += 1
         if not slower or apart:
             if not trial.old_time:  # every size judged
                 self._trial = None
             return
         self._trial = None
-        self._reverts[self.mode] = self._reverts.get(self.mode, 0) + 1
-        self._skips[self.mode] = self.PRUNE * 2 ** min(self._reverts[self.mode] - 1, 4)
+        times = self._reverts[self.mode] = self._reverts.get(self.mode, 0) + 1
+        # a mode tried at the gate's word is tried again some steps later, and the gate
+        # asked again soon; one a measurement chose sits out the next measurements
+        if trial.tried:
+            self.tried.taken_back(self.mode, times)
+        else:
+            self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
         self.mode = self.home = trial.old
         self._drop_own_sizes()
-        self.wait, self._since = self.period, 0
+        self.wait = self.period
+        self._since = self.period - self.GATE_RETRY if trial.tried else 0
         self.completed += 1
 
     def _new_size(self, batch: int) -> bool:
@@ -228,17 +246,20 @@ class ModeChooser:
             return self.mode
         return self._at.get(batch, self.mode)
 
-    def _begin(self) -> None:
-        """A new measurement: the others, then the mode in use."""
+    def _begin(self, batch: int = 0) -> None:
+        """A new measurement: the others, then the mode in use; or a switch on trial at once,
+        where the gate names one of those `tried` (steps of `batch` sequences now)."""
         promising = self.modes
         if self.prospects is not None:
             if (promising := self.prospects.promising(self.mode)) is None:
                 self._since = max(0, self.wait - self.GATE_RETRY)
                 return
+            if self._try(promising, batch):
+                return
         self._trial = None
         self.home = self.mode
         unpruned = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
-        others = [m for m in unpruned if m in promising]
+        others = [m for m in unpruned if m in promising and not self.tried.waits(self.mode, m)]
         if not others:  # every other mode sits this one out: nothing to compare
             self.skipped += bool(unpruned)
             # the gate's verdict holds for the work served now, and it costs no step to ask
@@ -253,6 +274,25 @@ class ModeChooser:
         self._since, self._steps, self._visit, self._visit_s = 0, 0, [], 0.0
         self._extra = 0
         self.mode = self._plan[0]
+
+    def _try(self, promising: tuple[str, ...], batch: int) -> bool:
+        """Whether a switch the gate names, of those `tried`, is now on trial: judged against
+        the mode in use's last `TRIAL` steps served at `batch` (it needs `MIN_SERVED`)."""
+        served = list(self._served.get(self.mode, {}).get(batch, ()))
+        new = self.tried.pick(self.mode, promising, self._skips)
+        if new is None or len(served) < self.MIN_SERVED:
+            return False
+        self._sat_out(self.wait)  # in place of a measurement
+        self.home, self.batch, self.sampled, self.served_ref = self.mode, batch, {}, None
+        self.means[self.home] = median(served[-self.TRIAL :])
+        self.means.pop(new, None)  # a time of a measurement before: its trial gives one
+        self._compared.add(batch)
+        self.mode = new
+        self._drop_own_sizes(batch)
+        self._trial = self._trial_of(self.home, batch, tried=True)
+        self.wait, self._since = self.period, 0
+        self.completed += 1
+        return True
 
     def _sat_out(self, steps: int) -> None:
         """A measurement's turn came, `steps` after the last ask: the modes sitting out count
@@ -270,24 +310,21 @@ class ModeChooser:
         """One decode step of `batch` sequences took `seconds`, run in mode `ran` (the
         current mode unless named: `mode_for(batch)` between measurements)."""
         self._steps += 1
+        self.tried.steps += 1
         if not self._plan:
             self._serve(seconds, batch, self.mode if ran is None else ran)
             self._since += 1
             if self._since >= self.wait:
-                self._begin()
+                self._begin(batch)
             elif self._new_size(batch):
                 since = self._since
-                self._begin()
+                self._begin(batch)
                 if not self._plan:  # the gate kept it out: the period's clock runs on
                     self._since = since
             return
-        if self._resting:
+        if self._rest:
             self._record(self.mode, seconds, batch)
-            self._resting_s -= seconds
-            if self._resting > 1 or self._resting_s > 0:
-                self._resting = max(1, self._resting - 1)
-            else:
-                self._resting = 0
+            if self._rest.served(seconds):
                 self.mode, self._steps = self._plan[0], 0
             return
         self._visit_s += seconds
@@ -303,15 +340,15 @@ class ModeChooser:
         for batch, seconds in visit:
             by_batch.setdefault(batch, []).append(seconds)
         self._visit, self._steps = [], 0
-        if not self._plan and self._close_call():
+        close = self._extra < self.EXTRA_ROUNDS and set(self._samples) <= set(self.own_sizes)
+        if not self._plan and close and close_call(self._samples, self.CLOSE):
             self._extra += 1
             self._plan = [m for m in self._samples if m != self.home] + [self.home]
             self.mode = self._plan[0]
         elif not self._plan:
             self._decide()
-        elif self.rest and not self._extra and (excess := self._excess(steps, visit)) > 0:
-            self._resting = math.ceil(self.rest * excess / self._visit_s)
-            self._resting_s = excess * self._pause
+        elif self._rest.steps and not self._extra and (excess := self._excess(steps, visit)) > 0:
+            self._rest.begin(excess, self._visit_s)
             self.mode = self.best
         else:
             self.mode = self._plan[0]
@@ -329,20 +366,6 @@ class ModeChooser:
             return self._visit_s
         return max(0.0, self._visit_s - steps * median(served))
 
-    def _close_call(self) -> bool:
-        """Whether the measurement's samples so far leave every mode within `CLOSE` of the
-        fastest at the size they share most, none of them moving whole layers, and rounds
-        are left to add."""
-        samples = self._samples
-        if self._extra >= self.EXTRA_ROUNDS or len(samples) < 2:
-            return False
-        if not set(samples) <= set(self.own_sizes):
-            return False
-        if (batch := most_sampled(samples)) is None:
-            return False
-        medians = [median(by_batch[batch]) for by_batch in samples.values()]
-        return max(medians) <= min(medians) * (1 + self.CLOSE)
-
     def _decide(self) -> None:
         """Ends a measurement: each mode's median at the batch size every mode was measured
         at most, else against the mode in use's served steps, and the fastest serves; where
@@ -350,8 +373,15 @@ class ModeChooser:
         samples, self._samples = self._samples, {}
         self.sampled = {m: {b: len(v) for b, v in sorted(d.items())} for m, d in samples.items()}
         self.served_ref = None
-        batch = most_sampled(samples)
-        judged = self._against_home(samples) if batch is None else self._at_one_size(samples, batch)
+        served = self._served.get(self.home, {})
+        if (batch := most_sampled(samples)) is not None:
+            own = () if self._extra else served.get(batch, ())  # a close call: visits alone
+            judged = batch, at_one_size(samples, batch, self.home, own, self.MIN_SERVED)
+            if len(own) >= self.MIN_SERVED:
+                visits = samples.get(self.home, {}).get(batch)
+                self.served_ref = (len(own), median(visits) if visits else 0.0)
+        elif (judged := against_served(samples, self.home, served, self.MIN_SERVED)) is not None:
+            self.served_ref = (len(served[judged[0]]), 0.0)
         if judged is None:
             self.mode, self._since = self.home, max(0, self.wait - self.retry)
             return
@@ -371,57 +401,22 @@ class ModeChooser:
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
 
-    def _at_one_size(
-        self, samples: dict[str, dict[int, list[float]]], batch: int
-    ) -> tuple[int, dict[str, float]]:
-        """Every mode's median at `batch`, the size all were measured at most; the mode in
-        use's from its served steps there where it has enough."""
-        means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
-        served = self._served.get(self.home, {}).get(batch, ())
-        if len(served) >= self.MIN_SERVED and not self._extra:  # a close call: visits alone
-            self.served_ref = (len(served), means.get(self.home, 0.0))
-            means[self.home] = median(served)
-        return batch, means
-
-    def _against_home(
-        self, samples: dict[str, dict[int, list[float]]]
-    ) -> tuple[int, dict[str, float]] | None:
-        """With no size in common (streams came and went between the visits), each visited
-        mode against the mode in use's served steps at a size of its own visits, scaled to
-        the size the mode in use served most: the modes judged this way and the mode in use,
-        or None where none could be."""
-        served = self._served.get(self.home, {})
-        ref = {b: median(d) for b, d in served.items() if len(d) >= self.MIN_SERVED}
-        if not ref:
-            return None
-        batch = max(ref, key=lambda b: (len(served[b]), -b))
-        means = {self.home: ref[batch]}
-        for mode, by_batch in samples.items():
-            sizes = [b for b in by_batch if b in ref]
-            if mode == self.home or not sizes:
-                continue
-            b = max(sizes, key=lambda b: (len(by_batch[b]), -b))
-            means[mode] = median(by_batch[b]) / ref[b] * ref[batch]
-        if len(means) < 2:
-            return None
-        self.served_ref = (len(served[batch]), 0.0)
-        return batch, means
-
-    def _trial_of(self, old: str, batch: int) -> Trial:
+    def _trial_of(self, old: str, batch: int, tried: bool = False) -> Trial:
         """A switch away from `old`, judged at the compared batch size against `old`'s time
         there, and at every other size `old` served `MIN_SERVED` steps at (four streams'
         step is not one's: a mode faster at one may be slower at the other)."""
         served = self._served.get(old, {}).items()
         # a size served in a mode of its own does not run the new one: nothing to judge there
         times = {b: median(d) for b, d in served if len(d) >= self.MIN_SERVED and b not in self._at}
-        visits = {batch: self.means[self.mode]}  # the new mode's, where compared
-        return Trial(old, {**times, batch: self.means[old]}, self.settle, visits, self.TRIAL_MARGIN)
+        visits = {} if tried else {batch: self.means[self.mode]}  # the new mode's, compared
+        old_time = {**times, batch: self.means[old]}
+        return Trial(old, old_time, self.settle, visits, self.TRIAL_MARGIN, tried)
 
     def charge(self, seconds: float) -> None:
         """A placement move (and the step that recaptured its graphs) took `seconds`: counted
         with the visit it serves, so the rest after that visit grows with it."""
-        if self._resting:
-            self._resting_s += seconds * self._pause
+        if self._rest:
+            self._rest.charge(seconds)
         elif self._plan:
             self._visit_s += seconds
 
@@ -473,7 +468,7 @@ class ModeChooser:
     @property
     def visiting(self) -> bool:
         """Whether a visit is under way (a measurement's, not the rest between two)."""
-        return bool(self._plan) and not self._resting
+        return bool(self._plan) and not self._rest
 
     @property
     def measuring(self) -> bool:
@@ -496,5 +491,6 @@ class ModeChooser:
             "measuring": bool(self._plan),
             "reverted": self.reverted,
             "retried": self.retried,
+            "tried": self._trial is not None and self._trial.tried,
             "skipped": self.skipped,
         }

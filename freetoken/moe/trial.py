@@ -3,6 +3,7 @@ size modes are compared at, and the gate asked before a measurement."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +34,7 @@ class Trial:
     settle: int
     visits: dict[int, float] = field(default_factory=dict)
     margin: float = 0.0
+    tried: bool = False  # put on trial at the gate's word, with no visits behind it
     samples: dict[int, list[float]] = field(default_factory=dict)
     steps: int = 0
     doubted: bool = False  # a verdict against the visits was set aside once
@@ -74,3 +76,81 @@ def most_sampled(samples: dict[str, dict[int, list[float]]]) -> int | None:
     if not common:
         return None
     return max(common, key=lambda b: (min(len(samples[m][b]) for m in samples), -b))
+
+
+@dataclass
+class GateTrials:
+    """The switches (`pairs`: from, to) the gate's word puts on trial at once, no visits
+    before: ones that move no expert, so that the trial costs next to nothing where the
+    gate was wrong, while a measurement's visits and rests take seconds. A mode taken back
+    is tried again `after` steps later, twice as long for each time it was."""
+
+    pairs: tuple[tuple[str, str], ...] = ()
+    after: int = 192
+    steps: int = 0  # steps observed
+    _again: dict[str, int] = field(default_factory=dict)  # the step a mode may be tried again
+
+    def pick(
+        self, mode: str, promising: tuple[str, ...], sitting_out: dict[str, int]
+    ) -> str | None:
+        """The mode to try at once instead of `mode`, of those the gate named; None if none."""
+        for new in promising:
+            if (mode, new) in self.pairs and not sitting_out.get(new) and not self.waits(mode, new):
+                return new
+        return None
+
+    def waits(self, mode: str, new: str) -> bool:
+        """Whether the switch from `mode` to `new` waits to be tried again (nor is it
+        measured meanwhile)."""
+        return (mode, new) in self.pairs and self.steps < self._again.get(new, 0)
+
+    def taken_back(self, mode: str, times: int) -> None:
+        """A trial of `mode` took the old mode back, the `times`-th time."""
+        self._again[mode] = self.steps + self.after * 2 ** min(times - 1, 4)
+
+
+def at_one_size(
+    samples: dict[str, dict[int, list[float]]],
+    batch: int,
+    home: str,
+    served: Sequence[float],
+    least: int,
+) -> dict[str, float]:
+    """Every mode's median at `batch`, the size all were measured at; the mode in use's
+    (`home`) from its steps `served` there where it has `least` of them."""
+    means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
+    if len(served) >= least:
+        means[home] = median(served)
+    return means
+
+
+def against_served(
+    samples: dict[str, dict[int, list[float]]],
+    home: str,
+    served: dict[int, Sequence[float]],
+    least: int,
+) -> tuple[int, dict[str, float]] | None:
+    """With no size in common (streams came and went between the visits), each visited mode
+    against the mode in use's (`home`) steps `served` at a size of its own visits (where it
+    served `least`), scaled to the size `home` served most: that size, and the modes judged
+    this way and `home` by their time there; None where none could be."""
+    ref = {b: median(d) for b, d in served.items() if len(d) >= least}
+    if not ref:
+        return None
+    batch = max(ref, key=lambda b: (len(served[b]), -b))
+    means = {home: ref[batch]}
+    for mode, by_batch in samples.items():
+        if mode == home or not (sizes := [b for b in by_batch if b in ref]):
+            continue
+        b = max(sizes, key=lambda b: (len(by_batch[b]), -b))
+        means[mode] = median(by_batch[b]) / ref[b] * ref[batch]
+    return (batch, means) if len(means) > 1 else None
+
+
+def close_call(samples: dict[str, dict[int, list[float]]], close: float) -> bool:
+    """Whether every mode's samples so far are within `close` of the fastest's at the size
+    they share most (two modes or more)."""
+    if len(samples) < 2 or (batch := most_sampled(samples)) is None:
+        return False
+    medians = [median(by_batch[batch]) for by_batch in samples.values()]
+    return max(medians) <= min(medians) * (1 + close)

@@ -280,6 +280,7 @@ class AdaptiveTuner:
             duty=DUTY,
             prospects=self.window,
             own_sizes=tuple(m for m in modes if not m.moves_layers),
+            tried=((str(Mode.DEVICE), str(Mode.SPLIT)),),  # no expert moves: a trial is cheap
         )
 
     @property
@@ -349,6 +350,8 @@ class AdaptiveTuner:
             f"{m} " + " ".join(f"{n}@{b}" for b, n in by.items())
             for m, by in sorted(stats["sampled"].items())
         )
+        if stats["tried"]:
+            sampled = "none: on trial at the gate's word"
         if (ref := stats["served_ref"]) is not None:  # the mode in use: its served steps
             n, visits_s = ref
             own = f" (visits {visits_s * 1e3:.2f})" if visits_s else ""

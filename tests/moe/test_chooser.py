@@ -593,3 +593,62 @@ def test_a_mode_sitting_out_counts_measurements_not_the_gates_asks():
     assert chooser.sitting_out == {"device": 1}  # two waits of asks so far
     modes = _run_chooser(chooser, cost, 400)
     assert "device" in modes and chooser.mode == "split"  # measured again, and still slow
+
+
+def _tried(prospects, period: int = 4096) -> ModeChooser:
+    """A gated chooser that tries split from device at the gate's word, no visits before."""
+    return ModeChooser(
+        settle=1,
+        measure=2,
+        period=period,
+        modes=("device", "split", "cache"),
+        explore_after=5,
+        prospects=prospects,
+        tried=(("device", "split"),),
+    )
+
+
+def test_a_switch_the_gate_names_is_tried_at_once_and_stands_where_faster():
+    prospects = _Prospects(("split", "cache"), wait=1)  # the first ask: too few steps
+    chooser = _tried(prospects)
+    cost = {"device": 0.02, "split": 0.01, "cache": 0.03}
+    modes = _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"} and chooser.mode == "split"  # no visit before
+    assert chooser.stats()["tried"] and chooser.completed == 1 and chooser.sampled == {}
+    assert chooser.means == {"device": 0.02} and chooser.batch == 1
+    modes = _run_chooser(chooser, cost, 1 + ModeChooser.TRIAL)
+    assert set(modes) == {"split"} and not chooser.stats()["tried"]
+    assert chooser.means["split"] == 0.01 and chooser.reverted == 0
+    modes = _run_chooser(chooser, cost, 2000)
+    assert set(modes) == {"split"}  # cache, named too, waits for the period's measurement
+
+
+def test_a_switch_tried_at_the_gates_word_that_serves_slower_is_taken_back_then_retried():
+    """Hot routing at four streams: the gate sees misses split could halve, yet split's
+    host work per layer makes it slower. Taken back, it is not visited meanwhile, and tried
+    again `GATE_RETRY * PRUNE` steps later, twice that after a second revert."""
+    prospects = _Prospects(("split",), wait=1)
+    chooser = _tried(prospects)
+    cost = {"device": 0.02, "split": 0.025, "cache": 0.03}
+    _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY)
+    assert chooser.mode == "split"
+    modes = _run_chooser(chooser, cost, 1 + ModeChooser.TRIAL)
+    assert modes[-1] == "split" and chooser.mode == "device" and chooser.reverted == 1
+    assert chooser.sitting_out == {}  # held back by steps, not measurements
+    after = ModeChooser.GATE_RETRY * ModeChooser.PRUNE
+    modes = _run_chooser(chooser, cost, after - ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"} and chooser.skipped >= 1  # asked, nothing to measure
+    modes = _run_chooser(chooser, cost, 2 * ModeChooser.GATE_RETRY)
+    assert "split" in modes and not chooser.measuring  # tried, not visited
+    _run_chooser(chooser, cost, 1 + ModeChooser.TRIAL)
+    assert chooser.mode == "device" and chooser.reverted == 2
+    modes = _run_chooser(chooser, cost, 2 * after - ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"}
+
+
+def test_a_switch_is_not_tried_before_the_mode_in_use_served_enough_steps_to_judge_it():
+    prospects = _Prospects(("split",))  # a verdict at the first ask, 5 steps after the start
+    chooser = _tried(prospects)
+    _run_chooser(chooser, {"device": 0.02, "split": 0.01, "cache": 0.03}, 40)
+    assert set(chooser.sampled) == {"device", "split"}  # measured by visits instead
+    assert chooser.mode == "split" and chooser.completed == 1

@@ -400,3 +400,32 @@ def test_a_decision_on_served_steps_logs_them_beside_the_visits(monkeypatch, cap
     assert lines[0].endswith(
         f"device 12@1; split 12@1; in use judged by {served[0]} served steps (visits 2.00)"
     )
+
+
+def test_a_gate_that_names_split_puts_it_on_trial_at_once_and_logs_so(monkeypatch, caplog):
+    """Books on the device: a window of uniform's misses names split, which serves at once,
+    no visit before, on trial against device's served steps; the decision's line says so."""
+    from freetoken.moe import tuning
+
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 4)
+    clock, totals = [0.0], [0, 0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    tuner = tuning.AdaptiveTuner(0.5, (Mode.DEVICE, Mode.SPLIT))
+    costs = (9.44e6 / 51.3e9, 9.44e6 / 145e9)  # one BF16 expert over B_P and B_H
+    modes = (Mode.DEVICE, Mode.SPLIT)
+    tuner.choose(modes, {"mode": "device"}, (12, 128, 1152), costs, lambda: tuple(totals), True)
+    cost, mode, served = {Mode.DEVICE: 0.0025, Mode.SPLIT: 0.0018}, Mode.DEVICE, []
+    with caplog.at_level("INFO", logger=tuning.__name__):
+        for _ in range(4 + 3 * tuning.WINDOW_STEPS):
+            tuner.step_started(1, mode)
+            clock[0] += cost[mode]
+            totals[0], totals[1] = totals[0] + 90, totals[1] + 6
+            mode = tuner.wanted(1, mode)
+            served.append(mode)
+    assert Mode.SPLIT in served and tuner.modes.mode == "split" and not tuner.modes.measuring
+    assert set(served[: served.index(Mode.SPLIT)]) == {Mode.DEVICE}  # no visit before
+    lines = [r.getMessage() for r in caplog.records if "step ms" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("adaptive: step ms device 2.50 (")
+    assert lines[0].endswith("visits' steps@streams: none: on trial at the gate's word")
+    # the trial's verdict: split's served steps, and it stands
+    assert lines[1].startswith("adaptive: step ms device 2.50, split 1.80 (compared at 1")
