@@ -94,7 +94,7 @@ class ModeChooser:
     at once, no visits before: at 12 layers with 75 % cached (H100), a measurement of split
     from device took 10 s of visits and their rests (a first visit's graph capture, repaid
     at the duty's ratio), all of a four-stream window served in device at 0.68 of the
-    bound, where split, 23 % faster, was chosen as the window ended.
+    bound, where split, 23 % faster, was chosen as the window ended (tuning.TRIED).
 
     A close call is decided on more samples: where every mode's median is within `CLOSE`
     of the fastest and none moves whole layers, the modes are visited in turn again, up to

@@ -652,3 +652,24 @@ def test_a_switch_is_not_tried_before_the_mode_in_use_served_enough_steps_to_jud
     _run_chooser(chooser, {"device": 0.02, "split": 0.01, "cache": 0.03}, 40)
     assert set(chooser.sampled) == {"device", "split"}  # measured by visits instead
     assert chooser.mode == "split" and chooser.completed == 1
+
+
+def test_from_split_a_turn_tries_device_at_once_and_leaves_the_cache_to_the_period():
+    """Hot routing at four streams, served in split: the gate names device and the cache
+    (split's lane work is time no miss shows); device, no expert moved to get there, is
+    tried at once, not visited with the cache in rounds, and stands."""
+    prospects = _Prospects(("device", "cache"), wait=1)
+    chooser = ModeChooser(
+        settle=1,
+        measure=2,
+        period=4096,
+        modes=("device", "split", "cache"),
+        start="split",
+        explore_after=5,
+        prospects=prospects,
+        tried=(("device", "split"), ("split", "device")),
+    )
+    cost = {"device": 0.0024, "split": 0.0025, "cache": 0.004}
+    modes = _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY + 1 + ModeChooser.TRIAL)
+    assert set(modes) == {"split", "device"} and chooser.mode == "device"
+    assert chooser.completed == 2 and chooser.reverted == 0 and not chooser.stats()["tried"]
