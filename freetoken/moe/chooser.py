@@ -10,7 +10,6 @@ from freetoken.moe.trial import (
     Prospects,
     Trial,
     against_served,
-    at_one_size,
     close_call,
     median,
     most_sampled,
@@ -375,11 +374,12 @@ class ModeChooser:
         self.served_ref = None
         served = self._served.get(self.home, {})
         if (batch := most_sampled(samples)) is not None:
+            means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
             own = () if self._extra else served.get(batch, ())  # a close call: visits alone
-            judged = batch, at_one_size(samples, batch, self.home, own, self.MIN_SERVED)
-            if len(own) >= self.MIN_SERVED:
-                visits = samples.get(self.home, {}).get(batch)
-                self.served_ref = (len(own), median(visits) if visits else 0.0)
+            if len(own) >= self.MIN_SERVED:  # the mode in use: its served steps there
+                self.served_ref = (len(own), means.get(self.home, 0.0))
+                means[self.home] = median(own)
+            judged = batch, means
         elif (judged := against_served(samples, self.home, served, self.MIN_SERVED)) is not None:
             self.served_ref = (len(served[judged[0]]), 0.0)
         if judged is None:

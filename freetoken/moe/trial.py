@@ -109,21 +109,6 @@ class GateTrials:
         self._again[mode] = self.steps + self.after * 2 ** min(times - 1, 4)
 
 
-def at_one_size(
-    samples: dict[str, dict[int, list[float]]],
-    batch: int,
-    home: str,
-    served: Sequence[float],
-    least: int,
-) -> dict[str, float]:
-    """Every mode's median at `batch`, the size all were measured at; the mode in use's
-    (`home`) from its steps `served` there where it has `least` of them."""
-    means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
-    if len(served) >= least:
-        means[home] = median(served)
-    return means
-
-
 def against_served(
     samples: dict[str, dict[int, list[float]]],
     home: str,

@@ -595,16 +595,18 @@ def test_a_mode_sitting_out_counts_measurements_not_the_gates_asks():
     assert "device" in modes and chooser.mode == "split"  # measured again, and still slow
 
 
-def _tried(prospects, period: int = 4096) -> ModeChooser:
-    """A gated chooser that tries split from device at the gate's word, no visits before."""
+def _tried(prospects, start: str = "device", tried=(("device", "split"),)) -> ModeChooser:
+    """A gated chooser serving from `start` that tries the switches `tried` at the gate's
+    word, no visits before."""
     return ModeChooser(
         settle=1,
         measure=2,
-        period=period,
+        period=4096,
         modes=("device", "split", "cache"),
+        start=start,
         explore_after=5,
         prospects=prospects,
-        tried=(("device", "split"),),
+        tried=tried,
     )
 
 
@@ -659,16 +661,7 @@ def test_from_split_a_turn_tries_device_at_once_and_leaves_the_cache_to_the_peri
     (split's lane work is time no miss shows); device, no expert moved to get there, is
     tried at once, not visited with the cache in rounds, and stands."""
     prospects = _Prospects(("device", "cache"), wait=1)
-    chooser = ModeChooser(
-        settle=1,
-        measure=2,
-        period=4096,
-        modes=("device", "split", "cache"),
-        start="split",
-        explore_after=5,
-        prospects=prospects,
-        tried=(("device", "split"), ("split", "device")),
-    )
+    chooser = _tried(prospects, "split", (("device", "split"), ("split", "device")))
     cost = {"device": 0.0024, "split": 0.0025, "cache": 0.004}
     modes = _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY + 1 + ModeChooser.TRIAL)
     assert set(modes) == {"split", "device"} and chooser.mode == "device"
