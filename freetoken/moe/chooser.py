@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 
 from freetoken.moe.rest import Rest
+from freetoken.moe.sizes import Sizes
 from freetoken.moe.trial import (
     GateTrials,
     Prospects,
+    Served,
     Trial,
     against_served,
     close_call,
@@ -71,9 +73,10 @@ class ModeChooser:
     server on an H100 (hot routing) adaptive timed split at 1.76 ms a step against device's
     2.28 and chose it; served at four streams, split then ran at 0.58 of lru-pcie's rate. So
     the mode in use is judged by its steps served between and before the visits (the last
-    `SERVED` at the compared batch size, where there are `MIN_SERVED`), not by its own
-    visits; and a switch is a trial: once the new mode has served `TRIAL` steps at the
-    compared batch size (or at another the old mode served at), a median over
+    `SERVED` at the compared batch size, where there are `MIN_SERVED` of the last `FRESH`
+    steps: Served), not by its own visits; and a switch is a trial: once the new mode has
+    served `TRIAL` steps at the compared batch size (or at another the old mode served at
+    lately; a size not judged within `FRESH` of the trial's steps is asked of anew), a median over
     `TRIAL_MARGIN` slower than the old mode's time there takes the old mode back, and the
     new one sits out the next `PRUNE` measurements, twice as many at each such revert (its
     visits will look as fast again). A verdict against the visits is taken twice (Trial).
@@ -116,6 +119,7 @@ class ModeChooser:
     TRIAL_MARGIN = 0.05
     GATE_RETRY = 64
     NEW_SIZE = 64
+    FRESH = 256
 
     def __init__(
         self,
@@ -157,7 +161,7 @@ class ModeChooser:
         self._visit_s = 0.0  # the visit's time so far, its settling steps included
         self.completed = 0  # decisions made: measurements completed, and trials reverted
         # the steps each mode served outside visits, by batch size: its settled time
-        self._served: dict[str, dict[int, deque[float]]] = {}
+        self._served = Served(self.SERVED, self.FRESH)
         self._extra = 0  # rounds added to this measurement: a close call
         self._trial: Trial | None = None  # a switch on trial
         self._reverts: dict[str, int] = {}  # each mode's switches taken back
@@ -165,34 +169,29 @@ class ModeChooser:
         # batch sizes served in another mode than `mode`: where a trial found it slower. Only
         # between `own_sizes` (all modes unless named): a move the batch makes must be cheap
         self.own_sizes = modes if own_sizes is None else own_sizes
-        self._at: dict[int, str] = {}
-        self._compared: set[int] = set()  # sizes a measurement or a trial compared the modes at
-        self._uncompared: dict[int, int] = {}  # steps served at other sizes since last asked
+        self._sizes = Sizes(self.NEW_SIZE)
         if explore_after:
             self._since = max(0, period - explore_after)
         else:  # measure at once, every mode in order
             self._plan = list(modes) * rounds
             self.mode = self._plan[0]
 
-    def _record(self, mode: str, seconds: float, batch: int) -> None:
-        by_batch = self._served.setdefault(mode, {})
-        if (kept := by_batch.get(batch)) is None:  # every step: no new deque unless needed
-            kept = by_batch[batch] = deque(maxlen=self.SERVED)
-        kept.append(seconds)
-
     def _serve(self, seconds: float, batch: int, ran: str) -> None:
         """A step served between measurements in mode `ran`: recorded, and judged where a
         switch is on trial."""
-        self._record(ran, seconds, batch)
+        self._served.record(ran, batch, seconds)
         trial = self._trial
         if trial is None or ran != self.mode:
             return
         was = trial.doubted
         if (verdict := trial.judge(batch, seconds, self.TRIAL)) is None:
             self.retried += trial.doubted and not was
+            if trial.steps > self.FRESH:  # the sizes it has not judged: asked of anew
+                self._trial = None
+                self._sizes.forget(trial.old_time)
             return
         served, old_time = verdict
-        self._compared.add(batch)
+        self._sizes.compared.add(batch)
         if batch == self.batch:
             self.means[self.mode] = served
         slower = served > old_time * (1 + self.TRIAL_MARGIN)
@@ -200,7 +199,7 @@ class ModeChooser:
         # a decision either way, and logged: a switch that stands at the size compared too
         self.completed += (slower and apart) or (not slower and batch == self.batch)
         if slower and apart:
-            self._at[batch] = trial.old  # the switch stands, except at this size
+            self._sizes.own[batch] = trial.old  # the switch stands, except at this size
         if not slower or apart:
             if not trial.old_time:  # every size judged
                 self._trial = None
@@ -210,7 +209,7 @@ class ModeChooser:
         # a mode tried at the gate's word is tried again some steps later, and the gate
         # asked again soon; one a measurement chose sits out the next measurements
         if trial.tried:
-            self.tried.taken_back(self.mode, times)
+            self.tried.taken_back(self.mode, batch)
         else:
             self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
         self.mode = self.home = trial.old
@@ -220,30 +219,19 @@ class ModeChooser:
         self.completed += 1
 
     def _new_size(self, batch: int) -> bool:
-        """Whether to measure now: `NEW_SIZE` steps served at a batch size no measurement or
-        trial compared the modes at, once one compared them at another. A measurement at
-        one stream said nothing of four: through the server four streams then ran a period
-        in the mode one stream chose, at 0.66 of the bound where the other gave 0.83-0.87."""
-        if not self._compared or batch in self._compared:
-            return False
-        if self._trial is not None and batch in self._trial.old_time:
-            return False  # the trial judges this size
-        n = self._uncompared[batch] = self._uncompared.get(batch, 0) + 1
-        if n < self.NEW_SIZE:
-            return False
-        self._uncompared[batch] = 0  # asked: again NEW_SIZE steps later if nothing decides
-        return True
+        """Whether to measure now: a batch size nothing compared the modes at (Sizes)."""
+        judged = self._trial is not None and batch in self._trial.old_time
+        return self._sizes.asks(batch, judged)
 
     def _drop_own_sizes(self, batch: int = 0) -> None:
-        """Forgets `batch`'s own mode, and every size's that is now `mode` itself."""
-        self._at = {b: m for b, m in self._at.items() if b != batch and m != self.mode}
+        self._sizes.drop(batch, self.mode)
 
     def mode_for(self, batch: int) -> str:
         """The mode a step of `batch` sequences runs in: the visit's (or the rest's) while a
         measurement is under way, else the mode found faster at that size, else `mode`."""
         if self._plan or self.mode not in self.own_sizes:
             return self.mode
-        return self._at.get(batch, self.mode)
+        return self._sizes.mode_for(batch, self.mode)
 
     def _begin(self, batch: int = 0) -> None:
         """A new measurement: the others, then the mode in use; or a switch on trial at once,
@@ -258,7 +246,9 @@ class ModeChooser:
         self._trial = None
         self.home = self.mode
         unpruned = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
-        others = [m for m in unpruned if m in promising and not self.tried.waits(self.mode, m)]
+        others = [
+            m for m in unpruned if m in promising and not self.tried.waits(self.mode, m, batch)
+        ]
         if not others:  # every other mode sits this one out: nothing to compare
             self.skipped += bool(unpruned)
             # the gate's verdict holds for the work served now, and it costs no step to ask
@@ -276,16 +266,20 @@ class ModeChooser:
 
     def _try(self, promising: tuple[str, ...], batch: int) -> bool:
         """Whether a switch the gate names, of those `tried`, is now on trial: judged against
-        the mode in use's last `TRIAL` steps served at `batch` (it needs `MIN_SERVED`)."""
-        served = list(self._served.get(self.mode, {}).get(batch, ()))
-        new = self.tried.pick(self.mode, promising, self._skips)
-        if new is None or len(served) < self.MIN_SERVED:
+        the mode in use's last `TRIAL` steps served at `batch`. Where it has served fewer than
+        `MIN_SERVED` there (lately), the gate is asked again soon: no measurement meanwhile."""
+        new = self.tried.pick(self.mode, promising, self._skips, batch)
+        if new is None:
             return False
+        served = list(self._served.at(self.mode, batch))
+        if len(served) < self.MIN_SERVED:
+            self._since = max(0, self.wait - self.GATE_RETRY)
+            return True
         self._sat_out(self.wait)  # in place of a measurement
         self.home, self.batch, self.sampled, self.served_ref = self.mode, batch, {}, None
         self.means[self.home] = median(served[-self.TRIAL :])
         self.means.pop(new, None)  # a time of a measurement before: its trial gives one
-        self._compared.add(batch)
+        self._sizes.compared.add(batch)
         self.mode = new
         self._drop_own_sizes(batch)
         self._trial = self._trial_of(self.home, batch, tried=True)
@@ -310,6 +304,7 @@ class ModeChooser:
         current mode unless named: `mode_for(batch)` between measurements)."""
         self._steps += 1
         self.tried.steps += 1
+        self._served.now += 1
         if not self._plan:
             self._serve(seconds, batch, self.mode if ran is None else ran)
             self._since += 1
@@ -322,7 +317,7 @@ class ModeChooser:
                     self._since = since
             return
         if self._rest:
-            self._record(self.mode, seconds, batch)
+            self._served.record(self.mode, batch, seconds)
             if self._rest.served(seconds):
                 self.mode, self._steps = self._plan[0], 0
             return
@@ -360,7 +355,7 @@ class ModeChooser:
         if not visit or not self._visit_s:
             return self._visit_s
         batch = Counter(b for b, _ in visit).most_common(1)[0][0]
-        served = self._served.get(self.home, {}).get(batch, ())
+        served = self._served.at(self.home, batch)
         if len(served) < self.MIN_SERVED:
             return self._visit_s
         return max(0.0, self._visit_s - steps * median(served))
@@ -372,7 +367,7 @@ class ModeChooser:
         samples, self._samples = self._samples, {}
         self.sampled = {m: {b: len(v) for b, v in sorted(d.items())} for m, d in samples.items()}
         self.served_ref = None
-        served = self._served.get(self.home, {})
+        served = self._served.of(self.home)
         if (batch := most_sampled(samples)) is not None:
             means = {mode: median(by_batch[batch]) for mode, by_batch in samples.items()}
             own = () if self._extra else served.get(batch, ())  # a close call: visits alone
@@ -388,7 +383,7 @@ class ModeChooser:
         batch, means = judged
         self.means.update(means)
         self.batch = batch
-        self._compared.add(batch)
+        self._sizes.compared.add(batch)
         self.mode = min(means, key=means.get)
         self._drop_own_sizes(batch)  # the size compared serves the winner
         if self.mode != self.home:
@@ -405,9 +400,13 @@ class ModeChooser:
         """A switch away from `old`, judged at the compared batch size against `old`'s time
         there, and at every other size `old` served `MIN_SERVED` steps at (four streams'
         step is not one's: a mode faster at one may be slower at the other)."""
-        served = self._served.get(old, {}).items()
+        served = self._served.of(old).items()
         # a size served in a mode of its own does not run the new one: nothing to judge there
-        times = {b: median(d) for b, d in served if len(d) >= self.MIN_SERVED and b not in self._at}
+        times = {
+            b: median(d)
+            for b, d in served
+            if len(d) >= self.MIN_SERVED and b not in self._sizes.own
+        }
         visits = {} if tried else {batch: self.means[self.mode]}  # the new mode's, compared
         old_time = {**times, batch: self.means[old]}
         return Trial(old, old_time, self.settle, visits, self.TRIAL_MARGIN, tried)
@@ -426,22 +425,20 @@ class ModeChooser:
         if self._plan or mode not in self.modes:
             return False
         self.mode = self.home = mode
-        self._at = {}
+        self._sizes.own = {}
         return True
 
     @property
     def by_batch(self) -> dict[int, str]:
         """The batch sizes served in another mode than `mode`, and theirs."""
-        return dict(self._at)
+        return dict(self._sizes.own)
 
     def serve_at(self, by_batch: dict[int, str], compared: int = 0) -> None:
         """Serves each size named from its mode: a load before found it faster there, and
         compared the modes at those sizes and at `compared` (none where 0), which are not
         measured again before the period is out (the first answer after a reload pays no
         visit)."""
-        own = self.own_sizes
-        self._at = {b: m for b, m in by_batch.items() if m in own and m != self.mode}
-        self._compared.update(self._at, [compared] if compared else [])
+        self._sizes.restore(by_batch, compared, self.own_sizes, self.mode)
 
     def sit_out(self, mode: str, measurements: int | None = None) -> None:
         """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned

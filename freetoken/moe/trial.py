@@ -3,6 +3,7 @@ size modes are compared at, and the gate asked before a measurement."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -83,30 +84,71 @@ class GateTrials:
     """The switches (`pairs`: from, to) the gate's word puts on trial at once, no visits
     before: ones that move no expert, so that the trial costs next to nothing where the
     gate was wrong, while a measurement's visits and rests take seconds. A mode taken back
-    is tried again `after` steps later, twice as long for each time it was."""
+    at a batch size is tried again there `after` steps later, twice as long for each time it
+    was; at other sizes at once (through the server at 12 layers, device, four times slower
+    than split at four streams, was held back at one stream too, where it was the faster)."""
 
     pairs: tuple[tuple[str, str], ...] = ()
     after: int = 192
     steps: int = 0  # steps observed
-    _again: dict[str, int] = field(default_factory=dict)  # the step a mode may be tried again
+    _again: dict[tuple[str, int], int] = field(default_factory=dict)  # when it may be tried
+    _times: dict[tuple[str, int], int] = field(default_factory=dict)  # times taken back
 
     def pick(
-        self, mode: str, promising: tuple[str, ...], sitting_out: dict[str, int]
+        self, mode: str, promising: tuple[str, ...], sitting_out: dict[str, int], batch: int
     ) -> str | None:
-        """The mode to try at once instead of `mode`, of those the gate named; None if none."""
+        """The mode to try at once instead of `mode` at `batch`, of those the gate named; None
+        if none."""
         for new in promising:
-            if (mode, new) in self.pairs and not sitting_out.get(new) and not self.waits(mode, new):
-                return new
+            if (mode, new) in self.pairs and not sitting_out.get(new):
+                if not self.waits(mode, new, batch):
+                    return new
         return None
 
-    def waits(self, mode: str, new: str) -> bool:
-        """Whether the switch from `mode` to `new` waits to be tried again (nor is it
-        measured meanwhile)."""
-        return (mode, new) in self.pairs and self.steps < self._again.get(new, 0)
+    def waits(self, mode: str, new: str, batch: int) -> bool:
+        """Whether the switch from `mode` to `new` at `batch` waits to be tried again (nor is
+        it measured meanwhile)."""
+        return (mode, new) in self.pairs and self.steps < self._again.get((new, batch), 0)
 
-    def taken_back(self, mode: str, times: int) -> None:
-        """A trial of `mode` took the old mode back, the `times`-th time."""
-        self._again[mode] = self.steps + self.after * 2 ** min(times - 1, 4)
+    def taken_back(self, mode: str, batch: int) -> None:
+        """A trial of `mode` at `batch` took the old mode back."""
+        times = self._times[mode, batch] = self._times.get((mode, batch), 0) + 1
+        self._again[mode, batch] = self.steps + self.after * 2 ** min(times - 1, 4)
+
+
+class Served:
+    """Each mode's last `keep` step times served between measurements, by batch size: what a
+    switch away from it is judged against. A step is a reference only for the work it
+    served, so a size's run that broke off more than `fresh` steps ago counts as none, and
+    a new one starts (through the server at 12 layers, split's four-stream steps of
+    near-uniform routing judged device's of hot routing two thousand steps later, and device
+    stood there, at 0.77 of the bound)."""
+
+    def __init__(self, keep: int, fresh: int):
+        self.keep, self.fresh = keep, fresh
+        self.now = 0  # steps observed
+        self._steps: dict[str, dict[int, deque[float]]] = {}
+        self._last: dict[tuple[str, int], int] = {}  # the step each run last grew
+
+    def record(self, mode: str, batch: int, seconds: float) -> None:
+        by_batch = self._steps.setdefault(mode, {})
+        kept = by_batch.get(batch)
+        if kept is None or not self._fresh(mode, batch):  # every step: no new deque unless due
+            kept = by_batch[batch] = deque(maxlen=self.keep)
+        kept.append(seconds)
+        self._last[mode, batch] = self.now
+
+    def _fresh(self, mode: str, batch: int) -> bool:
+        last = self._last.get((mode, batch))
+        return last is not None and self.now - last <= self.fresh
+
+    def at(self, mode: str, batch: int) -> Sequence[float]:
+        """`mode`'s steps at `batch`, the latest last; none where they are stale."""
+        return self._steps.get(mode, {}).get(batch, ()) if self._fresh(mode, batch) else ()
+
+    def of(self, mode: str) -> dict[int, Sequence[float]]:
+        """`mode`'s steps by batch size, the stale ones left out."""
+        return {b: d for b, d in self._steps.get(mode, {}).items() if self._fresh(mode, b)}
 
 
 def against_served(

@@ -648,12 +648,15 @@ def test_a_switch_tried_at_the_gates_word_that_serves_slower_is_taken_back_then_
     assert set(modes) == {"device"}
 
 
-def test_a_switch_is_not_tried_before_the_mode_in_use_served_enough_steps_to_judge_it():
+def test_a_switch_waits_for_the_mode_in_use_to_serve_enough_steps_to_judge_it():
+    """Not visited meanwhile: the gate is asked again `GATE_RETRY` steps later."""
     prospects = _Prospects(("split",))  # a verdict at the first ask, 5 steps after the start
     chooser = _tried(prospects)
-    _run_chooser(chooser, {"device": 0.02, "split": 0.01, "cache": 0.03}, 40)
-    assert set(chooser.sampled) == {"device", "split"}  # measured by visits instead
-    assert chooser.mode == "split" and chooser.completed == 1
+    cost = {"device": 0.02, "split": 0.01, "cache": 0.03}
+    modes = _run_chooser(chooser, cost, 4 + ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"} and chooser.sampled == {} and prospects.asked == 1
+    _run_chooser(chooser, cost, 1)
+    assert chooser.mode == "split" and chooser.stats()["tried"] and prospects.asked == 2
 
 
 def test_from_split_a_turn_tries_device_at_once_and_leaves_the_cache_to_the_period():
@@ -666,3 +669,31 @@ def test_from_split_a_turn_tries_device_at_once_and_leaves_the_cache_to_the_peri
     modes = _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY + 1 + ModeChooser.TRIAL)
     assert set(modes) == {"split", "device"} and chooser.mode == "device"
     assert chooser.completed == 2 and chooser.reverted == 0 and not chooser.stats()["tried"]
+
+
+class _Turns:
+    """The gate through the server at 12 layers: device's misses name split, and split's
+    lane work names device."""
+
+    def promising(self, mode: str) -> tuple[str, ...]:
+        return ("split",) if mode == "device" else ("device",)
+
+
+def test_a_trial_judges_no_size_against_steps_of_other_work():
+    """12 layers, 75 % cached, through the server: near-uniform routing at four streams in
+    split (device tried there, four times slower, and taken back), then hot routing at one
+    stream, where device is tried at once and stands, then hot at four. Split's four-stream
+    steps of near-uniform work are no reference for device's of hot work: four streams are
+    asked of anew, and split, the faster there now, serves them."""
+    both = (("device", "split"), ("split", "device"))
+    chooser = _tried(_Turns(), "split", both)
+    cost = {"device": {1: 1.36e-3, 4: 10e-3}, "split": {1: 1.39e-3, 4: 2.5e-3}}
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 200)
+    assert "device" in modes and chooser.mode == "split" and chooser.reverted == 1
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, 600)
+    assert "device" in modes[: ModeChooser.GATE_RETRY]  # held back at four streams alone
+    assert chooser.mode == "device" and chooser.reverted == 1
+    cost["device"][4], cost["split"][4] = 2.5e-3, 2.1e-3  # hot routing at four streams
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 400)
+    assert set(modes[: ModeChooser.NEW_SIZE]) == {"device"} and modes[-1] == "split"
+    assert chooser.mode == "split" and chooser.reverted == 1

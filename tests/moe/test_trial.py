@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from freetoken.moe.trial import Trial, median
+from freetoken.moe.trial import GateTrials, Served, Trial, median
 
 
 def test_a_trial_skips_the_moves_steps_then_judges_each_size_once():
@@ -18,3 +18,34 @@ def test_a_trial_skips_the_moves_steps_then_judges_each_size_once():
 def test_the_median_of_an_even_count_is_the_upper_middle():
     assert median([3.0, 1.0, 2.0]) == 2.0
     assert median([4.0, 1.0, 3.0, 2.0]) == 3.0
+
+
+def test_served_steps_are_a_reference_only_while_fresh():
+    served = Served(keep=3, fresh=10)
+    for i in range(5):
+        served.now += 1
+        served.record("split", 4, float(i))
+    assert list(served.at("split", 4)) == [2.0, 3.0, 4.0]  # the latest `keep`
+    assert served.at("device", 4) == () and served.of("device") == {}
+    served.now += 10
+    assert list(served.of("split")[4]) == [2.0, 3.0, 4.0]  # ten steps on: still fresh
+    served.now += 1
+    assert served.at("split", 4) == () and served.of("split") == {}  # from other work
+    served.record("split", 4, 9.0)  # a new run starts: the old one is not its reference
+    assert list(served.at("split", 4)) == [9.0]
+
+
+def test_a_mode_taken_back_at_one_size_waits_there_alone():
+    gate = GateTrials((("split", "device"),), after=10)
+    assert gate.pick("split", ("device",), {}, 4) == "device"
+    gate.taken_back("device", 4)
+    assert gate.pick("split", ("device",), {}, 4) is None and gate.waits("split", "device", 4)
+    assert gate.pick("split", ("device",), {}, 1) == "device"  # another size: tried at once
+    assert gate.pick("split", ("device",), {"device": 1}, 1) is None  # sitting out
+    gate.steps = 10
+    assert gate.pick("split", ("device",), {}, 4) == "device"
+    gate.taken_back("device", 4)
+    gate.steps = 29
+    assert gate.waits("split", "device", 4)  # twice as long the second time
+    gate.steps = 30
+    assert not gate.waits("split", "device", 4)
