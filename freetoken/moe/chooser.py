@@ -267,9 +267,10 @@ class ModeChooser:
     def _try(self, promising: tuple[str, ...], batch: int) -> bool:
         """Whether a switch the gate names, of those `tried`, is now on trial: judged against
         the mode in use's last `TRIAL` steps served at `batch`. Where it has served fewer than
-        `MIN_SERVED` there (lately), the gate is asked again soon: no measurement meanwhile."""
+        `MIN_SERVED` there (lately), the gate is asked again soon: no measurement meanwhile.
+        A size served in a mode of its own never serves the mode in use: measured instead."""
         new = self.tried.pick(self.mode, promising, self._skips, batch)
-        if new is None:
+        if new is None or self._sizes.mode_for(batch, self.mode) != self.mode:
             return False
         served = list(self._served.at(self.mode, batch))
         if len(served) < self.MIN_SERVED:

@@ -697,3 +697,13 @@ def test_a_trial_judges_no_size_against_steps_of_other_work():
     modes = _run_batches(chooser, cost, lambda i, mode: 4, 400)
     assert set(modes[: ModeChooser.NEW_SIZE]) == {"device"} and modes[-1] == "split"
     assert chooser.mode == "split" and chooser.reverted == 1
+
+
+def test_at_a_size_served_in_a_mode_of_its_own_the_gates_switch_is_measured_not_awaited():
+    """Four streams run split, which a load before found faster there: device's steps at
+    four never come, so a trial of split from device has nothing to wait for."""
+    chooser = _tried(_Prospects(("split",)))
+    chooser.serve_at({4: "split"})
+    cost = {"device": {4: 0.03}, "split": {4: 0.02}, "cache": {4: 0.04}}
+    _run_batches(chooser, cost, lambda i, mode: 4, 5 + ModeChooser.GATE_RETRY)
+    assert chooser.sampled or chooser.measuring
