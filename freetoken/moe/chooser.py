@@ -209,11 +209,11 @@ class ModeChooser:
         # a mode tried at the gate's word is tried again some steps later, and the gate
         # asked again soon; one a measurement chose sits out the next measurements
         if trial.tried:
-            self.tried.taken_back(self.mode, batch)
+            self.tried.taken_back(self.mode, batch, self._served.now)
         else:
             self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
         self.mode = self.home = trial.old
-        self._drop_own_sizes()
+        self._sizes.drop(0, self.mode)
         self.wait = self.period
         self._since = self.period - self.GATE_RETRY if trial.tried else 0
         self.completed += 1
@@ -222,9 +222,6 @@ class ModeChooser:
         """Whether to measure now: a batch size nothing compared the modes at (Sizes)."""
         judged = self._trial is not None and batch in self._trial.old_time
         return self._sizes.asks(batch, judged)
-
-    def _drop_own_sizes(self, batch: int = 0) -> None:
-        self._sizes.drop(batch, self.mode)
 
     def mode_for(self, batch: int) -> str:
         """The mode a step of `batch` sequences runs in: the visit's (or the rest's) while a
@@ -247,7 +244,9 @@ class ModeChooser:
         self.home = self.mode
         unpruned = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
         others = [
-            m for m in unpruned if m in promising and not self.tried.waits(self.mode, m, batch)
+            m
+            for m in unpruned
+            if m in promising and not self.tried.waits(self.mode, m, batch, self._served.now)
         ]
         if not others:  # every other mode sits this one out: nothing to compare
             self.skipped += bool(unpruned)
@@ -269,7 +268,7 @@ class ModeChooser:
         the mode in use's last `TRIAL` steps served at `batch`. Where it has served fewer than
         `MIN_SERVED` there (lately), the gate is asked again soon: no measurement meanwhile.
         A size served in a mode of its own never serves the mode in use: measured instead."""
-        new = self.tried.pick(self.mode, promising, self._skips, batch)
+        new = self.tried.pick(self.mode, promising, self._skips, batch, self._served.now)
         if new is None or self._sizes.mode_for(batch, self.mode) != self.mode:
             return False
         served = list(self._served.at(self.mode, batch))
@@ -282,7 +281,7 @@ class ModeChooser:
         self.means.pop(new, None)  # a time of a measurement before: its trial gives one
         self._sizes.compared.add(batch)
         self.mode = new
-        self._drop_own_sizes(batch)
+        self._sizes.drop(batch, self.mode)
         self._trial = self._trial_of(self.home, batch, tried=True)
         self.wait, self._since = self.period, 0
         self.completed += 1
@@ -304,7 +303,6 @@ class ModeChooser:
         """One decode step of `batch` sequences took `seconds`, run in mode `ran` (the
         current mode unless named: `mode_for(batch)` between measurements)."""
         self._steps += 1
-        self.tried.steps += 1
         self._served.now += 1
         if not self._plan:
             self._serve(seconds, batch, self.mode if ran is None else ran)
@@ -386,7 +384,7 @@ class ModeChooser:
         self.batch = batch
         self._sizes.compared.add(batch)
         self.mode = min(means, key=means.get)
-        self._drop_own_sizes(batch)  # the size compared serves the winner
+        self._sizes.drop(batch, self.mode)  # the size compared serves the winner
         if self.mode != self.home:
             self._trial = self._trial_of(self.home, batch)
         fastest = self.means[self.mode]

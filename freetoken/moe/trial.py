@@ -90,30 +90,34 @@ class GateTrials:
 
     pairs: tuple[tuple[str, str], ...] = ()
     after: int = 192
-    steps: int = 0  # steps observed
     _again: dict[tuple[str, int], int] = field(default_factory=dict)  # when it may be tried
     _times: dict[tuple[str, int], int] = field(default_factory=dict)  # times taken back
 
     def pick(
-        self, mode: str, promising: tuple[str, ...], sitting_out: dict[str, int], batch: int
+        self,
+        mode: str,
+        promising: tuple[str, ...],
+        sitting_out: dict[str, int],
+        batch: int,
+        now: int,
     ) -> str | None:
-        """The mode to try at once instead of `mode` at `batch`, of those the gate named; None
-        if none."""
+        """The mode to try at once instead of `mode` at `batch`, at step `now`, of those the
+        gate named; None if none."""
         for new in promising:
             if (mode, new) in self.pairs and not sitting_out.get(new):
-                if not self.waits(mode, new, batch):
+                if not self.waits(mode, new, batch, now):
                     return new
         return None
 
-    def waits(self, mode: str, new: str, batch: int) -> bool:
-        """Whether the switch from `mode` to `new` at `batch` waits to be tried again (nor is
-        it measured meanwhile)."""
-        return (mode, new) in self.pairs and self.steps < self._again.get((new, batch), 0)
+    def waits(self, mode: str, new: str, batch: int, now: int) -> bool:
+        """Whether the switch from `mode` to `new` at `batch` waits, at step `now`, to be tried
+        again (nor is it measured meanwhile)."""
+        return (mode, new) in self.pairs and now < self._again.get((new, batch), 0)
 
-    def taken_back(self, mode: str, batch: int) -> None:
-        """A trial of `mode` at `batch` took the old mode back."""
+    def taken_back(self, mode: str, batch: int, now: int) -> None:
+        """A trial of `mode` at `batch` took the old mode back at step `now`."""
         times = self._times[mode, batch] = self._times.get((mode, batch), 0) + 1
-        self._again[mode, batch] = self.steps + self.after * 2 ** min(times - 1, 4)
+        self._again[mode, batch] = now + self.after * 2 ** min(times - 1, 4)
 
 
 class Served:
@@ -126,7 +130,7 @@ class Served:
 
     def __init__(self, keep: int, fresh: int):
         self.keep, self.fresh = keep, fresh
-        self.now = 0  # steps observed
+        self.now = 0  # steps observed: the chooser's clock
         self._steps: dict[str, dict[int, deque[float]]] = {}
         self._last: dict[tuple[str, int], int] = {}  # the step each run last grew
 

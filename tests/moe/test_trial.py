@@ -37,15 +37,13 @@ def test_served_steps_are_a_reference_only_while_fresh():
 
 def test_a_mode_taken_back_at_one_size_waits_there_alone():
     gate = GateTrials((("split", "device"),), after=10)
-    assert gate.pick("split", ("device",), {}, 4) == "device"
-    gate.taken_back("device", 4)
-    assert gate.pick("split", ("device",), {}, 4) is None and gate.waits("split", "device", 4)
-    assert gate.pick("split", ("device",), {}, 1) == "device"  # another size: tried at once
-    assert gate.pick("split", ("device",), {"device": 1}, 1) is None  # sitting out
-    gate.steps = 10
-    assert gate.pick("split", ("device",), {}, 4) == "device"
-    gate.taken_back("device", 4)
-    gate.steps = 29
-    assert gate.waits("split", "device", 4)  # twice as long the second time
-    gate.steps = 30
-    assert not gate.waits("split", "device", 4)
+    assert gate.pick("split", ("device",), {}, 4, 0) == "device"
+    gate.taken_back("device", 4, 0)
+    assert gate.pick("split", ("device",), {}, 4, 0) is None
+    assert gate.waits("split", "device", 4, 0)
+    assert gate.pick("split", ("device",), {}, 1, 0) == "device"  # another size: at once
+    assert gate.pick("split", ("device",), {"device": 1}, 1, 0) is None  # sitting out
+    assert gate.pick("split", ("device",), {}, 4, 10) == "device"
+    gate.taken_back("device", 4, 10)
+    assert gate.waits("split", "device", 4, 29)  # twice as long the second time
+    assert not gate.waits("split", "device", 4, 30)
