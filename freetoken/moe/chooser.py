@@ -213,7 +213,7 @@ class ModeChooser:
         else:
             self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
         self.mode = self.home = trial.old
-        self._sizes.drop(0, self.mode)
+        self._sizes.own = trial.own  # each size serves what it served before the switch
         self.wait = self.period
         self._since = self.period - self.GATE_RETRY if trial.tried else 0
         self.completed += 1
@@ -281,8 +281,7 @@ class ModeChooser:
         self.means.pop(new, None)  # a time of a measurement before: its trial gives one
         self._sizes.compared.add(batch)
         self.mode = new
-        self._sizes.drop(batch, self.mode)
-        self._trial = self._trial_of(self.home, batch, tried=True)
+        self._switch(batch, tried=True)
         self.wait, self._since = self.period, 0
         self.completed += 1
         return True
@@ -384,9 +383,10 @@ class ModeChooser:
         self.batch = batch
         self._sizes.compared.add(batch)
         self.mode = min(means, key=means.get)
-        self._sizes.drop(batch, self.mode)  # the size compared serves the winner
         if self.mode != self.home:
-            self._trial = self._trial_of(self.home, batch)
+            self._switch(batch)
+        else:
+            self._sizes.drop(batch, self.mode)  # the size compared serves the winner
         fastest = self.means[self.mode]
         for mode in means:
             if self.means[mode] >= self.SLOW * fastest:
@@ -395,20 +395,20 @@ class ModeChooser:
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
 
-    def _trial_of(self, old: str, batch: int, tried: bool = False) -> Trial:
-        """A switch away from `old`, judged at the compared batch size against `old`'s time
-        there, and at every other size `old` served `MIN_SERVED` steps at (four streams'
-        step is not one's: a mode faster at one may be slower at the other)."""
-        served = self._served.of(old).items()
+    def _switch(self, batch: int, tried: bool = False) -> None:
+        """`mode` replaces `home`, compared at `batch`: on trial there against `home`'s time,
+        and at every other size `home` served `MIN_SERVED` steps at lately (four streams'
+        step is not one's: a mode faster at one may be slower at the other); the sizes
+        compared where it did not keep it (Sizes.switch)."""
+        old = self.home
+        served = {b: d for b, d in self._served.of(old).items() if len(d) >= self.MIN_SERVED}
+        apart, own = {old, self.mode} <= set(self.own_sizes), dict(self._sizes.own)
+        self._sizes.switch(batch, old, self.mode, served, apart)
         # a size served in a mode of its own does not run the new one: nothing to judge there
-        times = {
-            b: median(d)
-            for b, d in served
-            if len(d) >= self.MIN_SERVED and b not in self._sizes.own
-        }
+        times = {b: median(d) for b, d in served.items() if b not in self._sizes.own}
         visits = {} if tried else {batch: self.means[self.mode]}  # the new mode's, compared
         old_time = {**times, batch: self.means[old]}
-        return Trial(old, old_time, self.settle, visits, self.TRIAL_MARGIN, tried)
+        self._trial = Trial(old, old_time, self.settle, visits, self.TRIAL_MARGIN, tried, own)
 
     def charge(self, seconds: float) -> None:
         """A placement move (and the step that recaptured its graphs) took `seconds`: counted

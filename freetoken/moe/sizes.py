@@ -25,6 +25,20 @@ class Sizes:
         """Forgets `batch`'s own mode, and every size's that is now `mode` (the one in use)."""
         self.own = {b: m for b, m in self.own.items() if b != batch and m != mode}
 
+    def switch(self, batch: int, old: str, new: str, fresh: Iterable[int], apart: bool) -> None:
+        """The mode in use moves from `old` to `new`, the modes compared at `batch`: it and
+        each size whose own mode was `new` serve `new`. Each other size compared where `old`
+        served no fresh steps (`fresh`: those it did) gives the switch's trial nothing to
+        judge there, so keeps `old` where sizes may serve modes `apart`, else is asked of
+        anew. A reload kept four streams in split, found faster there; device, tried at one
+        stream and the faster there, then served four streams too, at 0.70 of the bound."""
+        stale = self.compared.difference(fresh, self.own, [batch])
+        self.drop(batch, new)
+        if apart:
+            self.own.update(dict.fromkeys(stale, old))
+        else:
+            self.forget(stale)
+
     def forget(self, sizes: Iterable[int]) -> None:
         """What the modes' comparison at `sizes` found no longer holds: asked of anew."""
         self.compared.difference_update(sizes)

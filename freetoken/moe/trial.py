@@ -36,6 +36,7 @@ class Trial:
     visits: dict[int, float] = field(default_factory=dict)
     margin: float = 0.0
     tried: bool = False  # put on trial at the gate's word, with no visits behind it
+    own: dict[int, str] = field(default_factory=dict)  # sizes' own modes before: kept if reverted
     samples: dict[int, list[float]] = field(default_factory=dict)
     steps: int = 0
     doubted: bool = False  # a verdict against the visits was set aside once

@@ -707,3 +707,21 @@ def test_at_a_size_served_in_a_mode_of_its_own_the_gates_switch_is_measured_not_
     cost = {"device": {4: 0.03}, "split": {4: 0.02}, "cache": {4: 0.04}}
     _run_batches(chooser, cost, lambda i, mode: 4, 5 + ModeChooser.GATE_RETRY)
     assert chooser.sampled or chooser.measuring
+
+
+def test_a_switch_at_one_size_leaves_a_size_a_load_before_compared_in_its_mode():
+    """A reload serving split, which the load before found faster at four streams: device,
+    tried at one stream and the faster there, does not serve four streams, where split has
+    no steps of this load that could judge it, nor once split, tried again at one stream,
+    is taken back."""
+    both = (("device", "split"), ("split", "device"))
+    chooser = _tried(_Turns(), "split", both)
+    chooser.serve_at({}, 4)
+    cost = {"device": {1: 1.5e-3, 4: 6e-3}, "split": {1: 1.8e-3, 4: 2.5e-3}}
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, 300)
+    assert chooser.mode == "device" and modes[-1] == "device" and chooser.by_batch == {4: "split"}
+    # split, tried again at one stream, was taken back: four streams serve it still
+    assert "split" in modes[-200:] and chooser.reverted == 1
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 300)
+    assert set(modes[: ModeChooser.GATE_RETRY - 5]) == {"split"}
+    assert set(modes[-200:]) == {"split"} and chooser.reverted == 1  # measured: split

@@ -27,3 +27,15 @@ def test_own_modes_are_dropped_with_their_size_or_once_they_are_the_mode_in_use(
     assert sizes.own == {4: "cache"}
     sizes.drop(0, "cache")
     assert sizes.own == {}
+
+
+def test_a_switch_keeps_the_old_mode_where_nothing_will_judge_it():
+    sizes = Sizes(new_size=3)
+    sizes.restore({2: "device", 8: "cache"}, 4, ("device", "split", "cache"), "split")
+    sizes.compared.update({1, 16})
+    # split served one and sixteen streams lately: a trial judges device there
+    sizes.switch(1, "split", "device", [1, 16], apart=True)
+    assert sizes.own == {4: "split", 8: "cache"}  # two serves device, the mode in use now
+    assert sizes.compared == {1, 2, 4, 8, 16}
+    sizes.switch(1, "device", "layers", [1], apart=False)
+    assert sizes.compared == {1, 4, 8}  # asked of anew: no size serves apart from layers
