@@ -209,7 +209,8 @@ class ModeChooser:
         # a mode tried at the gate's word is tried again some steps later, and the gate
         # asked again soon; one a measurement chose sits out the next measurements
         if trial.tried:
-            self.tried.taken_back(self.mode, batch, self._served.now)
+            lost = trial.steps * (served / old_time - 1)
+            self.tried.taken_back(self.mode, batch, self._served.now, lost)
         else:
             self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
         self.mode = self.home = trial.old

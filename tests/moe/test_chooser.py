@@ -631,7 +631,7 @@ def test_a_switch_tried_at_the_gates_word_that_serves_slower_is_taken_back_then_
     again `GATE_RETRY * PRUNE` steps later, twice that after a second revert."""
     prospects = _Prospects(("split",), wait=1)
     chooser = _tried(prospects)
-    cost = {"device": 0.02, "split": 0.025, "cache": 0.03}
+    cost = {"device": 0.02, "split": 0.0212, "cache": 0.03}  # 6 % slower: little lost
     _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY)
     assert chooser.mode == "split"
     modes = _run_chooser(chooser, cost, 1 + ModeChooser.TRIAL)
@@ -646,6 +646,20 @@ def test_a_switch_tried_at_the_gates_word_that_serves_slower_is_taken_back_then_
     assert chooser.mode == "device" and chooser.reverted == 2
     modes = _run_chooser(chooser, cost, 2 * after - ModeChooser.GATE_RETRY)
     assert set(modes) == {"device"}
+
+
+def test_a_trial_that_lost_much_is_tried_again_only_once_that_is_a_small_share():
+    """Split 50 % slower: its trial lost half its steps' time, and the next waits until
+    that is 2 % of the steps between (GateTrials.share), not `GATE_RETRY * PRUNE`."""
+    chooser = _tried(_Prospects(("split",), wait=1))
+    cost = {"device": 0.02, "split": 0.03, "cache": 0.04}
+    _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY + 1 + ModeChooser.TRIAL)
+    assert chooser.mode == "device" and chooser.reverted == 1
+    hold = (1 + ModeChooser.TRIAL) * 0.5 / chooser.tried.share
+    modes = _run_chooser(chooser, cost, int(hold) - ModeChooser.GATE_RETRY)
+    assert set(modes) == {"device"}
+    modes = _run_chooser(chooser, cost, 2 * ModeChooser.GATE_RETRY)
+    assert "split" in modes
 
 
 def test_a_switch_waits_for_the_mode_in_use_to_serve_enough_steps_to_judge_it():

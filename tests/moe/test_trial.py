@@ -47,3 +47,13 @@ def test_a_mode_taken_back_at_one_size_waits_there_alone():
     gate.taken_back("device", 4, 10)
     assert gate.waits("split", "device", 4, 29)  # twice as long the second time
     assert not gate.waits("split", "device", 4, 30)
+
+
+def test_a_trial_that_lost_much_waits_longer_to_be_tried_again():
+    """Forty steps 40 % slower lost 16 steps' time: at most `share` of those until the next
+    trial there."""
+    gate = GateTrials((("split", "device"),), after=10, share=0.02)
+    gate.taken_back("device", 4, 0, lost=40 * 0.4)
+    assert gate.waits("split", "device", 4, 799) and not gate.waits("split", "device", 4, 800)
+    gate.taken_back("device", 1, 0, lost=0.1)  # next to nothing lost: `after`
+    assert not gate.waits("split", "device", 1, 10)
