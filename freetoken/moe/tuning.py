@@ -106,9 +106,6 @@ class LocalityCheck:
     cost_ratio: float = 1.0  # the prediction's cost a miss over device's (miss_costs)
     start: tuple[int, int] | None = None  # (hits, misses) at the first decode step
     steps: int = 0  # decode steps since
-    # a reload's: the sizes the load before served apart from `predicted` (its placement),
-    # and the size it compared the modes at, restored where the verdict is `predicted`
-    sizes: tuple[dict[int, str], int] | None = None
 
     def bar(self) -> float:
         """The misses a route device must stay under to keep serving."""
@@ -240,8 +237,8 @@ class AdaptiveTuner:
     ) -> None:
         """Chooses among `modes` for a cache of `shape` (layers, experts, slots), from one
         expert's seconds over PCIe and on the CPU: serving from the placement learned here
-        before (`known`), else from the bandwidths' prediction; either of them device tries
-        first where it may (the locality check). No modes: nothing to choose."""
+        before (`known`), else from the bandwidths' prediction, which device tries first
+        where it may (the locality check). No modes: nothing to choose."""
         self.locality = self.window = None
         if not modes:
             self.modes = None
@@ -249,15 +246,7 @@ class AdaptiveTuner:
         start = Mode(known["mode"]) if known and known["mode"] in modes else None
         if start is None:
             start = predict(modes, *shape, *costs)
-        # A reload checks too, from the placement it learned, unless device sits out (found
-        # slow here). The cache it restores held the last work's experts, and split keeps
-        # only the misses it fetches, so it warms the cache to new work slowly: on an H100
-        # (12 layers, 75 %), reloaded into split after hot routing, near-uniform routing's
-        # first split steps took 1.72-1.78 ms against 1.45-1.57 later; device, tried against
-        # them, stood (1.54), and one stream ran at 0.82 of the bound where the first load,
-        # started in device, reached 0.91.
-        if Mode.DEVICE in modes and start is not Mode.DEVICE:
-            if str(Mode.DEVICE) not in (known or {}).get("sitting_out", {}):
+            if Mode.DEVICE in modes and start is not Mode.DEVICE:
                 layers, experts, capacity = shape
                 uniform = 1 - capacity / (layers * experts)
                 cost = miss_costs(*costs)
@@ -270,11 +259,8 @@ class AdaptiveTuner:
         self.modes = self.mode_chooser(modes, start, learned=bool(known and known.get("step_ms")))
         if known:
             self._sit_out_again(known.get("sitting_out", {}))
-            sizes = known.get("by_batch", {}), known.get("batch") or 0
-            if self.locality is not None:  # the load before's sizes hold for its placement
-                self.locality.sizes = sizes
-            elif self.modes is not None:
-                self.modes.serve_at(*sizes)
+            if self.modes is not None:
+                self.modes.serve_at(known.get("by_batch", {}), known.get("batch") or 0)
 
     def _sit_out_again(self, sitting_out: dict[str, int]) -> None:
         """The modes a load before found slow here sit out as many measurements again: a
@@ -414,8 +400,6 @@ class AdaptiveTuner:
         )
         if not self.modes.adopt(str(mode)):  # a measurement under way decides instead
             return
-        if mode is check.predicted and check.sizes is not None:
-            self.modes.serve_at(*check.sizes)
         if mode is not Mode.DEVICE:  # device, just served, in effect measured slow here
             self.modes.sit_out(str(Mode.DEVICE))
         if self.on_measured is not None:  # a later load starts here, and measures as this one

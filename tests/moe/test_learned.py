@@ -41,40 +41,11 @@ def test_a_later_load_serves_each_batch_size_from_the_mode_kept_for_it(tmp_path)
     first.modes.adopt("split")  # as if measured: split at one stream, device kept at four
     first.modes.serve_at({4: "device"})
     store.save(1152, first.learned() | {"batch": 1})
-    for rate, one, four in ((0.3, Mode.SPLIT, Mode.DEVICE), (0.01, Mode.DEVICE, Mode.DEVICE)):
-        again = _reload(store.load(1152), rate)
-        # near-uniform misses: what the load before learned serves; locality: device, and
-        # the sizes are compared anew
-        assert again.locality is None
-        assert again.wanted(1, Mode.DEVICE) == one and again.wanted(4, one) == four
-
-
-def _reload(known: dict, rate: float):
-    """A tuner starting from `known`, after the locality check's steps at `rate` misses a
-    route."""
-    from freetoken.moe import tuning
-
-    tuner, totals = tuning.AdaptiveTuner(0.5, None), [0, 0]
+    again = tuning.AdaptiveTuner(0.5, None)
     shape, costs = (12, 128, 1152), (2e-4, 1e-4)
-    tuner.choose((Mode.DEVICE, Mode.SPLIT), known, shape, costs, lambda: tuple(totals), True)
-    # the first steps check the routing in device, which keeps every miss: the cache it
-    # restored held the last load's work
-    assert tuner.wanted(1, Mode.SPLIT) == tuner.wanted(4, Mode.SPLIT) == Mode.DEVICE
-    tuner.judge_locality(lambda: tuple(totals))
-    for _ in range(tuning.LOCALITY_STEPS):
-        totals[0], totals[1] = totals[0] + round(96 * (1 - rate)), totals[1] + round(96 * rate)
-        tuner.judge_locality(lambda: tuple(totals))
-    return tuner
-
-
-def test_a_reload_that_learned_device_slow_here_checks_nothing(tmp_path):
-    from freetoken.moe import tuning
-
-    known = {"mode": "split", "share": 0.5, "step_ms": {"split": 20.0}, "batch": 1}
-    tuner = tuning.AdaptiveTuner(0.5, None)
-    modes, shape, costs = (Mode.DEVICE, Mode.SPLIT), (12, 128, 1152), (2e-4, 1e-4)
-    tuner.choose(modes, known | {"sitting_out": {"device": 3}}, shape, costs, lambda: (0, 0), True)
-    assert tuner.locality is None and tuner.wanted(1, Mode.DEVICE) == Mode.SPLIT
+    again.choose((Mode.DEVICE, Mode.SPLIT), store.load(1152), shape, costs, lambda: (0, 0), True)
+    assert again.wanted(1, Mode.DEVICE) == Mode.SPLIT
+    assert again.wanted(4, Mode.SPLIT) == Mode.DEVICE
 
 
 def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
