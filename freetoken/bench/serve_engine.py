@@ -64,7 +64,7 @@ class EngineRun:
         self._thread.join(timeout=30)
 
     def snapshot(self) -> dict[str, Any]:
-        """The model's /api/cache entry as the server would give it (serve.window reads two)."""
+        """The model's /api/cache entry as the server would give it (a window reads two)."""
         from freetoken.api.cache import summary
 
         return summary(self.view.display, self.service.stats())
@@ -121,7 +121,7 @@ def engine_rows(
     the median of `repeats` answers after one as long (graphs captured, kernels compiled),
     as the server's rows are timed; and its misses a token over those answers (where a
     server row and the engine's differ, whether the routing did)."""
-    from freetoken.bench.serve import window
+    from freetoken.bench.serve_window import window
 
     rows = []
     for regime, sampling in regimes.items():

@@ -13,34 +13,6 @@ from freetoken.store import Store
 from tests.server.harness import LiveServer, add_model, make_config
 
 
-def test_the_window_is_the_difference_of_two_snapshots():
-    before = {"cache": {"hits": 100, "misses": 50}, "decoded": 10, "steps": 10}
-    after = {"cache": {"hits": 400, "misses": 150}, "decoded": 60, "steps": 35}
-    before |= {"placement_moves": 3, "guessed": 10}
-    after |= {"placement": "split", "placement_moves": 5, "guessed": 35}
-    win = serve.window(before, after)
-    assert win == {
-        "hit_rate": 0.75,
-        "misses_per_token": 2.0,
-        "guessed_per_token": 0.5,
-        "misses_per_step": 4.0,
-        "placement": "split",
-        "moves": 2,
-    }
-
-
-def test_the_bound_adds_the_bandwidths_of_both_paths():
-    # 5 MB at 25 + 25 GB/s: 0.1 ms a miss; the split's fitted costs (host work folded in)
-    # are not the bound's
-    stats = {"b_p_gbps": 25.0, "b_h_gbps": 25.0, "expert_bytes": 5_000_000}
-    stats |= {"pcie_ms_per_expert": 9.0, "cpu_ms_per_expert": 9.0}
-    win = {"misses_per_step": 20.0}
-    assert serve.bound(stats, win, 1, dense_ms=3.0) == pytest.approx(200.0)
-    assert serve.bound(stats, win, 4, dense_ms=3.0) == pytest.approx(800.0)
-    assert serve.bound(stats, win, 1, dense_ms=None) is None
-    assert serve.bound({"b_p_gbps": 25.0}, win, 1, dense_ms=3.0) is None
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
@@ -136,17 +108,6 @@ def test_a_server_started_here_gets_a_context_for_the_long_prompts():
     assert serve.context_for_prompts(mine, 8256) == mine
 
 
-def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
-    before = {"lane": {"served": 10, "cpu_us_per_request": 100.0}}
-    after = {"lane": {"served": 30, "cpu_us_per_request": 300.0}}
-    # 30 · 300 µs − 10 · 100 µs = 8 ms over the window's 20 requests in 40 steps
-    assert serve.lane_window(before["lane"], after["lane"], 40) == {
-        "lane_per_step": 0.5,
-        "lane_ms": 0.4,
-    }
-    assert serve.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
-
-
 def test_the_dense_probe_times_settled_answers_at_each_stream_count(monkeypatch):
     """T_dense comes from answers after a first one (the first after a load captures the
     decode graphs and may compile kernels, which is no step time), at each stream count:
@@ -169,17 +130,6 @@ def test_the_dense_probe_times_settled_answers_at_each_stream_count(monkeypatch)
     assert serve.dense_probe(None, args, [1, 4]) == pytest.approx(want)
     assert {policy for _, policy in calls} == {"resident"}
     assert [t for t, _ in calls] == [16, 16, 128] + [16] * 4 + [128] * 4
-
-
-def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
-    before = {"busy_ns": 1_000_000, "wait_ns": 400_000, "ahead_steps": 2}
-    after = {"busy_ns": 51_000_000, "wait_ns": 30_400_000, "ahead_steps": 32}
-    # (50 − 30) ms of the engine thread's own work over 40 steps; 30 of them ran ahead
-    assert serve.engine_window(before, after, 40) == {"host_ms": 0.5, "ahead": 0.75}
-    assert serve.engine_window({}, {}, 40) == {}  # a server that does not report them
-    before["ahead_refused"] = {"batch": 1, "plan": 4}
-    after["ahead_refused"] = {"batch": 9, "plan": 6, "cut": 2}
-    assert serve.engine_window(before, after, 40)["not_ahead"] == "batch 0.20"
 
 
 def test_an_answer_cut_by_an_error_is_reported_not_counted_as_empty():
@@ -240,15 +190,3 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
     assert "step ms by placement none; 0 moves" in capsys.readouterr().out
     serve._print_measured({"policy": "lru-pcie"})
     assert capsys.readouterr().out == ""
-
-
-def test_a_rows_placement_is_the_one_its_stream_count_runs_in():
-    """Where adaptive serves a size in a placement of its own, that size's row shows it, not
-    the mode the other sizes run in (a window at one stream served in device read 'split')."""
-    from freetoken.bench import serve
-
-    stats = {"placement": "split", "placement_by_batch": {"1": "device"}}
-    assert serve.served_in(stats, 1) == "device"
-    assert serve.served_in(stats, 4) == "split"
-    assert serve.served_in({"placement": "layers"}, 1) == "layers"
-    assert serve.served_in({}, 1) is None
