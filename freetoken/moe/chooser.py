@@ -98,6 +98,11 @@ class ModeChooser:
     at the duty's ratio), all of a four-stream window served in device at 0.68 of the
     bound, where split, 23 % faster, was chosen as the window ended (tuning.TRIED).
 
+    A mode `SLOW` times the fastest sits out `PRUNE` measurements, one moving whole layers
+    once `CLOSE` slower: at 8 GiB of the 48-layer shape (H100) layers, 1.47 times split's
+    step at four streams, was visited again at one stream, and the windows holding those
+    visits ran at 0.77-0.79 of the bound, their other repeats at 0.82-0.96.
+
     A close call is decided on more samples: where every mode's median is within `CLOSE`
     of the fastest and none moves whole layers, the modes are visited in turn again, up to
     `EXTRA_ROUNDS` more times, with no rest between (a visit to a mode that close costs
@@ -390,7 +395,9 @@ class ModeChooser:
             self._sizes.drop(batch, self.mode)  # the size compared serves the winner
         fastest = self.means[self.mode]
         for mode in means:
-            if self.means[mode] >= self.SLOW * fastest:
+            # a visit to whole CPU layers empties their slots: slower at all, it sits out
+            slow = self.SLOW if mode in self.own_sizes else 1 + self.CLOSE
+            if self.means[mode] >= slow * fastest:
                 self._skips[mode] = self.PRUNE
         kept = self.completed and self.mode == self.home
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period

@@ -739,3 +739,24 @@ def test_a_switch_at_one_size_leaves_a_size_a_load_before_compared_in_its_mode()
     modes = _run_batches(chooser, cost, lambda i, mode: 4, 300)
     assert set(modes[: ModeChooser.GATE_RETRY - 5]) == {"split"}
     assert set(modes[-200:]) == {"split"} and chooser.reverted == 1  # measured: split
+
+
+def test_a_mode_that_moves_whole_layers_sits_out_once_found_slower_at_all():
+    """8 GiB of the 48-layer shape: whole CPU layers 1.47 times split's step at four streams,
+    under `SLOW`, yet a visit there empties their slots: it sits out the measurement that
+    one stream asks for next."""
+    chooser = ModeChooser(
+        settle=0,
+        measure=2,
+        period=4096,
+        modes=("split", "layers"),
+        start="split",
+        explore_after=10,
+        own_sizes=("split",),
+    )
+    cost = {"split": {1: 9.55e-3, 4: 24.1e-3}, "layers": {1: 10.86e-3, 4: 35.5e-3}}
+    modes = _run_batches(chooser, cost, lambda i, mode: 4, 40)
+    assert "layers" in modes and chooser.mode == "split" and chooser.batch == 4
+    assert chooser.sitting_out == {"layers": ModeChooser.PRUNE}
+    modes = _run_batches(chooser, cost, lambda i, mode: 1, 3 * ModeChooser.NEW_SIZE)
+    assert set(modes) == {"split"}
