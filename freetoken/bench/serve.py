@@ -370,6 +370,17 @@ def _print_measured(stats: dict) -> None:
         f"now {stats.get('placement')}{sizes}",
         flush=True,
     )
+    _print_shares(stats.get("pcie_share") or {})
+
+
+def _print_shares(tuner: dict) -> None:
+    """The share tuner's belief at each batch size: each share of misses fetched, its mean
+    step ms and steps (which share served decides split's lane work, and its speed)."""
+    arms = tuner.get("arms") or []
+    for batch, arm in sorted((tuner.get("by_batch") or {}).items(), key=lambda i: int(i[0])):
+        each = zip(arms, arm.get("step_ms") or [], arm.get("steps") or [], strict=False)
+        told = ", ".join(f"{a:g}: {'-' if ms is None else f'{ms:.2f}'} ({n})" for a, ms, n in each)
+        print(f"# share tuner, {batch} streams: step ms (steps) by share {told}", flush=True)
 
 
 def _progress(rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:

@@ -169,6 +169,7 @@ class ShareTuner:
     def stats(self) -> dict:
         return {
             "share": self.share,
+            "arms": list(self.ARMS),
             "step_ms": [None if m is None else m * 1e3 for m in self.mean],
             "steps": list(self.count),
             "by_batch": {
