@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from freetoken.moe.rest import Rest
+from freetoken.moe.sitouts import SitOuts
 from freetoken.moe.sizes import Sizes
 from freetoken.moe.trial import (
     GateTrials,
@@ -76,10 +77,11 @@ class ModeChooser:
     `SERVED` at the compared batch size, where there are `MIN_SERVED` of the last `FRESH`
     steps: Served), not by its own visits; and a switch is a trial: once the new mode has
     served `TRIAL` steps at the compared batch size (or at another the old mode served at
-    lately; a size not judged within `FRESH` of the trial's steps is asked of anew), a median over
-    `TRIAL_MARGIN` slower than the old mode's time there takes the old mode back, and the
-    new one sits out the next `PRUNE` measurements, twice as many at each such revert (its
-    visits will look as fast again). A verdict against the visits is taken twice (Trial).
+    lately; a size not judged within `FRESH` of the trial's steps is asked of anew), a median
+    over `TRIAL_MARGIN` slower (any slower where no visit backs the switch: twice at 12
+    layers, device stood 4 % slower than split) than the old mode's time there takes the old
+    mode back, and the new one sits out the next `PRUNE` measurements, twice as many at
+    each such revert. A verdict against the visits is taken twice (Trial).
 
     A mode found slower at a batch size the old mode served is not taken back for every
     size, only for that one: served at 12 layers with 75 % cached (H100), device was the
@@ -159,8 +161,7 @@ class ModeChooser:
         self.served_ref: tuple[int, float] | None = None
         self.retry = explore_after or max(1, period // 8)
         self.wait = period  # steps from one choice to the next measurement
-        self._skips: dict[str, int] = {}  # measurements a slow mode still sits out
-        self._asked = 0  # steps the gate has kept a measurement out since one last counted
+        self._skips = SitOuts()
         self._since = 0  # steps since the last choice
         self._rest = Rest(settle + self._per_visit, duty)
         self._visit_s = 0.0  # the visit's time so far, its settling steps included
@@ -199,7 +200,7 @@ class ModeChooser:
         self._sizes.compared.add(batch)
         if batch == self.batch:
             self.means[self.mode] = served
-        slower = served > old_time * (1 + self.TRIAL_MARGIN)
+        slower = served > old_time * (1 + trial.margin)
         apart = batch != self.batch and {trial.old, self.mode} <= set(self.own_sizes)
         # a decision either way, and logged: a switch that stands at the size compared too
         self.completed += (slower and apart) or (not slower and batch == self.batch)
@@ -217,7 +218,7 @@ class ModeChooser:
             lost = trial.steps * (served / old_time - 1)
             self.tried.taken_back(self.mode, batch, self._served.now, lost)
         else:
-            self._skips[self.mode] = self.PRUNE * 2 ** min(times - 1, 4)
+            self._skips.set(self.mode, self.PRUNE * 2 ** min(times - 1, 4))
         self.mode = self.home = trial.old
         self._sizes.own = trial.own  # each size serves what it served before the switch
         self.wait = self.period
@@ -248,7 +249,7 @@ class ModeChooser:
                 return
         self._trial = None
         self.home = self.mode
-        unpruned = [m for m in self.modes if m != self.mode and not self._skips.get(m)]
+        unpruned = [m for m in self.modes if m != self.mode and m not in self._skips]
         others = [
             m
             for m in unpruned
@@ -261,9 +262,9 @@ class ModeChooser:
             # the near-uniform requests that followed (3,000 steps at 0.70-0.84 of the bound)
             gated = self.prospects is not None and bool(unpruned)
             self._since = max(0, self.wait - self.GATE_RETRY) if gated else 0
-            self._sat_out(self.GATE_RETRY if gated else self.wait)
+            self._skips.turn(self.GATE_RETRY if gated else self.wait, self.wait)
             return
-        self._sat_out(self.wait)
+        self._skips.turn(self.wait, self.wait)
         self._plan = (others + [self.mode]) * self.rounds
         self._since, self._steps, self._visit, self._visit_s = 0, 0, [], 0.0
         self._extra = 0
@@ -274,14 +275,14 @@ class ModeChooser:
         the mode in use's last `TRIAL` steps served at `batch`. Where it has served fewer than
         `MIN_SERVED` there (lately), the gate is asked again soon: no measurement meanwhile.
         A size served in a mode of its own never serves the mode in use: measured instead."""
-        new = self.tried.pick(self.mode, promising, self._skips, batch, self._served.now)
+        new = self.tried.pick(self.mode, promising, self._skips.left, batch, self._served.now)
         if new is None or self._sizes.mode_for(batch, self.mode) != self.mode:
             return False
         served = list(self._served.at(self.mode, batch))
         if len(served) < self.MIN_SERVED:
             self._since = max(0, self.wait - self.GATE_RETRY)
             return True
-        self._sat_out(self.wait)  # in place of a measurement
+        self._skips.turn(self.wait, self.wait)  # in place of a measurement
         self.home, self.batch, self.sampled, self.served_ref = self.mode, batch, {}, None
         self.means[self.home] = median(served[-self.TRIAL :])
         self.means.pop(new, None)  # a time of a measurement before: its trial gives one
@@ -291,18 +292,6 @@ class ModeChooser:
         self.wait, self._since = self.period, 0
         self.completed += 1
         return True
-
-    def _sat_out(self, steps: int) -> None:
-        """A measurement's turn came, `steps` after the last ask: the modes sitting out count
-        it once their asks add up to a wait. The gate asks again every `GATE_RETRY` steps,
-        and counted at each ask a slow mode sat out minutes, not measurements: at 8 GiB of
-        the 48-layer shape (H200) device, found three times slower by the locality check,
-        was visited 192 steps later, at 73 ms a step against split's 24."""
-        self._asked += steps
-        if self._asked < self.wait:
-            return
-        self._asked = 0
-        self._skips = {m: n - 1 for m, n in self._skips.items() if n > 1}
 
     def observe(self, seconds: float, batch: int = 1, ran: str | None = None) -> None:
         """One decode step of `batch` sequences took `seconds`, run in mode `ran` (the
@@ -398,7 +387,7 @@ class ModeChooser:
             # a visit to whole CPU layers empties their slots: slower at all, it sits out
             slow = self.SLOW if mode in self.own_sizes else 1 + self.CLOSE
             if self.means[mode] >= slow * fastest:
-                self._skips[mode] = self.PRUNE
+                self._skips.set(mode, self.PRUNE)
         kept = self.completed and self.mode == self.home
         self.wait = min(2 * self.wait, self.MAX_BACKOFF * self.period) if kept else self.period
         self.completed += 1
@@ -416,7 +405,8 @@ class ModeChooser:
         times = {b: median(d) for b, d in served.items() if b not in self._sizes.own}
         visits = {} if tried else {batch: self.means[self.mode]}  # the new mode's, compared
         old_time = {**times, batch: self.means[old]}
-        self._trial = Trial(old, old_time, self.settle, visits, self.TRIAL_MARGIN, tried, own)
+        margin = 0.0 if tried else self.TRIAL_MARGIN  # no visit said the new mode is faster
+        self._trial = Trial(old, old_time, self.settle, visits, margin, tried, own)
 
     def charge(self, seconds: float) -> None:
         """A placement move (and the step that recaptured its graphs) took `seconds`: counted
@@ -450,12 +440,12 @@ class ModeChooser:
     def sit_out(self, mode: str, measurements: int | None = None) -> None:
         """`mode` sits out the next `measurements` (PRUNE) measurements: what was learned
         of it elsewhere (a locality check, a load before) says it is slow."""
-        self._skips[mode] = max(self._skips.get(mode, 0), measurements or self.PRUNE)
+        self._skips.at_least(mode, measurements or self.PRUNE)
 
     @property
     def sitting_out(self) -> dict[str, int]:
         """The modes that sit out measurements still to come, and how many."""
-        return dict(self._skips)
+        return dict(self._skips.left)
 
     @property
     def best(self) -> str:

@@ -760,3 +760,15 @@ def test_a_mode_that_moves_whole_layers_sits_out_once_found_slower_at_all():
     assert chooser.sitting_out == {"layers": ModeChooser.PRUNE}
     modes = _run_batches(chooser, cost, lambda i, mode: 1, 3 * ModeChooser.NEW_SIZE)
     assert set(modes) == {"split"}
+
+
+def test_a_switch_tried_at_the_gates_word_is_taken_back_slower_by_any_margin():
+    """12 layers, hot routing at one stream (H100): device tried from split served 1.51 ms a
+    step against split's 1.45, inside `TRIAL_MARGIN`, and stood twice. No visit said device
+    was faster, so its own steps decide: split serves again."""
+    chooser = _tried(_Prospects(("device",), wait=1), "split", (("split", "device"),))
+    cost = {"device": 1.51e-3, "split": 1.45e-3, "cache": 3e-3}
+    _run_chooser(chooser, cost, 5 + ModeChooser.GATE_RETRY)
+    assert chooser.mode == "device" and chooser.stats()["tried"]
+    _run_chooser(chooser, cost, 1 + ModeChooser.TRIAL)
+    assert chooser.mode == "split" and chooser.reverted == 1
