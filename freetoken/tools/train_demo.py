@@ -220,14 +220,16 @@ def train(
     batch: int = 32,
     lr: float = 3e-3,
     log: Any = print,
+    steps: int = 0,
 ) -> DemoLM:
-    """Trains for `seconds` (warm-up then cosine decay over that time); returns the model."""
+    """Trains for `seconds`, or for `steps` where given (warm-up then cosine decay over that
+    time, or those steps: the same model on any machine); returns the model."""
     torch.manual_seed(0)
     model = DemoLM(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     rng, t0, step = random.Random(0), time.monotonic(), 0
     for xy in batches(ids, seq, batch, rng):
-        done = (time.monotonic() - t0) / seconds
+        done = step / steps if steps else (time.monotonic() - t0) / seconds
         if done >= 1:
             break
         scale = min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * done))
