@@ -81,7 +81,8 @@ class ModeChooser:
     over `TRIAL_MARGIN` slower (any slower where no visit backs the switch: twice at 12
     layers, device stood 4 % slower than split) than the old mode's time there takes the old
     mode back, and the new one sits out the next `PRUNE` measurements, twice as many at
-    each such revert. A verdict against the visits is taken twice (Trial).
+    each such revert (its visits will look as fast again). A verdict against the visits is
+    taken twice (Trial).
 
     A mode found slower at a batch size the old mode served is not taken back for every
     size, only for that one: served at 12 layers with 75 % cached (H100), device was the
