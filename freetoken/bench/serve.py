@@ -374,13 +374,28 @@ def _print_measured(stats: dict) -> None:
 
 
 def _print_shares(tuner: dict) -> None:
-    """The share tuner's belief at each batch size: each share of misses fetched, its mean
-    step ms and steps (which share served decides split's lane work, and its speed)."""
+    """The share tuner's books at each batch size: the share served, and each share's mean
+    step ms, steps, and ms a step behind the served one by paired trials (which share
+    served decides split's lane work, and its speed)."""
     arms = tuner.get("arms") or []
     for batch, arm in sorted((tuner.get("by_batch") or {}).items(), key=lambda i: int(i[0])):
-        each = zip(arms, arm.get("step_ms") or [], arm.get("steps") or [], strict=False)
-        told = ", ".join(f"{a:g}: {'-' if ms is None else f'{ms:.2f}'} ({n})" for a, ms, n in each)
-        print(f"# share tuner, {batch} streams: step ms (steps) by share {told}", flush=True)
+        each = zip(
+            arms,
+            arm.get("step_ms") or [],
+            arm.get("steps") or [],
+            arm.get("behind_ms") or [],
+            strict=False,
+        )
+        told = ", ".join(f"{a:g}: {_ms(ms)} ({n}, {_ms(d, '+.2f')})" for a, ms, n, d in each)
+        print(
+            f"# share tuner, {batch} streams: serving {arm.get('best')}; by share step ms "
+            f"(steps, behind ms) {told}",
+            flush=True,
+        )
+
+
+def _ms(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _progress(rows: list[dict[str, Any]], new: list[dict[str, Any]]) -> None:

@@ -1,5 +1,5 @@
 """What adaptive learns while serving: decode step times drive the share of misses sent over
-PCIe (dispatch.ShareTuner) and the placement (chooser.ModeChooser).
+PCIe (shares.ShareTuner) and the placement (chooser.ModeChooser).
 
 Driven only from `between_steps`, which the engine calls before every step: a step replayed
 from one CUDA graph runs no Python inside its layers, so the time from one call to the next
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from freetoken.moe.chooser import ModeChooser
-from freetoken.moe.dispatch import ShareTuner
 from freetoken.moe.policy import Mode
+from freetoken.moe.shares import ShareTuner
 
 log = logging.getLogger(__name__)
 

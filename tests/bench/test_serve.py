@@ -193,12 +193,13 @@ def test_what_adaptive_measured_is_printed_after_the_rows(capsys):
 
 
 def test_the_share_tuners_arms_are_printed_by_batch_size(capsys):
-    arms = {"step_ms": [1.5, 1.48, None], "steps": [2, 400, 0]}
+    arms = {"best": 0.25, "step_ms": [1.5, 1.48, None], "steps": [2, 400, 0]}
+    arms["behind_ms"] = [0.021, 0.0, None]
     tuner = {"arms": [0.0, 0.25, 0.5], "share": 0.25, "by_batch": {"4": arms, "1": arms}}
     serve._print_measured({"policy": "adaptive", "placement": "split", "pcie_share": tuner})
     lines = capsys.readouterr().out.splitlines()[1:]
     assert lines == [
-        f"# share tuner, {b} streams: step ms (steps) by share 0: 1.50 (2), 0.25: 1.48 (400), "
-        "0.5: - (0)"
+        f"# share tuner, {b} streams: serving 0.25; by share step ms (steps, behind ms) "
+        "0: 1.50 (2, +0.02), 0.25: 1.48 (400, +0.00), 0.5: - (0, -)"
         for b in (1, 4)
     ]
