@@ -121,6 +121,19 @@ class ExpertCache:
         self.slot_of.fill(-1)
         self.volatile = 0
 
+    def keep(self, experts: dict[int, list[int]]) -> None:
+        """Forgets every cached expert but `experts` (by layer); their slots become free."""
+        wanted = np.zeros(self.slot_of.shape, dtype=bool)
+        for layer, es in experts.items():
+            wanted[layer, np.asarray(es, dtype=np.int64)] = True
+        slots = np.flatnonzero(self.owner >= 0)
+        owner = self.owner[slots]
+        gone = ~wanted[owner // self.E, owner % self.E]
+        self.slot_of[owner[gone] // self.E, owner[gone] % self.E] = -1
+        self.owner[slots[gone]] = -1
+        self.last_use[slots[gone]] = -1
+        self.fixed[slots[gone]] = False
+
     def fix(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Places experts for good (static placement); returns their slots."""
         slots = self.allocate(layer, experts, np.empty(0, dtype=np.int64))

@@ -323,10 +323,9 @@ class OffloadExperts(ExpertBackend):
         old = p.mode
         if want is Mode.LAYERS:
             self.streamer = None  # its buffers would overwrite fixed experts
-            self.cache.clear()
-            p.place_layers()
+            p.enter_layers()
         elif old is Mode.LAYERS:
-            p.release_layers()
+            p.leave_layers()
             self._make_streamer()
         p.mode = want
         self.tuner.moved(old, want)

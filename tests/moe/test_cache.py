@@ -81,3 +81,16 @@ def test_fixed_slots_are_never_evicted_and_overflow_is_an_error():
     assert (c.slot_of[0] == fixed).all()
     with pytest.raises(CacheFull):
         c.allocate(1, np.arange(3), np.empty(0, dtype=np.int64))
+
+
+def test_keep_frees_every_slot_but_those_named():
+    c = ExpertCache(2, 8, 10, {"gate_up": (2,)}, F32, torch.device("cpu"))
+    c.fix(0, np.arange(6))
+    c.allocate(1, np.arange(4), np.empty(0, dtype=np.int64))
+    c.keep({0: [1, 4], 1: [3]})
+    assert sorted(map(tuple, np.argwhere(c.slot_of >= 0).tolist())) == [(0, 1), (0, 4), (1, 3)]
+    assert int((c.owner < 0).sum()) == 7 and not c.fixed[c.owner < 0].any()
+    _check_invariants(c)
+    # the freed slots are the first taken: nothing kept is evicted while they last
+    c.allocate(1, np.array([5, 6, 7]), np.empty(0, dtype=np.int64))
+    assert (c.slot_of[0, [1, 4]] >= 0).all() and c.slot_of[1, 3] >= 0

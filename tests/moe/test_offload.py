@@ -117,6 +117,37 @@ def test_adaptive_switching_placements_keeps_the_model_exact(tiny_model, monkeyp
     assert seq.output_ids == fixtures.hf_greedy(hf, long_prompt, 8)
 
 
+def test_a_layers_visit_gives_the_cache_back_as_it_held_it(tiny_model):
+    """Whole layers on the CPU empty their slots for the fixed ones; back in the cache, each
+    layer holds the experts it held before (the CPU layers none otherwise, which a split
+    computing its misses on the CPU never refilled), each slot with its expert's bytes."""
+    import torch
+
+    from freetoken.moe.cache import expert_part
+    from freetoken.moe.hotset import resident
+    from freetoken.moe.policy import Mode
+
+    path, hf = tiny_model
+    engine = make_engine(path, policy="adaptive", slots=9)
+    generate(engine, [PROMPT], 6)
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    cache, layers = backend.cache, list(backend.banks.layers)
+    before = {layer: sorted(e) for layer, e in resident(cache, layers).items()}
+    assert len(before) == 2  # both layers hold some of their experts
+    backend._switch(Mode.LAYERS)
+    assert backend.placement.cpu_layers == {0} and 0 not in resident(cache, layers)
+    backend._switch(Mode.CACHE)
+    after = resident(cache, layers)
+    assert {layer: sorted(e) for layer, e in after.items()} == before
+    for layer, experts in after.items():
+        for e in experts:
+            for bank, src in backend.banks.banks[layer].items():
+                got = expert_part(cache.slots[bank], int(cache.slot_of[layer, e]), src[e])
+                assert torch.equal(got.cpu(), src[e].cpu())
+    (seq,) = generate(engine, [PROMPT], 12)
+    assert seq.output_ids == fixtures.hf_greedy(hf, PROMPT, 12)
+
+
 @pytest.mark.parametrize("policy", ["adaptive", "lru-pcie", "cpu-misses"])
 def test_a_pool_holding_every_expert_routes_like_resident(tiny_model, policy):
     """Nothing can miss when the cache holds every expert: every layer is fixed in its
