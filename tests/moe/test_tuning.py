@@ -375,6 +375,21 @@ def test_from_split_whole_cpu_layers_are_promising_only_where_they_could_gain():
     assert set(window.promising("split")) == {"device", "cache", "layers"}
 
 
+def test_a_few_stalled_steps_do_not_let_whole_cpu_layers_in_from_split():
+    """A window is judged by its typical step: split at one stream, 1.5 ms a step, with ten
+    stalled 6 ms steps (a lane just entered, a share on trial). Their mean, 2.2 ms, would
+    leave 0.6 ms beside the 3 CPU layers' 1.6 ms of compute, and a visit to layers (2.76 ms
+    a step, its moves hundreds of milliseconds) came of that through the server."""
+    from freetoken.moe.tuning import WINDOW_STEPS
+
+    totals = [0, 0]
+    window = _window(lambda: tuple(totals))
+    window.promising("split")
+    _serve(window, totals, 10, misses=2, seconds=6e-3)
+    _serve(window, totals, WINDOW_STEPS - 10, misses=2, seconds=1.5e-3)
+    assert set(window.promising("split")) == {"device", "cache"}
+
+
 def test_a_decision_on_served_steps_logs_them_beside_the_visits(monkeypatch, caplog):
     """Where the mode in use is judged by its steps served before the visits, the line says
     how many, and what its own visits gave: a served reference from other work (a hotter
