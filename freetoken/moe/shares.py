@@ -8,15 +8,16 @@ miss (a share that caches less makes more misses, and per miss it would look che
 is).
 
 A tried share is judged against the incumbent's steps just before it, never against an
-average kept from other times. Step times drift far more than shares differ: a request's
-context grows, routing changes from one request to the next, and the first steps after
-split is entered run on a cold lane and cache. Kept as one average a share, a share tried
-then stayed slow on the books and was never served again: through the server one stream
-served ¾ and 1 for 1,630 steps while 0 and ¼ kept averages from 2 and 34 steps taken
-right after a move, and the row reached 0.72 of the bound where a low share had served
-0.91. Paired with its neighbouring steps, a share's difference from the incumbent is its
-own; each share keeps its last few differences, so a change in the machine is seen, and
-every share, not only the incumbent's neighbours, keeps being tried in turn.
+average kept from other times. Step times drift by as much as shares differ: a request's
+context grows, routing changes from one request to the next, and a spell of slow steps
+(the first in split, a cache emptied by a visit) may fall on one share's turn. Kept as one
+average a share, a share tried then stayed slow on the books and was never served again:
+through the server one stream served ¾ and 1 for 1,630 steps while 0 and ¼ kept averages
+from only 2 and 34 steps, and the row reached 0.72 of the bound where a
+low share had served 0.91. Paired with its neighbouring steps, a share's difference from
+the incumbent is its own; each share keeps its last few differences, so a change in the
+machine is seen, and every share, not only the incumbent's neighbours, keeps being tried
+in turn.
 
 Each batch size keeps its own books: four sequences' step is not one's, and through the
 server one and four streams come and go in turn. A size seen first starts from the share
@@ -56,8 +57,8 @@ class _Books:
 
     def behind(self, arm: int) -> float | None:
         """Seconds a step `arm` is slower than the incumbent: the median of its last paired
-        differences, so the trials of a passing spell (a cold lane's first steps stall the
-        CPU shares alone, by more than the shares differ) are outvoted, not averaged in."""
+        differences, so the trials of a passing spell that slows some shares by more than the
+        shares differ are outvoted, not averaged in."""
         if arm == self.best:
             return 0.0
         d = sorted(self.diffs[arm])

@@ -169,9 +169,10 @@ class MissWindow:
         start, self.start = self.start, None  # judged: the next look opens a new window
         hits, misses = self.lookups()
         routes = (hits + misses - sum(start)) / self.steps
-        # the window's typical step: its mean would count a few stalled steps (a lane just
-        # entered, a share on trial) as time to gain, and from split at one stream (12 layers,
-        # H100) let a visit to whole CPU layers in, at 2.76 ms a step against split's 1.40
+        # the window's typical step: its mean counts a few stalled steps (a share on trial,
+        # a mode's first steps) as time to gain; from split at one stream (12 layers, H100)
+        # whole CPU layers were visited, where their compute alone takes about the step,
+        # at 2.76 ms a step against split's 1.40
         step = statistics.median(self.times)
         floor = MIN_GAIN * step
         # whole CPU layers compute every route of theirs, hit or miss

@@ -50,21 +50,21 @@ def test_judges_a_share_against_the_steps_beside_it_not_a_drifting_average():
     assert chosen[-600:].count(0.0) >= 480
 
 
-def test_a_cold_lane_does_not_keep_the_cpu_shares_off():
-    """Right after split is entered the CPU lane's first steps stall: the shares that give
-    the CPU most are slow for a while, by more than shares differ. Once it is warm, the
-    fastest share (here every miss on the CPU) must be found again and served; tried at
-    the start and kept as averages, they were never served (0.72 of the bound against
-    0.91 through the server)."""
+def test_a_slow_spell_of_the_cpu_shares_does_not_keep_them_off():
+    """A spell in which the shares that give the CPU most are slow, by more than shares
+    differ (the first steps in split, a cache emptied by a visit). Once it passes, the
+    fastest share (here every miss on the CPU) must be found again and served; timed at
+    the start and kept as averages, the CPU shares were never served (0.72 of the bound
+    against 0.91 through the server)."""
     cost = [1.0, 1.15, 1.35, 1.5, 1.55]
 
-    def cold_lane(step, share, b):
+    def slow_spell(step, share, b):
         i = ARMS.index(share)
         return 1.0 + cost[i] * (3.0 if step < 150 and i < 3 else 1.0)
 
     for seed in range(30):  # kept as averages, 3 of these 30 served them under 0.75
         tuner = ShareTuner(prior=1.0, seed=seed)
-        chosen = drive(tuner, cold_lane, 1500, late=1, seed=seed, noise=0.08)[1]
+        chosen = drive(tuner, slow_spell, 1500, late=1, seed=seed, noise=0.08)[1]
         assert chosen[-400:].count(0.0) + chosen[-400:].count(0.25) >= 350, seed
 
 
