@@ -32,6 +32,7 @@ a share tried is kept `HOLD` steps, and its first is not counted.
 from __future__ import annotations
 
 import random
+import statistics
 from dataclasses import dataclass, field
 
 ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -61,8 +62,7 @@ class _Books:
         shares differ are outvoted, not averaged in."""
         if arm == self.best:
             return 0.0
-        d = sorted(self.diffs[arm])
-        return None if not d else (d[(len(d) - 1) // 2] + d[len(d) // 2]) / 2
+        return statistics.median(self.diffs[arm]) if self.diffs[arm] else None
 
     def compared(self) -> bool:
         """Every share has been compared with the incumbent at least once."""
@@ -83,9 +83,9 @@ class _Books:
 
     def _promote(self, arm: int, gain: float) -> None:
         """`arm` serves from now on; every difference is taken against it instead."""
-        self.diffs[self.best] = [-d for d in self.diffs[arm]]
+        won = self.diffs[arm]
         self.diffs = [[d - gain for d in ds] for ds in self.diffs]
-        self.diffs[arm] = []
+        self.diffs[self.best], self.diffs[arm] = [-d for d in won], []
         self.trials[self.best] = max(self.trials[self.best], self.trials[arm])
         self.last[self.best] = self.last[arm]
         self.best = arm

@@ -37,6 +37,19 @@ def test_starts_at_the_prior_and_settles_on_the_fastest_share():
     assert min(b for b in stats["behind_ms"] if b) > 0.25  # every other share slower
 
 
+def test_every_share_stands_behind_the_served_one_by_its_own_difference():
+    """Differences measured against an earlier incumbent are taken against the new one
+    when it changes, the old incumbent's included: with steady costs each share stands
+    behind the fastest by exactly their difference."""
+    cost = {0.0: 3.0, 0.25: 2.2, 0.5: 1.6, 0.75: 1.2, 1.0: 1.5}
+    tuner = ShareTuner(prior=1.0, seed=4)  # 1 serves first, then ½, then ¾
+    drive(tuner, lambda step, share, b: cost[share], 400, late=1)
+    books = tuner.stats()["by_batch"][1]
+    assert books["best"] == 0.75
+    for share, behind in zip(ARMS, books["behind_ms"], strict=True):
+        assert abs(behind - (cost[share] - 1.2)) < 1e-9, share
+
+
 def test_judges_a_share_against_the_steps_beside_it_not_a_drifting_average():
     """A request's context grows and routing changes between requests, so step times drift
     more than shares differ. Shares tried while steps were slow must not look slow for
