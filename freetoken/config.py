@@ -26,6 +26,7 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     Host,
     _choice,
     _csv,
+    _fraction_or_auto,
     _gpus,
     _nonneg_int,
     _path,
@@ -240,6 +241,14 @@ SETTINGS: tuple[Setting, ...] = (
         "30",
         "milliseconds the CPU lane's threads spin after a request before they nap: a request "
         "that finds them napping waits for them to wake",
+    ),
+    Setting(
+        "split_rows",
+        "FREETOKEN_SPLIT_ROWS",
+        _fraction_or_auto,
+        "auto",
+        "share of each CPU-bound miss's rows the GPU reads from host memory while the CPU lane "
+        "computes the rest (a miss split by its rows); auto: from the measured bandwidths, 0: off",
     ),
     Setting(
         "moe_policy",

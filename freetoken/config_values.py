@@ -146,6 +146,17 @@ def _pos_int(value: str) -> int:
     return n
 
 
+def _fraction_or_auto(value: str) -> float | None:
+    """A fraction in [0, 1), or "auto" (None: the caller derives one from measurements)."""
+    v = value.strip().lower()
+    if v == "auto":
+        return None
+    f = float(v)
+    if not 0.0 <= f < 1.0:
+        raise ValueError(f"expected auto or a fraction in [0, 1), got {value!r}")
+    return f
+
+
 def _think_budgets(value: str) -> dict[str, int]:
     """ "low=1024,medium=4096,high=16384": thinking tokens per think level."""
     out = {}

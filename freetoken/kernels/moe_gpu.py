@@ -8,6 +8,7 @@ by a Triton kernel before the grouped matmuls.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,18 +31,37 @@ GATE_UP_ROWS, DOWN_ROWS, DEQUANT_ROWS, QUANT_STEP = 16, 16, 16, 256
 SUMMED_WARPS, PER_CODE_WARPS = 4, 8
 
 
+@dataclass(frozen=True)
+class HostRows:
+    """Routes left out of the slot pool (slot -1) that the GPU computes in part: each one's
+    first `rows[0]` intermediate rows, read from the pinned host banks by its expert in `ids`
+    (the CPU computes the others and adds the down bias: a miss split by its rows)."""
+
+    banks: reference.Banks  # one layer's host banks, unpacked
+    ids: torch.Tensor  # [T, k] the routes' experts
+    rows: torch.Tensor  # [1] int32 on the GPU: read there, so a captured step follows changes
+
+    @staticmethod
+    def takes(spec: ExpertSpec) -> bool:
+        """Whether a layer's experts can be split by their rows here (unpacked banks)."""
+        return not any(spec.formats)
+
+
 def experts_from_slots(
     x: torch.Tensor,
     slots: torch.Tensor,
     weights: torch.Tensor,
     pool: reference.Banks,
     spec: ExpertSpec,
+    host: HostRows | None = None,
 ) -> torch.Tensor:
     """x [T, H]; slots/weights [T, k]; `pool` the slot pool's banks (gate_up [S, 2I, H],
-    down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype."""
+    down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype. `host`: routes
+    with slot -1 computed in part from host memory (small batches on a GPU only)."""
     T, k = slots.shape
     if x.is_cuda and T <= SMALL_BATCH and slots_aligned(pool, spec):
-        return _triton_small(x, slots, weights, pool, spec)
+        return _triton_small(x, slots, weights, pool, spec, host)
+    assert host is None, "a miss split by its rows needs the small-batch kernels"
     return _grouped(x, slots, weights, pool, spec)
 
 
@@ -91,8 +111,9 @@ def triton_expert_weights(
     return out
 
 
-def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
+def _triton_small(x, slots, weights, pool, spec, host: HostRows | None = None) -> torch.Tensor:
     if any(spec.formats):
+        assert host is None, "packed banks are not split by their rows"
         return _triton_small_packed(x, slots, weights, pool, spec)
     from freetoken.kernels.triton import moe_decode
 
@@ -108,15 +129,17 @@ def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
     flat_w = weights.reshape(-1).contiguous()  # the kernel reads any float dtype as fp32
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
+    # without host routes the kernels never read the host pointers either
+    h_gu, h_bias, h_dn, ids, rows = gate_up, gu_bias, down, flat_slots, flat_slots
+    if host is not None:
+        h_gu, h_dn = host.banks["gate_up"], host.banks["down"]
+        h_bias = host.banks.get("gate_up_bias", h_gu)
+        ids, rows = host.ids.reshape(-1).contiguous(), host.rows
+        assert h_gu.shape[1:] == gate_up.shape[1:] and h_gu.dtype == gate_up.dtype
     bi, bh = 16, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
-        x,
-        gate_up,
-        gu_bias,
-        flat_slots,
-        h,
-        spec.alpha,
-        spec.limit,
+        *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
+        *(h_gu, h_bias, ids, rows),
         H=H,
         I=I,
         K=k,
@@ -124,20 +147,18 @@ def _triton_small(x, slots, weights, pool, spec) -> torch.Tensor:
         BLOCK_H=bh,
         HAS_BIAS=spec.bias,
         ACT=spec.activation_code,
+        HOST=host is not None,
     )
     bo, bk = 32, 256
     moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](
-        h,
-        down,
-        dn_bias,
-        flat_slots,
-        flat_w,
-        out,
+        *(h, down, dn_bias, flat_slots, flat_w, out),
+        *(h_dn, ids, rows),
         H=H,
         I=I,
         BLOCK_H=bo,
         BLOCK_I=bk,
         HAS_BIAS=spec.bias,
+        HOST=host is not None,
     )
     return _combine(out, x, k)
 

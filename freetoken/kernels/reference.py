@@ -38,6 +38,20 @@ def expert_ffn(x: torch.Tensor, w: Banks, spec: ExpertSpec) -> torch.Tensor:
     return F.linear(activate(gate, up, spec), w["down"], w.get("down_bias"))
 
 
+def expert_rows(w: Banks, lo: int, hi: int, down_bias: bool) -> dict[str, torch.Tensor]:
+    """One expert's weights `w` (float rows, as `expert_weights` gives them) cut to its
+    intermediate rows [lo, hi): the part of a miss split by its rows that one path computes.
+    The parts' outputs sum to the expert's; the down bias belongs to one part only."""
+    I = w["gate_up"].shape[0] // 2
+    rows = torch.cat([torch.arange(lo, hi), torch.arange(I + lo, I + hi)])
+    out = {"gate_up": w["gate_up"][rows], "down": w["down"][:, lo:hi]}
+    if "gate_up_bias" in w:
+        out["gate_up_bias"] = w["gate_up_bias"][rows]
+    if down_bias and "down_bias" in w:
+        out["down_bias"] = w["down_bias"]
+    return out
+
+
 def moe_experts(
     x: torch.Tensor,
     ids: torch.Tensor,

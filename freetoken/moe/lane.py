@@ -39,7 +39,8 @@ SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6
 
 class Mailbox:
     """One request's bytes, in one pinned buffer the post kernel writes: the layer's
-    position, routes a token and tokens (int64), routes (int64, token-major, -1 where not the
+    position, routes a token, tokens and the first intermediate row the CPU computes
+    (int64), routes (int64, token-major, -1 where not the
     CPU's), route weights (fp32), then each token's activations (fp32), up to MAX_TOKENS."""
 
     HEAD = 4 * 8 + MAX_ROUTES * 8 + MAX_ROUTES * 4
@@ -47,7 +48,7 @@ class Mailbox:
     def __init__(self, hidden: int, device: torch.device, pin: bool = False):
         self.hidden = hidden
         self.raw = _zeros(self.HEAD + MAX_TOKENS * hidden * 4, device, pin)
-        self.pos = self.raw[:32].view(torch.int64)  # layer position, routes a token, tokens
+        self.pos = self.raw[:32].view(torch.int64)  # position, routes a token, tokens, row
         self.ids = self.raw[32 : 32 + MAX_ROUTES * 8].view(torch.int64)
         self.wts = self.raw[32 + MAX_ROUTES * 8 : self.HEAD].view(torch.float32)
         self.x = self.raw[self.HEAD :].view(torch.float32).view(MAX_TOKENS, hidden)
@@ -98,6 +99,7 @@ class CpuLane:
         self.pend = torch.zeros(1, dtype=torch.int64, device=device)
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
+        self.whole = torch.zeros(1, dtype=torch.int32, device=device)  # from row 0: every row
         per_layer = [banks.banks[layer] for layer in banks.layers]
         spec = banks.spec
         # the kernel's arguments in lane_serve's order: matrices, biases (empty: none), each
@@ -193,9 +195,11 @@ class CpuLane:
         ids: torch.Tensor,
         weights: torch.Tensor,
         cpu: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> None:
         """Posts the routes `ids` [T, k] of T tokens `x` [T, H] that `cpu` [T·k] marks (all
-        of them with None) to the lane."""
+        of them with None) to the lane; `rows` [1] int32: the first intermediate row of each
+        the CPU computes (None: every row; the GPU reads the others, moe_gpu.HostRows)."""
         T, k = ids.shape
         ids, weights, x = (
             ids.reshape(-1).contiguous(),
@@ -204,6 +208,7 @@ class CpuLane:
         )
         assert x.shape[0] == T <= MAX_TOKENS and T * k <= MAX_ROUTES, "too large for the lane"
         cpu = self._everything(T * k) if cpu is None else cpu
+        rows = self.whole if rows is None else rows
         if self.device.type == "cuda":
             from freetoken.kernels.triton import block, lane
 
@@ -220,6 +225,7 @@ class CpuLane:
                 self.ctl,
                 self.pend,
                 self.count,
+                rows,
                 self.pos[layer],
                 k,
                 T,
@@ -233,7 +239,7 @@ class CpuLane:
         h.x[:T].copy_(x)
         h.ids[: T * k] = torch.where(cpu, ids, -1)
         h.wts[: T * k] = weights.float()
-        h.pos[:3] = torch.tensor([self.pos[layer], k, T])
+        h.pos[:] = torch.tensor([self.pos[layer], k, T, int(rows)])
         self.pend.fill_(int(cpu.any()))
         if int(self.pend):
             self.count += 1

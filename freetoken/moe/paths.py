@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from freetoken import config
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import moe_gpu
 from freetoken.moe import lane as lanes
@@ -47,14 +48,37 @@ class Shared:
     lane: lanes.CpuLane | None
     stage: Staging | None  # pinned buffers for the host's round trips (GPUs only)
     copy_stream: torch.cuda.Stream | None
+    # [1] int32 on the device: the first intermediate row the lane computes of a miss split
+    # by its rows (the GPU reads the rows before it); None where misses are not split so
+    rows: torch.Tensor | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.cuda and self.lane is not None:
+            share = config.current().split_rows
+            first = first_cpu_row(share, self.split, self.banks.spec.intermediate)
+            if first:
+                self.rows = torch.tensor([first], dtype=torch.int32, device=self.device)
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def from_slots(self, layer: int, x: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor):
+    def from_slots(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        weights: torch.Tensor,
+        host: moe_gpu.HostRows | None = None,
+    ):
         spec = self.banks.specs[layer]
-        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, spec)
+        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, spec, host)
+
+    def host_rows(self, layer: int, ids: torch.Tensor) -> moe_gpu.HostRows | None:
+        """The GPU's part of this layer's misses split by their rows (None: not split)."""
+        if self.rows is None or not moe_gpu.HostRows.takes(self.banks.specs[layer]):
+            return None
+        return moe_gpu.HostRows(self.banks.banks[layer], ids, self.rows)
 
     def account_device(self, layer: int, routes: int) -> None:
         """Counts a layer run on the device, eagerly or replayed (a capture counts nothing)."""
@@ -76,6 +100,21 @@ class Shared:
         an eager layer. No cache (every expert on the CPU): nothing to count against."""
         if misses and self.cache is not None:
             self.cache.misses[layer] += misses
+
+
+ROW_BLOCK = 16  # intermediate rows a program of the GPU's expert kernels reads
+
+
+def first_cpu_row(share: float | None, split: Split, intermediate: int) -> int:
+    """The first intermediate row the CPU computes of a miss split by its rows: the GPU
+    reads `share` of them from host memory (None: as the two paths' speeds an expert
+    balance them, the CPU's time over both's), a whole number of the GPU kernel's row
+    blocks; 0 where that leaves either path nothing (the miss is not split)."""
+    if share is None:
+        cpu, pcie = split.cpu.per_expert, split.fetch_s or split.pcie.per_expert
+        share = cpu / (cpu + pcie)
+    first = round(share * intermediate / ROW_BLOCK) * ROW_BLOCK
+    return first if 0 < first < intermediate else 0
 
 
 class CpuPath:
@@ -257,10 +296,12 @@ class DeviceBooksPath:
         s, t_enter = self.s, time.perf_counter()
         slots, fetch, cpu = lru.assign(layer, ids, split=True)
         if s.lane is not None:
+            host = s.host_rows(layer, ids)  # the rows of the CPU's misses the GPU reads
             s.lane.start()
-            s.lane.post(layer, x, ids, weights, cpu)  # the CPU starts on its routes now
+            # the CPU starts on its routes (their rows from host.rows on) now
+            s.lane.post(layer, x, ids, weights, cpu, host.rows if host else None)
             lru.fetch(layer, ids, fetch)
-            return s.lane.collect(s.from_slots(layer, x, slots, weights))
+            return s.lane.collect(s.from_slots(layer, x, slots, weights, host))
         staged = s.stage.pull_async(ids, cpu, x, weights) if s.stage is not None else None
         lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
         out = s.from_slots(layer, x, slots, weights)

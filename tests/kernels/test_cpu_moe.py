@@ -72,6 +72,71 @@ def test_subset_of_routes_accumulates_into_out(variant):
     assert torch.allclose(out, expect, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
+@pytest.mark.parametrize("isa", _tiers())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("first", [16, 40, 99])
+def test_rows_from_first_row_are_the_expert_less_the_rows_before(variant, isa, dtype, first):
+    """A miss split by its rows: the CPU's rows [first, I) with the down bias, plus the
+    reference's rows [0, first) without it, make the whole expert."""
+    E, H, I, T, k = 6, 96, 100, 3, 2
+    g = torch.Generator().manual_seed(first + len(variant))
+    spec = experts.spec(variant, H, I)
+    banks = experts.banks(E, spec, dtype, g)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    w = torch.rand(T, k, generator=g)
+    tok, flat_ids, flat_w = torch.arange(T).repeat_interleave(k), ids.reshape(-1), w.reshape(-1)
+    part = cpu.moe_experts(x, banks, tok, flat_ids, flat_w, spec, isa=isa, first_row=first)
+    whole = cpu.moe_experts(x, banks, tok, flat_ids, flat_w, spec, isa=isa)
+    gpu_part = torch.zeros_like(part)
+    for t, e, wt in zip(tok.tolist(), flat_ids.tolist(), flat_w.tolist()):
+        rows = reference.expert_weights(banks, e, spec, torch.float32)
+        rows = reference.expert_rows(rows, 0, first, down_bias=False)
+        gpu_part[t] += wt * reference.expert_ffn(x[t : t + 1], rows, spec)[0]
+    err = float((part + gpu_part - whole).norm() / whole.norm())
+    assert err <= (1e-2 if isa == "avx512-bf16" and dtype == torch.bfloat16 else 1e-5)
+    assert float((part - whole).norm() / whole.norm()) > 0.05  # the rows before did matter
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_packed_rows_from_first_row_sum_with_the_rows_before(fmt):
+    """Packed banks read whole rows of down (their blocks span the cut); the sum still holds."""
+    E, H, I, T, k = 4, 256, 256, 2, 2
+    g = torch.Generator().manual_seed(7)
+    spec = ExpertSpec(H, I, formats=(fmt, fmt))
+    banks = experts.packed_banks(E, spec, g)
+    x = torch.randn(T, H, generator=g)
+    tok, ids = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3])
+    w = torch.rand(T * k, generator=g)
+    part = cpu.moe_experts(x, banks, tok, ids, w, spec, first_row=96)
+    whole = cpu.moe_experts(x, banks, tok, ids, w, spec)
+    gpu_part = torch.zeros_like(part)
+    for t, e, wt in zip(tok.tolist(), ids.tolist(), w.tolist()):
+        rows = reference.expert_rows(
+            reference.expert_weights(banks, e, spec, torch.float32), 0, 96, down_bias=False
+        )
+        gpu_part[t] += wt * reference.expert_ffn(x[t : t + 1], rows, spec)[0]
+    assert float((part + gpu_part - whole).norm() / whole.norm()) <= 1e-5
+
+
+def test_a_first_row_past_the_expert_is_rejected():
+    if cpu.extension() is None:
+        pytest.skip("no compiler: the kernel is not built here")
+    spec = experts.spec("swiglu", 8, 4)
+    banks = experts.banks(2, spec, torch.float32, torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="first intermediate row"):
+        cpu.moe_experts(
+            torch.randn(1, 8),
+            banks,
+            torch.tensor([0]),
+            torch.tensor([1]),
+            torch.ones(1),
+            spec,
+            first_row=4,
+        )
+
+
 def test_bad_routes_are_rejected():
     if cpu.extension() is None:
         pytest.skip("no compiler: the kernel is not built here")

@@ -48,6 +48,36 @@ def test_small_batch_kernel_matches_reference(device, variant, shape):
         assert (gate > spec.limit).any() and (up.abs() > spec.limit).any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
+@pytest.mark.parametrize("rows", [0, 16, 40, 77])
+def test_routes_split_by_rows_read_their_first_rows_from_the_host(device, variant, rows):
+    """Routes left out of the pool (slot -1) with HostRows: their experts' first `rows`
+    intermediate rows, read from the host banks, without the down bias (the CPU's part)."""
+    T, k, H, I, S, E = 3, 4, 200, 77, 7, 5
+    g = torch.Generator(device=device).manual_seed(rows + len(variant))
+    spec = experts.spec(variant, H, I)
+    pool = experts.banks(S, spec, torch.float32, g, device=device)
+    banks = experts.banks(E, spec, torch.float32, g, device=device)
+    x = torch.randn(T, H, device=device, generator=g)
+    slots = torch.stack([torch.randperm(S, device=device, generator=g)[:k] for _ in range(T)])
+    ids = torch.randint(0, E, (T, k), device=device, generator=g)
+    slots[0, 0] = slots[2, 3] = slots[2, 1] = -1  # three routes split by their rows
+    w = torch.rand(T, k, device=device, generator=g)
+    rows_t = torch.tensor([rows], dtype=torch.int32, device=device)
+    host = moe_gpu.HostRows(banks, ids, rows_t)
+    out = moe_gpu._triton_small(x, slots, w, pool, spec, host)
+    keep = slots >= 0
+    ref = reference.moe_experts(
+        x, torch.where(keep, slots, 0), torch.where(keep, w, 0.0), pool, spec
+    )
+    for t, j in (~keep).nonzero().tolist():
+        e = int(ids[t, j])
+        part = reference.expert_rows({b: v[e] for b, v in banks.items()}, 0, rows, False)
+        ref[t] += w[t, j] * reference.expert_ffn(x[t : t + 1], part, spec)[0]
+    assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
 class PoisonedTorch:
     """torch, but every floating tensor from `empty` filled with NaN: a buffer a kernel was
     meant to write whole shows any element it left."""

@@ -3,6 +3,7 @@ with Triton installed: the interpreter runs the kernels' logic on the CPU, this 
 only the GPU compiler refuses (types, shapes of dots, loops)."""
 
 import importlib.util
+import itertools
 import shutil
 from pathlib import Path
 
@@ -282,35 +283,49 @@ def _expert_kernels():
 
     out = []
     for dt in ("bf16", "fp32"):
-        for bias, act in ((False, 0), (True, 0), (True, 1), (False, 2)):
+        for (bias, act), host in itertools.product(
+            ((False, 0), (True, 0), (True, 1), (False, 2)), (False, True)
+        ):
             slot = "*i64" if dt == "bf16" else "*i32"  # slots come as either
             rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": slot}
+            # the host banks a miss split by its rows is read from, the routes' experts, and
+            # how many rows of each (without HOST, stand-ins never read)
+            hosts = {"ids_ptr": "*i64", "rows_ptr": "*i32"}
             shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(
                 (
                     moe_decode.gate_up_kernel,
                     {
                         **rows,
+                        **hosts,
                         "x_ptr": f"*{dt}",
                         "h_ptr": "*fp32",
                         "alpha": "fp32",
                         "limit": "fp32",
+                        "host_ptr": f"*{dt}",
+                        "host_bias_ptr": f"*{dt}",
                     },
-                    {**shape, "K": 8, "BLOCK_I": 16, "BLOCK_H": 256, "HAS_BIAS": bias, "ACT": act},
+                    {
+                        **shape,
+                        **{"K": 8, "BLOCK_I": 16, "BLOCK_H": 256},
+                        **{"HAS_BIAS": bias, "ACT": act, "HOST": host},
+                    },
                 )
             )
             out.append(
                 (
                     moe_decode.down_kernel,
                     {
+                        **hosts,
                         "h_ptr": "*fp32",
                         "dn_ptr": f"*{dt}",
                         "bias_ptr": f"*{dt}",
                         "slot_ptr": slot,
                         "w_ptr": f"*{dt}",
                         "out_ptr": "*fp32",
+                        "host_ptr": f"*{dt}",
                     },
-                    {**shape, "BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias},
+                    {**shape, "BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias, "HOST": host},
                 )
             )
         sums = {"H": 2880, "K": 8, "BLOCK_H": 1024}  # the routes' sum, into the model's dtype

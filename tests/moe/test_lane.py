@@ -120,6 +120,38 @@ def test_posted_routes_are_computed_by_the_loop(dtype):
     assert lane._thread is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_posted_first_row_leaves_the_rows_before_it_to_the_gpu(dtype):
+    """A miss split by its rows: the lane computes rows [first, I) of each CPU route (with
+    the down bias), as the kernel does with the same first row, and a request without one
+    the whole expert."""
+    hb = banks(dtype)
+    lane = CpuLane(hb, torch.device("cpu"), threads=2)
+    lane.start()
+    g = torch.Generator().manual_seed(4)
+    I = hb.spec.intermediate
+    try:
+        for step, first in enumerate((I // 2, 1, 0, I - 1, I // 3)):
+            x, y = torch.randn((1, H), generator=g), torch.randn((1, H), generator=g)
+            ids, w = torch.randperm(E, generator=g)[:K][None], torch.rand((1, K), generator=g)
+            cpu = torch.rand(K, generator=g) < 0.6
+            cpu[0] = True
+            lane.post(step % L, x, ids, w, cpu, torch.tensor([first], dtype=torch.int32))
+            sel = torch.nonzero(cpu).reshape(-1)
+            tok = torch.zeros(len(sel), dtype=torch.int64)
+            want = cpu_kernel.moe_experts(
+                x, hb.banks[step % L], tok, ids[0, sel], w[0, sel], hb.spec, first_row=first
+            )
+            got = lane.collect(y)
+            assert torch.allclose(got, y + want, rtol=1e-5, atol=1e-5), f"step {step}"
+        lane.post(0, x, ids, w, cpu)  # no first row: every row, as before
+        whole = cpu_kernel.moe_experts(x, hb.banks[0], tok, ids[0, sel], w[0, sel], hb.spec)
+        assert torch.allclose(lane.collect(y), y + whole, rtol=1e-5, atol=1e-5)
+        assert lane.stats()["failed"] == 0
+    finally:
+        lane.stop()
+
+
 def test_the_spin_window_is_the_setting_unless_given(monkeypatch):
     from freetoken import config
 
@@ -414,6 +446,37 @@ def test_cpu_misses_computes_its_misses_through_the_lane(tiny_model, device):
         backend.lane.stop()
 
 
+@pytest.mark.gpu
+def test_misses_split_by_their_rows_match_transformers(tiny_model, monkeypatch):
+    """cpu-misses with half of each miss's rows read by the GPU from host memory while the
+    lane computes the other half (FREETOKEN_SPLIT_ROWS=0.5): transformers' greedy tokens,
+    each single-token step one captured graph; with 0 no miss is split."""
+    from freetoken import config
+    from tests import fixtures
+    from tests.runtime.engine_util import generate
+
+    hf = tiny_model[1]
+    for share, first in (("0.5", 16), ("0", None)):
+        monkeypatch.setenv("FREETOKEN_SPLIT_ROWS", share)
+        config.current.cache_clear()
+        engine, backend = lane_engine(tiny_model, "cuda", "cpu-misses", 9)
+        try:
+            rows = backend.shared.rows
+            assert (None if rows is None else int(rows)) == first  # of 32 rows an expert
+            for p in ([(7 * i) % 500 + 1 for i in range(40)], [9, 8, 7]):
+                (seq,) = generate(engine, [p], 24)
+                assert seq.output_ids == fixtures.hf_greedy(hf, p, 24)
+            lane = backend.stats()["lane"]
+            assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
+            assert {
+                len(bk.segments) for (b, _), bk in engine.graphs._buckets.items() if b == 1
+            } == {1}
+        finally:
+            backend.lane.stop()
+    monkeypatch.undo()
+    config.current.cache_clear()
+
+
 def test_the_warm_up_gives_the_cpu_nothing():
     """At load the lane's kernels run once with no CPU route: nothing is posted, nothing
     served, and the next request is the first the loop sees."""
@@ -447,7 +510,7 @@ def _gpu_step(lane, x, y, ids, w, cpu, layer: int) -> torch.Tensor:
     from freetoken.moe.lane import MAX_SPINS
 
     T, h = x.shape[0], lane.host
-    mailbox = (h.x, h.ids, h.wts, h.pos, lane.ctl, lane.pend, lane.count)
+    mailbox = (h.x, h.ids, h.wts, h.pos, lane.ctl, lane.pend, lane.count, lane.whole)
     kernels.post_kernel[(1,)](
         x, ids, w, cpu, *mailbox, layer, K, T, H=H, BLOCK_H=32, K=32, FENCE=False
     )

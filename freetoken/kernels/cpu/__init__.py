@@ -256,6 +256,7 @@ def moe_experts(
     out: torch.Tensor | None = None,
     isa: str | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """out[t] += Σ_r weights[r] · expert[exp[r]](x[tok[r]]) over the routes r, in fp32.
 
@@ -263,7 +264,9 @@ def moe_experts(
     or packed in the block format `spec` gives each (read in place); `spec` what each expert
     computes; `compute_dtype` the model's (see int8_activations: with AVX-512 VNNI, packed
     banks of a BF16 model take int8 activations; with AVX2, those of the formats
-    `quant_avx2.cpp` reads do).
+    `quant_avx2.cpp` reads do). `first_row`: only each expert's intermediate rows from it
+    on (their down bias included): the GPU computes the rows before it (a miss split by its
+    rows; reference.expert_rows).
     """
     xf = x.float().contiguous()
     out = torch.zeros_like(xf) if out is None else out
@@ -271,6 +274,8 @@ def moe_experts(
     if ext is None or isa == "torch":
         for t, e, w in zip(tok.tolist(), exp.tolist(), weights.tolist()):
             rows = reference.expert_weights(banks, e, spec, torch.float32)
+            if first_row:
+                rows = reference.expert_rows(rows, first_row, spec.intermediate, down_bias=True)
             out[t] += w * reference.expert_ffn(xf[t : t + 1], rows, spec)[0]
         return out
     level = -1 if isa is None else TIERS.index(isa)
@@ -291,5 +296,6 @@ def moe_experts(
         spec.format_code("gate_up"),
         spec.format_code("down"),
         int8_activations(compute_dtype),
+        first_row,
     )
     return out

@@ -237,27 +237,28 @@ DotF32 pick_f32(int tier) {
   if (tier == AVX2) return dot_avx2_f32;
   return dot_scalar_f32;
 }
-// One row-tile of a matrix-vector product: y[j] = W[row0 + j, :] . x for j < rows.
+// One row-tile of a matrix-vector product: y[j] = W[row0 + j, :n] . x for j < rows, rows
+// `stride` elements apart (wider than n where only the first n columns are read).
 template <typename W>
-inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     float* y, DotBf16 dbf, DotF32 df, int tier) {
+inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, int64_t stride, const float* x,
+                     const uint16_t* xb, float* y, DotBf16 dbf, DotF32 df, int tier) {
   int j = 0;
   if (tier >= AVX2) {
     for (; j + 4 <= rows; j += 4) {
-      const W* w = base + (row0 + j) * n;
+      const W* w = base + (row0 + j) * stride;
       if constexpr (std::is_same_v<W, uint16_t>) {
-        const uint16_t* ahead = j + 8 <= rows ? w + 4 * n : w;
-        if (tier == AVX512BF16) dot4_avx512bf16(w, n, x, xb, n, y + j, ahead);
-        else if (tier == AVX512) dot4_avx512_bf16(w, n, x, n, y + j, ahead);
-        else dot4_avx2_bf16(w, n, x, n, y + j, ahead);
+        const uint16_t* ahead = j + 8 <= rows ? w + 4 * stride : w;
+        if (tier == AVX512BF16) dot4_avx512bf16(w, stride, x, xb, n, y + j, ahead);
+        else if (tier == AVX512) dot4_avx512_bf16(w, stride, x, n, y + j, ahead);
+        else dot4_avx2_bf16(w, stride, x, n, y + j, ahead);
       } else {
-        if (tier >= AVX512) dot4_avx512_f32(w, n, x, n, y + j);
-        else dot4_avx2_f32(w, n, x, n, y + j);
+        if (tier >= AVX512) dot4_avx512_f32(w, stride, x, n, y + j);
+        else dot4_avx2_f32(w, stride, x, n, y + j);
       }
     }
   }
   for (; j < rows; ++j) {
-    const W* w = base + (row0 + j) * n;
+    const W* w = base + (row0 + j) * stride;
     if constexpr (std::is_same_v<W, uint16_t>) {
       y[j] = dbf(w, x, xb, n);
     } else {
@@ -270,14 +271,19 @@ inline void rows_dot(const W* base, int64_t row0, int rows, int64_t n, const flo
 // The tier's fp32 dot product (quant_dot.cpp multiplies decoded rows by it).
 float (*float_dot(int tier))(const float*, const float*, int64_t) { return pick_f32(tier); }
 
-// y[j] = row (row0 + j) of W [., n] . x for j < rows; W bf16 (xb: x rounded to bf16, for
-// AVX-512-BF16) or fp32 (whose best tier is AVX-512).
-void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t n, const float* x,
+// y[j] = columns [col0, n) of row (row0 + j) of W [., n] . x[col0, n) for j < rows; W bf16
+// (xb: x rounded to bf16, for AVX-512-BF16) or fp32 (whose best tier is AVX-512). x and xb
+// are whole rows: the columns before col0 are another path's (a miss split by its rows).
+void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t n, int64_t col0, const float* x,
                     const uint16_t* xb, float* y, int tier) {
+  const int64_t m = n - col0;
+  const uint16_t* xbc = xb ? xb + col0 : nullptr;
   if (bf16) {
-    rows_dot(static_cast<const uint16_t*>(base), row0, rows, n, x, xb, y, pick_bf16(tier), pick_f32(tier), tier);
+    rows_dot(static_cast<const uint16_t*>(base) + col0, row0, rows, m, n, x + col0, xbc, y, pick_bf16(tier),
+             pick_f32(tier), tier);
   } else {
     const int t = tier < AVX512 ? tier : AVX512;
-    rows_dot(static_cast<const float*>(base), row0, rows, n, x, nullptr, y, pick_bf16(t), pick_f32(t), t);
+    rows_dot(static_cast<const float*>(base) + col0, row0, rows, m, n, x + col0, nullptr, y, pick_bf16(t),
+             pick_f32(t), t);
   }
 }

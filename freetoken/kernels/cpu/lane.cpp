@@ -37,7 +37,8 @@
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
-                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt, bool int8);
+                 int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt, bool int8,
+                 int64_t first_row);
 void set_thread_team(void (*run)(void*, void (*)(void*), void*), void* team);
 
 // The banks of every layer the lane serves, their formats, and what their experts compute.
@@ -159,7 +160,8 @@ struct TeamScope {
 int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const torch::Tensor& wts,
                   const torch::Tensor& x, torch::Tensor& out, const LaneBanks& b, int64_t tier) {
   const int64_t* head = pos_t.data_ptr<int64_t>();
-  const int64_t pos = head[0], k = head[1], T = head[2];
+  // head[3]: the first intermediate row the CPU computes (the GPU reads the rows before it)
+  const int64_t pos = head[0], k = head[1], T = head[2], first = head[3];
   TORCH_CHECK(T >= 1 && T <= x.size(0) && k >= 1 && T * k <= ids.numel(), "lane: bad request size");
   const int64_t* ip = ids.data_ptr<int64_t>();
   const float* wp = wts.data_ptr<float>();
@@ -185,7 +187,7 @@ int64_t serve_one(const torch::Tensor& pos_t, const torch::Tensor& ids, const to
   if (!b.gu_biases.empty()) gb = b.gu_biases[pos];
   if (!b.dn_biases.empty()) db = b.dn_biases[pos];
   moe_experts(x.narrow(0, 0, T), b.gate_ups[pos], b.downs[pos], gb, db, t, e, wt, rows, tier, b.act, b.alpha,
-              b.limit, b.gu_fmts[pos], b.dn_fmts[pos], b.int8);
+              b.limit, b.gu_fmts[pos], b.dn_fmts[pos], b.int8, first);
   return n;
 }
 
@@ -198,7 +200,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 int64_t act, double alpha, double limit, bool int8, int64_t spin_us) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
-  TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 3, "lane: bad request head");
+  TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 4, "lane: bad request head");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.dim() == 2 &&
                   x.sizes() == out.sizes(),
               "lane: bad activations");

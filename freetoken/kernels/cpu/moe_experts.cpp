@@ -32,7 +32,7 @@
 
 // float_dot.cpp
 float (*float_dot(int tier))(const float*, const float*, int64_t);
-void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t n, const float* x,
+void float_rows_dot(const void* base, bool bf16, int64_t row0, int rows, int64_t n, int64_t col0, const float* x,
                     const uint16_t* xb, float* y, int tier);
 // quant_dot.cpp
 int64_t quant_row_bytes(int64_t fmt, int64_t cols);
@@ -183,9 +183,11 @@ struct Int8Act {
 };
 
 // y[j] = row (row0 + j) of expert e's matrix . x, for j < rows; `q` is x prepared for the
-// bank's int8 kernel, if it takes one.
+// bank's int8 kernel, if it takes one. A float matrix reads only columns [col0, n) (x's
+// earlier entries are zero: another path's); a packed one reads whole rows (its blocks span
+// columns), so its x must hold zeros there.
 inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n, const float* x, const uint16_t* xb,
-                     Int8Row q, float* y, int tier) {
+                     Int8Row q, float* y, int tier, int64_t col0 = 0) {
   const uint8_t* base = m.p + e * m.expert_bytes;
   if (m.fmt && q.kernel == VNNI_INT8) {
     quant_rows_dot_int8(m.fmt, base, row0, rows, n, q.act, y);
@@ -194,7 +196,7 @@ inline void mat_rows(const Mat& m, int64_t e, int64_t row0, int rows, int64_t n,
   } else if (m.fmt) {
     quant_rows_dot(m.fmt, base, row0, rows, n, x, y, float_dot(tier), tier >= AVX512);
   } else {
-    float_rows_dot(base, m.bf16, row0, rows, n, x, xb, y, tier);
+    float_rows_dot(base, m.bf16, row0, rows, n, col0, x, xb, y, tier);
   }
 }
 
@@ -261,9 +263,11 @@ inline void wait_for(const std::atomic<int64_t>& a, int64_t v) {
 // barrier after each pass (and a region each), a call of 8 packed routes ran its fixed costs
 // and each pass's last tile alone on a 16-core machine: Q4_K's experts (2.6 MB) read 0.61 of
 // DRAM where BF16's (9.4 MB) read 0.80.
+// Only the intermediate rows [first, I) of each expert are computed (h is zero below them):
+// the GPU reads the others of a miss split by its rows.
 void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* tok, const int64_t* exp,
-         const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, float* out, int tier, const Act& act,
-         bool int8) {
+         const float* wt, int64_t R, int64_t T, int64_t H, int64_t I, int64_t first, float* out, int tier,
+         const Act& act, bool int8) {
   const Int8Act xq(w.gate_up, int8, tier, T, H);
   at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) xq.prepare(r, x + r * H);
@@ -272,7 +276,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
   const bool h_bf16 = xb != nullptr && w.down.bf16 && !w.down.fmt;  // down's bf16 dot takes bf16 h
   std::vector<float> h(R * I), y(R * H);
   std::vector<uint16_t> hb(h_bf16 ? R * I : 0);
-  const int64_t itile = tile_rows(w.gate_up, H), itiles = (I + itile - 1) / itile;
+  const int64_t itile = tile_rows(w.gate_up, H), itiles = (I - first + itile - 1) / itile;
   const int64_t htile = tile_rows(w.down, I), htiles = (H + htile - 1) / htile;
   // routes of each token, in order (routes arrive grouped by nothing in particular)
   std::vector<std::vector<int64_t>> by_tok(T);
@@ -285,7 +289,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
   const int64_t chunks = (H + kChunk - 1) / kChunk, n1 = R * itiles, n2 = R * htiles;
   for_tasks(n1 + n2 + T * chunks, [&](int64_t task) {
     if (task < n1) {
-      const int64_t r = task / itiles, i0 = (task % itiles) * itile;
+      const int64_t r = task / itiles, i0 = first + (task % itiles) * itile;
       gate_up_tile(x, xb, w, xq.at(tok[r]), tok[r], exp[r], i0, std::min(itile, I - i0), H, I,
                    h.data() + r * I, hb.empty() ? nullptr : hb.data() + r * I, tier, act);
       if (h_left[r].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -301,7 +305,7 @@ void run(const float* x, const uint16_t* xb, const Experts& w, const int64_t* to
       const int64_t r = task / htiles, r0 = (task % htiles) * htile;
       wait_for(h_left[r], -1);
       mat_rows(w.down, exp[r], r0, static_cast<int>(std::min(htile, H - r0)), I, h.data() + r * I,
-               hb.empty() ? nullptr : hb.data() + r * I, hq.at(r), y.data() + r * H + r0, tier);
+               hb.empty() ? nullptr : hb.data() + r * I, hq.at(r), y.data() + r * H + r0, tier, first);
       y_left[tok[r]].fetch_sub(1, std::memory_order_release);
       return;
     }
@@ -349,12 +353,14 @@ void set_thread_team(TeamRun run, void* team) {
 // expert's bytes start its row, which may be wider); the optional biases gu_bias [E, 2I] and
 // dn_bias [E, H] in bf16 or float32; tok/exp [R] int64, weights [R] float32, out [T, H] float32
 // (accumulated into); act: ExpertSpec's code; int8: packed banks may take int8 activations
-// (about 0.5% relative error on a dot product: for models computing in BF16).
+// (about 0.5% relative error on a dot product: for models computing in BF16); first_row: the
+// first intermediate row computed (0: the whole expert): the rows before it, with their
+// gate_up bias, are the GPU's (a miss split by its rows); the down bias is added here.
 void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> gu_bias, c10::optional<torch::Tensor> dn_bias,
                  torch::Tensor tok, torch::Tensor exp, torch::Tensor weights, torch::Tensor out,
                  int64_t tier, int64_t act, double alpha, double limit, int64_t gu_fmt, int64_t dn_fmt,
-                 bool int8) {
+                 bool int8, int64_t first_row) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous(), "x must be contiguous float32");
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.sizes() == x.sizes(), "bad out");
   TORCH_CHECK(tok.dtype() == torch::kInt64 && exp.dtype() == torch::kInt64, "routes must be int64");
@@ -363,6 +369,7 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
   TORCH_CHECK(gate_up.dim() == 3 && gate_up.size(1) % 2 == 0, "gate_up must be [E, 2I, ...]");
   const int64_t T = x.size(0), H = x.size(1), I = gate_up.size(1) / 2, R = tok.numel(), E = gate_up.size(0);
   TORCH_CHECK(down.size(0) == E, "banks disagree on the expert count");
+  TORCH_CHECK(first_row >= 0 && first_row < I, "first intermediate row out of range");
   const Experts w{mat_of(gate_up, gu_fmt, 2 * I, H, "gate_up"), mat_of(down, dn_fmt, H, I, "down"),
                   vec_of(gu_bias, E, 2 * I, "gate_up bias"), vec_of(dn_bias, E, H, "down bias")};
   auto tk = tok.data_ptr<int64_t>();
@@ -380,8 +387,8 @@ void moe_experts(torch::Tensor x, torch::Tensor gate_up, torch::Tensor down,
     xb.resize(T * H);
     for (int64_t i = 0; i < T * H; ++i) xb[i] = f32_to_bf16(xp[i]);
   }
-  run(xp, xb.empty() ? nullptr : xb.data(), w, tk, ex, weights.data_ptr<float>(), R, T, H, I, out.data_ptr<float>(),
-      tier, a, int8);
+  run(xp, xb.empty() ? nullptr : xb.data(), w, tk, ex, weights.data_ptr<float>(), R, T, H, I, first_row,
+      out.data_ptr<float>(), tier, a, int8);
 }
 
 // y = rows . x for packed rows [n, row bytes] in format fmt (x: cols float32): the packed dot

@@ -2,7 +2,8 @@
 
 `post_kernel` looks whether the layer gives the CPU any route; only then does it write T tokens'
 activations, their CPU routes (others as -1, token-major), the routes' weights, the layer's
-position, the routes a token and T straight into the pinned mailbox, and raise the sequence
+position, the routes a token, T and the first row the CPU computes straight into the pinned
+mailbox, and raise the sequence
 number there. A layer with nothing for the CPU costs one small kernel: no copy (two copies a
 layer, whether anything was posted or not, made a split step with no CPU route ~0.2 ms slower
 than the device's at 12 layers). The number is stored after a barrier and a system-scope
@@ -33,6 +34,7 @@ def post_kernel(
     seq_ptr,
     pend_ptr,
     count_ptr,
+    rows_ptr,
     layer_pos,
     k,
     tokens,
@@ -41,8 +43,10 @@ def post_kernel(
     K: tl.constexpr,
     FENCE: tl.constexpr,
 ):
-    """k: routes a token; K: a power of two at least tokens · k; FENCE: emit the system
-    fence (off only in Triton's interpreter, where stores land in order anyway)."""
+    """k: routes a token; K: a power of two at least tokens · k; rows_ptr: the first
+    intermediate row the CPU computes (the GPU reads those before it: a miss split by its
+    rows); FENCE: emit the system fence (off only in Triton's interpreter, where stores land
+    in order anyway)."""
     r = tl.arange(0, K)
     rm = r < k * tokens
     cpu = (tl.load(cpu_ptr + r, mask=rm, other=0) != 0) & rm
@@ -59,6 +63,7 @@ def post_kernel(
         tl.store(mb_pos, layer_pos.to(tl.int64))
         tl.store(mb_pos + 1, k.to(tl.int64))
         tl.store(mb_pos + 2, tokens.to(tl.int64))
+        tl.store(mb_pos + 3, tl.load(rows_ptr).to(tl.int64))
         tl.debug_barrier()  # every thread's stores of the request, before any thread's fence
         one = tl.arange(0, 1)
         seqs = tl.zeros([1], tl.int64) + seq

@@ -7,6 +7,11 @@ down [S, H, I], the optional biases gate_up_bias [S, 2I] and down_bias [S, H], h
 (fp32), out [T*k, H] (fp32, weighted per route). ACT 0 is SwiGLU, 1 gpt-oss's clamped
 form, 2 SwiGLU of clamped inputs (models/base.py, ACTIVATIONS).
 
+With HOST, a negative slot is a miss split by its rows: the kernels read the expert's first
+rows (of gate and up, and the same columns of down) straight from the pinned host banks,
+and the CPU lane computes the rest at the same time (moe/lane.py). Over PCIe a read is as
+slow as a fetch, so it is worth its share only because the CPU's part shrinks with it.
+
 H and I are compile-time constants: a model has one expert shape, and loops over constant
 bounds are the ones Triton's interpreter runs as well (it cannot turn a run-time integer
 argument into a Python loop bound).
@@ -36,6 +41,10 @@ def gate_up_kernel(
     h_ptr,
     alpha,
     limit,
+    host_ptr,
+    host_bias_ptr,
+    ids_ptr,
+    rows_ptr,
     H: tl.constexpr,
     I: tl.constexpr,
     K: tl.constexpr,
@@ -43,15 +52,53 @@ def gate_up_kernel(
     BLOCK_H: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    HOST: tl.constexpr,
 ):
+    """HOST: a route with a negative slot is read from the host banks (`host_ptr`, by its
+    expert in `ids_ptr`) for its first `rows_ptr[0]` intermediate rows (the CPU computes
+    the rest); without HOST it is skipped."""
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
-    if slot < 0:
-        return
-    t = r // K
-    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    mask_i = offs_i < I
+    i0 = tl.program_id(1) * BLOCK_I
+    rows = tl.full([], I, tl.int32)
     base = gu_ptr + slot.to(tl.int64) * (2 * I * H)
+    bias = bias_ptr + slot.to(tl.int64) * (2 * I)
+    if slot < 0:
+        if not HOST:
+            return
+        e = tl.load(ids_ptr + r).to(tl.int64)
+        rows = tl.load(rows_ptr).to(tl.int32)
+        base = host_ptr + e * (2 * I * H)
+        bias = host_bias_ptr + e * (2 * I)
+    if i0 < rows:  # a host route's later blocks read nothing
+        _gate_up_rows(
+            *(x_ptr, base, bias, h_ptr, r, r // K, i0, rows, alpha, limit),
+            *(H, I, BLOCK_I, BLOCK_H, HAS_BIAS, ACT),
+        )
+
+
+@triton.jit
+def _gate_up_rows(
+    x_ptr,
+    base,
+    bias,
+    h_ptr,
+    r,
+    t,
+    i0,
+    rows,
+    alpha,
+    limit,
+    H: tl.constexpr,
+    I: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    """h[r, i] for the block of rows from i0, those below `rows`, of one expert at `base`."""
+    offs_i = i0 + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < rows
     acc_g = tl.zeros([BLOCK_I], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_I], dtype=tl.float32)
     for h0 in range(0, H, BLOCK_H):
@@ -64,9 +111,8 @@ def gate_up_kernel(
         acc_g += tl.sum(wg.to(tl.float32) * xv[None, :], axis=1)
         acc_u += tl.sum(wu.to(tl.float32) * xv[None, :], axis=1)
     if HAS_BIAS:
-        b = bias_ptr + slot.to(tl.int64) * (2 * I)
-        acc_g += tl.load(b + offs_i, mask=mask_i, other=0.0).to(tl.float32)
-        acc_u += tl.load(b + I + offs_i, mask=mask_i, other=0.0).to(tl.float32)
+        acc_g += tl.load(bias + offs_i, mask=mask_i, other=0.0).to(tl.float32)
+        acc_u += tl.load(bias + I + offs_i, mask=mask_i, other=0.0).to(tl.float32)
     h = _activate(acc_g, acc_u, alpha, limit, ACT)
     tl.store(h_ptr + r * I + offs_i, h, mask=mask_i)
 
@@ -79,24 +125,67 @@ def down_kernel(
     slot_ptr,
     w_ptr,
     out_ptr,
+    host_ptr,
+    ids_ptr,
+    rows_ptr,
     H: tl.constexpr,
     I: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_I: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HOST: tl.constexpr,
 ):
+    """HOST as gate_up_kernel's: a host route's first rows, without the down bias (the
+    CPU's part adds it)."""
     r = tl.program_id(0)
     slot = tl.load(slot_ptr + r)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
-    if slot < 0:  # served elsewhere: its rows of out are zeros (out is not cleared first)
-        tl.store(out_ptr + r * H + offs_h, tl.zeros([BLOCK_H], tl.float32), mask=mask_h)
+    if slot < 0:
+        if HOST:
+            e = tl.load(ids_ptr + r).to(tl.int64)
+            acc = _down_rows(
+                h_ptr,
+                host_ptr + e * (H * I),
+                r,
+                offs_h,
+                mask_h,
+                tl.load(rows_ptr),
+                I,
+                BLOCK_H,
+                BLOCK_I,
+            )
+            wr = tl.load(w_ptr + r).to(tl.float32)
+            tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)
+        else:  # served elsewhere: its rows of out are zeros (out is not cleared first)
+            tl.store(out_ptr + r * H + offs_h, tl.zeros([BLOCK_H], tl.float32), mask=mask_h)
         return
-    base = dn_ptr + slot.to(tl.int64) * (H * I)
+    s = slot.to(tl.int64)
+    acc = _down_rows(h_ptr, dn_ptr + s * (H * I), r, offs_h, mask_h, I, I, BLOCK_H, BLOCK_I)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + s * H + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+    wr = tl.load(w_ptr + r).to(tl.float32)
+    tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)
+
+
+@triton.jit
+def _down_rows(
+    h_ptr,
+    base,
+    r,
+    offs_h,
+    mask_h,
+    rows,
+    I: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):
+    """down[offs_h, :rows] . h[r, :rows] of one expert at `base` (columns from `rows` on
+    are not read: over PCIe, each is time)."""
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for i0 in range(0, I, BLOCK_I):
         offs_i = i0 + tl.arange(0, BLOCK_I)
-        mask_i = offs_i < I
+        mask_i = offs_i < rows
         hv = tl.load(h_ptr + r * I + offs_i, mask=mask_i, other=0.0)
         wd = tl.load(
             base + offs_h[:, None] * I + offs_i[None, :],
@@ -104,11 +193,7 @@ def down_kernel(
             other=0.0,
         ).to(tl.float32)
         acc += tl.sum(wd * hv[None, :], axis=1)
-    if HAS_BIAS:
-        b = bias_ptr + slot.to(tl.int64) * H
-        acc += tl.load(b + offs_h, mask=mask_h, other=0.0).to(tl.float32)
-    wr = tl.load(w_ptr + r).to(tl.float32)
-    tl.store(out_ptr + r * H + offs_h, acc * wr, mask=mask_h)
+    return acc
 
 
 @triton.jit
