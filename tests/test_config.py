@@ -1,4 +1,4 @@
-"""Settings read from the environment: the think levels' budgets."""
+"""Settings read from the environment: the think levels' budgets, the split of a miss by rows."""
 
 from __future__ import annotations
 
@@ -13,3 +13,12 @@ def test_think_budgets_are_level_token_pairs():
     assert cfg.think_budgets == {"low": 10, "max": 0}
     with pytest.raises(config.ConfigError, match="FREETOKEN_THINK_BUDGETS"):
         config.load({"FREETOKEN_THINK_BUDGETS": "tiny=5"})
+
+
+def test_split_rows_is_off_auto_or_a_fraction():
+    assert config.load({}).split_rows == 0.0  # off unless asked for
+    assert config.load({"FREETOKEN_SPLIT_ROWS": "auto"}).split_rows is None
+    assert config.load({"FREETOKEN_SPLIT_ROWS": "0.375"}).split_rows == 0.375
+    for bad in ("1", "-0.1", "half"):
+        with pytest.raises(config.ConfigError, match="FREETOKEN_SPLIT_ROWS"):
+            config.load({"FREETOKEN_SPLIT_ROWS": bad})

@@ -7,7 +7,8 @@
   DeviceBooksPath  decode steps whose cache books live on the device: every miss fetched
                    by a GPU kernel (the next layer's guessed experts fetched ahead, where
                    the model's routers are known), or (single tokens) a tuned share with the
-                   CPU taking the rest.
+                   CPU taking the rest (each of its misses split by rows with the GPU, where
+                   FREETOKEN_SPLIT_ROWS asks: `first_cpu_row`).
 Fixed layers (every expert in a slot) and prefill streaming (moe/prefill.py) need no class.
 All of them share one `Shared`: the banks, the cache, the counters and the copy machinery.
 """
