@@ -58,6 +58,7 @@ COLUMNS = [
     ("guessed_per_token", "guess/tok"),
     ("placement", "placement"),
     ("lane_ms", "lane ms"),
+    ("lane_gbps", "lane GB/s"),
     ("host_ms", "host ms"),
     ("ahead", "ahead"),
     ("not_ahead", "not ahead"),

@@ -23,7 +23,9 @@ def window(before: dict, after: dict) -> dict[str, Any]:
         "placement": after.get("placement"),
         # adaptive's moves in the window: each a visit's edge, and the graphs recaptured
         "moves": (after.get("placement_moves") or 0) - (before.get("placement_moves") or 0),
-        **lane_window(before.get("lane") or {}, after.get("lane") or {}, steps),
+        **lane_window(
+            before.get("lane") or {}, after.get("lane") or {}, steps, after.get("expert_bytes")
+        ),
         **engine_window(before, after, steps),
     }
 
@@ -52,15 +54,27 @@ def engine_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
     return win
 
 
-def lane_window(before: dict, after: dict, steps: int) -> dict[str, Any]:
+def lane_window(
+    before: dict, after: dict, steps: int, expert_bytes: int | None = None
+) -> dict[str, Any]:
     """The CPU lane's requests a step and its milliseconds a request over the window (the
-    runner reports totals: served, and the mean time of all it served)."""
+    runner reports totals: served, and the mean time of all it served), and with
+    `expert_bytes` the rate it read experts at, each route a whole expert: near host DRAM's
+    read rate the lane is bound by memory, not by its hand-offs (with a miss split by its
+    rows the lane reads less than that, so the figure is an upper bound)."""
     served = (after.get("served") or 0) - (before.get("served") or 0)
     if served <= 0:
         return {}
-    busy = (after.get("served") or 0) * (after.get("cpu_us_per_request") or 0.0)
-    busy -= (before.get("served") or 0) * (before.get("cpu_us_per_request") or 0.0)
-    return {"lane_per_step": served / steps, "lane_ms": busy / served / 1e3}
+
+    def total(side: dict, per_request: str) -> float:
+        return (side.get("served") or 0) * (side.get(per_request) or 0.0)
+
+    busy_us = total(after, "cpu_us_per_request") - total(before, "cpu_us_per_request")
+    out = {"lane_per_step": served / steps, "lane_ms": busy_us / served / 1e3}
+    routes = total(after, "routes_per_request") - total(before, "routes_per_request")
+    if expert_bytes and busy_us > 0:
+        out["lane_gbps"] = routes * expert_bytes / (busy_us * 1e3)
+    return out
 
 
 def bound(stats: dict, win: dict, streams: int, dense_ms: float | None) -> float | None:

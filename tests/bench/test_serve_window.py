@@ -46,6 +46,15 @@ def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
     assert serve_window.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
 
 
+def test_the_lanes_read_rate_is_its_routes_whole_experts_over_its_time():
+    before = {"served": 10, "cpu_us_per_request": 100.0, "routes_per_request": 2.0}
+    after = {"served": 30, "cpu_us_per_request": 300.0, "routes_per_request": 4.0}
+    # 30 · 4 − 10 · 2 = 100 routes of 9.4 MB in 8 ms: 117.5 GB/s
+    win = serve_window.lane_window(before, after, 40, expert_bytes=9_400_000)
+    assert win["lane_gbps"] == pytest.approx(117.5)
+    assert "lane_gbps" not in serve_window.lane_window(before, after, 40)  # size not known
+
+
 def test_the_engines_window_is_its_host_time_and_steps_run_ahead():
     before = {"busy_ns": 1_000_000, "wait_ns": 400_000, "ahead_steps": 2}
     after = {"busy_ns": 51_000_000, "wait_ns": 30_400_000, "ahead_steps": 32}
