@@ -20,10 +20,12 @@ import platformdirs
 __all__ = ["Config", "ConfigError", "Host", "SETTINGS", "current", "load", "parse_duration"]
 
 from freetoken.config_values import (  # noqa: F401  (re-exported: callers name them as config.X)
+    ADAPTIVE_MODES,
     MAX_DURATION_S,
     MOE_POLICIES,
     ConfigError,
     Host,
+    _adaptive_modes,
     _choice,
     _csv,
     _fraction_or_auto,
@@ -241,6 +243,14 @@ SETTINGS: tuple[Setting, ...] = (
         "30",
         "milliseconds the CPU lane's threads spin after a request before they nap: a request "
         "that finds them napping waits for them to wake",
+    ),
+    Setting(
+        "adaptive_modes",
+        "FREETOKEN_ADAPTIVE_MODES",
+        _adaptive_modes,
+        "all",
+        "the placements policy adaptive may serve decode from, measuring among them: all, or a "
+        "comma list of cache, device, split and layers (one: that placement, its share tuned)",
     ),
     Setting(
         "split_rows",

@@ -13,6 +13,7 @@ from typing import Any
 
 # How routed experts that miss the GPU cache are served (the setting and the option).
 MOE_POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers")
+ADAPTIVE_MODES = ("cache", "device", "split", "layers")  # moe/policy.py's Mode
 
 
 class ConfigError(ValueError):
@@ -155,6 +156,17 @@ def _fraction_or_auto(value: str) -> float | None:
     if not 0.0 <= f < 1.0:
         raise ValueError(f"expected auto or a fraction in [0, 1), got {value!r}")
     return f
+
+
+def _adaptive_modes(value: str) -> tuple[str, ...] | None:
+    """ "all" (None: every placement the machine allows) or a comma list of ADAPTIVE_MODES."""
+    if value.strip().lower() == "all":
+        return None
+    modes = tuple(m.lower() for m in _csv(value))
+    bad = [m for m in modes if m not in ADAPTIVE_MODES]
+    if not modes or bad:
+        raise ValueError(f"expected all or some of {', '.join(ADAPTIVE_MODES)}, got {value!r}")
+    return modes
 
 
 def _think_budgets(value: str) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Settings read from the environment: the think levels' budgets, the split of a miss by rows."""
+"""Settings read from the environment: the think levels' budgets, the split of a miss by rows,
+the placements adaptive may serve from."""
 
 from __future__ import annotations
 
@@ -22,3 +23,12 @@ def test_split_rows_is_off_auto_or_a_fraction():
     for bad in ("1", "-0.1", "half"):
         with pytest.raises(config.ConfigError, match="FREETOKEN_SPLIT_ROWS"):
             config.load({"FREETOKEN_SPLIT_ROWS": bad})
+
+
+def test_adaptive_modes_are_all_or_a_list_of_placements():
+    assert config.load({}).adaptive_modes is None
+    cfg = config.load({"FREETOKEN_ADAPTIVE_MODES": "Split, device"})
+    assert cfg.adaptive_modes == ("split", "device")
+    for bad in ("", "split,fast", "resident"):
+        with pytest.raises(config.ConfigError, match="FREETOKEN_ADAPTIVE_MODES"):
+            config.load({"FREETOKEN_ADAPTIVE_MODES": bad})

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from freetoken import config
 from freetoken.moe.chooser import ModeChooser
 from freetoken.moe.policy import Mode
 from freetoken.moe.shares import ShareTuner
@@ -214,6 +215,21 @@ class MissWindow:
         )
 
 
+def allowed(modes: tuple[Mode, ...] | None, names: tuple[str, ...] | None):
+    """The placements of `modes` that FREETOKEN_ADAPTIVE_MODES names (all with None). Where
+    it names none this machine offers, all of them, and a warning: serving must not stop."""
+    if not modes or names is None:
+        return modes
+    kept = tuple(m for m in modes if str(m) in names)
+    if not kept:
+        log.warning(
+            "adaptive: none of %s is a placement here (%s): choosing among all",
+            ",".join(names),
+            ",".join(map(str, modes)),
+        )
+    return kept or modes
+
+
 class AdaptiveTuner:
     def __init__(self, prior_share: float, modes: tuple[Mode, ...] | None):
         self.shares = ShareTuner(prior_share)
@@ -245,6 +261,7 @@ class AdaptiveTuner:
         before (`known`), else from the bandwidths' prediction, which device tries first
         where it may (the locality check). No modes: nothing to choose."""
         self.locality = self.window = None
+        modes = allowed(modes, config.current().adaptive_modes)
         if not modes:
             self.modes = None
             return

@@ -444,3 +444,55 @@ def test_a_gate_that_names_split_puts_it_on_trial_at_once_and_logs_so(monkeypatc
     assert lines[0].endswith("visits' steps@streams: none: on trial at the gate's word")
     # the trial's verdict: split's served steps, and it stands
     assert lines[1].startswith("adaptive: step ms device 2.50, split 1.80 (compared at 1")
+
+
+def test_the_setting_keeps_adaptive_to_the_placements_it_names(monkeypatch, caplog):
+    """FREETOKEN_ADAPTIVE_MODES=split: adaptive serves split alone (no locality check, no
+    visit to device), its share still tuned; a list naming nothing this machine offers
+    leaves every placement, with a warning."""
+    from freetoken import config
+    from freetoken.moe import tuning
+
+    costs = (9.44e6 / 51.3e9, 9.44e6 / 145e9)
+    every = (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
+    for names, want in (("split", ("split",)), ("layers,split", ("split", "layers"))):
+        monkeypatch.setenv("FREETOKEN_ADAPTIVE_MODES", names)
+        config.current.cache_clear()
+        tuner = tuning.AdaptiveTuner(0.5, None)
+        tuner.choose(every, None, (12, 128, 1152), costs, lambda: (0, 0), True)
+        assert tuple(map(str, tuner.modes.modes)) == want and tuner.locality is None
+        assert tuner.wanted(1, Mode.DEVICE) in tuner.modes.modes
+    monkeypatch.setenv("FREETOKEN_ADAPTIVE_MODES", "cache")
+    config.current.cache_clear()
+    tuner = tuning.AdaptiveTuner(0.5, None)
+    with caplog.at_level("WARNING", logger=tuning.__name__):
+        tuner.choose(every, None, (12, 128, 1152), costs, lambda: (0, 0), True)
+    assert tuple(tuner.modes.modes) == every and "none of cache" in caplog.text
+    monkeypatch.undo()
+    config.current.cache_clear()
+
+
+def test_adaptive_kept_to_split_serves_split_with_transformers_tokens(tiny_model, monkeypatch):
+    """Through the engine (CPU, books on the device, the lane): FREETOKEN_ADAPTIVE_MODES=split
+    serves every decode step in split and gives transformers' greedy tokens."""
+    from freetoken import config
+    from tests import fixtures
+
+    monkeypatch.setenv("FREETOKEN_ADAPTIVE_MODES", "split")
+    config.current.cache_clear()
+    path, hf = tiny_model
+    engine = make_engine(
+        path, policy="adaptive", slots=9, device="cpu", device_cache="on", cpu_lane="on"
+    )
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    try:
+        assert tuple(map(str, backend.tuner.modes.modes)) == ("split",)
+        p = [(7 * i) % 500 + 1 for i in range(20)]
+        (seq,) = generate(engine, [p], 16)
+        assert seq.output_ids == fixtures.hf_greedy(hf, p, 16)
+        assert backend.placement.mode == Mode.SPLIT and backend.tuner.moves == 1
+    finally:
+        if backend.lane is not None:
+            backend.lane.stop()
+        monkeypatch.undo()
+        config.current.cache_clear()
