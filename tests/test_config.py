@@ -26,6 +26,9 @@ def test_split_rows_is_off_auto_or_a_fraction():
 
 
 def test_adaptive_modes_are_all_or_a_list_of_placements():
+    from freetoken.moe.policy import Mode
+
+    assert set(config.ADAPTIVE_MODES) == {str(m) for m in Mode}  # the names kept below moe
     assert config.load({}).adaptive_modes is None
     cfg = config.load({"FREETOKEN_ADAPTIVE_MODES": "Split, device"})
     assert cfg.adaptive_modes == ("split", "device")

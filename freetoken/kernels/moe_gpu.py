@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # kernels sit below models: the spec is read, never built, he
     from freetoken.models.base import ExpertSpec
 
 SMALL_BATCH = 16  # routes per token-batch below which one GEMV per route beats grouped matmuls
+# intermediate rows a program of the small-batch gate_up kernel computes: a miss split by its
+# rows (HostRows) is cut at a multiple of it, so no program reads a block the CPU also reads
+ROW_BLOCK = 16
 COMBINE_BLOCK = 1024  # hidden columns per program of the routes' sum
 FETCH_BLOCK = 4096  # elements per program of the fetch kernel: 8 KiB of bf16 in flight each
 # packed slots (kernels/triton/moe_quant.py): rows per program of each small-batch kernel
@@ -136,7 +139,7 @@ def _triton_small(x, slots, weights, pool, spec, host: HostRows | None = None) -
         h_bias = host.banks.get("gate_up_bias", h_gu)
         ids, rows = host.ids.reshape(-1).contiguous(), host.rows
         assert h_gu.shape[1:] == gate_up.shape[1:] and h_gu.dtype == gate_up.dtype
-    bi, bh = 16, 256
+    bi, bh = ROW_BLOCK, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
         *(h_gu, h_bias, ids, rows),

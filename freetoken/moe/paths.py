@@ -103,9 +103,6 @@ class Shared:
             self.cache.misses[layer] += misses
 
 
-ROW_BLOCK = 16  # intermediate rows a program of the GPU's expert kernels reads
-
-
 def first_cpu_row(share: float | None, split: Split, intermediate: int) -> int:
     """The first intermediate row the CPU computes of a miss split by its rows: the GPU
     reads `share` of them from host memory (None: as the two paths' speeds an expert
@@ -114,7 +111,8 @@ def first_cpu_row(share: float | None, split: Split, intermediate: int) -> int:
     if share is None:
         cpu, pcie = split.cpu.per_expert, split.fetch_s or split.pcie.per_expert
         share = cpu / (cpu + pcie)
-    first = round(share * intermediate / ROW_BLOCK) * ROW_BLOCK
+    block = moe_gpu.ROW_BLOCK
+    first = round(share * intermediate / block) * block
     return first if 0 < first < intermediate else 0
 
 

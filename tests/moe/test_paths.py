@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from freetoken.kernels.moe_gpu import ROW_BLOCK
 from freetoken.moe.dispatch import Split
-from freetoken.moe.paths import ROW_BLOCK, first_cpu_row
+from freetoken.moe.paths import first_cpu_row
 
 
 def test_a_set_share_is_rounded_to_the_kernels_row_blocks():
