@@ -277,6 +277,14 @@ SETTINGS: tuple[Setting, ...] = (
         "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)",
     ),
     Setting(
+        "fused_fetch",
+        "FREETOKEN_FUSED_FETCH",
+        parse_bool,
+        "0",
+        "with the books on the device, the expert kernels read each miss from host memory as "
+        "they compute it and write it into its slot, instead of a fetch kernel ahead of them",
+    ),
+    Setting(
         "lookahead",
         "FREETOKEN_LOOKAHEAD",
         _choice("on", "off"),

@@ -50,6 +50,33 @@ class HostRows:
         return not any(spec.formats)
 
 
+@dataclass(frozen=True)
+class Fill:
+    """Routes whose slots the books fill this step, fetched by the expert kernels: each
+    reads its expert from the pinned host banks by its id in `ids`, and the route first to
+    it (its entry of `slots`, the slot it fills; -1 for every other route) writes it into
+    the slot (a miss fetched and computed in one pass)."""
+
+    banks: reference.Banks  # one layer's host banks, unpacked, shaped as the pool's slots
+    ids: torch.Tensor  # [T, k] the routes' experts
+    slots: torch.Tensor  # [T·k] int32, as DeviceLRU.assign's `fetch`
+
+    @staticmethod
+    def takes(x: torch.Tensor, pool: reference.Banks, spec: ExpertSpec, banks: reference.Banks):
+        """Whether a step of x's tokens can fill its misses this way: the small-batch
+        kernels on a GPU, unpacked banks whose experts are the pool's slots, nothing else."""
+        return (
+            x.is_cuda
+            and x.shape[0] <= SMALL_BATCH
+            and HostRows.takes(spec)
+            and set(banks) == set(pool)
+            and all(
+                pool[n].dtype == b.dtype and pool[n].shape[1:] == b.shape[1:]
+                for n, b in banks.items()
+            )
+        )
+
+
 def experts_from_slots(
     x: torch.Tensor,
     slots: torch.Tensor,
@@ -57,14 +84,17 @@ def experts_from_slots(
     pool: reference.Banks,
     spec: ExpertSpec,
     host: HostRows | None = None,
+    fill: Fill | None = None,
 ) -> torch.Tensor:
     """x [T, H]; slots/weights [T, k]; `pool` the slot pool's banks (gate_up [S, 2I, H],
     down [S, H, I], biases where `spec` has them) -> [T, H] in x's dtype. `host`: routes
-    with slot -1 computed in part from host memory (small batches on a GPU only)."""
+    with slot -1 computed in part from host memory; `fill`: the slots this step fills,
+    fetched here (small batches on a GPU only)."""
     T, k = slots.shape
     if x.is_cuda and T <= SMALL_BATCH and slots_aligned(pool, spec):
-        return _triton_small(x, slots, weights, pool, spec, host)
+        return _triton_small(x, slots, weights, pool, spec, host, fill)
     assert host is None, "a miss split by its rows needs the small-batch kernels"
+    assert fill is None, "slots filled by the expert kernels need the small-batch kernels"
     return _grouped(x, slots, weights, pool, spec)
 
 
@@ -114,9 +144,11 @@ def triton_expert_weights(
     return out
 
 
-def _triton_small(x, slots, weights, pool, spec, host: HostRows | None = None) -> torch.Tensor:
+def _triton_small(
+    x, slots, weights, pool, spec, host: HostRows | None = None, fill: Fill | None = None
+) -> torch.Tensor:
     if any(spec.formats):
-        assert host is None, "packed banks are not split by their rows"
+        assert host is None and fill is None, "packed banks are read from their slots only"
         return _triton_small_packed(x, slots, weights, pool, spec)
     from freetoken.kernels.triton import moe_decode
 
@@ -132,17 +164,11 @@ def _triton_small(x, slots, weights, pool, spec, host: HostRows | None = None) -
     flat_w = weights.reshape(-1).contiguous()  # the kernel reads any float dtype as fp32
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
-    # without host routes the kernels never read the host pointers either
-    h_gu, h_bias, h_dn, ids, rows = gate_up, gu_bias, down, flat_slots, flat_slots
-    if host is not None:
-        h_gu, h_dn = host.banks["gate_up"], host.banks["down"]
-        h_bias = host.banks.get("gate_up_bias", h_gu)
-        ids, rows = host.ids.reshape(-1).contiguous(), host.rows
-        assert h_gu.shape[1:] == gate_up.shape[1:] and h_gu.dtype == gate_up.dtype
+    host_args = _host_args(pool, host, fill, flat_slots)
     bi, bh = ROW_BLOCK, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
-        *(h_gu, h_bias, ids, rows),
+        *(host_args["gate_up"], host_args["gate_up_bias"], *host_args["routes"]),
         H=H,
         I=I,
         K=k,
@@ -151,19 +177,50 @@ def _triton_small(x, slots, weights, pool, spec, host: HostRows | None = None) -
         HAS_BIAS=spec.bias,
         ACT=spec.activation_code,
         HOST=host is not None,
+        FILL=fill is not None,
+        ROUTES=max(triton_pow2(T * k), 2),
     )
     bo, bk = 32, 256
     moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](
         *(h, down, dn_bias, flat_slots, flat_w, out),
-        *(h_dn, ids, rows),
+        *(host_args["down"], host_args["down_bias"], *host_args["routes"]),
         H=H,
         I=I,
         BLOCK_H=bo,
         BLOCK_I=bk,
         HAS_BIAS=spec.bias,
         HOST=host is not None,
+        FILL=fill is not None,
+        ROUTES=max(triton_pow2(T * k), 2),
     )
     return _combine(out, x, k)
+
+
+def _host_args(
+    pool: reference.Banks, host: HostRows | None, fill: Fill | None, flat_slots: torch.Tensor
+) -> dict:
+    """The host side of the small-batch kernels: each bank's host tensor, and (ids, first
+    row, filled slots). Without host routes or fills the kernels never read them: the pool's
+    tensors and the slots stand in (the kernels' pointers must exist and agree in type)."""
+    side = host or fill
+    if side is None:
+        banks = pool
+        routes = (flat_slots, flat_slots, flat_slots)
+    else:
+        assert host is None or fill is None or host.ids is fill.ids, "one layer's routes"
+        banks = side.banks
+        for name, t in banks.items():
+            assert t.shape[1:] == pool[name].shape[1:] and t.dtype == pool[name].dtype, name
+        ids = side.ids.reshape(-1).contiguous()
+        routes = (
+            ids,
+            host.rows if host is not None else flat_slots,
+            fill.slots if fill is not None else flat_slots,
+        )
+    out = {"gate_up": banks["gate_up"], "down": banks["down"], "routes": routes}
+    out["gate_up_bias"] = banks.get("gate_up_bias", banks["gate_up"])
+    out["down_bias"] = banks.get("down_bias", banks["down"])
+    return out
 
 
 def _combine(out: torch.Tensor, x: torch.Tensor, k: int) -> torch.Tensor:

@@ -52,8 +52,12 @@ class Shared:
     # [1] int32 on the device: the first intermediate row the lane computes of a miss split
     # by its rows (the GPU reads the rows before it); None where misses are not split so
     rows: torch.Tensor | None = field(init=False, default=None)
+    # whether the expert kernels fetch the misses the device's books fill as they compute
+    # them (FREETOKEN_FUSED_FETCH), where a layer's kernels can
+    fused_fetch: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        self.fused_fetch = self.cuda and config.current().fused_fetch
         if self.cuda and self.lane is not None:
             share = config.current().split_rows
             first = first_cpu_row(share, self.split, self.banks.spec.intermediate)
@@ -71,9 +75,21 @@ class Shared:
         slots: torch.Tensor,
         weights: torch.Tensor,
         host: moe_gpu.HostRows | None = None,
+        fill: moe_gpu.Fill | None = None,
     ):
         spec = self.banks.specs[layer]
-        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, spec, host)
+        return moe_gpu.experts_from_slots(x, slots, weights, self.cache.slots, spec, host, fill)
+
+    def fill(
+        self, layer: int, x: torch.Tensor, ids: torch.Tensor, fetch: torch.Tensor
+    ) -> moe_gpu.Fill | None:
+        """The slots the books fill this step (`fetch`, DeviceLRU.assign's), for the expert
+        kernels to fetch as they compute; None where a fetch kernel must copy them first."""
+        banks = self.banks.banks[layer]
+        spec = self.banks.specs[layer]
+        if not self.fused_fetch or not moe_gpu.Fill.takes(x, self.cache.slots, spec, banks):
+            return None
+        return moe_gpu.Fill(banks, ids, fetch)
 
     def host_rows(self, layer: int, ids: torch.Tensor) -> moe_gpu.HostRows | None:
         """The GPU's part of this layer's misses split by their rows (None: not split)."""
@@ -280,7 +296,10 @@ class DeviceBooksPath:
             return self._split(layer, x, ids, weights, lru)
         ahead = self.lookahead
         if ahead is None:
-            return self.s.from_slots(layer, x, lru(layer, ids), weights)
+            slots, fetch, _ = lru.assign(layer, ids)
+            if (fill := self.s.fill(layer, x, ids, fetch)) is None:
+                lru.fetch(layer, ids, fetch)
+            return self.s.from_slots(layer, x, slots, weights, fill=fill)
         ahead.join(layer)
         slots = lru(layer, ids)
         if ahead.fits(lru, ids.numel()):  # the next layer's guessed experts, fetched meanwhile
@@ -296,11 +315,13 @@ class DeviceBooksPath:
         slots, fetch, cpu = lru.assign(layer, ids, split=True)
         if s.lane is not None:
             host = s.host_rows(layer, ids)  # the rows of the CPU's misses the GPU reads
+            fill = s.fill(layer, x, ids, fetch)
             s.lane.start()
             # the CPU starts on its routes (their rows from host.rows on) now
             s.lane.post(layer, x, ids, weights, cpu, host.rows if host else None)
-            lru.fetch(layer, ids, fetch)
-            return s.lane.collect(s.from_slots(layer, x, slots, weights, host))
+            if fill is None:
+                lru.fetch(layer, ids, fetch)
+            return s.lane.collect(s.from_slots(layer, x, slots, weights, host, fill))
         staged = s.stage.pull_async(ids, cpu, x, weights) if s.stage is not None else None
         lru.fetch(layer, ids, fetch)  # queued after the copies the host waits for
         out = s.from_slots(layer, x, slots, weights)

@@ -78,6 +78,49 @@ def test_routes_split_by_rows_read_their_first_rows_from_the_host(device, varian
     assert float((out - ref).norm() / ref.norm()) <= 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", list(experts.VARIANTS))
+@pytest.mark.parametrize("split_rows", [0, 40])
+def test_slots_filled_by_the_expert_kernels(device, variant, split_rows):
+    """Fill: the routes to an expert the books put in a slot this step read it from the
+    host banks (the slot holds NaN until then: no route reads it), and the first of them
+    writes it there whole; the other routes read their slots, a route with slot -1 is
+    skipped or (with HostRows) computed in part from the host."""
+    T, k, H, I, S, E = 3, 4, 200, 77, 9, 6
+    g = torch.Generator(device=device).manual_seed(split_rows + len(variant))
+    spec = experts.spec(variant, H, I)
+    pool = experts.banks(S, spec, torch.float32, g, device=device)
+    banks = experts.banks(E, spec, torch.float32, g, device=device)
+    x = torch.randn(T, H, device=device, generator=g)
+    slots = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [1, 5, 8, 0]], device=device)
+    ids = torch.randint(0, E, (T, k), device=device, generator=g)
+    ids[0, 2] = ids[2, 2] = 4  # expert 4 fills slot 8 at route (0, 2), read again by (2, 2)
+    slots[0, 2] = 8
+    ids[1, 3] = 1  # expert 1 fills slot 7 alone
+    slots[2, 3] = -1  # the CPU's route
+    fill = torch.full((T * k,), -1, dtype=torch.int32, device=device)
+    fill[2], fill[7] = 8, 7
+    expect = {n: t.clone() for n, t in pool.items()}
+    for n in pool:
+        expect[n][8], expect[n][7] = banks[n][4], banks[n][1]
+        pool[n][8], pool[n][7] = float("nan"), float("nan")
+    w = torch.rand(T, k, device=device, generator=g)
+    rows_t = torch.tensor([split_rows], dtype=torch.int32, device=device)
+    host = moe_gpu.HostRows(banks, ids, rows_t) if split_rows else None
+    filled = moe_gpu.Fill(banks, ids, fill)
+    out = moe_gpu._triton_small(x, slots, w, pool, spec, host, filled)
+    for n in pool:
+        assert torch.equal(pool[n], expect[n]), n
+    keep = slots >= 0
+    ref = reference.moe_experts(
+        x, torch.where(keep, slots, 0), torch.where(keep, w, 0.0), expect, spec
+    )
+    if host is not None:
+        part = reference.expert_rows({b: v[int(ids[2, 3])] for b, v in banks.items()}, 0, 40, False)
+        ref[2] += w[2, 3] * reference.expert_ffn(x[2:3], part, spec)[0]
+    assert float((out - ref).norm() / ref.norm()) <= 1e-5
+
+
 class PoisonedTorch:
     """torch, but every floating tensor from `empty` filled with NaN: a buffer a kernel was
     meant to write whole shows any element it left."""

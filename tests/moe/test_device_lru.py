@@ -330,3 +330,46 @@ def test_split_shares_misses_between_fetches_and_the_cpu(tiny_model):
     assert (
         s["cache"]["fetches"] == s["q"] and s["cache"]["misses"] == s["m"]
     )  # every miss was booked
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["device", "split"])
+def test_misses_fetched_by_the_expert_kernels_match_transformers(tiny_model, mode, monkeypatch):
+    """FREETOKEN_FUSED_FETCH: the expert kernels read each miss the books fill from host
+    memory and write it into its slot, no fetch kernel launched — transformers' greedy
+    tokens at one token and a batch (in split the CPU lane takes a share), and every slot
+    the device's books name holds its expert's bytes."""
+    from freetoken import config
+    from freetoken.moe import chooser
+
+    monkeypatch.setenv("FREETOKEN_FUSED_FETCH", "1")
+    config.current.cache_clear()
+    path, hf = tiny_model
+    engine = make_engine(
+        *(path,), policy="adaptive", slots=9, device="cuda", device_cache="on",
+        cpu_lane="on", graphs="capture",
+    )  # fmt: skip
+    backend = engine.model.model.layers[0].mlp.experts.backend
+    backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
+    fetched = []
+    monkeypatch.setattr(DeviceLRU, "fetch", lambda self, *a: fetched.append(a))
+    try:
+        for p in ([(5 * i) % 500 + 3 for i in range(11)], [(7 * i) % 500 + 1 for i in range(40)]):
+            (seq,) = generate(engine, [p], 32)
+            assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
+        prompts = [[(3 * i + j) % 500 + 2 for i in range(6 + j)] for j in range(3)]
+        for seq, p in zip(generate(engine, prompts, 12), prompts):
+            assert seq.output_ids == fixtures.hf_greedy(hf, p, 12)
+        assert backend.placement.mode == mode and backend.lru.live and not fetched
+        assert backend.stats()["cache"]["fetches"] > 0
+        lru, E = backend.lru, backend.cache.E
+        owners = lru.owner[:-1].cpu()
+        for slot in (owners >= 0).nonzero().flatten().tolist():
+            layer, e = divmod(int(owners[slot]), E)
+            for name, bank in backend.banks.banks[layer].items():
+                assert torch.equal(backend.cache.slots[name][slot].cpu(), bank[e]), (slot, name)
+    finally:
+        if backend.lane is not None:
+            backend.lane.stop()
+        monkeypatch.undo()
+        config.current.cache_clear()
