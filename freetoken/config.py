@@ -280,7 +280,7 @@ SETTINGS: tuple[Setting, ...] = (
         "fused_fetch",
         "FREETOKEN_FUSED_FETCH",
         parse_bool,
-        "0",
+        "1",
         "with the books on the device, the expert kernels read each miss from host memory as "
         "they compute it and write it into its slot, instead of a fetch kernel ahead of them",
     ),

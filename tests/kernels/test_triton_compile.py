@@ -283,14 +283,17 @@ def _expert_kernels():
 
     out = []
     for dt in ("bf16", "fp32"):
-        for (bias, act), host in itertools.product(
-            ((False, 0), (True, 0), (True, 1), (False, 2)), (False, True)
+        for (bias, act), (host, fill) in itertools.product(
+            ((False, 0), (True, 0), (True, 1), (False, 2)),
+            ((False, False), (True, False), (False, True), (True, True)),
         ):
             slot = "*i64" if dt == "bf16" else "*i32"  # slots come as either
             rows = {"gu_ptr": f"*{dt}", "bias_ptr": f"*{dt}", "slot_ptr": slot}
             # the host banks a miss split by its rows is read from, the routes' experts, and
-            # how many rows of each (without HOST, stand-ins never read)
-            hosts = {"ids_ptr": "*i64", "rows_ptr": "*i32"}
+            # how many rows of each, and the slots filled (without HOST or FILL, stand-ins
+            # never read)
+            hosts = {"ids_ptr": "*i64", "rows_ptr": "*i32", "fill_ptr": "*i32"}
+            fills = {"FILL": fill, "ROUTES": 32}
             shape = {"H": 2880, "I": 2880}  # gpt-oss's: neither a multiple of the blocks
             out.append(
                 (
@@ -309,6 +312,7 @@ def _expert_kernels():
                         **shape,
                         **{"K": 8, "BLOCK_I": 16, "BLOCK_H": 256},
                         **{"HAS_BIAS": bias, "ACT": act, "HOST": host},
+                        **fills,
                     },
                 )
             )
@@ -324,8 +328,13 @@ def _expert_kernels():
                         "w_ptr": f"*{dt}",
                         "out_ptr": "*fp32",
                         "host_ptr": f"*{dt}",
+                        "host_bias_ptr": f"*{dt}",
                     },
-                    {**shape, "BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias, "HOST": host},
+                    {
+                        **shape,
+                        **{"BLOCK_H": 32, "BLOCK_I": 256, "HAS_BIAS": bias, "HOST": host},
+                        **fills,
+                    },
                 )
             )
         sums = {"H": 2880, "K": 8, "BLOCK_H": 1024}  # the routes' sum, into the model's dtype
