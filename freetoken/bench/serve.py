@@ -39,7 +39,14 @@ from typing import Any
 import httpx
 
 from freetoken.bench import common, served
-from freetoken.bench.serve_window import bound, engine_window, served_in, share_arms, window
+from freetoken.bench.serve_window import (
+    bound,
+    engine_window,
+    miss_ms,
+    served_in,
+    share_arms,
+    window,
+)
 
 REGIMES = {
     "hot": {"temperature": 0.7},
@@ -55,6 +62,7 @@ COLUMNS = [
     ("ttft_ms", "TTFT ms"),
     ("hit_rate", "hit"),
     ("misses_per_token", "miss/tok"),
+    ("miss_ms", "ms/miss"),
     ("guessed_per_token", "guess/tok"),
     ("placement", "placement"),
     ("lane_ms", "lane ms"),
@@ -202,6 +210,7 @@ def timed_window(client, args, regime: str, api: str, streams: int, dense_ms) ->
     row["agg_tok_s"] = aggregate_rate(runs)
     row["ttft_ms"] = 1e3 * sum(r.ttft or 0 for r in runs) / len(runs)
     row["bound_tok_s"] = bound(after, win, streams, dense_ms)
+    row["miss_ms"] = miss_ms(win, streams, row["agg_tok_s"], dense_ms)
     row["b_p_gbps"], row["b_h_gbps"] = after.get("b_p_gbps"), after.get("b_h_gbps")
     if row["bound_tok_s"] and row["agg_tok_s"]:
         row["ratio_to_bound"] = row["agg_tok_s"] / row["bound_tok_s"]

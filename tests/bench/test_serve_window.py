@@ -35,6 +35,15 @@ def test_the_bound_adds_the_bandwidths_of_both_paths():
     assert serve_window.bound({"b_p_gbps": 25.0}, win, 1, dense_ms=3.0) is None
 
 
+def test_a_miss_costs_the_step_over_the_dense_step_over_its_misses():
+    # four streams at 1,321 tok/s: 3.028 ms a step, 2.045 of it dense, 7.18 misses a step
+    win = {"misses_per_step": 7.18}
+    assert serve_window.miss_ms(win, 4, 1321.0, 2.045) == pytest.approx(0.1369, abs=1e-4)
+    assert serve_window.miss_ms({"misses_per_step": 0.0}, 4, 1321.0, 2.045) is None
+    assert serve_window.miss_ms(win, 4, None, 2.045) is None  # no rate: nothing to say
+    assert serve_window.miss_ms(win, 4, 1321.0, None) is None  # no dense probe
+
+
 def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
     before = {"lane": {"served": 10, "cpu_us_per_request": 100.0}}
     after = {"lane": {"served": 30, "cpu_us_per_request": 300.0}}
