@@ -62,7 +62,9 @@ class Fill:
     slots: torch.Tensor  # [T·k] int32, as DeviceLRU.assign's `fetch`
 
     @staticmethod
-    def takes(x: torch.Tensor, pool: reference.Banks, spec: ExpertSpec, banks: reference.Banks):
+    def takes(
+        x: torch.Tensor, pool: reference.Banks, spec: ExpertSpec, banks: reference.Banks
+    ) -> bool:
         """Whether a step of x's tokens can fill its misses this way: the small-batch
         kernels on a GPU, unpacked banks whose experts are the pool's slots, nothing else."""
         return (
