@@ -25,6 +25,7 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
     monkeypatch.setattr(tuning, "DUTY", 1.0)
     monkeypatch.setattr(tuning, "MIN_GAIN", 0.0)  # measure whatever the misses
     monkeypatch.setattr(tuning, "SPLIT_GAIN", 0.0)
+    monkeypatch.setattr(tuning, "SETTLED", float("inf"))  # the second window decides
     path, _ = tiny_model
     engine = make_engine(
         path,
