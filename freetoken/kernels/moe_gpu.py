@@ -167,6 +167,7 @@ def _triton_small(
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
     host_args = _host_args(pool, host, fill, flat_slots)
+    routes = max(triton_pow2(T * k), 2)  # the filled slots' list, as one block
     bi, bh = ROW_BLOCK, 256
     moe_decode.gate_up_kernel[(T * k, triton_cdiv(I, bi))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
@@ -180,7 +181,7 @@ def _triton_small(
         ACT=spec.activation_code,
         HOST=host is not None,
         FILL=fill is not None,
-        ROUTES=max(triton_pow2(T * k), 2),
+        ROUTES=routes,
     )
     bo, bk = 32, 256
     moe_decode.down_kernel[(T * k, triton_cdiv(H, bo))](
@@ -193,7 +194,7 @@ def _triton_small(
         HAS_BIAS=spec.bias,
         HOST=host is not None,
         FILL=fill is not None,
-        ROUTES=max(triton_pow2(T * k), 2),
+        ROUTES=routes,
     )
     return _combine(out, x, k)
 

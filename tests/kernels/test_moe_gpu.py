@@ -48,18 +48,24 @@ def test_small_batch_kernel_matches_reference(device, variant, shape):
         assert (gate > spec.limit).any() and (up.abs() > spec.limit).any()
 
 
+def _pool_and_host(device: str, variant: str, seed: int, slots: int, experts_n: int):
+    """(generator, spec, slot pool, host banks, x [3, 200]) of a 200-wide, 77-row expert
+    kind: a pool of `slots` slots and `experts_n` experts in host memory."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    spec = experts.spec(variant, 200, 77)
+    pool = experts.banks(slots, spec, torch.float32, g, device=device)
+    banks = experts.banks(experts_n, spec, torch.float32, g, device=device)
+    return g, spec, pool, banks, torch.randn(3, 200, device=device, generator=g)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", list(experts.VARIANTS))
 @pytest.mark.parametrize("rows", [0, 16, 40, 77])
 def test_routes_split_by_rows_read_their_first_rows_from_the_host(device, variant, rows):
     """Routes left out of the pool (slot -1) with HostRows: their experts' first `rows`
     intermediate rows, read from the host banks, without the down bias (the CPU's part)."""
-    T, k, H, I, S, E = 3, 4, 200, 77, 7, 5
-    g = torch.Generator(device=device).manual_seed(rows + len(variant))
-    spec = experts.spec(variant, H, I)
-    pool = experts.banks(S, spec, torch.float32, g, device=device)
-    banks = experts.banks(E, spec, torch.float32, g, device=device)
-    x = torch.randn(T, H, device=device, generator=g)
+    T, k, S, E = 3, 4, 7, 5
+    g, spec, pool, banks, x = _pool_and_host(device, variant, rows + len(variant), S, E)
     slots = torch.stack([torch.randperm(S, device=device, generator=g)[:k] for _ in range(T)])
     ids = torch.randint(0, E, (T, k), device=device, generator=g)
     slots[0, 0] = slots[2, 3] = slots[2, 1] = -1  # three routes split by their rows
@@ -86,12 +92,8 @@ def test_slots_filled_by_the_expert_kernels(device, variant, split_rows):
     host banks (the slot holds NaN until then: no route reads it), and the first of them
     writes it there whole; the other routes read their slots, a route with slot -1 is
     skipped or (with HostRows) computed in part from the host."""
-    T, k, H, I, S, E = 3, 4, 200, 77, 9, 6
-    g = torch.Generator(device=device).manual_seed(split_rows + len(variant))
-    spec = experts.spec(variant, H, I)
-    pool = experts.banks(S, spec, torch.float32, g, device=device)
-    banks = experts.banks(E, spec, torch.float32, g, device=device)
-    x = torch.randn(T, H, device=device, generator=g)
+    T, k, S, E = 3, 4, 9, 6
+    g, spec, pool, banks, x = _pool_and_host(device, variant, split_rows + len(variant), S, E)
     slots = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [1, 5, 8, 0]], device=device)
     ids = torch.randint(0, E, (T, k), device=device, generator=g)
     ids[0, 2] = ids[2, 2] = 4  # expert 4 fills slot 8 at route (0, 2), read again by (2, 2)
