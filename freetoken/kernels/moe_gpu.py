@@ -66,17 +66,28 @@ class Fill:
         x: torch.Tensor, pool: reference.Banks, spec: ExpertSpec, banks: reference.Banks
     ) -> bool:
         """Whether a step of x's tokens can fill its misses this way: the small-batch
-        kernels on a GPU, unpacked banks whose experts are the pool's slots, nothing else."""
-        return (
-            x.is_cuda
-            and x.shape[0] <= SMALL_BATCH
-            and HostRows.takes(spec)
-            and set(banks) == set(pool)
-            and all(
-                pool[n].dtype == b.dtype and pool[n].shape[1:] == b.shape[1:]
-                for n, b in banks.items()
+        kernels on a GPU, host banks of the pool's banks and dtypes, each expert as its slot
+        (float) or no wider than it and 4-byte aligned as the pool is (packed)."""
+        if not (x.is_cuda and x.shape[0] <= SMALL_BATCH and set(banks) == set(pool)):
+            return False
+        if any(spec.formats):
+            return slots_aligned(pool, spec) and all(
+                _fills(b, pool[n], bool(spec.format_of(n))) for n, b in banks.items()
             )
+        return all(
+            pool[n].dtype == b.dtype and pool[n].shape[1:] == b.shape[1:] for n, b in banks.items()
         )
+
+
+def _fills(bank: torch.Tensor, slots: torch.Tensor, packed: bool) -> bool:
+    """Whether the packed kernels can copy a host bank's experts into the pool's slots."""
+    if bank.dtype != slots.dtype or not bank.is_contiguous():
+        return False
+    if not packed:  # a float bank among packed ones (biases, a float down): same shapes
+        return bank.shape[1:] == slots.shape[1:]
+    return (
+        bank[0].numel() <= slots[0].numel() and bank.data_ptr() % 4 == 0 and bank.stride(0) % 4 == 0
+    )
 
 
 def experts_from_slots(
@@ -150,8 +161,8 @@ def _triton_small(
     x, slots, weights, pool, spec, host: HostRows | None = None, fill: Fill | None = None
 ) -> torch.Tensor:
     if any(spec.formats):
-        assert host is None and fill is None, "packed banks are read from their slots only"
-        return _triton_small_packed(x, slots, weights, pool, spec)
+        assert host is None, "packed misses are not split by their rows"
+        return _triton_small_packed(x, slots, weights, pool, spec, fill=fill)
     from freetoken.kernels.triton import moe_decode
 
     gate_up, down = pool["gate_up"], pool["down"]
@@ -200,11 +211,17 @@ def _triton_small(
 
 
 def _host_args(
-    pool: reference.Banks, host: HostRows | None, fill: Fill | None, flat_slots: torch.Tensor
+    pool: reference.Banks,
+    host: HostRows | None,
+    fill: Fill | None,
+    flat_slots: torch.Tensor,
+    same_shapes: bool = True,
 ) -> dict:
     """The host side of the small-batch kernels: each bank's host tensor, and (ids, first
     row, filled slots). Without host routes or fills the kernels never read them: the pool's
-    tensors and the slots stand in (the kernels' pointers must exist and agree in type)."""
+    tensors and the slots stand in (the kernels' pointers must exist and agree in type).
+    `same_shapes`: host experts shaped as the slots (float banks; a packed one may be
+    narrower than its slots, as Fill.takes checks)."""
     side = host or fill
     if side is None:
         banks = pool
@@ -213,7 +230,8 @@ def _host_args(
         assert host is None or fill is None or host.ids is fill.ids, "one layer's routes"
         banks = side.banks
         for name, t in banks.items():
-            assert t.shape[1:] == pool[name].shape[1:] and t.dtype == pool[name].dtype, name
+            assert t.dtype == pool[name].dtype, name
+            assert not same_shapes or t.shape[1:] == pool[name].shape[1:], name
         ids = side.ids.reshape(-1).contiguous()
         routes = (
             ids,
@@ -252,11 +270,19 @@ def _warps(code: int) -> int:
 
 
 def _triton_small_packed(
-    x, slots, weights, pool, spec, rows: tuple[int, int] | None = None, num_warps: int = 0
+    x,
+    slots,
+    weights,
+    pool,
+    spec,
+    rows: tuple[int, int] | None = None,
+    num_warps: int = 0,
+    fill: Fill | None = None,
 ) -> torch.Tensor:
     """_triton_small over packed slots: the same two passes, each step of whole blocks decoded
     in registers where it is read (kernels/triton/moe_quant.py). `rows` (rows per program of
-    the gate_up and down kernels) and `num_warps` override the defaults (for benchmarks)."""
+    the gate_up and down kernels) and `num_warps` override the defaults (for benchmarks);
+    `fill`: the slots this step fills, fetched by the kernels."""
     from freetoken.kernels.triton import moe_quant
 
     gu_rows, dn_rows = rows or (GATE_UP_ROWS, DOWN_ROWS)
@@ -266,28 +292,46 @@ def _triton_small_packed(
     H, I = spec.hidden, spec.intermediate
     assert x.shape == (T, H) and x.is_contiguous(), "shapes disagree"
     assert gate_up.is_contiguous() and down.is_contiguous()
-    gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
     flat_slots = slots.reshape(-1).contiguous()  # any integer dtype: no cast launched
     flat_w = weights.reshape(-1).contiguous()
     h = torch.empty((T * k, I), dtype=torch.float32, device=x.device)
     out = torch.empty((T * k, H), dtype=torch.float32, device=x.device)  # every row written
     gu_fmt, dn_fmt = _format_args(spec, "gate_up"), _format_args(spec, "down")
+    gu_bias, dn_bias = (pool.get("gate_up_bias", gate_up), pool.get("down_bias", down))
+    side = _host_args(pool, None, fill, flat_slots, same_shapes=False)
+    ids, fills = side["routes"][0], side["routes"][2]
+    common = {"FILL": fill is not None, "ROUTES": max(triton_pow2(T * k), 2)}
     moe_quant.gate_up_q_kernel[(T * k, triton_cdiv(I, gu_rows))](
         *(x, gate_up, gu_bias, flat_slots, h, spec.alpha, spec.limit),
+        *(side["gate_up"], side["gate_up_bias"], ids, fills, side["gate_up"].stride(0)),
         *(H, I, k, gate_up[0].numel(), *gu_fmt),
         BLOCK_I=gu_rows,
         HAS_BIAS=spec.bias,
         ACT=spec.activation_code,
+        WORD=_copy_word(spec, "gate_up", H, gu_fmt),
         num_warps=num_warps or _warps(gu_fmt[0]),
+        **common,
     )
     moe_quant.down_q_kernel[(T * k, triton_cdiv(H, dn_rows))](
         *(h, down, dn_bias, flat_slots, flat_w, out),
+        *(side["down"], side["down_bias"], ids, fills, side["down"].stride(0)),
         *(H, I, down[0].numel(), *dn_fmt),
         BLOCK_H=dn_rows,
         HAS_BIAS=spec.bias,
+        WORD=_copy_word(spec, "down", I, dn_fmt),
         num_warps=num_warps or _warps(dn_fmt[0]),
+        **common,
     )
     return _combine(out, x, k)
+
+
+def _copy_word(spec: ExpertSpec, bank: str, cols: int, fmt: tuple[int, int, int]) -> int:
+    """The word a fill copies a packed bank's rows in: the widest that divides a row's bytes
+    (0 for a float bank: its own elements)."""
+    if not spec.format_of(bank):
+        return 0
+    row = cols // fmt[1] * fmt[2]
+    return 4 if row % 4 == 0 else 2 if row % 2 == 0 else 1
 
 
 def fetch_experts(

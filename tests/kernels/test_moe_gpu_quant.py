@@ -164,6 +164,47 @@ def test_batch_sizes_and_top_k(device, fmt, T, k):
     assert _rel(out, reference.moe_experts(x, slots, w, pool, spec)) <= 1e-5
 
 
+# rows copied as int32 words (q4_k's 288 bytes), int16 (q6_k's 210, q8_0's 306) and bytes
+# (mxfp4's 153 and 51), a float down among packed gate_up rows, row tiles the rows cut short
+FILLED = [
+    (("q4_k", "q6_k"), (512, 256), "swiglu"),
+    (("mxfp4", "mxfp4"), (288, 96), "clamped+bias"),
+    (("q8_0", ""), (288, 96), "swiglu+bias"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmts,shape,variant", FILLED)
+def test_slots_filled_by_the_packed_kernels(device, fmts, shape, variant):
+    """Fill over packed slots twice as wide as their experts: the routes to an expert put in
+    a slot this step read it from the host banks (the slot holds poison until then), the
+    first of them copies its bytes to the slot's first bytes and reads them there; the rest
+    of the slot is left as it was, the other routes read their slots."""
+    T, k, S, E = 3, 2, 5, 4
+    spec, pool, g = _pool(fmts, variant, S, 17, device, wide=2, shape=shape)
+    host = {n: t.to(device) for n, t in experts.packed_banks(E, spec, g).items()}
+    assert all(moe_gpu._fills(host[n], pool[n], bool(spec.format_of(n))) for n in pool), (
+        "host banks the kernels can copy"
+    )
+    x, _, w = _routes(T, k, S, spec.hidden, g, device)
+    slots = torch.tensor([[0, 3], [3, 1], [4, 2]], device=device)
+    ids = torch.tensor([[1, 2], [2, 0], [3, 1]], device=device)  # expert 2 in slot 3, 3 in 4
+    fill = torch.tensor([-1, 3, -1, -1, 4, -1], dtype=torch.int32, device=device)
+    for t in pool.values():
+        t[3:5] = float("nan") if t.is_floating_point() else 255
+    expect = {n: t.clone() for n, t in pool.items()}
+    for n, t in expect.items():
+        width = host[n][0].numel()
+        for slot, e in ((3, 2), (4, 3)):
+            t.view(S, -1)[slot, :width] = host[n][e].reshape(-1)
+    out = moe_gpu._triton_small_packed(
+        x, slots, w, pool, spec, rows=(64, 64), fill=moe_gpu.Fill(host, ids, fill)
+    )
+    for n in pool:
+        assert torch.equal(pool[n], expect[n]), n
+    assert _rel(out, reference.moe_experts(x, slots, w, expect, spec)) <= 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_pools_off_four_byte_alignment_decode_in_torch(device):
     """The kernels read scales as int16/int32 words: a pool whose slots do not start 4-byte

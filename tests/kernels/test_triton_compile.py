@@ -55,22 +55,31 @@ def _packed_expert_kernels():
     cases = [(f, 2048, 768, False, 0) for f in quant.FORMATS.values()]
     cases.append((quant.get("mxfp4"), 2880, 2880, True, 1))
     cases.append((quant.get("q4_k"), 4096, 2048, False, 2))  # DeepSeek-V4's clamped SwiGLU
-    for f, H, I, bias, act in cases:
+    for (f, H, I, bias, act), fill in itertools.product(cases, (False, True)):
         fmt = {"FMT": f.code, "QB": f.block, "QBYTES": f.block_bytes}
         pool = {"bias_ptr": "*bf16", "slot_ptr": "*i64"}  # the device books' slots
+        # the host banks misses are filled from (stand-ins, never read, without FILL)
+        hosts = {"host_ptr": "*u8", "host_bias_ptr": "*bf16", "ids_ptr": "*i64",
+                 "fill_ptr": "*i32", "host_stride": "i64"}  # fmt: skip
+        fills = {"FILL": fill, "ROUTES": 32}
+        words = [4 if row % 4 == 0 else 2 if row % 2 == 0 else 1 for row in (f.row_bytes(H),
+                 f.row_bytes(I))]  # fmt: skip
         out.append((
             moe_quant.gate_up_q_kernel,
-            {**pool, "x_ptr": "*bf16", "gu_ptr": "*u8", "h_ptr": "*fp32", "alpha": "fp32",
-             "limit": "fp32"},
-            {**fmt, "H": H, "I": I, "K": 8, "SLOT": 2 * I * f.row_bytes(H), "BLOCK_I": 16,
-             "HAS_BIAS": bias, "ACT": act},
+            {**pool, **hosts, "x_ptr": "*bf16", "gu_ptr": "*u8", "h_ptr": "*fp32",
+             "alpha": "fp32", "limit": "fp32"},
+            {**fmt, **fills, "H": H, "I": I, "K": 8, "SLOT": 2 * I * f.row_bytes(H),
+             "BLOCK_I": 16, "HAS_BIAS": bias, "ACT": act, "WORD": words[0]},
         ))  # fmt: skip
         out.append((
             moe_quant.down_q_kernel,
-            {**pool, "h_ptr": "*fp32", "dn_ptr": "*u8", "w_ptr": "*bf16", "out_ptr": "*fp32"},
-            {**fmt, "H": H, "I": I, "SLOT": H * f.row_bytes(I), "BLOCK_H": 16,
-             "HAS_BIAS": bias},
+            {**pool, **hosts, "h_ptr": "*fp32", "dn_ptr": "*u8", "w_ptr": "*bf16",
+             "out_ptr": "*fp32"},
+            {**fmt, **fills, "H": H, "I": I, "SLOT": H * f.row_bytes(I), "BLOCK_H": 16,
+             "HAS_BIAS": bias, "WORD": words[1]},
         ))  # fmt: skip
+        if fill:
+            continue
         out.append((
             moe_quant.dequant_kernel,
             {"src_ptr": "*u8", "dst_ptr": "*bf16"},

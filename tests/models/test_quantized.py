@@ -104,12 +104,15 @@ def test_every_policy_matches_resident(quantized):
         ("layers", "cpu"),
         pytest.param("split", "cuda", marks=pytest.mark.gpu),
         pytest.param("layers", "cuda", marks=pytest.mark.gpu),
+        pytest.param("device", "cuda", marks=pytest.mark.gpu),
     ],
 )
 def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
     """Packed experts fetched by the device-kept books and computed by the CPU lane (a share
     of each layer's misses, or whole CPU layers), in CUDA graphs on a GPU: the tokens of
-    transformers on the decoded weights."""
+    transformers on the decoded weights. On a GPU the expert kernels fetch the misses as
+    they compute them (FREETOKEN_FUSED_FETCH's default): every slot the books name then
+    holds its expert's bytes."""
     from freetoken.moe import chooser
 
     _, out, ref, config, _ = quantized
@@ -117,7 +120,7 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
     engine = make_engine(
         out,
         policy="adaptive",
-        slots={"split": E + 1, "layers": E}[mode],
+        slots={"split": E + 1, "device": E + 1, "layers": E}[mode],
         device=device,
         device_cache="on",
         cpu_lane="on",
@@ -131,9 +134,23 @@ def test_adaptive_through_the_lane_and_device_books(quantized, mode, device):
             (seq,) = generate(engine, [prompt], 16)
             assert seq.output_ids == fixtures.hf_greedy(ref, prompt, 16)
         lane = backend.stats()["lane"]
-        assert lane["served"] > 0 and lane["failed"] == 0 and lane["timeouts"] == 0
+        assert mode == "device" or lane["served"] > 0
+        assert lane["failed"] == 0 and lane["timeouts"] == 0
+        if device == "cuda" and mode != "layers":
+            _slots_hold_their_experts(backend)
     finally:
         backend.lane.stop()
+
+
+def _slots_hold_their_experts(backend) -> None:
+    lru, E = backend.lru, backend.cache.E
+    assert backend.stats()["cache"]["fetches"] > 0
+    owners = lru.owner[:-1].cpu()
+    for slot in (owners >= 0).nonzero().flatten().tolist():
+        layer, e = divmod(int(owners[slot]), E)
+        for name, bank in backend.banks.banks[layer].items():
+            got = backend.cache.slots[name][slot].cpu().reshape(-1)[: bank[e].numel()]
+            assert torch.equal(got, bank[e].reshape(-1)), (slot, name)
 
 
 # How far BF16 logits may stray from fp32's, from BF16 compute measured alone on the CPU
