@@ -25,7 +25,10 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
     monkeypatch.setattr(tuning, "DUTY", 1.0)
     monkeypatch.setattr(tuning, "MIN_GAIN", 0.0)  # measure whatever the misses
     monkeypatch.setattr(tuning, "SPLIT_GAIN", 0.0)
-    monkeypatch.setattr(tuning, "SETTLED", float("inf"))  # the second window decides
+    # the first window only opens the count (no window before it to agree with), the
+    # second decides: windows of 24 steps leave the chooser most of the steps to measure
+    monkeypatch.setattr(tuning, "SETTLED", float("inf"))
+    monkeypatch.setattr(tuning, "WINDOW_STEPS", 24)
     path, _ = tiny_model
     engine = make_engine(
         path,
@@ -39,7 +42,7 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
     backend = engine.model.model.layers[0].mlp.experts.backend
     try:
         moves = backend.tuner.moves
-        for _ in range(3):
+        for _ in range(4):
             generate(engine, [[5, 6, 7, 8]], 48)
         assert engine.ahead_steps > 0  # the steps did run ahead
         assert backend.tuner.moves > moves and backend.tuner.modes.means
