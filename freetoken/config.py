@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,14 @@ import platformdirs
 
 __all__ = ["Config", "ConfigError", "Host", "SETTINGS", "current", "load", "parse_duration"]
 
+from freetoken.config_experts import EXPERT_SETTINGS
 from freetoken.config_values import (  # noqa: F401  (re-exported: callers name them as config.X)
     ADAPTIVE_MODES,
     MAX_DURATION_S,
     MOE_POLICIES,
     ConfigError,
     Host,
+    Setting,
     _adaptive_modes,
     _choice,
     _csv,
@@ -41,16 +42,6 @@ from freetoken.config_values import (  # noqa: F401  (re-exported: callers name 
     parse_registry,
     parse_size,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    field: str
-    env: str
-    parse: Callable[[str], Any]
-    default: Any
-    description: str
-    aliases: tuple[str, ...] = ()
 
 
 def _default_models() -> Path:
@@ -228,124 +219,7 @@ SETTINGS: tuple[Setting, ...] = (
         "launch a decode step from CUDA graphs before reading the last one's tokens, so the "
         "host's work on them (detokenizing, streaming, planning) runs while the GPU computes",
     ),
-    Setting(
-        "cpu_threads",
-        "FREETOKEN_CPU_THREADS",
-        _nonneg_int,
-        "0",
-        "threads for CPU compute (the CPU lane pins one to each of that many physical cores, "
-        "the last ones); 0 means one per physical core, the lane's on every core but the first",
-    ),
-    Setting(
-        "lane_spin_ms",
-        "FREETOKEN_LANE_SPIN_MS",
-        _nonneg_int,
-        "30",
-        "milliseconds the CPU lane's threads spin after a request before they nap: a request "
-        "that finds them napping waits for them to wake",
-    ),
-    Setting(
-        "adaptive_modes",
-        "FREETOKEN_ADAPTIVE_MODES",
-        _adaptive_modes,
-        "all",
-        "the placements policy adaptive may serve decode from, measuring among them: all, or a "
-        "comma list of cache, device, split and layers (one: that placement, its share tuned)",
-    ),
-    Setting(
-        "split_rows",
-        "FREETOKEN_SPLIT_ROWS",
-        _fraction_or_auto,
-        "0",
-        "share of each CPU-bound miss's rows the GPU reads from host memory while the CPU lane "
-        "computes the rest (a miss split by its rows); auto: from the measured bandwidths; "
-        "0 (the default, as measured faster at four streams): the lane computes whole experts",
-    ),
-    Setting(
-        "moe_policy",
-        "FREETOKEN_MOE_POLICY",
-        _choice(*MOE_POLICIES),
-        "adaptive",
-        "how routed experts that miss the GPU cache are served",
-    ),
-    Setting(
-        "device_cache",
-        "FREETOKEN_DEVICE_CACHE",
-        _choice("auto", "on", "off"),
-        "auto",
-        "decode steps keep the expert cache's books on the device and fetch misses with a "
-        "GPU kernel, so a step runs as one CUDA graph (auto: on GPUs)",
-    ),
-    Setting(
-        "fused_fetch",
-        "FREETOKEN_FUSED_FETCH",
-        parse_bool,
-        "1",
-        "with the books on the device, the expert kernels read each miss from host memory as "
-        "they compute it and write it into its slot, instead of a fetch kernel ahead of them",
-    ),
-    Setting(
-        "lookahead",
-        "FREETOKEN_LOOKAHEAD",
-        _choice("on", "off"),
-        "off",
-        "with the books on the device, a decode step guesses the next MoE layer's experts from "
-        "its router and fetches them while the current layer computes (off by default: where "
-        "the guesses are poor their fetches slow every step)",
-    ),
-    Setting(
-        "huge_pages",
-        "FREETOKEN_HUGE_PAGES",
-        _choice("auto", "on", "off"),
-        "auto",
-        "transparent huge pages for weights read from FTW (auto: where they fill faster than 4 KiB "
-        "pages, measured once at load)",
-    ),
-    Setting(
-        "fused_kernels",
-        "FREETOKEN_FUSED_KERNELS",
-        parse_bool,
-        "1",
-        "on GPUs each RMSNorm, each head norm with its rotary embedding, the router's softmax and "
-        "top-k, the KV write and decode attention run as one kernel each instead of the several of "
-        "the torch code (decode at bs=1 is bound by kernel count)",
-    ),
-    Setting(
-        "cpu_lane",
-        "FREETOKEN_CPU_LANE",
-        _choice("auto", "on", "off"),
-        "auto",
-        "adaptive computes the CPU routes of single-token steps on a CPU thread fed by GPU kernels "
-        "through pinned memory, so those steps stay one CUDA graph (auto: on GPUs)",
-    ),
-    Setting(
-        "vram_budget",
-        "FREETOKEN_VRAM_BUDGET",
-        parse_size,
-        "0",
-        "total VRAM the engine may use (0: all free memory)",
-    ),
-    Setting(
-        "expert_slots",
-        "FREETOKEN_EXPERT_SLOTS",
-        _nonneg_int,
-        "0",
-        "expert cache slots instead of sizing from the VRAM budget (on a CPU: a host-memory pool)",
-    ),
-    Setting(
-        "cache_auto",
-        "FREETOKEN_CACHE_AUTO",
-        parse_bool,
-        "1",
-        "shrink the expert cache when other programs need VRAM, grow it back when they free it",
-    ),
-    Setting(
-        "cache_headroom",
-        "FREETOKEN_CACHE_HEADROOM",
-        parse_size,
-        "1GiB",
-        "free VRAM the automatic cache sizing leaves for other programs",
-    ),
+    *EXPERT_SETTINGS,
     Setting(
         "registry",
         "FREETOKEN_REGISTRY",

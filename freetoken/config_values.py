@@ -16,6 +16,19 @@ MOE_POLICIES = ("adaptive", "resident", "lru-pcie", "cpu-misses", "static-layers
 ADAPTIVE_MODES = ("cache", "device", "split", "layers")  # moe/policy.py's Mode
 
 
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: its Config field, FREETOKEN_* variable, parser, default (parsed like a
+    value set), one-line description, and any OLLAMA_* aliases."""
+
+    field: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
 class ConfigError(ValueError):
     """A setting has a value that cannot be used."""
 
