@@ -33,6 +33,14 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
         "that finds them napping waits for them to wake",
     ),
     Setting(
+        "lane_give_way",
+        "FREETOKEN_LANE_GIVE_WAY",
+        parse_bool,
+        "0",
+        "the CPU lane's workers, while they spin, hand their core to any other thread ready "
+        "to run there (the engine, the server, its client), instead of holding it",
+    ),
+    Setting(
         "adaptive_modes",
         "FREETOKEN_ADAPTIVE_MODES",
         _adaptive_modes,

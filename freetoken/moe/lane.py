@@ -72,10 +72,16 @@ def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
 
 class CpuLane:
     def __init__(
-        self, banks: HostBanks, device: torch.device, threads: int = 0, spin_ms: int | None = None
+        self,
+        banks: HostBanks,
+        device: torch.device,
+        threads: int = 0,
+        spin_ms: int | None = None,
+        give_way: bool = False,
     ):
         """threads: how many pinned workers, one to a physical core (0: lane_cpus' default);
-        spin_ms: how long they spin after a request before they nap (None: the setting's)."""
+        spin_ms: how long they spin after a request before they nap (None: the setting's);
+        give_way: whether a spinning worker hands its core to other threads ready to run."""
         ext = cpu_kernel.extension()
         if ext is None:
             raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
@@ -86,6 +92,7 @@ class CpuLane:
         # back; spinning 30 ms took it to 109-120 us. A split at 12 layers posts every few steps,
         # and through the server 30 ms held 4 streams at 1,402 tok/s against 1,285 with 2 ms.
         self.spin_us = (config.current().lane_spin_ms if spin_ms is None else spin_ms) * 1000
+        self.give_way = give_way
         self.pos = {layer: i for i, layer in enumerate(banks.layers)}
         hidden = banks.spec.hidden
         pin = device.type == "cuda"
@@ -143,6 +150,7 @@ class CpuLane:
             -1,
             *self._act,
             self.spin_us,
+            self.give_way,
         )
         self._thread = threading.Thread(
             target=self._ext.lane_serve, args=args, name="ft-cpu-lane", daemon=True
@@ -316,7 +324,12 @@ def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
     backend's `wait_step`), not on a core."""
     try:
         cfg = config.current()
-        return CpuLane(banks, device, threads=cfg.cpu_threads, spin_ms=cfg.lane_spin_ms)
+        return CpuLane(
+            *(banks, device),
+            threads=cfg.cpu_threads,
+            spin_ms=cfg.lane_spin_ms,
+            give_way=cfg.lane_give_way,
+        )
     except RuntimeError as e:
         log.warning("no CPU lane: %s", e)
         return None

@@ -13,6 +13,7 @@ import torch
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.kernels import reference
 from freetoken.models.base import ExpertSpec
+from freetoken.moe import lane as lanes
 from freetoken.moe.banks import HostBanks
 from freetoken.moe.lane import SEQ, CpuLane, lane_cpus
 from tests.kernels import experts
@@ -152,7 +153,7 @@ def test_a_posted_first_row_leaves_the_rows_before_it_to_the_gpu(dtype):
         lane.stop()
 
 
-def test_the_spin_window_is_the_setting_unless_given(monkeypatch):
+def test_the_spin_window_and_giving_way_are_the_settings_unless_given(monkeypatch):
     from freetoken import config
 
     monkeypatch.setenv("FREETOKEN_LANE_SPIN_MS", "7")
@@ -160,21 +161,26 @@ def test_the_spin_window_is_the_setting_unless_given(monkeypatch):
     try:
         assert CpuLane(banks(), torch.device("cpu"), threads=1).spin_us == 7000
         assert CpuLane(banks(), torch.device("cpu"), threads=1, spin_ms=0).spin_us == 0
+        assert not lanes.make(banks(), torch.device("cpu")).give_way
+        monkeypatch.setenv("FREETOKEN_LANE_GIVE_WAY", "1")
+        config.current.cache_clear()
+        assert lanes.make(banks(), torch.device("cpu")).give_way
     finally:
         monkeypatch.undo()
         config.current.cache_clear()
 
 
-@pytest.mark.parametrize("spin_ms", [0, 2])
-def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms):
+@pytest.mark.parametrize("spin_ms,give_way", [(0, False), (2, False), (2, True)])
+def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms, give_way):
     """The team's workers join a request while it is open and the loop waits only for those
     that joined: requests posted back to back, and after the workers have gone to nap (at
-    once where they spin for 0 ms), each get the kernel's bits."""
+    once where they spin for 0 ms), each get the kernel's bits; so too where the spinning
+    workers give their cores way to this test's thread, which posts and collects."""
     import time
 
     hb = banks()
     cores = len(cpu_kernel.physical_cpus())
-    lane = CpuLane(hb, torch.device("cpu"), threads=cores, spin_ms=spin_ms)
+    lane = CpuLane(hb, torch.device("cpu"), threads=cores, spin_ms=spin_ms, give_way=give_way)
     lane.start()
     g = torch.Generator().manual_seed(8)
     try:

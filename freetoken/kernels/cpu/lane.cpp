@@ -62,11 +62,16 @@ constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kDrowse = std::chrono::seconds(1);
 constexpr auto kLongNap = std::chrono::milliseconds(1);
 
-// One wait of a thread with nothing to do, `busy` when it last had something.
-inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::microseconds spin) {
+// One wait of a thread with nothing to do, `busy` when it last had something. `give_way`: a
+// spin that hands the core to any other thread ready to run on it (a worker's, where the
+// lane's setting asks: with the team spinning on every core but one, the engine, the server
+// and its client shared that one, and in split a step took the host's time, not the GPU's).
+inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::microseconds spin,
+                 bool give_way = false) {
   const auto quiet = std::chrono::steady_clock::now() - busy;
   if (quiet > kDrowse) std::this_thread::sleep_for(kLongNap);
   else if (quiet > spin) std::this_thread::sleep_for(kNap);
+  else if (give_way) sched_yield();
   else _mm_pause();
 }
 
@@ -85,10 +90,12 @@ void pin_to(int64_t cpu) {
 // Workers pinned one to each of `cpus`; run() has the caller and every worker that joins in
 // time call a task loop. A worker joins a run while it is open, and the caller closes it when
 // its own loop returns (the tasks are all taken by then), waiting only for the workers that
-// joined: one napping, or off its core, holds up nothing it has not started.
+// joined: one napping, or off its core, holds up nothing it has not started. The loop's own
+// thread never gives way (a request waits for it), the workers do where `give_way` says.
 class Team {
  public:
-  Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin) : spin_(spin) {
+  Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin, bool give_way)
+      : spin_(spin), give_way_(give_way) {
     for (int64_t cpu : cpus) workers_.emplace_back([this, cpu] { work(cpu); });
   }
   ~Team() {
@@ -129,7 +136,7 @@ class Team {
     while (!stop_.load(std::memory_order_relaxed)) {
       const uint64_t run = entry_.load(std::memory_order_acquire) >> kJoinedBits;
       if (run == 0 || run == seen) {
-        idle(busy, spin_);
+        idle(busy, spin_, give_way_);
         continue;
       }
       seen = run;
@@ -141,6 +148,7 @@ class Team {
   }
 
   const std::chrono::microseconds spin_;
+  const bool give_way_;
   uint64_t runs_ = 0;  // the caller's count of runs
   std::atomic<uint64_t> entry_{0}, finished_{0};
   std::atomic<bool> stop_{false};
@@ -197,7 +205,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
-                int64_t act, double alpha, double limit, bool int8, int64_t spin_us) {
+                int64_t act, double alpha, double limit, bool int8, int64_t spin_us, bool give_way) {
   TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 4, "lane: bad request head");
@@ -215,7 +223,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   std::unique_ptr<Team> team;
   if (!cpus.empty()) {
     pin_to(cpus[0]);
-    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()), spin);
+    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()), spin, give_way);
   }
   const TeamScope scope(team.get());
   int64_t* c = ctl.data_ptr<int64_t>();

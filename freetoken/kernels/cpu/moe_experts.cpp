@@ -415,7 +415,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 torch::Tensor out, std::vector<torch::Tensor> gate_ups, std::vector<torch::Tensor> downs,
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
-                int64_t act, double alpha, double limit, bool int8, int64_t spin_us);
+                int64_t act, double alpha, double limit, bool int8, int64_t spin_us, bool give_way);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_experts", &moe_experts, "routed gated experts on the CPU",
