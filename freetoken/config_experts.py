@@ -37,8 +37,8 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
         "FREETOKEN_LANE_GIVE_WAY",
         parse_bool,
         "0",
-        "the CPU lane's workers, while they spin, hand their core to any other thread ready "
-        "to run there (the engine, the server, its client), instead of holding it",
+        "the CPU lane's workers run under SCHED_IDLE: a thread that wakes (the engine, the "
+        "server, its client) takes a worker's core at once instead of queueing for a free one",
     ),
     Setting(
         "adaptive_modes",

@@ -55,6 +55,21 @@ class Mailbox:
         self.ids.fill_(-1)
 
 
+def _kernel_banks(banks: HostBanks) -> tuple:
+    """The lane kernel's arguments in lane_serve's order: matrices, biases (empty: none), and
+    each layer's formats."""
+    per_layer = [banks.banks[layer] for layer in banks.layers]
+    spec = banks.spec
+    return (
+        *([b[name] for b in per_layer] for name in ("gate_up", "down")),
+        *(
+            [b[name] for b in per_layer] if spec.bias else []
+            for name in ("gate_up_bias", "down_bias")
+        ),
+        *([banks.specs[layer].format_code(name) for layer in banks.layers] for name in MATRICES),
+    )
+
+
 def lane_cpus(cores: list[int], threads: int = 0) -> list[int]:
     """The logical CPUs (one a physical core) the lane's team is pinned to: the last
     `threads` of `cores`, or with 0 every one but the first.
@@ -81,7 +96,8 @@ class CpuLane:
     ):
         """threads: how many pinned workers, one to a physical core (0: lane_cpus' default);
         spin_ms: how long they spin after a request before they nap (None: the setting's);
-        give_way: whether a spinning worker hands its core to other threads ready to run."""
+        give_way: whether the workers run under SCHED_IDLE, so other threads take their
+        cores at once (lane.cpp says why)."""
         ext = cpu_kernel.extension()
         if ext is None:
             raise RuntimeError("the CPU lane needs the compiled CPU expert kernel")
@@ -107,22 +123,9 @@ class CpuLane:
         self.count = torch.zeros(1, dtype=torch.int64, device=device)
         self.polls = torch.zeros(1, dtype=torch.int64, device=device)  # the GPU's polls of `done`
         self.whole = torch.zeros(1, dtype=torch.int32, device=device)  # from row 0: every row
-        per_layer = [banks.banks[layer] for layer in banks.layers]
-        spec = banks.spec
-        # the kernel's arguments in lane_serve's order: matrices, biases (empty: none), each
-        # layer's formats, and what the experts compute
-        self._banks = (
-            *([b[name] for b in per_layer] for name in ("gate_up", "down")),
-            *(
-                [b[name] for b in per_layer] if spec.bias else []
-                for name in ("gate_up_bias", "down_bias")
-            ),
-            *(
-                [banks.specs[layer].format_code(name) for layer in banks.layers]
-                for name in MATRICES
-            ),
-        )
+        self._banks = _kernel_banks(banks)
         # what the experts compute, and whether packed banks take int8 activations
+        spec = banks.spec
         self._act = (
             spec.activation_code,
             spec.alpha,

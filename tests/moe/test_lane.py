@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,8 +175,8 @@ def test_the_spin_window_and_giving_way_are_the_settings_unless_given(monkeypatc
 def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms, give_way):
     """The team's workers join a request while it is open and the loop waits only for those
     that joined: requests posted back to back, and after the workers have gone to nap (at
-    once where they spin for 0 ms), each get the kernel's bits; so too where the spinning
-    workers give their cores way to this test's thread, which posts and collects."""
+    once where they spin for 0 ms), each get the kernel's bits; so too where the workers run
+    under SCHED_IDLE, giving their cores way to this test's thread, which posts and collects."""
     import time
 
     hb = banks()
@@ -197,8 +198,23 @@ def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms, g
             )
             assert torch.equal(got, want), f"step {step}"
         assert lane.stats()["failed"] == 0 and lane.stats()["served"] == 300
+        # the workers (every pinned thread but the loop's) under SCHED_IDLE where asked
+        assert _idle_policy_threads() == (len(lane.cpus) - 1 if give_way else 0)
     finally:
         lane.stop()
+
+
+SCHED_IDLE = 5  # Linux's policy number
+
+
+def _idle_policy_threads() -> int:
+    """This process's threads scheduled under SCHED_IDLE (/proc: a thread's stat, field 41)."""
+    count = 0
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            count += int(fields[41 - 3]) == SCHED_IDLE
+    return count
 
 
 def test_the_lanes_threads_nap_as_long_as_asked():

@@ -62,17 +62,24 @@ constexpr auto kNap = std::chrono::microseconds(50);
 constexpr auto kDrowse = std::chrono::seconds(1);
 constexpr auto kLongNap = std::chrono::milliseconds(1);
 
-// One wait of a thread with nothing to do, `busy` when it last had something. `give_way`: a
-// spin that hands the core to any other thread ready to run on it (a worker's, where the
-// lane's setting asks: with the team spinning on every core but one, the engine, the server
-// and its client shared that one, and in split a step took the host's time, not the GPU's).
-inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::microseconds spin,
-                 bool give_way = false) {
+// One wait of a thread with nothing to do, `busy` when it last had something.
+inline void idle(std::chrono::steady_clock::time_point busy, std::chrono::microseconds spin) {
   const auto quiet = std::chrono::steady_clock::now() - busy;
   if (quiet > kDrowse) std::this_thread::sleep_for(kLongNap);
   else if (quiet > spin) std::this_thread::sleep_for(kNap);
-  else if (give_way) sched_yield();
   else _mm_pause();
+}
+
+// Puts the calling worker under SCHED_IDLE, where the lane's setting asks. With the team
+// spinning on every core but one, the engine, the server and its client shared that one (in
+// split a step took the host's time, not the GPU's). Linux places a waking thread on a core
+// that runs only SCHED_IDLE threads as on an idle one, and lets it preempt them at once;
+// with no one else to run, such a worker has its core as before. An unprivileged thread may
+// take the policy (not leave it: it keeps it until it ends). Best effort, as pinning is.
+void idle_policy() {
+  sched_param none{};
+  none.sched_priority = 0;
+  sched_setscheduler(0, SCHED_IDLE, &none);
 }
 
 // Pins the calling thread to `cpu` and makes its naps as long as asked. Linux lets a timed
@@ -91,7 +98,7 @@ void pin_to(int64_t cpu) {
 // time call a task loop. A worker joins a run while it is open, and the caller closes it when
 // its own loop returns (the tasks are all taken by then), waiting only for the workers that
 // joined: one napping, or off its core, holds up nothing it has not started. The loop's own
-// thread never gives way (a request waits for it), the workers do where `give_way` says.
+// thread never gives way (a request waits for it to see it), the workers do where asked.
 class Team {
  public:
   Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin, bool give_way)
@@ -131,12 +138,13 @@ class Team {
 
   void work(int64_t cpu) {
     pin_to(cpu);
+    if (give_way_) idle_policy();
     uint64_t seen = 0;
     auto busy = std::chrono::steady_clock::now();
     while (!stop_.load(std::memory_order_relaxed)) {
       const uint64_t run = entry_.load(std::memory_order_acquire) >> kJoinedBits;
       if (run == 0 || run == seen) {
-        idle(busy, spin_, give_way_);
+        idle(busy, spin_);
         continue;
       }
       seen = run;
