@@ -70,20 +70,16 @@ class Fill:
         (float) or no wider than it and 4-byte aligned as the pool is (packed)."""
         if not (x.is_cuda and x.shape[0] <= SMALL_BATCH and set(banks) == set(pool)):
             return False
-        if any(spec.formats):
-            return slots_aligned(pool, spec) and all(
-                _fills(b, pool[n], bool(spec.format_of(n))) for n, b in banks.items()
-            )
-        return all(
-            pool[n].dtype == b.dtype and pool[n].shape[1:] == b.shape[1:] for n, b in banks.items()
-        )
+        if any(spec.formats) and not slots_aligned(pool, spec):
+            return False
+        return all(_fills(b, pool[n], bool(spec.format_of(n))) for n, b in banks.items())
 
 
 def _fills(bank: torch.Tensor, slots: torch.Tensor, packed: bool) -> bool:
-    """Whether the packed kernels can copy a host bank's experts into the pool's slots."""
+    """Whether the expert kernels can copy a host bank's experts into the pool's slots."""
     if bank.dtype != slots.dtype or not bank.is_contiguous():
         return False
-    if not packed:  # a float bank among packed ones (biases, a float down): same shapes
+    if not packed:  # a float bank (a float model's, or biases and a float down among packed)
         return bank.shape[1:] == slots.shape[1:]
     return (
         bank[0].numel() <= slots[0].numel() and bank.data_ptr() % 4 == 0 and bank.stride(0) % 4 == 0
@@ -308,7 +304,7 @@ def _triton_small_packed(
         BLOCK_I=gu_rows,
         HAS_BIAS=spec.bias,
         ACT=spec.activation_code,
-        WORD=_copy_word(spec, "gate_up", H, gu_fmt),
+        WORD=_copy_word(spec, "gate_up", H),
         num_warps=num_warps or _warps(gu_fmt[0]),
         **common,
     )
@@ -318,19 +314,21 @@ def _triton_small_packed(
         *(H, I, down[0].numel(), *dn_fmt),
         BLOCK_H=dn_rows,
         HAS_BIAS=spec.bias,
-        WORD=_copy_word(spec, "down", I, dn_fmt),
+        WORD=_copy_word(spec, "down", I),
         num_warps=num_warps or _warps(dn_fmt[0]),
         **common,
     )
     return _combine(out, x, k)
 
 
-def _copy_word(spec: ExpertSpec, bank: str, cols: int, fmt: tuple[int, int, int]) -> int:
+def _copy_word(spec: ExpertSpec, bank: str, cols: int) -> int:
     """The word a fill copies a packed bank's rows in: the widest that divides a row's bytes
     (0 for a float bank: its own elements)."""
-    if not spec.format_of(bank):
+    from freetoken import quant
+
+    if not (fmt := spec.format_of(bank)):
         return 0
-    row = cols // fmt[1] * fmt[2]
+    row = quant.get(fmt).row_bytes(cols)
     return 4 if row % 4 == 0 else 2 if row % 2 == 0 else 1
 
 

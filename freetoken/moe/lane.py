@@ -328,7 +328,8 @@ def make(banks: HostBanks, device: torch.device) -> CpuLane | None:
     try:
         cfg = config.current()
         return CpuLane(
-            *(banks, device),
+            banks,
+            device,
             threads=cfg.cpu_threads,
             spin_ms=cfg.lane_spin_ms,
             give_way=cfg.lane_give_way,
