@@ -11,6 +11,7 @@ from freetoken.config_values import (
     _choice,
     _fraction_or_auto,
     _nonneg_int,
+    _team_parts,
     parse_bool,
     parse_size,
 )
@@ -39,6 +40,18 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
         "0",
         "the CPU lane's workers run under SCHED_IDLE: a thread that wakes (the engine, the "
         "server, its client) takes a worker's core at once instead of queueing for a free one",
+    ),
+    # Through the server at 12 layers (H200, split, near-uniform routing) 8 CPU threads (the
+    # lane's and the engine's pool, one setting) served one stream at 675 tok/s and four at
+    # 1,588 where 15 served 451 and 1,294; with every expert on the CPU 15 were the fastest.
+    # So which part of the team serves faster is measured where it serves, not set.
+    Setting(
+        "lane_teams",
+        "FREETOKEN_LANE_TEAMS",
+        _team_parts,
+        "1,0.5",
+        "the parts of the CPU lane's team adaptive measures its requests on, with the share of "
+        "misses it sends the lane (moe/shares.py): one part alone is that part always",
     ),
     Setting(
         "adaptive_modes",

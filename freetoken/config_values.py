@@ -171,6 +171,14 @@ def _fraction_or_auto(value: str) -> float | None:
     return f
 
 
+def _team_parts(value: str) -> tuple[float, ...]:
+    """A comma list of parts of a team, each in (0, 1], the first served first."""
+    parts = tuple(float(v) for v in value.split(",") if v.strip())
+    if not parts or not all(0.0 < f <= 1.0 for f in parts) or len(set(parts)) < len(parts):
+        raise ValueError(f"expected distinct fractions in (0, 1], got {value!r}")
+    return parts
+
+
 def _adaptive_modes(value: str) -> tuple[str, ...] | None:
     """ "all" (None: every placement the machine allows) or a comma list of ADAPTIVE_MODES."""
     if value.strip().lower() == "all":

@@ -1,5 +1,5 @@
 """Settings read from the environment: the think levels' budgets, the split of a miss by rows,
-the placements adaptive may serve from."""
+the placements adaptive may serve from, the parts of the lane's team it measures."""
 
 from __future__ import annotations
 
@@ -35,3 +35,12 @@ def test_adaptive_modes_are_all_or_a_list_of_placements():
     for bad in ("", "split,fast", "resident"):
         with pytest.raises(config.ConfigError, match="FREETOKEN_ADAPTIVE_MODES"):
             config.load({"FREETOKEN_ADAPTIVE_MODES": bad})
+
+
+def test_lane_teams_are_distinct_parts_of_the_team():
+    assert config.load({}).lane_teams == (1.0, 0.5)  # the whole team, and half, measured
+    assert config.load({"FREETOKEN_LANE_TEAMS": "0.5"}).lane_teams == (0.5,)
+    assert config.load({"FREETOKEN_LANE_TEAMS": "1, 0.25,"}).lane_teams == (1.0, 0.25)
+    for bad in ("", "0", "1.5", "1,1", "half"):
+        with pytest.raises(config.ConfigError, match="FREETOKEN_LANE_TEAMS"):
+            config.load({"FREETOKEN_LANE_TEAMS": bad})

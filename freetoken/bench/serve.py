@@ -384,24 +384,33 @@ def _print_measured(stats: dict) -> None:
 
 
 def _print_shares(tuner: dict) -> None:
-    """The share tuner's books at each batch size: the share served, and each share's mean
+    """The share tuner's books at each batch size: the arm served, and each arm's mean
     step ms, steps, and ms a step behind the served one by paired trials (which share
-    served decides split's lane work, and its speed)."""
+    served, and on which part of the lane's team, decides split's lane work and its speed)."""
     arms = tuner.get("arms") or []
+    labels = [_arm(a, t) for a, t in zip(arms, tuner.get("teams") or [1.0] * len(arms))]
     for batch, arm in sorted((tuner.get("by_batch") or {}).items(), key=lambda i: int(i[0])):
         each = zip(
-            arms,
+            labels,
             arm.get("step_ms") or [],
             arm.get("steps") or [],
             arm.get("behind_ms") or [],
             strict=False,
         )
-        told = ", ".join(f"{a:g}: {_ms(ms)} ({n}, {_ms(d, '+.2f')})" for a, ms, n, d in each)
+        told = ", ".join(f"{a}: {_ms(ms)} ({n}, {_ms(d, '+.2f')})" for a, ms, n, d in each)
+        served = _arm(arm.get("best"), arm.get("best_team", 1.0))
         print(
-            f"# share tuner, {batch} streams: serving {arm.get('best')}; by share step ms "
-            f"(steps, behind ms) {told}",
+            f"# share tuner, {batch} streams: serving {served}; by share (@ part of the lane's "
+            f"team) step ms (steps, behind ms) {told}",
             flush=True,
         )
+
+
+def _arm(share: float | None, team: float) -> str:
+    """A share, and the part of the lane's team where not all of it."""
+    if share is None:
+        return "-"
+    return f"{share:g}" if team >= 1 else f"{share:g}@{team:g}"
 
 
 def _ms(value: float | None, spec: str = ".2f") -> str:

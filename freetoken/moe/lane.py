@@ -35,6 +35,8 @@ WARM_ROUTES = 8  # the warm-up's top-k: the kernels' form is one for every k up 
 MAX_SPINS = 50_000_000  # GPU polls before it gives up on the lane (seconds, not a hang)
 POLL_NAP = 20e-6  # the CPU-only mailbox's wait between polls of `done` (seconds)
 SEQ, DONE, ROUTES, STOP, SERVED, FAILED, TIMEOUTS, BUSY_NS = 0, 1, 2, 3, 4, 5, 6, 7
+TEAM, JOINED, PASSES = 8, 9, 10  # the team asked for; its members in passes, and passes
+CTL = 16  # the control block's int64s (lane.cpp lists them)
 
 
 class Mailbox:
@@ -113,7 +115,8 @@ class CpuLane:
         hidden = banks.spec.hidden
         pin = device.type == "cuda"
         host = torch.device("cpu")
-        self.ctl = _zeros(8, host, pin, "int64")
+        self.ctl = _zeros(CTL, host, pin, "int64")
+        self._team = 0  # the members requests run on (0: all), as last asked
         self.host = Mailbox(hidden, host, pin)
         # the flat tensor holds the registration (a view of it would not): kept beside the view
         self._out_flat = _zeros(MAX_TOKENS * hidden, host, pin, "float32")
@@ -179,9 +182,18 @@ class CpuLane:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def size_team(self, fraction: float) -> None:
+        """Runs requests from now on on `fraction` of the team's members, the loop's thread
+        among them (1: every one); the others nap, their cores left to the rest of the host."""
+        size = 0 if fraction >= 1 else max(1, round(fraction * len(self.cpus)))
+        if size != self._team:  # a write to pinned memory the loop reads: only on a change
+            self._team = size
+            self.ctl[TEAM] = size
+
     def stats(self) -> dict:
         """Counts, and per request: routes, the CPU's microseconds, the GPU's polls of `done`
-        (a poll is a read across PCIe, about a microsecond)."""
+        (a poll is a read across PCIe, about a microsecond); the team asked for, and the
+        members that ran a pass of the kernel on average (those that joined it in time)."""
         c, n = self.ctl.tolist(), max(int(self.count), 1)
         per = max(c[SERVED], 1)
         return {
@@ -189,6 +201,8 @@ class CpuLane:
             "failed": c[FAILED],
             "timeouts": c[TIMEOUTS],
             "threads": len(self.cpus),
+            "team": c[TEAM] or len(self.cpus),
+            "members_per_pass": c[JOINED] / c[PASSES] if c[PASSES] else None,
             "routes_per_request": c[ROUTES] / per,
             "cpu_us_per_request": c[BUSY_NS] / per / 1e3,
             "polls_per_request": int(self.polls) / n,

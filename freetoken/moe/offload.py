@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from freetoken import config
 from freetoken.kernels import cpu as cpu_kernel
 from freetoken.moe import hotset
 from freetoken.moe import lane as lanes
@@ -36,7 +37,7 @@ from freetoken.moe.learned import Learned
 from freetoken.moe.lookahead import Lookahead
 from freetoken.moe.paths import CpuPath, DeviceBooksPath, HostBooksPath, Shared
 from freetoken.moe.placement import PlacementState
-from freetoken.moe.policy import POLICIES, Mode, Policy
+from freetoken.moe.policy import POLICIES, Mode, Policy, measured_modes
 from freetoken.moe.prefill import LayerStreamer
 from freetoken.moe.staging import Staging
 from freetoken.moe.tuning import (
@@ -99,12 +100,11 @@ class OffloadExperts(ExpertBackend):
         self._device_lru = device_lru and (
             self.policy.device_books or (self.policy is Policy.CPU_MISSES and self.lane is not None)
         )
-        # adaptive's tuner starts from the share it learned here before, else the bandwidths'
-        pcie, cpu = self._costs()
-        prior = cpu / (cpu + pcie)
-        known = self._known()
-        prior = float(known.get("share", prior)) if known else prior
-        self.tuner = AdaptiveTuner(prior, None) if adaptive else None
+        # adaptive's tuner starts from what it learned here before, else the bandwidths'
+        # share; it measures parts of the lane's team where the lane has workers
+        teams = config.current().lane_teams if self.lane and len(self.lane.cpus) > 1 else (1.0,)
+        known, costs = self._known(), self._costs()
+        self.tuner = AdaptiveTuner.starting(known, costs, teams) if adaptive else None
         self.lru = self._new_lru()
         # prefill streams whole layers through two buffers, when the pool has room for them
         self._prefill_overlap = prefill_overlap
@@ -127,19 +127,6 @@ class OffloadExperts(ExpertBackend):
         """The share of misses a fixed policy's device-kept books fetch."""
         return 0.0 if self.policy is Policy.CPU_MISSES else 1.0
 
-    def _modes(self, lru: DeviceLRU | None) -> tuple[Mode, ...] | None:
-        """The placements adaptive measures (None where the cache holds every expert). With
-        the CPU lane, split does what the host-kept cache does without a host round trip a
-        layer, so the latter is not measured."""
-        E, L = self.banks.num_experts, len(self.banks.layers)
-        if self.cache is None or self.cache.capacity >= L * E:
-            return None
-        if lru is not None and self.lane is not None:
-            return (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
-        if lru is not None:
-            return (Mode.DEVICE, Mode.SPLIT, Mode.CACHE, Mode.LAYERS)
-        return (Mode.CACHE, Mode.LAYERS)
-
     def _known(self) -> dict | None:
         """What adaptive learned before for this cache size on this machine."""
         if self.learned is None or self.cache is None:
@@ -149,14 +136,16 @@ class OffloadExperts(ExpertBackend):
     def _choose_placements(self, lru: DeviceLRU | None) -> None:
         """Adaptive's chooser: it serves from the placement learned here before, else the
         one the bandwidths predict, and saves what it measures for the next load."""
-        modes, known = self._modes(lru), self._known()
+        E, L = self.banks.num_experts, len(self.banks.layers)
+        shape = (L, E, self.cache.capacity if self.cache is not None else 0)
+        books, lane = lru is not None, self.lane is not None
+        modes = measured_modes(*shape, books, lane) if self.cache is not None else None
+        known = self._known()
         if modes is None and lru is not None:
             # every expert cached: nothing to choose, and every route hits, so the books stay
             # on the device and a step is one graph (the host-kept books would cost a round
             # trip a layer for no miss)
             self.placement.mode = Mode.DEVICE
-        E, L = self.banks.num_experts, len(self.banks.layers)
-        shape = (L, E, self.cache.capacity if self.cache is not None else 0)
         self.tuner.choose(modes, known, shape, self._costs(), self._lookups, lru is not None)
         if self.learned is not None and self.cache is not None:
             capacity, store = self.cache.capacity, self.learned
@@ -313,6 +302,8 @@ class OffloadExperts(ExpertBackend):
             want = self.tuner.wanted(tokens, p.mode)
             if want != p.mode:
                 self._switch(want)
+            if self.lane is not None:
+                self.lane.size_team(self.tuner.team(p.mode))
         self._books(tokens)
 
     def _switch(self, want: Mode) -> None:

@@ -81,3 +81,19 @@ class Mode(enum.StrEnum):
         """Whether entering or leaving it moves whole layers' experts (at times hundreds of
         milliseconds, the cache emptied): no batch size serves it apart from the others."""
         return self is Mode.LAYERS
+
+
+def measured_modes(
+    layers: int, experts: int, capacity: int, device_books: bool, lane: bool
+) -> tuple[Mode, ...] | None:
+    """The placements adaptive measures for a cache of `capacity` experts, with the cache's
+    books kept on the device or not, and with the CPU lane or not (None where the cache
+    holds every expert). With the lane, split does what the host-kept cache does without a
+    host round trip a layer, so the latter is not measured."""
+    if capacity >= layers * experts:
+        return None
+    if device_books and lane:
+        return (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
+    if device_books:
+        return (Mode.DEVICE, Mode.SPLIT, Mode.CACHE, Mode.LAYERS)
+    return (Mode.CACHE, Mode.LAYERS)

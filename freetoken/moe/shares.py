@@ -27,6 +27,12 @@ A step's time counts for its share only where the step before it ran the same sh
 same size: a step launched before the last one's tokens are read is timed as the one before
 it ends, so a share tried for a single step would be credited with its neighbour's time. So
 a share tried is kept `HOLD` steps, and its first is not counted.
+
+Where the CPU lane has a team of workers, an arm is a share and the part of the team its
+requests run on (the setting FREETOKEN_LANE_TEAMS): the lane's workers spin on their cores,
+and the threads that wake during a step (the engine's, the server's, the CUDA driver's)
+wait for a core. A smaller team leaves them cores and reads host memory with fewer threads:
+which is faster is measured here, as the share is, by whole step times.
 """
 
 from __future__ import annotations
@@ -35,26 +41,40 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)
+ARMS = (0.0, 0.25, 0.5, 0.75, 1.0)  # shares of a layer's misses fetched over PCIe
 
 
-def _arms(value=None) -> list:
-    return [value] * len(ARMS)
+@dataclass(frozen=True)
+class Arm:
+    share: float  # of a layer's misses fetched over PCIe
+    team: float = 1.0  # of the lane's team its requests run on
+
+
+def arms_of(teams: tuple[float, ...]) -> tuple[Arm, ...]:
+    """Every share with every part of the team, but one arm where every miss is fetched:
+    the lane then computes nothing, and its team cannot matter."""
+    return tuple(Arm(s, t) for s in ARMS for t in teams if s < 1 or t == teams[0])
 
 
 @dataclass
 class _Books:
-    """One batch size's measurements."""
+    """One batch size's measurements, a list entry an arm."""
 
-    best: int  # the incumbent: the share served between trials
-    # each share's last paired differences from the incumbent (seconds a step slower)
-    diffs: list[list[float]] = field(default_factory=lambda: [[] for _ in ARMS])
-    trials: list[int] = field(default_factory=lambda: _arms(0))  # paired comparisons a share
-    last: list[int] = field(default_factory=lambda: _arms(-1))  # the trial each was last in
-    mean: list[float | None] = field(default_factory=_arms)  # a share's step time, as a figure
-    steps: list[int] = field(default_factory=lambda: _arms(0))
+    best: int  # the incumbent: the arm served between trials
+    # each arm's last paired differences from the incumbent (seconds a step slower)
+    diffs: list[list[float]]
+    trials: list[int]  # paired comparisons an arm
+    last: list[int]  # the trial each was last in
+    mean: list[float | None]  # an arm's step time, as a figure
+    steps: list[int]
     before: list[float] = field(default_factory=list)  # the incumbent's steps since a trial
     trial: list[float] = field(default_factory=list)  # the running trial's steps
+
+    @classmethod
+    def new(cls, best: int, arms: int) -> _Books:
+        return cls(
+            best, [[] for _ in range(arms)], [0] * arms, [-1] * arms, [None] * arms, [0] * arms
+        )
 
     def behind(self, arm: int) -> float | None:
         """Seconds a step `arm` is slower than the incumbent: the median of its last paired
@@ -92,7 +112,9 @@ class _Books:
 
 
 class ShareTuner:
-    """Which share of a layer's misses goes over PCIe, by paired step-time trials (above)."""
+    """Which share of a layer's misses goes over PCIe, and which part of the lane's team
+    computes the rest (`teams`, where the lane has workers to spare), by paired
+    step-time trials (above)."""
 
     ARMS = ARMS
     HOLD = 3  # steps a tried share is kept; its first is not counted
@@ -101,8 +123,20 @@ class ShareTuner:
     SWITCH_AFTER = 2  # a share must have been compared this often to become the incumbent
     WINDOW = 5  # paired differences kept a share
 
-    def __init__(self, prior: float, explore: float = 0.06, alpha: float = 0.2, seed: int = 0):
-        self.prior = min(range(len(ARMS)), key=lambda i: abs(ARMS[i] - prior))
+    def __init__(
+        self,
+        prior: float,
+        explore: float = 0.06,
+        alpha: float = 0.2,
+        seed: int = 0,
+        teams: tuple[float, ...] = (1.0,),
+        prior_team: float = 1.0,
+    ):
+        self.arms = arms_of(teams)
+        self.prior = min(
+            range(len(self.arms)),
+            key=lambda i: (abs(self.arms[i].share - prior), abs(self.arms[i].team - prior_team)),
+        )
         self.arm = self.prior
         self.batch = 1  # the batch size of the step the arm was chosen for
         self.explore, self.alpha = explore, alpha
@@ -113,19 +147,23 @@ class ShareTuner:
 
     @property
     def share(self) -> float:
-        return ARMS[self.arm]
+        return self.arms[self.arm].share
+
+    @property
+    def team(self) -> float:
+        return self.arms[self.arm].team
 
     @property
     def mean(self) -> list[float | None]:
-        """The current batch size's step time a share (None: not yet run)."""
+        """The current batch size's step time an arm (None: not yet run)."""
         books = self._books.get(self.batch)
-        return list(books.mean) if books else _arms()
+        return list(books.mean) if books else [None] * len(self.arms)
 
     @property
     def count(self) -> list[int]:
-        """The current batch size's counted steps a share."""
+        """The current batch size's counted steps an arm."""
         books = self._books.get(self.batch)
-        return list(books.steps) if books else _arms(0)
+        return list(books.steps) if books else [0] * len(self.arms)
 
     def observe(self, seconds: float, batch: int = 1) -> None:
         """The decode step just run with the current share, of `batch` sequences, took
@@ -166,20 +204,23 @@ class ShareTuner:
             old.before.clear()
         books = self._books.get(batch)
         if books is None:
-            books = self._books[batch] = _Books(best=self._start_arm(batch))
+            books = self._books[batch] = _Books.new(self._start_arm(batch), len(self.arms))
         books.before.clear()
         self.batch, self.arm, self._held = batch, books.best, 0
         return self.share
 
     def _try_now(self, books: _Books) -> bool:
-        if min(books.trials[i] for i in range(len(ARMS)) if i != books.best) < self.FIRST_TRIALS:
+        if (
+            min(books.trials[i] for i in range(len(self.arms)) if i != books.best)
+            < self.FIRST_TRIALS
+        ):
             return True
         return self._rng.random() < self.explore / self.HOLD  # `explore` of the steps
 
     def _challenger(self, books: _Books) -> int:
         """A share compared too few times yet, nearest the incumbent first; else the one
         compared longest ago, so every share's differences stay current."""
-        others = [i for i in range(len(ARMS)) if i != books.best]
+        others = [i for i in range(len(self.arms)) if i != books.best]
         fresh = [i for i in others if books.trials[i] < self.FIRST_TRIALS]
         if fresh:
             return min(fresh, key=lambda i: (books.trials[i], abs(i - books.best)))
@@ -198,15 +239,18 @@ class ShareTuner:
 
         return {
             "share": self.share,
-            "arms": list(ARMS),
+            "team": self.team,
+            "arms": [a.share for a in self.arms],
+            "teams": [a.team for a in self.arms],
             "step_ms": ms(self.mean),
             "steps": self.count,
             "by_batch": {
                 b: {
-                    "best": ARMS[k.best],
+                    "best": self.arms[k.best].share,
+                    "best_team": self.arms[k.best].team,
                     "step_ms": ms(k.mean),
                     "steps": list(k.steps),
-                    "behind_ms": ms([k.behind(i) for i in range(len(ARMS))]),
+                    "behind_ms": ms([k.behind(i) for i in range(len(self.arms))]),
                     "trials": list(k.trials),
                 }
                 for b, k in sorted(self._books.items())

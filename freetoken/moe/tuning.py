@@ -244,8 +244,16 @@ def allowed(modes: tuple[Mode, ...] | None, names: tuple[str, ...] | None):
 
 
 class AdaptiveTuner:
-    def __init__(self, prior_share: float, modes: tuple[Mode, ...] | None):
-        self.shares = ShareTuner(prior_share)
+    def __init__(
+        self,
+        prior_share: float,
+        modes: tuple[Mode, ...] | None,
+        teams: tuple[float, ...] = (1.0,),
+        prior_team: float = 1.0,
+    ):
+        """prior_share: the share of misses over PCIe served first; teams: the parts of the
+        CPU lane's team measured (the setting's, where it has workers to spare)."""
+        self.shares = ShareTuner(prior_share, teams=teams, prior_team=prior_team)
         # what gates a measurement: set before the chooser is made, where the books are on
         # the device
         self.window: MissWindow | None = None
@@ -323,9 +331,26 @@ class AdaptiveTuner:
             tried=TRIED,
         )
 
+    @classmethod
+    def starting(cls, known: dict | None, costs: tuple[float, float], teams: tuple[float, ...]):
+        """A tuner that serves first the share and the team learned here before (`known`),
+        else the bandwidths' share (one expert's seconds over PCIe and on the CPU) and the
+        whole team."""
+        pcie, cpu = costs
+        known = known or {}
+        share, team = known.get("share"), known.get("team")
+        share = float(share) if isinstance(share, int | float) else cpu / (cpu + pcie)
+        team = float(team) if isinstance(team, int | float) else 1.0
+        return cls(share, None, teams, team)
+
     @property
     def share(self) -> float:
         return self.shares.share
+
+    def team(self, mode: Mode) -> float:
+        """The part of the CPU lane's team a step in `mode` runs its requests on: the one
+        tuned with the share where the share is tuned, else all (whole CPU layers)."""
+        return self.shares.team if mode in (Mode.CACHE, Mode.SPLIT) else 1.0
 
     def step_started(self, tokens: int, mode: Mode) -> bool:
         """Times the step that just ended (call to call) in `mode` and feeds the tuners;
@@ -461,7 +486,8 @@ class AdaptiveTuner:
         step_ms = self.modes.stats()["step_ms"] if self.modes is not None else {}
         mode = self.modes.mode if self.modes is not None else None
         batch = self.modes.batch if self.modes is not None else 0
-        out = {"mode": mode, "share": self.shares.share, "step_ms": step_ms, "batch": batch}
+        out = {"mode": mode, "share": self.shares.share, "team": self.shares.team}
+        out |= {"step_ms": step_ms, "batch": batch}
         if self.modes is not None:
             out["sitting_out"] = self.modes.sitting_out
             out["by_batch"] = self.modes.by_batch

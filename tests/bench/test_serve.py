@@ -198,8 +198,19 @@ def test_the_share_tuners_arms_are_printed_by_batch_size(capsys):
     tuner = {"arms": [0.0, 0.25, 0.5], "share": 0.25, "by_batch": {"4": arms, "1": arms}}
     serve._print_measured({"policy": "adaptive", "placement": "split", "pcie_share": tuner})
     lines = capsys.readouterr().out.splitlines()[1:]
+    head = "by share (@ part of the lane's team) step ms (steps, behind ms)"
     assert lines == [
-        f"# share tuner, {b} streams: serving 0.25; by share step ms (steps, behind ms) "
+        f"# share tuner, {b} streams: serving 0.25; {head} "
         "0: 1.50 (2, +0.02), 0.25: 1.48 (400, +0.00), 0.5: - (0, -)"
         for b in (1, 4)
     ]
+    # arms of half the lane's team are told apart, the one served too
+    tuner |= {"arms": [0.0, 0.0, 0.25], "teams": [1.0, 0.5, 1.0]}
+    arms["best_team"] = 0.5
+    tuner["by_batch"] = {"1": arms | {"best": 0.0}}
+    serve._print_measured({"policy": "adaptive", "placement": "split", "pcie_share": tuner})
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == (
+        f"# share tuner, 1 streams: serving 0@0.5; {head} "
+        "0: 1.50 (2, +0.02), 0@0.5: 1.48 (400, +0.00), 0.25: - (0, -)"
+    )

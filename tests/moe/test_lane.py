@@ -204,6 +204,82 @@ def test_requests_back_to_back_and_after_naps_on_a_team_of_every_core(spin_ms, g
         lane.stop()
 
 
+def test_a_cut_team_runs_every_pass_on_its_members_while_the_others_nap():
+    """Cut to its loop's thread, the team runs each pass there alone, with the kernel's bits,
+    and the worker left out naps instead of spinning (its core is the host's); asked for in
+    full again, the worker spins between requests and joins them."""
+    import time
+
+    hb = banks()
+    lane = CpuLane(hb, torch.device("cpu"), threads=2, spin_ms=60_000)
+    if len(lane.cpus) < 2:
+        pytest.skip("one core: no worker to leave out")
+    lane.start()
+    g = torch.Generator().manual_seed(9)
+
+    def serve(n: int) -> None:
+        for step in range(n):
+            layer = step % L
+            x, w = torch.randn((1, H), generator=g), torch.rand((1, K), generator=g)
+            ids = torch.randperm(E, generator=g)[:K][None]
+            lane.post(layer, x, ids, w)
+            want = cpu_kernel.moe_experts(
+                x, hb.banks[layer], torch.zeros(K, dtype=torch.int64), ids[0], w[0], hb.spec
+            )
+            assert torch.equal(lane.collect(torch.zeros(1, H)), want), f"step {step}"
+
+    def worker_busy(seconds: float) -> float:
+        """The share of `seconds` the worker ran on its core."""
+        tid = _pinned_threads(lane.cpus[1])
+        before = _cpu_ticks(tid)
+        time.sleep(seconds)
+        return (_cpu_ticks(tid) - before) / os.sysconf("SC_CLK_TCK") / seconds
+
+    try:
+        lane.size_team(0.0)  # at least the loop's thread
+        serve(100)
+        stats = lane.stats()
+        assert stats["team"] == 1 and stats["members_per_pass"] == 1.0
+        napping = worker_busy(0.5)
+        lane.size_team(1.0)
+        joined, passes = (int(lane.ctl[i]) for i in (lanes.JOINED, lanes.PASSES))
+        for _ in range(40):  # it joins a pass it finds open: this one's are short
+            serve(25)
+            if int(lane.ctl[lanes.JOINED]) - joined > int(lane.ctl[lanes.PASSES]) - passes:
+                break
+        else:
+            raise AssertionError("the worker taken back joined no pass")
+        assert lane.stats()["team"] == len(lane.cpus)
+        spinning = worker_busy(0.5)  # within its spin window: on its core throughout
+        assert napping < 0.3 < spinning, (napping, spinning)
+    finally:
+        lane.stop()
+
+
+def _pinned_threads(cpu: int) -> int:
+    """This process's one thread pinned to `cpu` alone (a lane's worker)."""
+    found = [
+        int(Path(task).name)
+        for task in Path("/proc/self/task").glob("*")
+        if _affinity(int(Path(task).name)) == {cpu}
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _affinity(tid: int) -> set[int]:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:  # a thread that ended meanwhile
+        return set()
+
+
+def _cpu_ticks(tid: int) -> int:
+    """A thread's user and system time in clock ticks (its stat's fields 14 and 15)."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[14 - 3]) + int(fields[15 - 3])
+
+
 SCHED_IDLE = 5  # Linux's policy number
 
 
@@ -381,30 +457,43 @@ CASES = [
     "mode,device",
     [pytest.param(m, d, marks=[pytest.mark.gpu] if d == "cuda" else []) for m, d in CASES],
 )
-def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device):
+def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device, monkeypatch):
     """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
     (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
     no host work inside decode steps of one token or a batch (on a GPU: one captured graph
-    per step)."""
+    per step). In split the tuner also runs the lane's requests on half its team (a team
+    of two cores at least), in layers on all of it."""
+    from freetoken import config
     from freetoken.moe import chooser
     from tests import fixtures
     from tests.runtime.engine_util import generate
 
     hf = tiny_model[1]
+    if len(cpu_kernel.physical_cpus()) >= 2:
+        monkeypatch.setenv("FREETOKEN_CPU_THREADS", "2")
+        config.current.cache_clear()
     engine, backend = lane_engine(
         tiny_model, device, "adaptive", {"split": 9, "layers": 8, "none": 0}[mode]
     )
+    config.current.cache_clear()
     if mode != "none":
         backend.tuner.modes = chooser.ModeChooser(modes=(mode,))
     else:
         assert backend.cache is None
+    teams, size_team = [], backend.lane.size_team
+    backend.lane.size_team = lambda part: (teams.append(part), size_team(part))
     try:
         for p in ([(5 * i) % 500 + 3 for i in range(11)], [(7 * i) % 500 + 1 for i in range(40)]):
             (seq,) = generate(
                 engine, [p], 32
-            )  # in split the share tuner tries every share meanwhile
+            )  # in split the share tuner tries every share and team meanwhile
             assert seq.output_ids == fixtures.hf_greedy(hf, p, 32)
         assert backend.placement.mode == mode or backend.cache is None
+        if mode == "split" and len(backend.lane.cpus) >= 2:
+            assert set(teams) == {1.0, 0.5}
+        elif mode == "layers":
+            assert set(teams) == {1.0}
+        backend.lane.size_team = size_team
         # a decode batch's CPU routes go through the lane as one token's do
         assert all(backend.device_only(l, n) for l in engine.model.moe_layers for n in (1, 4, 8))
         assert not all(backend.device_only(l, 9) for l in engine.model.moe_layers)

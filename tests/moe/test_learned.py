@@ -48,6 +48,25 @@ def test_a_later_load_serves_each_batch_size_from_the_mode_kept_for_it(tmp_path)
     assert again.wanted(4, Mode.SPLIT) == Mode.DEVICE
 
 
+def test_a_later_load_starts_from_the_share_and_team_kept():
+    """The share and the part of the lane's team tuned last time serve first; where none
+    was kept (or kept damaged), the bandwidths' share and the whole team."""
+    from freetoken.moe import tuning
+
+    first = tuning.AdaptiveTuner(0.25, None, (1.0, 0.5), prior_team=0.5)
+    kept = first.learned()
+    assert (kept["share"], kept["team"]) == (0.25, 0.5)
+    costs = (1e-4, 3e-4)  # over PCIe three times as fast: ¾ of the misses fetched
+    again = tuning.AdaptiveTuner.starting(kept, costs, (1.0, 0.5))
+    assert (again.share, again.team(Mode.SPLIT)) == (0.25, 0.5)
+    assert again.team(Mode.LAYERS) == again.team(Mode.DEVICE) == 1.0  # the share not tuned
+    for known in (None, {"mode": "split"}, {"share": "half", "team": None}):
+        fresh = tuning.AdaptiveTuner.starting(known, costs, (1.0, 0.5))
+        assert (fresh.share, fresh.team(Mode.SPLIT)) == (0.75, 1.0)
+    alone = tuning.AdaptiveTuner.starting(kept, costs, (1.0,))  # a lane of one core
+    assert (alone.share, alone.team(Mode.SPLIT)) == (0.25, 1.0)
+
+
 def test_a_new_backend_starts_where_the_last_one_settled(tiny_model, tmp_path, monkeypatch):
     from freetoken.moe import tuning
     from freetoken.moe.chooser import ModeChooser

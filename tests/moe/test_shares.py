@@ -4,6 +4,8 @@ import random
 
 from freetoken.moe.shares import ShareTuner
 
+TEAMS = (1.0, 0.5)  # the whole lane's team, and half
+
 ARMS = ShareTuner.ARMS
 
 
@@ -123,3 +125,31 @@ def test_credits_each_share_with_its_own_steps_when_timed_a_step_late():
         tuner = ShareTuner(prior=0.25, seed=1)
         chosen = drive(tuner, lambda step, share, b: cost[share], 600, late=late)[1]
         assert chosen[-300:].count(0.25) >= 270
+
+
+def test_with_a_team_to_spare_it_settles_on_the_fastest_share_and_team():
+    """Where the lane's team may be cut, an arm is a share and a part of the team: every one
+    is compared, and the fastest serves (here half the team at a share of ½), every miss
+    fetched counting once whatever the team (the lane then computes nothing)."""
+    tuner = ShareTuner(prior=0.5, seed=6, teams=TEAMS)
+    assert len(tuner.arms) == 2 * len(ARMS) - 1 and tuner.team == 1.0
+    cost = {0.0: 3.0, 0.25: 2.2, 0.5: 1.6, 0.75: 1.7, 1.0: 1.9}
+
+    teams = []
+
+    def step_ms(step, share, b):  # the arm's team is the tuner's as the step runs
+        teams.append(tuner.team)
+        return cost[share] - (0.3 if tuner.team < 1 else 0.0)
+
+    chosen = drive(tuner, step_ms, 600, late=1, noise=0.03)[1]
+    assert chosen[-200:].count(0.5) >= 180 and teams[-200:].count(0.5) >= 180
+    books = tuner.stats()["by_batch"][1]
+    assert books["best"] == 0.5 and books["best_team"] == 0.5
+    assert min(books["trials"][i] for i in range(len(tuner.arms)) if books["behind_ms"][i]) >= 2
+
+
+def test_starts_from_the_prior_share_and_team():
+    tuner = ShareTuner(prior=0.3, teams=TEAMS, prior_team=0.5)
+    assert (tuner.next_arm(), tuner.team) == (0.25, 0.5)
+    every = ShareTuner(prior=1.0, teams=TEAMS, prior_team=0.5)  # one arm fetches every miss
+    assert (every.next_arm(), every.team) == (1.0, 1.0)

@@ -9,7 +9,8 @@
 // ctl (int64, pinned): [0] seq (GPU), [1] done (CPU), [2] routes computed (CPU), [3] stop
 // (host), [4] requests served (CPU), [5] requests that failed (CPU), [6] waits the GPU gave
 // up (GPU), [7] nanoseconds spent serving (CPU): with the GPU's polls they show which side
-// a layer waits for.
+// a layer waits for; [8] the members a request may run on, the loop's thread included (host;
+// 0: all), [9] members that ran the requests' passes, summed (CPU), [10] those passes (CPU).
 // The mailbox: pos (the layer's position in the bank lists, the routes a token k, the tokens
 // T), ids and wts (T·k routes, token-major), x [T rows of MAX_TOKENS]; the answer: out, T rows.
 // The loop's thread and its team of workers are pinned one to a physical core (moe/lane.py
@@ -99,11 +100,19 @@ void pin_to(int64_t cpu) {
 // its own loop returns (the tasks are all taken by then), waiting only for the workers that
 // joined: one napping, or off its core, holds up nothing it has not started. The loop's own
 // thread never gives way (a request waits for it to see it), the workers do where asked.
+//
+// The host may cut the team (ctl[8]): the workers left out nap instead of spinning, so their
+// cores serve the threads that wake during a step. Fewer workers may make the step faster:
+// through the server at 12 layers (H200, split, near-uniform routing) 8 CPU threads served one
+// stream at 675 tok/s where 15 served 451 (adaptive measures which serves faster, shares.py).
 class Team {
  public:
-  Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin, bool give_way)
-      : spin_(spin), give_way_(give_way) {
-    for (int64_t cpu : cpus) workers_.emplace_back([this, cpu] { work(cpu); });
+  Team(const std::vector<int64_t>& cpus, std::chrono::microseconds spin, bool give_way, int64_t* ctl)
+      : spin_(spin), give_way_(give_way), ctl_(ctl) {
+    for (size_t i = 0; i < cpus.size(); ++i) {
+      const int64_t cpu = cpus[i];
+      workers_.emplace_back([this, i, cpu] { work(static_cast<int64_t>(i), cpu); });
+    }
   }
   ~Team() {
     stop_.store(true, std::memory_order_relaxed);
@@ -125,6 +134,14 @@ class Team {
     const uint64_t closed = entry_.exchange(0, std::memory_order_acq_rel);
     const uint64_t joined = closed & ((uint64_t{1} << kJoinedBits) - 1);
     while (finished_.load(std::memory_order_acquire) < joined) _mm_pause();
+    ctl_[9] += static_cast<int64_t>(joined) + 1;
+    ctl_[10] += 1;
+  }
+
+  // Whether worker `i` (the team's member i + 1) is in the team the host asks for.
+  bool member(int64_t i) const {
+    const int64_t size = load_acquire(ctl_ + 8);
+    return size <= 0 || i + 1 < size;
   }
 
   // Joins run `run` if it is still open.
@@ -136,12 +153,17 @@ class Team {
     return false;
   }
 
-  void work(int64_t cpu) {
+  void work(int64_t i, int64_t cpu) {
     pin_to(cpu);
     if (give_way_) idle_policy();
     uint64_t seen = 0;
     auto busy = std::chrono::steady_clock::now();
     while (!stop_.load(std::memory_order_relaxed)) {
+      if (!member(i)) {  // left out: its core is the host's, but for a wake-up a millisecond
+        std::this_thread::sleep_for(kLongNap);
+        busy = std::chrono::steady_clock::now();  // taken back, it spins for requests at once
+        continue;
+      }
       const uint64_t run = entry_.load(std::memory_order_acquire) >> kJoinedBits;
       if (run == 0 || run == seen) {
         idle(busy, spin_);
@@ -157,6 +179,7 @@ class Team {
 
   const std::chrono::microseconds spin_;
   const bool give_way_;
+  int64_t* const ctl_;  // the lane's control block: the team's size, and its counts
   uint64_t runs_ = 0;  // the caller's count of runs
   std::atomic<uint64_t> entry_{0}, finished_{0};
   std::atomic<bool> stop_{false};
@@ -214,7 +237,7 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
                 std::vector<torch::Tensor> gu_biases, std::vector<torch::Tensor> dn_biases,
                 std::vector<int64_t> gu_fmts, std::vector<int64_t> dn_fmts, std::vector<int64_t> cpus, int64_t tier,
                 int64_t act, double alpha, double limit, bool int8, int64_t spin_us, bool give_way) {
-  TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 8, "lane: bad control block");
+  TORCH_CHECK(ctl.dtype() == torch::kInt64 && ctl.numel() >= 11, "lane: bad control block");
   TORCH_CHECK(ids.dtype() == torch::kInt64 && wts.dtype() == torch::kFloat32, "lane: bad routes");
   TORCH_CHECK(pos.dtype() == torch::kInt64 && pos.numel() >= 4, "lane: bad request head");
   TORCH_CHECK(x.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32 && x.dim() == 2 &&
@@ -231,7 +254,8 @@ void lane_serve(torch::Tensor ctl, torch::Tensor pos, torch::Tensor ids, torch::
   std::unique_ptr<Team> team;
   if (!cpus.empty()) {
     pin_to(cpus[0]);
-    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()), spin, give_way);
+    team = std::make_unique<Team>(std::vector<int64_t>(cpus.begin() + 1, cpus.end()), spin, give_way,
+                                  ctl.data_ptr<int64_t>());
   }
   const TeamScope scope(team.get());
   int64_t* c = ctl.data_ptr<int64_t>();
