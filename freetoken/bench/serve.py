@@ -66,6 +66,7 @@ COLUMNS = [
     ("guessed_per_token", "guess/tok"),
     ("placement", "placement"),
     ("lane_ms", "lane ms"),
+    ("lane_team", "lane team"),
     ("lane_gbps", "lane GB/s"),
     ("host_ms", "host ms"),
     ("ahead", "ahead"),

@@ -58,19 +58,24 @@ def lane_window(
     before: dict, after: dict, steps: int, expert_bytes: int | None = None
 ) -> dict[str, Any]:
     """The CPU lane's requests a step and its milliseconds a request over the window (the
-    runner reports totals: served, and the mean time of all it served), and with
-    `expert_bytes` the rate it read experts at, each route a whole expert: near host DRAM's
-    read rate the lane is bound by memory, not by its hand-offs (with a miss split by its
-    rows the lane reads less than that, so the figure is an upper bound)."""
+    runner reports totals: served, and the mean time of all it served), the members that ran
+    a pass of its kernel on average (adaptive may cut its team), and with `expert_bytes` the
+    rate it read experts at, each route a whole expert: near host DRAM's read rate the lane
+    is bound by memory, not by its hand-offs (with a miss split by its rows the lane reads
+    less than that, so the figure is an upper bound)."""
     served = (after.get("served") or 0) - (before.get("served") or 0)
     if served <= 0:
         return {}
 
-    def total(side: dict, per_request: str) -> float:
-        return (side.get("served") or 0) * (side.get(per_request) or 0.0)
+    def total(side: dict, per_unit: str, units: str = "served") -> float:
+        return (side.get(units) or 0) * (side.get(per_unit) or 0.0)
 
     busy_us = total(after, "cpu_us_per_request") - total(before, "cpu_us_per_request")
     out = {"lane_per_step": served / steps, "lane_ms": busy_us / served / 1e3}
+    passes = (after.get("passes") or 0) - (before.get("passes") or 0)
+    if passes > 0:
+        members = ("members_per_pass", "passes")
+        out["lane_team"] = (total(after, *members) - total(before, *members)) / passes
     routes = total(after, "routes_per_request") - total(before, "routes_per_request")
     if expert_bytes and busy_us > 0:
         out["lane_gbps"] = routes * expert_bytes / (busy_us * 1e3)

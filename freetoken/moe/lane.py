@@ -202,6 +202,7 @@ class CpuLane:
             "timeouts": c[TIMEOUTS],
             "threads": len(self.cpus),
             "team": c[TEAM] or len(self.cpus),
+            "passes": c[PASSES],
             "members_per_pass": c[JOINED] / c[PASSES] if c[PASSES] else None,
             "routes_per_request": c[ROUTES] / per,
             "cpu_us_per_request": c[BUSY_NS] / per / 1e3,

@@ -55,6 +55,13 @@ def test_the_lanes_window_is_its_requests_and_their_time_between_snapshots():
     assert serve_window.lane_window({}, {}, 40) == {}  # no lane, or nothing sent to it
 
 
+def test_the_lanes_team_is_its_members_a_pass_over_the_window():
+    before = {"served": 10, "cpu_us_per_request": 100.0, "passes": 20, "members_per_pass": 8.0}
+    after = {"served": 30, "cpu_us_per_request": 300.0, "passes": 60, "members_per_pass": 5.0}
+    # 60 · 5 − 20 · 8 = 140 members over the window's 40 passes: a team cut to about half
+    assert serve_window.lane_window(before, after, 40)["lane_team"] == pytest.approx(3.5)
+
+
 def test_the_lanes_read_rate_is_its_routes_whole_experts_over_its_time():
     before = {"served": 10, "cpu_us_per_request": 100.0, "routes_per_request": 2.0}
     after = {"served": 30, "cpu_us_per_request": 300.0, "routes_per_request": 4.0}
