@@ -102,7 +102,8 @@ class OffloadExperts(ExpertBackend):
         )
         # adaptive's tuner starts from what it learned here before, else the bandwidths'
         # share; it measures parts of the lane's team where the lane has workers
-        teams = config.current().lane_teams if self.lane and len(self.lane.cpus) > 1 else (1.0,)
+        spare = self.lane is not None and len(self.lane.cpus) > 1
+        teams = config.current().lane_teams if spare else (1.0,)
         known, costs = self._known(), self._costs()
         self.tuner = AdaptiveTuner.starting(known, costs, teams) if adaptive else None
         self.lru = self._new_lru()
