@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from freetoken import config
 from freetoken.moe.chooser import ModeChooser
+from freetoken.moe.locality import LocalityCheck, miss_costs, predict
 from freetoken.moe.policy import Mode
 from freetoken.moe.shares import ShareTuner
 
@@ -28,27 +29,6 @@ PREFILL_TOKENS = 32  # above this a step goes back to the cache whatever the pla
 EXPLORE_AFTER = 512
 DUTY = 0.1
 PERIOD = 4096  # decode steps between two measurements
-# Where the books live on the device, a load with nothing learned starts in device (every
-# miss fetched and kept), so the first decode steps show how much locality the routing has.
-# After LOCALITY_STEPS of them the misses are compared with what uniform routing gives at
-# this cache size: at NEAR_UNIFORM of that or more the cache has nothing to keep and the
-# bandwidths' prediction serves; below it device stays. Through the server on the H200 the
-# prediction (split) left 4-6x device's misses uncached and ran at 0.64-0.73 of its speed.
-# Yet a small cache keeps little even where the routing has locality: at 8 GiB of the
-# 48-layer shape (BF16, trace routing) device missed 0.44 of the routes, uniform's 0.92, and
-# ran at 0.42 of the bound, 0.98 of lru-pcie's speed. So the prediction also serves where
-# it would win with uniform's misses against device's own: uniform · its cost a miss <
-# device's misses · B_P's cost a miss (at 8 GiB: split's cost a miss is 0.33 of device's).
-LOCALITY_STEPS = 32
-NEAR_UNIFORM = 0.8
-# Yet 32 steps in device are dear where the cache is small: at 8 GiB of the 48-layer shape
-# (Q4_K_M, near-uniform routing, through the server on an H100) device took 86 ms a step and
-# split 34, so the check cost the first answer 1.7 s. After EARLY_STEPS the prediction
-# serves at once where the misses already come to EARLY_MARGIN times the rate device must
-# stay under: the cache, warming, would have to cut them by a third in the steps left. The
-# verdict is kept with what adaptive learned, so a later load starts from it.
-EARLY_STEPS = 8
-EARLY_MARGIN = 1.5
 # A placement move (whole layers' experts, at times hundreds of milliseconds) and the step
 # after it, which recaptures the decode graphs, count toward the visit they serve; an
 # interval longer than this may span idle time as well and counts as this long.
@@ -85,50 +65,6 @@ SPLIT_GAIN = 0.1
 # rests at 12 layers, 75 % cached (H100), took 10 s from device, a whole four-stream window
 # served in the slower mode; from split, 11 moves inside the hot four-stream windows.
 TRIED = ((str(Mode.DEVICE), str(Mode.SPLIT)), (str(Mode.SPLIT), str(Mode.DEVICE)))
-
-
-def predict(
-    modes: tuple[Mode, ...], layers: int, experts: int, capacity: int, pcie_s: float, cpu_s: float
-) -> Mode:
-    """The placement the bandwidths predict fastest for decode, with routing taken as
-    uniform (a cache holding a fraction f of the experts hits f of the routes). Per route:
-      device  (1 − f)·S/B_P          split   (1 − f)·S/(B_P + B_H)
-      layers  (1 − f)·S/B_H (the CPU layers' routes: a fraction 1 − f of the layers)
-      cache   split's, and a host round trip a layer on top, so never first."""
-    f = min(1.0, capacity / max(layers * experts, 1))
-    cost = miss_costs(pcie_s, cpu_s)
-    return min(modes, key=lambda m: ((1 - f) * cost[m], modes.index(m)))
-
-
-def miss_costs(pcie_s: float, cpu_s: float) -> dict[Mode, float]:
-    """Each placement's seconds a miss, from one expert's over PCIe and on the CPU (predict)."""
-    both = pcie_s * cpu_s / (pcie_s + cpu_s)
-    return {Mode.DEVICE: pcie_s, Mode.SPLIT: both, Mode.LAYERS: cpu_s, Mode.CACHE: both * 1.5}
-
-
-@dataclass
-class LocalityCheck:
-    """The first decode steps of a load, served in device, judged against uniform routing."""
-
-    predicted: Mode  # what the bandwidths predict for uniform routing
-    uniform_miss_rate: float  # misses a route at uniform routing: 1 - capacity / (L * E)
-    cost_ratio: float = 1.0  # the prediction's cost a miss over device's (miss_costs)
-    start: tuple[int, int] | None = None  # (hits, misses) at the first decode step
-    steps: int = 0  # decode steps since
-
-    def bar(self) -> float:
-        """The misses a route device must stay under to keep serving."""
-        return min(NEAR_UNIFORM, self.cost_ratio) * self.uniform_miss_rate
-
-    def verdict(self, hits: int, misses: int) -> Mode:
-        """The placement to serve from: the prediction where the misses came near uniform,
-        or where it would win even with uniform's misses."""
-        near = misses / max(hits + misses, 1) >= self.bar()
-        return self.predicted if near else Mode.DEVICE
-
-    def early(self, hits: int, misses: int) -> bool:
-        """Whether the misses so far are far enough over the bar to judge now."""
-        return misses / max(hits + misses, 1) >= EARLY_MARGIN * self.bar()
 
 
 @dataclass
@@ -355,7 +291,8 @@ class AdaptiveTuner:
     def step_started(self, tokens: int, mode: Mode) -> bool:
         """Times the step that just ended (call to call) in `mode` and feeds the tuners;
         steps of a prefill, or spanning idle time, are not counted. True when the share of
-        misses over PCIe may have changed."""
+        misses over PCIe changed (the device's copy is written only then: a kernel launch
+        a step otherwise)."""
         now = time.perf_counter()
         last, self._tick = self._tick, (now if tokens <= DECODE_TOKENS else None)
         batch, self._batch = self._batch, tokens  # the step that ended: the last one started
@@ -388,9 +325,9 @@ class AdaptiveTuner:
                 if self.on_measured is not None:
                     self.on_measured(self.learned())
         if mode in (Mode.CACHE, Mode.SPLIT):
+            share = self.shares.share
             self.shares.observe(dt, batch)
-            self.shares.next_arm(tokens)
-            return True
+            return self.shares.next_arm(tokens) != share
         return False
 
     def wanted(self, tokens: int, current: Mode) -> Mode:
@@ -438,19 +375,10 @@ class AdaptiveTuner:
         """Counts a decode step of the locality check; `lookups()` gives the cache's (hits,
         misses) totals (a device read: called at the first step and the last only)."""
         check = self.locality
-        if check is None or self.modes is None:
-            return
-        if check.start is None:
-            check.start = lookups()
-            return
-        check.steps += 1
-        if check.steps not in (EARLY_STEPS, LOCALITY_STEPS):  # the cache's books: a device read
-            return
-        hits, misses = (now - then for now, then in zip(lookups(), check.start))
-        if check.steps < LOCALITY_STEPS and not check.early(hits, misses):
+        if check is None or self.modes is None or (judged := check.step(lookups)) is None:
             return
         self.locality = None
-        mode = check.verdict(hits, misses)
+        mode, hits, misses = judged
         log.info(
             "adaptive: %d misses of %d routes in %d steps: %s",
             misses,

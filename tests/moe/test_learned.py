@@ -99,10 +99,10 @@ def test_the_locality_verdict_is_kept_and_measured_as_soon(tiny_model, tmp_path,
     """A load that judged the routing's locality keeps the verdict: the next load of the same
     experts starts in that placement with no check, and measures as early as the first did
     (nothing measured stands behind the verdict)."""
-    from freetoken.moe import tuning
+    from freetoken.moe import locality, tuning
 
-    monkeypatch.setattr(tuning, "LOCALITY_STEPS", 4)
-    monkeypatch.setattr(tuning, "NEAR_UNIFORM", 0.0)  # any misses: the prediction serves
+    monkeypatch.setattr(locality, "LOCALITY_STEPS", 4)
+    monkeypatch.setattr(locality, "NEAR_UNIFORM", 0.0)  # any misses: the prediction serves
     path, _ = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend

@@ -181,10 +181,10 @@ def test_adaptive_starts_in_device_and_judges_the_routings_locality(
     """With nothing learned, the first answer starts in device (every miss kept); after a few
     decode steps it moves to the bandwidths' prediction only where the misses came near what
     uniform routing gives, and the tokens stay those of transformers throughout."""
-    from freetoken.moe import tuning
+    from freetoken.moe import locality
 
-    monkeypatch.setattr(tuning, "LOCALITY_STEPS", 4)
-    monkeypatch.setattr(tuning, "NEAR_UNIFORM", near_uniform)
+    monkeypatch.setattr(locality, "LOCALITY_STEPS", 4)
+    monkeypatch.setattr(locality, "NEAR_UNIFORM", near_uniform)
     path, hf = tiny_model
     engine = make_engine(path, policy="adaptive", slots=9, device_cache="on")
     backend = engine.model.model.layers[0].mlp.experts.backend
@@ -226,16 +226,13 @@ def test_adaptive_measures_only_where_its_misses_leave_something_to_gain(
 ):
     """The chooser asks the decode steps' misses whether a measurement could gain: with no
     gain enough, it serves on in device and visits nothing; the tokens stay exact."""
-    from freetoken.moe import tuning
+    from freetoken.moe import locality, tuning
 
     never = 10**6  # the locality check still pending: device serves
-    for name, value in (
-        ("LOCALITY_STEPS", never),
-        ("EARLY_STEPS", never),
-        ("EXPLORE_AFTER", 4),
-        ("DUTY", 1.0),
-    ):
-        monkeypatch.setattr(tuning, name, value)
+    monkeypatch.setattr(locality, "LOCALITY_STEPS", never)
+    monkeypatch.setattr(locality, "EARLY_STEPS", never)
+    monkeypatch.setattr(tuning, "EXPLORE_AFTER", 4)
+    monkeypatch.setattr(tuning, "DUTY", 1.0)
     monkeypatch.setattr(tuning, "WINDOW_STEPS", 4)
     # a tiny model's four-step windows miss 0 to a dozen times: any window after the first
     # counts here (the settling rule has tests of its own)

@@ -143,55 +143,17 @@ def test_a_long_step_in_a_visit_is_charged_to_it_and_one_between_visits_is_not(m
     assert charged == pytest.approx([0.4, tuning.MOVE_CHARGE_CAP])
 
 
-def test_prediction_prefers_both_paths_then_pcie():
-    from freetoken.moe.policy import Mode
-    from freetoken.moe.tuning import predict
-
-    modes = (Mode.DEVICE, Mode.SPLIT, Mode.LAYERS)
-    assert predict(modes, 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.SPLIT
-    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.18e-3, 0.11e-3) is Mode.LAYERS
-    assert predict((Mode.DEVICE, Mode.LAYERS), 48, 128, 2304, 0.05e-3, 0.5e-3) is Mode.DEVICE
-
-
-def test_locality_keeps_device_unless_misses_come_near_uniform():
-    from freetoken.moe.tuning import NEAR_UNIFORM, LocalityCheck
-
-    check = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25)  # a cache of 75 % of experts
-    assert check.verdict(hits=990, misses=10) is Mode.DEVICE  # a hot cache: keep what it holds
-    near = int(1000 * 0.25 * NEAR_UNIFORM) + 1
-    assert check.verdict(hits=1000 - near, misses=near) is Mode.SPLIT
-    assert check.verdict(hits=0, misses=0) is Mode.DEVICE  # nothing seen: nothing to move for
-
-
-def test_locality_takes_the_prediction_where_it_wins_even_at_uniforms_misses():
-    """A small cache under routing with locality: device missed 0.44 of the routes where
-    uniform routing misses 0.92 (8 GiB of the 48-layer shape), far from uniform, yet split,
-    at a third of device's cost a miss, wins even if it missed as often as uniform."""
-    from freetoken.moe.tuning import LocalityCheck, miss_costs
-
-    cost = miss_costs(9.44e6 / 51.3e9, 9.44e6 / 106.6e9)  # one BF16 expert over B_P and B_H
-    ratio = cost[Mode.SPLIT] / cost[Mode.DEVICE]
-    assert ratio == pytest.approx(51.3 / (51.3 + 106.6))
-    small = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=ratio)
-    assert small.verdict(hits=56, misses=44) is Mode.SPLIT
-    assert small.verdict(hits=80, misses=20) is Mode.DEVICE  # 0.20 · device's < 0.92 · split's
-    alike = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.92, cost_ratio=0.95)
-    assert alike.verdict(hits=56, misses=44) is Mode.DEVICE  # split barely cheaper: keep the cache
-    hot = LocalityCheck(Mode.SPLIT, uniform_miss_rate=0.25, cost_ratio=ratio)
-    assert hot.verdict(hits=984, misses=16) is Mode.DEVICE  # the 12-layer checkpoint at 75 %
-
-
 def test_locality_judges_early_where_the_misses_are_far_over_the_bar():
     """A small cache's device steps are dear: after EARLY_STEPS, misses at EARLY_MARGIN of
     the bar or more take the prediction at once; fewer wait for the whole check."""
-    from freetoken.moe import tuning
+    from freetoken.moe import locality, tuning
 
     def tuner_after(steps, rate):
         tuner = tuning.AdaptiveTuner(0.5, None)
         tuner.modes = tuning.ModeChooser(
             modes=("device", "split"), start="device", explore_after=512
         )
-        tuner.locality = check = tuning.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
+        tuner.locality = check = locality.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
         totals = [0, 0]
         tuner.judge_locality(lambda: tuple(totals))  # the first decode step opens the check
         for _ in range(steps):
@@ -200,31 +162,31 @@ def test_locality_judges_early_where_the_misses_are_far_over_the_bar():
             tuner.judge_locality(lambda: tuple(totals))
         return tuner, check
 
-    far = tuning.EARLY_MARGIN * 0.33 * 0.85 + 0.02  # 8 GiB of the 48-layer shape: ~0.57
-    tuner, _ = tuner_after(tuning.EARLY_STEPS, far)
+    far = locality.EARLY_MARGIN * 0.33 * 0.85 + 0.02  # 8 GiB of the 48-layer shape: ~0.57
+    tuner, _ = tuner_after(locality.EARLY_STEPS, far)
     assert tuner.locality is None and tuner.modes.mode == "split"
-    tuner, check = tuner_after(tuning.EARLY_STEPS, check_rate := 0.3)  # over the bar, not far
+    tuner, check = tuner_after(locality.EARLY_STEPS, check_rate := 0.3)  # over the bar, not far
     assert tuner.locality is check and tuner.modes.mode == "device"
-    tuner, _ = tuner_after(tuning.LOCALITY_STEPS, check_rate)
+    tuner, _ = tuner_after(locality.LOCALITY_STEPS, check_rate)
     assert tuner.locality is None and tuner.modes.mode == "split"
-    tuner, _ = tuner_after(tuning.LOCALITY_STEPS, 0.1)  # locality: device keeps serving
+    tuner, _ = tuner_after(locality.LOCALITY_STEPS, 0.1)  # locality: device keeps serving
     assert tuner.locality is None and tuner.modes.mode == "device"
 
 
 def test_a_locality_verdict_during_a_measurement_changes_nothing():
     """A measurement under way decides: the verdict is not adopted, device sits nothing out,
     and nothing is kept for the next load (the mode in use is a visit's)."""
-    from freetoken.moe import tuning
+    from freetoken.moe import locality, tuning
 
     tuner = tuning.AdaptiveTuner(0.5, None)
     tuner.modes = tuning.ModeChooser(modes=("device", "split", "layers"), start="device")
     visiting = tuner.modes.mode
-    tuner.locality = tuning.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
+    tuner.locality = locality.LocalityCheck(Mode.SPLIT, 0.85, cost_ratio=0.33)
     saved = []
     tuner.on_measured = saved.append
     totals = [0, 0]
     tuner.judge_locality(lambda: tuple(totals))
-    for _ in range(tuning.LOCALITY_STEPS):
+    for _ in range(locality.LOCALITY_STEPS):
         totals[0], totals[1] = totals[0] + 40, totals[1] + 344
         tuner.judge_locality(lambda: tuple(totals))
     assert tuner.locality is None  # judged
