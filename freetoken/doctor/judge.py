@@ -18,8 +18,8 @@ from typing import Any
 from freetoken.doctor.fit import HOST_SHARE, VRAM_SHARE, Needs, gib, needs
 from freetoken.doctor.machine import Machine
 from freetoken.doctor.model import ModelFacts
+from freetoken.moe.locality import LOCALITY_STEPS, predict
 from freetoken.moe.policy import Mode, Policy
-from freetoken.moe.tuning import LOCALITY_STEPS, predict
 
 __all__ = ["AGENT_CONTEXT", "Verdict", "judge"]
 
