@@ -41,17 +41,19 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
         "the CPU lane's workers run under SCHED_IDLE: a thread that wakes (the engine, the "
         "server, its client) takes a worker's core at once instead of queueing for a free one",
     ),
-    # Through the server at 12 layers (H200, split, near-uniform routing) 8 CPU threads (the
-    # lane's and the engine's pool, one setting) served one stream at 675 tok/s and four at
-    # 1,588 where 15 served 451 and 1,294; with every expert on the CPU 15 were the fastest.
-    # So which part of the team serves faster is measured where it serves, not set.
+    # Through the server at 12 layers, 75 % cached, near-uniform routing, split (H100): half
+    # the team served one stream at 660 tok/s and four at 1,491 (0.87 and 0.98 of the bound),
+    # the whole team 593 and 1,390, and the tuner measuring both 614 and 1,250 (its trials of
+    # the whole team cost more than they found). With every expert on the CPU (no tuner:
+    # cpu-misses) and in whole CPU layers the team stays whole: there 15 threads were the
+    # fastest. docs/benchmarks.md has the runs.
     Setting(
         "lane_teams",
         "FREETOKEN_LANE_TEAMS",
         _team_parts,
-        "1,0.5",
-        "the parts of the CPU lane's team adaptive measures its requests on, with the share of "
-        "misses it sends the lane (moe/shares.py): one part alone is that part always",
+        "0.5",
+        "the parts of the CPU lane's team adaptive runs the lane's share of misses on, measured "
+        "with the share (moe/shares.py) where more than one: one part alone is that part always",
     ),
     Setting(
         "adaptive_modes",

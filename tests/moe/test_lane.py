@@ -457,17 +457,18 @@ def test_adaptive_through_the_lane_matches_transformers(tiny_model, mode, device
     """Adaptive held in `split` (a share of each layer's misses on the CPU) or `layers`
     (whole CPU layers), the CPU's routes served by the lane: transformers' greedy tokens,
     no host work inside decode steps of one token or a batch (on a GPU: one captured graph
-    per step). In split the tuner also runs the lane's requests on half its team (a team
-    of two cores at least), in layers on all of it."""
+    per step). In split the tuner, asked to, runs the lane's requests on all and on half its
+    team in turn (a team of two cores at least), in layers on all of it."""
     from freetoken import config
     from freetoken.moe import chooser
     from tests import fixtures
     from tests.runtime.engine_util import generate
 
     hf = tiny_model[1]
+    monkeypatch.setenv("FREETOKEN_LANE_TEAMS", "1,0.5")
     if len(cpu_kernel.physical_cpus()) >= 2:
         monkeypatch.setenv("FREETOKEN_CPU_THREADS", "2")
-        config.current.cache_clear()
+    config.current.cache_clear()
     engine, backend = lane_engine(
         tiny_model, device, "adaptive", {"split": 9, "layers": 8, "none": 0}[mode]
     )

@@ -29,6 +29,9 @@ def test_adaptive_measures_when_steps_are_launched_ahead(tiny_model, monkeypatch
     # second decides: windows of 24 steps leave the chooser most of the steps to measure
     monkeypatch.setattr(tuning, "SETTLED", float("inf"))
     monkeypatch.setattr(tuning, "WINDOW_STEPS", 24)
+    # the gate is asked every GATE_RETRY steps, and a verdict takes four asks (open, judge
+    # the first window, open, judge): at 64 steps apart, more steps than this test serves
+    monkeypatch.setattr(ModeChooser, "GATE_RETRY", 8)
     path, _ = tiny_model
     engine = make_engine(
         path,
