@@ -31,8 +31,10 @@ a share tried is kept `HOLD` steps, and its first is not counted.
 Where the CPU lane has a team of workers, an arm is a share and the part of the team its
 requests run on (the setting FREETOKEN_LANE_TEAMS): the lane's workers spin on their cores,
 and the threads that wake during a step (the engine's, the server's, the CUDA driver's)
-wait for a core. A smaller team leaves them cores and reads host memory with fewer threads:
-which is faster is measured here, as the share is, by whole step times.
+wait for a core. A smaller team leaves them cores and reads host memory with fewer threads.
+Where the setting lists several parts, which is faster is measured here as the share is;
+by default one part (half) serves, as through the server the trials of both cost more than
+they found (config_experts.py has the figures).
 """
 
 from __future__ import annotations
