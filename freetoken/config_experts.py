@@ -41,17 +41,20 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
         "the CPU lane's workers run under SCHED_IDLE: a thread that wakes (the engine, the "
         "server, its client) takes a worker's core at once instead of queueing for a free one",
     ),
-    # Through the server at 12 layers, 75 % cached, near-uniform routing, split (H100): half
-    # the team served one stream at 660 tok/s and four at 1,491 (0.87 and 0.98 of the bound),
-    # the whole team 593 and 1,390, and the tuner measuring both 614 and 1,250 (its trials of
-    # the whole team cost more than they found). With every expert on the CPU (no tuner:
-    # cpu-misses) and in whole CPU layers the team stays whole: there 15 threads were the
-    # fastest. docs/benchmarks.md has the runs.
+    # Which part of the team serves faster follows the lane's load, and the runs disagree.
+    # At 12 layers, 75 % cached (few misses a step for the lane), split through the server:
+    # half the team served 0.87 / 0.98 of the bound at one / four streams in one H100 run and
+    # 0.84 / 0.79 in the next session's, where adaptive on the whole team served 0.84-0.92.
+    # At 8 GiB of the 48-layer Q4_K_M shape (some 220 misses a token, most on the lane) split
+    # on half the team served hot routing at 0.69 / 0.57 and on the whole at 0.93 / 0.87,
+    # 42-56 % more tokens.
+    # The tuner measuring both parts cost more in trials than it found. So the whole team.
+    # docs/benchmarks.md has the runs.
     Setting(
         "lane_teams",
         "FREETOKEN_LANE_TEAMS",
         _team_parts,
-        "0.5",
+        "1",
         "the parts of the CPU lane's team adaptive runs the lane's share of misses on, measured "
         "with the share (moe/shares.py) where more than one: one part alone is that part always",
     ),

@@ -38,7 +38,7 @@ def test_adaptive_modes_are_all_or_a_list_of_placements():
 
 
 def test_lane_teams_are_distinct_parts_of_the_team():
-    assert config.load({}).lane_teams == (0.5,)  # half the team, as measured fastest
+    assert config.load({}).lane_teams == (1.0,)  # the whole team, as measured fastest
     assert config.load({"FREETOKEN_LANE_TEAMS": "1,0.5"}).lane_teams == (1.0, 0.5)
     assert config.load({"FREETOKEN_LANE_TEAMS": "0.5"}).lane_teams == (0.5,)
     assert config.load({"FREETOKEN_LANE_TEAMS": "1, 0.25,"}).lane_teams == (1.0, 0.25)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from freetoken import config
 from freetoken.ftw import hostmem
 from freetoken.models.base import ExpertSpec, uniform_spec
 from freetoken.moe import probe, profile
@@ -204,7 +205,16 @@ def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learn
     if not placement.cache_dir:
         return None
     shape = f"{len(host.layers)}x{host.num_experts}x{host.expert_bytes}-r{ranks_on_host}"
-    return Learned(placement.cache_dir, shape)
+    return Learned(placement.cache_dir, f"{shape}-{_lane_key()}")
+
+
+def _lane_key() -> str:
+    """The settings that set the CPU lane's speed: a placement measured with another team
+    is not this one's (through the server at 8 GiB, split on half the team lost to whole CPU
+    layers and on the whole team beat them by a third, docs/benchmarks.md)."""
+    cfg = config.current()
+    teams = "_".join(f"{t:g}" for t in cfg.lane_teams)
+    return f"c{cfg.cpu_threads}-t{teams}-g{int(cfg.lane_give_way)}"
 
 
 def _bandwidths(placement: Placement, fmt: str) -> tuple[float, float, bool]:

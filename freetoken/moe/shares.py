@@ -33,8 +33,8 @@ requests run on (the setting FREETOKEN_LANE_TEAMS): the lane's workers spin on t
 and the threads that wake during a step (the engine's, the server's, the CUDA driver's)
 wait for a core. A smaller team leaves them cores and reads host memory with fewer threads.
 Where the setting lists several parts, which is faster is measured here as the share is;
-by default one part (half) serves, as through the server the trials of both cost more than
-they found (config_experts.py has the figures).
+by default one part (the whole team) serves, as through the server the trials of both cost
+more than they found (config_experts.py has the figures).
 """
 
 from __future__ import annotations

@@ -33,6 +33,34 @@ def test_saved_per_cache_size(tmp_path):
         assert store.load(100)["by_batch"] == {}
 
 
+def test_kept_apart_for_each_setting_of_the_lane(tmp_path, monkeypatch):
+    """A placement measured with another part of the lane's team, another thread count or
+    the workers giving way is not this load's: each keeps its own."""
+    from types import SimpleNamespace
+
+    from freetoken import config
+    from freetoken.moe import setup
+
+    placement = setup.Placement("adaptive", 0, cache_dir=tmp_path)
+    host = SimpleNamespace(layers=range(48), num_experts=128, expert_bytes=9437184)
+    saved = {"mode": "layers", "share": 0.5, "step_ms": {"layers": 13.3}, "batch": 1}
+
+    def store(**env):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        config.current.cache_clear()
+        return setup._learned(placement, host, 1)
+
+    store(FREETOKEN_LANE_TEAMS="0.5").save(100, saved)
+    assert store().load(100)["mode"] == "layers"  # the same settings read it back
+    assert store(FREETOKEN_LANE_TEAMS="1").load(100) is None
+    assert store(FREETOKEN_LANE_TEAMS="0.5", FREETOKEN_CPU_THREADS="8").load(100) is None
+    assert store(FREETOKEN_CPU_THREADS="0", FREETOKEN_LANE_GIVE_WAY="1").load(100) is None
+    monkeypatch.delenv("FREETOKEN_LANE_GIVE_WAY")
+    assert store().load(100)["mode"] == "layers"
+    config.current.cache_clear()
+
+
 def test_a_later_load_serves_each_batch_size_from_the_mode_kept_for_it(tmp_path):
     from freetoken.moe import tuning
 
