@@ -5,7 +5,8 @@ machine with the same cache size meets the same bandwidths: its first answer sta
 placement measured fastest last time (each batch size that served faster in a mode of its
 own in that one), with the share of misses it had tuned, and the next measurement waits a
 full period. Kept beside the bandwidth profile in the cache directory, keyed by the
-machine, the experts' shape and the cache's size.
+machine, the experts' shape, the settings of the CPU lane (moe/setup.py) and the cache's
+size.
 """
 
 from __future__ import annotations
