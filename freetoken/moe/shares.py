@@ -19,6 +19,14 @@ the incumbent is its own; each share keeps its last few differences, so a change
 machine is seen, and every share, not only the incumbent's neighbours, keeps being tried
 in turn.
 
+A trial costs the tried share's difference on each of its steps, and some shares are far
+behind: at 8 GiB of the 48-layer shape, four streams, fetching every miss took 80 ms a step
+more than the incumbent's 27 (H100), so trying each share in turn, every share about every
+200 steps, spent some 7 % of the time on trials. So a share is tried again only once the
+steps since its last trial have paid for the next at `explore` of their time, shared by the
+shares: one a whole step behind waits hundreds of steps, one within a few percent is tried
+as often as before.
+
 Each batch size keeps its own books: four sequences' step is not one's, and through the
 server one and four streams come and go in turn. A size seen first starts from the share
 found best at the nearest size already measured (q*'s where none is).
@@ -66,7 +74,7 @@ class _Books:
     # each arm's last paired differences from the incumbent (seconds a step slower)
     diffs: list[list[float]]
     trials: list[int]  # paired comparisons an arm
-    last: list[int]  # the trial each was last in
+    last: list[int]  # the counted step (at this size) each was last tried at
     mean: list[float | None]  # an arm's step time, as a figure
     steps: list[int]
     before: list[float] = field(default_factory=list)  # the incumbent's steps since a trial
@@ -96,7 +104,7 @@ class _Books:
             diff = sum(self.trial) / len(self.trial) - sum(self.before) / len(self.before)
             self.diffs[arm] = (self.diffs[arm] + [diff])[-ShareTuner.WINDOW :]
             self.trials[arm] += 1
-            self.last[arm] = sum(self.trials)
+            self.last[arm] = sum(self.steps)
             gain = self.behind(arm)
             if len(self.diffs[arm]) >= ShareTuner.SWITCH_AFTER and gain is not None and gain < 0:
                 self._promote(arm, gain)
@@ -212,21 +220,32 @@ class ShareTuner:
         return self.share
 
     def _try_now(self, books: _Books) -> bool:
-        if (
-            min(books.trials[i] for i in range(len(self.arms)) if i != books.best)
-            < self.FIRST_TRIALS
-        ):
+        others = [i for i in range(len(self.arms)) if i != books.best]
+        if min(books.trials[i] for i in others) < self.FIRST_TRIALS:
             return True
-        return self._rng.random() < self.explore / self.HOLD  # `explore` of the steps
+        if self._rng.random() >= self.explore / self.HOLD:  # `explore` of the steps
+            return False
+        return any(self._due(books, i) for i in others)
+
+    def _due(self, books: _Books, arm: int) -> bool:
+        """Whether `arm` may be tried again: a trial costs the arm's difference from the
+        incumbent on each of its steps, so an arm far behind waits until the steps since its
+        last trial have paid for the next at `explore` of their time, shared by the arms."""
+        behind, step = books.behind(arm), books.mean[books.best]
+        if not behind or behind <= 0 or not step:
+            return True
+        wait = (len(self.arms) - 1) * self.HOLD * behind / (self.explore * step)
+        return sum(books.steps) - books.last[arm] >= wait
 
     def _challenger(self, books: _Books) -> int:
-        """A share compared too few times yet, nearest the incumbent first; else the one
-        compared longest ago, so every share's differences stay current."""
+        """A share compared too few times yet, nearest the incumbent first; else, of those
+        due, the one compared longest ago, so every share's differences stay current."""
         others = [i for i in range(len(self.arms)) if i != books.best]
         fresh = [i for i in others if books.trials[i] < self.FIRST_TRIALS]
         if fresh:
             return min(fresh, key=lambda i: (books.trials[i], abs(i - books.best)))
-        return min(others, key=lambda i: books.last[i])
+        due = [i for i in others if self._due(books, i)] or others
+        return min(due, key=lambda i: books.last[i])
 
     def _start_arm(self, batch: int) -> int:
         """The incumbent of the measured size nearest `batch`, else the prior's."""
