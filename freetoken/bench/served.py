@@ -31,6 +31,7 @@ __all__ = [
     "checkpoint",
     "ensure_model",
     "expert_formats",
+    "forget_placements",
     "free_port",
     "measure_bandwidths",
     "print_decisions",
@@ -65,6 +66,12 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--work", default="", help="where checkpoints and the store are kept")
     p.add_argument(
         "--env", action="append", default=[], help="NAME=VALUE for a server started here"
+    )
+    p.add_argument(
+        "--forget-placements",
+        action="store_true",
+        help="before a server of its own starts, drop what adaptive learned on this machine, "
+        "so the model loads as on a first run (else stages in turn start from each other's)",
     )
 
 
@@ -207,6 +214,14 @@ def measure_bandwidths(
     return True
 
 
+def forget_placements(env: list[str]) -> None:
+    """Drops what adaptive learned on this machine, where the server's runners keep it."""
+    from freetoken.moe import learned
+
+    if learned.forget(runner_config(env).cache_dir):
+        print("# dropped the placements adaptive learned on this machine", flush=True)
+
+
 def expert_formats(store: Store, name: str) -> list[str] | None:
     """The block formats of `name`'s expert banks ([] where they are float), or None where
     its weights are not an FTW index this can read."""
@@ -241,6 +256,8 @@ def target(args: Any) -> Iterator[tuple[str, str, Store]]:
         raise SystemExit("name a model: --url and --model, --shape, or --from")
     ensure_model(store, name, source)
     measure_bandwidths(args.env, expert_formats(store, name))
+    if args.forget_placements:
+        forget_placements(args.env)
     log = work / "server.log"
     start = log.stat().st_size if log.exists() else 0  # the log is appended to
     with server(work / "store", args.env, log) as url:

@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 from freetoken.moe import profile
 
-__all__ = ["Learned"]
+__all__ = ["Learned", "forget"]
+
+
+def forget(cache_dir: Path) -> bool:
+    """Drops what adaptive learned on this machine, for every model and setting: the next
+    load starts from the bandwidths' prediction, as a first load does. True where there was
+    something to drop."""
+    kept = Path(cache_dir) / "placement" / profile.machine_key()
+    if not kept.is_dir():
+        return False
+    shutil.rmtree(kept, ignore_errors=True)
+    return True
 
 
 class Learned:

@@ -39,6 +39,22 @@ def test_bandwidths_are_measured_where_only_a_loads_probe_timed_them(tmp_path, m
     assert len(runs) == 1
 
 
+def test_placements_are_forgotten_where_the_servers_runners_keep_them(
+    tmp_path, monkeypatch, capsys
+):
+    from freetoken.moe.learned import Learned
+
+    monkeypatch.setattr(profile, "machine_key", lambda: "this-machine")
+    env = [f"FREETOKEN_CACHE_DIR={tmp_path}"]
+    store = Learned(tmp_path, "12x128x9437184-r1")
+    store.save(1152, {"mode": "layers", "share": 0.5, "step_ms": {}, "batch": 1})
+    served.forget_placements(env)
+    assert store.load(1152) is None
+    assert "dropped the placements" in capsys.readouterr().out
+    served.forget_placements(env)  # nothing left: nothing said
+    assert capsys.readouterr().out == ""
+
+
 def test_only_the_models_formats_are_measured_and_a_missing_one_is_added(tmp_path, monkeypatch):
     """A fresh machine measures B_P, BF16's B_H and the served model's block formats only;
     a later model of another format adds its B_H to the profile, the rest kept."""

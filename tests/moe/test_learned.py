@@ -33,6 +33,25 @@ def test_saved_per_cache_size(tmp_path):
         assert store.load(100)["by_batch"] == {}
 
 
+def test_forgotten_for_every_model_on_this_machine(tmp_path, monkeypatch):
+    """A benchmark that measures a first load drops what loads before it learned here;
+    another machine's (a shared cache directory) is left alone."""
+    from freetoken.moe import learned, profile
+
+    saved = {"mode": "split", "share": 0.5, "step_ms": {}, "batch": 1}
+    monkeypatch.setattr(profile, "machine_key", lambda: "other-machine")
+    Learned(tmp_path, "12x128x9437184-r1").save(100, saved)
+    monkeypatch.setattr(profile, "machine_key", lambda: "this-machine")
+    assert not learned.forget(tmp_path)  # nothing learned here yet
+    for shape in ("12x128x9437184-r1", "48x128x9437184-r1"):
+        Learned(tmp_path, shape).save(100, saved)
+    assert learned.forget(tmp_path)
+    assert Learned(tmp_path, "48x128x9437184-r1").load(100) is None
+    assert not learned.forget(tmp_path)
+    monkeypatch.setattr(profile, "machine_key", lambda: "other-machine")
+    assert Learned(tmp_path, "12x128x9437184-r1").load(100)["mode"] == "split"
+
+
 def test_kept_apart_for_each_setting_of_the_lane(tmp_path, monkeypatch):
     """A placement measured with another part of the lane's team, another thread count or
     the workers giving way is not this load's: each keeps its own."""
