@@ -44,7 +44,7 @@ EXPERT_SETTINGS: tuple[Setting, ...] = (
     # Which part of the team serves faster follows the lane's load, and the runs disagree.
     # At 12 layers, 75 % cached (few misses a step for the lane), split through the server:
     # half the team served 0.87 / 0.98 of the bound at one / four streams in one H100 run and
-    # 0.84 / 0.79 in the next session's, where adaptive on the whole team served 0.84-0.92.
+    # 0.84 / 0.79 in a later one, where adaptive on the whole team served 0.84-0.92.
     # At 8 GiB of the 48-layer Q4_K_M shape (some 220 misses a token, most on the lane) split
     # on half the team served hot routing at 0.69 / 0.57 and on the whole at 0.93 / 0.87,
     # 42-56 % more tokens.

@@ -210,8 +210,9 @@ def _learned(placement: Placement, host: HostBanks, ranks_on_host: int) -> Learn
 
 def _lane_key() -> str:
     """The settings that set the CPU lane's speed: a placement measured with another team
-    is not this one's (through the server at 8 GiB, split on half the team lost to whole CPU
-    layers and on the whole team beat them by a third, docs/benchmarks.md)."""
+    is not this one's (through the server at 8 GiB a load on the whole team started in the
+    whole CPU layers a load on half the team had chosen, where split on the whole team
+    served a third more tokens, docs/benchmarks.md)."""
     cfg = config.current()
     teams = "_".join(f"{t:g}" for t in cfg.lane_teams)
     return f"c{cfg.cpu_threads}-t{teams}-g{int(cfg.lane_give_way)}"
